@@ -1,0 +1,3 @@
+from infera_core.cli import main
+
+main()

@@ -1,0 +1,15 @@
+"""Core subcommands of ``infera-run``."""
+
+from __future__ import annotations
+
+import click
+
+from infera_core.hookspecs import hookimpl
+
+
+@hookimpl
+def infera_register_commands(cli: click.Group) -> None:
+    from infera_core.cli import plugins
+
+    for cmd in (plugins.plugins_cmd,):
+        cli.add_command(cmd)

@@ -1,0 +1,1 @@
+"""Worker discovery backends: etcd, memory, static file."""

@@ -1,0 +1,78 @@
+"""The discovery contract: register workers (launcher side), watch the fleet (server side)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+from infera_core.worker import DEFAULT_PREFIX, WorkerRecord
+
+
+class ChangeKind(StrEnum):
+    PUT = "put"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True, slots=True)
+class FleetChange:
+    """One change in the fleet. ``record`` is the last known record (also for deletes)."""
+
+    kind: ChangeKind
+    worker_id: str
+    record: WorkerRecord | None
+
+
+@dataclass(slots=True)
+class DiscoverySettings:
+    """What every backend may need; each uses the parts it understands."""
+
+    etcd_endpoints: list[str] = field(default_factory=list)
+    prefix: str = DEFAULT_PREFIX
+    lease_ttl: float = 10.0
+    static_file: str | None = None
+    connect_timeout: float = 5.0
+
+
+@runtime_checkable
+class Registration(Protocol):
+    """A live registration of one worker (keeps its lease alive until closed)."""
+
+    async def update(self, record: WorkerRecord) -> None:
+        """Replace the published record (e.g. ``status=draining``)."""
+        ...
+
+    async def deregister(self) -> None:
+        """Delete the record and stop heartbeats. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class Discovery(Protocol):
+    async def start(self) -> None:
+        """Connect; raise ``DiscoveryError`` with a clear message when unreachable."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def register(self, record: WorkerRecord) -> Registration:
+        """Publish ``record`` (put-if-absent; duplicate ``worker_id`` is an error)."""
+        ...
+
+    async def list_workers(self) -> list[WorkerRecord]: ...
+
+    def watch(self) -> AsyncIterator[FleetChange]:
+        """Initial PUTs for every current worker, then changes, forever (until close)."""
+        ...
+
+
+@runtime_checkable
+class DiscoveryFactory(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    def create(self, settings: DiscoverySettings) -> Discovery: ...

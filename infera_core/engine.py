@@ -1,0 +1,139 @@
+"""The engine adapter contract: how the launcher starts and watches one engine.
+
+An adapter is a small object registered by an engine plugin through
+``infera_register_engines``. The launcher runtime (engine-agnostic) asks it for the
+argv/env to spawn, polls its readiness check, asks it for the in-flight count while
+draining, and asks it which worker-record fields (KV events, PD) to publish.
+Adapters never import their engine package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import httpx
+
+from infera_core.worker import KvEventsInfo, PdInfo, Role
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOption:
+    """An engine-specific Infera flag (e.g. ``--block-size`` for vLLM).
+
+    Shown by ``infera-run worker <engine> --help`` and ``infera-run engines``; parsed
+    by the launcher and handed to the adapter in ``LaunchContext.options[name]``.
+    ``name`` is the python identifier (``block_size``); the flag is ``--block-size``
+    and the env var ``INFERA_<NAME>``.
+    """
+
+    name: str
+    type: type = str
+    default: Any = None
+    help: str = ""
+    is_flag: bool = False
+    choices: Sequence[str] | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def envvar(self) -> str:
+        return "INFERA_" + self.name.upper()
+
+
+@dataclass(slots=True)
+class LaunchContext:
+    """Everything an adapter needs to build the engine command line."""
+
+    worker_id: str
+    model: str
+    """Served model name (what clients send as ``model``)."""
+    model_path: str | None
+    """Weights path or hub id; defaults to ``model`` when not given."""
+    role: Role
+    host: str
+    """Address the engine binds to."""
+    port: int
+    advertise_host: str
+    """Address other machines use to reach this worker."""
+    engine_args: list[str] = field(default_factory=list)
+    """Flags after ``--``, passed through to the engine unchanged."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Values of the adapter's own :class:`EngineOption` flags."""
+    engine_python: str | None = None
+    """Interpreter of the engine's own venv (``--engine-python``), if any."""
+    free_port: Callable[[], int] = lambda: 0
+    """Returns a free TCP port on this machine (for KV events, bootstrap…)."""
+    dp_rank: int | None = None
+    dp_size: int = 1
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.advertise_host}:{self.port}"
+
+    @property
+    def served_path(self) -> str:
+        return self.model_path or self.model
+
+
+@dataclass(slots=True)
+class LaunchSpec:
+    """The engine subprocess to spawn. Broadcast hooks may mutate it in place."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables (merged over the launcher's environment)."""
+    cwd: str | None = None
+
+
+@dataclass(slots=True)
+class RecordFields:
+    """Worker-record fields an adapter fills after building the launch."""
+
+    engine_version: str | None = None
+    kv_events: KvEventsInfo | None = None
+    pd: PdInfo | None = None
+    dp_rank: int | None = None
+    dp_size: int = 1
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class EngineAdapter(Protocol):
+    """What an engine plugin provides. See ``docs/hooks.md`` for a full example."""
+
+    @property
+    def name(self) -> str:
+        """Engine name used on the command line (``vllm``, ``sglang``, ``sim``…)."""
+        ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def package_hint(self) -> str:
+        """What to install when the engine binary is missing (e.g. ``pip install vllm``)."""
+        ...
+
+    def options(self) -> Sequence[EngineOption]:
+        """Engine-specific Infera flags."""
+        ...
+
+    def build_launch(self, ctx: LaunchContext) -> LaunchSpec:
+        """Return the argv/env that starts the engine. Raise ``EngineError`` for bad input."""
+        ...
+
+    def record_fields(self, ctx: LaunchContext) -> RecordFields:
+        """Worker-record fields (KV events endpoint, PD params…) for this launch."""
+        ...
+
+    async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
+        """True once the engine serves requests (usually ``GET /health`` is 200)."""
+        ...
+
+    async def in_flight(self, client: httpx.AsyncClient, base_url: str) -> int | None:
+        """Requests running or waiting in the engine, or None when unknown."""
+        ...

@@ -1,0 +1,41 @@
+"""Typed exceptions. Library code raises these; the CLI prints one clear line."""
+
+from __future__ import annotations
+
+
+class InferaError(Exception):
+    """Base class for errors meant to be shown to a user as one line."""
+
+
+class ConfigError(InferaError):
+    """A flag, environment variable or config file has a bad value."""
+
+
+class PluginError(InferaError):
+    """A plugin failed to load or misbehaved."""
+
+
+class DuplicateNameError(PluginError):
+    """Two plugins registered the same name in one registry."""
+
+
+class UnknownNameError(InferaError, KeyError):
+    """A name (engine, policy, decoder…) that no installed plugin provides."""
+
+    def __init__(self, kind: str, name: str, available: list[str]) -> None:
+        self.kind = kind
+        self.name = name
+        self.available = available
+        shown = ", ".join(available) if available else "none installed"
+        super().__init__(f"unknown {kind} {name!r}; available: {shown}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class DiscoveryError(InferaError):
+    """The discovery backend (etcd, static file…) failed or is unreachable."""
+
+
+class EngineError(InferaError):
+    """The engine process could not be started, died, or never became ready."""

@@ -1,0 +1,143 @@
+"""A typed facade over the pluggy hooks, and the catalog built from the catalog hooks.
+
+Core code calls :class:`InferaHooks` methods (type-checked) instead of
+``pm.hook.<name>(...)``. Catalog hooks are called one implementation at a time with
+a registry bound to that plugin, so duplicates name both owners.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from infera_core.errors import PluginError
+from infera_core.plugins import PluginManager, make_plugin_manager
+from infera_core.registry import (
+    DiscoveryRegistry,
+    EngineRegistry,
+    KvDecoderRegistry,
+    PdTransportRegistry,
+    PolicyRegistry,
+    Registry,
+    TokenizerRegistry,
+)
+
+if TYPE_CHECKING:
+    import click
+
+    from infera_core.engine import LaunchContext, LaunchSpec
+    from infera_core.scheduling.types import RoutedEvent
+    from infera_core.worker import WorkerRecord
+
+log = logging.getLogger("infera.hooks")
+
+R = TypeVar("R", bound=Registry[Any])
+
+
+@dataclass(slots=True)
+class Catalog:
+    """Everything the installed plugins provide, by name."""
+
+    engines: EngineRegistry
+    kv_decoders: KvDecoderRegistry
+    pd_transports: PdTransportRegistry
+    policies: PolicyRegistry
+    discovery: DiscoveryRegistry
+    tokenizers: TokenizerRegistry
+
+    def provides(self) -> dict[str, dict[str, list[str]]]:
+        """plugin name → {kind → [names]} for ``infera-run plugins``."""
+        out: dict[str, dict[str, list[str]]] = {}
+        groups: list[tuple[str, Registry[Any]]] = [
+            ("engines", self.engines),
+            ("kv_event_decoders", self.kv_decoders),
+            ("pd_transports", self.pd_transports),
+            ("policies", self.policies),
+            ("discovery_backends", self.discovery),
+            ("tokenizers", self.tokenizers),
+        ]
+        for kind, reg in groups:
+            for entry in reg.entries():
+                out.setdefault(entry.owner, {}).setdefault(kind, []).append(entry.name)
+        for preset in self.policies.preset_entries():
+            out.setdefault(preset.owner, {}).setdefault("presets", []).append(preset.name)
+        return out
+
+
+class InferaHooks:
+    """One typed method per hook."""
+
+    def __init__(self, plugins: PluginManager) -> None:
+        self.plugins = plugins
+        self.pm = plugins.pm
+        self._catalog: Catalog | None = None
+
+    @classmethod
+    def load(cls, **kwargs: Any) -> InferaHooks:
+        """Load installed plugins (see :func:`make_plugin_manager` for arguments)."""
+        return cls(make_plugin_manager(**kwargs))
+
+    # -- catalog hooks -------------------------------------------------------
+    def _collect(self, hook_name: str, registry: R) -> R:
+        hook = getattr(self.pm.hook, hook_name)
+        for impl in reversed(hook.get_hookimpls()):  # registration order
+            bound = registry.bound(impl.plugin_name)
+            try:
+                impl.function(*[{"registry": bound}[a] for a in impl.argnames])
+            except PluginError:
+                raise
+            except Exception as exc:
+                raise PluginError(f"plugin {impl.plugin_name!r} failed in {hook_name}: {exc}") from exc
+        return registry
+
+    def catalog(self) -> Catalog:
+        """Build (once) every registry from the catalog hooks."""
+        if self._catalog is None:
+            self._catalog = Catalog(
+                engines=self._collect("infera_register_engines", EngineRegistry()),
+                kv_decoders=self._collect("infera_register_kv_event_decoders", KvDecoderRegistry()),
+                pd_transports=self._collect("infera_register_pd_transports", PdTransportRegistry()),
+                policies=self._collect("infera_register_policies", PolicyRegistry()),
+                discovery=self._collect("infera_register_discovery_backends", DiscoveryRegistry()),
+                tokenizers=self._collect("infera_register_tokenizers", TokenizerRegistry()),
+            )
+        return self._catalog
+
+    def register_commands(self, cli: click.Group) -> None:
+        self._broadcast("infera_register_commands", strict=True, cli=cli)
+
+    # -- broadcast hooks -----------------------------------------------------
+    def _broadcast(self, hook_name: str, strict: bool = False, **kwargs: Any) -> None:
+        hook = getattr(self.pm.hook, hook_name)
+        for impl in reversed(hook.get_hookimpls()):
+            try:
+                impl.function(*[kwargs[a] for a in impl.argnames])
+            except Exception as exc:
+                if strict:
+                    raise PluginError(f"plugin {impl.plugin_name!r} failed in {hook_name}: {exc}") from exc
+                log.exception("plugin %r failed in %s (ignored)", impl.plugin_name, hook_name)
+
+    def has_impl(self, hook_name: str) -> bool:
+        return bool(getattr(self.pm.hook, hook_name).get_hookimpls())
+
+    def mutate_engine_launch(self, context: LaunchContext, spec: LaunchSpec) -> None:
+        """Let every plugin adjust the engine argv/env. A failure here is fatal (bad launch)."""
+        self._broadcast("infera_mutate_engine_launch", strict=True, context=context, spec=spec)
+
+    def worker_added(self, record: WorkerRecord) -> None:
+        self._broadcast("infera_worker_added", record=record)
+
+    def worker_removed(self, record: WorkerRecord) -> None:
+        self._broadcast("infera_worker_removed", record=record)
+
+    def request_routed_notifier(self) -> Callable[[RoutedEvent], None] | None:
+        """A callable for the hot path, or None when no plugin listens (zero cost)."""
+        if not self.has_impl("infera_request_routed"):
+            return None
+
+        def notify(event: RoutedEvent) -> None:
+            self._broadcast("infera_request_routed", event=event)
+
+        return notify

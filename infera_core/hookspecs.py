@@ -1,0 +1,149 @@
+"""Hook specifications for Infera plugins (pluggy project name ``infera``).
+
+Two kinds of hooks:
+
+* **Catalog hooks** (``infera_register_*``) fire once, when a plugin manager is
+  turned into a :class:`~infera_core.catalog.Catalog`. Each receives a typed
+  registry already bound to the calling plugin's name; the plugin adds named
+  objects to it. A name added twice fails at start-up, naming both owners.
+* **Broadcast hooks** fire for every plugin that implements them: engine launch
+  mutation, and fleet / routing notifications. They return nothing; exceptions
+  raised by one plugin are logged and do not stop the others.
+
+Core never calls ``pm.hook.*`` directly: it goes through
+:class:`infera_core.facade.InferaHooks`, which has one typed method per hook.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    import click
+
+    from infera_core.engine import LaunchContext, LaunchSpec
+    from infera_core.registry import (
+        DiscoveryRegistry,
+        EngineRegistry,
+        KvDecoderRegistry,
+        PdTransportRegistry,
+        PolicyRegistry,
+        TokenizerRegistry,
+    )
+    from infera_core.scheduling.types import RoutedEvent
+    from infera_core.worker import WorkerRecord
+
+PROJECT_NAME = "infera"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def infera_register_engines(registry: EngineRegistry) -> None:
+    """Add engine adapters (objects satisfying :class:`infera_core.engine.EngineAdapter`).
+
+    Fires once when the catalog is built (CLI start-up, server start-up, tests).
+    Call ``registry.add(adapter)``; the adapter's ``name`` is what users pass to
+    ``infera-run worker <engine>``. The adapter must not import its engine package.
+    """
+
+
+@hookspec
+def infera_register_kv_event_decoders(registry: KvDecoderRegistry) -> None:
+    """Add KV event decoders (:class:`infera_core.kv.events.KvEventDecoder`).
+
+    Fires once when the catalog is built. The decoder's ``name`` is the value a
+    worker record carries in ``kv_events.format``; the router's event hub looks the
+    decoder up by that name for every worker that advertises KV events.
+    """
+
+
+@hookspec
+def infera_register_pd_transports(registry: PdTransportRegistry) -> None:
+    """Add prefill/decode transports (:class:`infera_core.pd.PdTransport`).
+
+    Fires once when the catalog is built. The transport's ``name`` is the value a
+    worker record carries in ``pd.protocol``; the router uses it to shape the
+    prefill and decode request bodies and to know their order (serial or concurrent).
+    """
+
+
+@hookspec
+def infera_register_policies(registry: PolicyRegistry) -> None:
+    """Add routing filters, scorers, pickers and named presets.
+
+    Fires once when the catalog is built. Call ``registry.add(PolicyFactory(...))``
+    for building blocks and ``registry.add_preset(name, profile, description)`` for
+    named profiles selectable with ``--router-policy``. Factories are called when the
+    scheduler is assembled from configuration, never per request.
+    """
+
+
+@hookspec
+def infera_register_discovery_backends(registry: DiscoveryRegistry) -> None:
+    """Add discovery backends (:class:`infera_core.discovery.base.DiscoveryFactory`).
+
+    Fires once when the catalog is built. The factory's ``name`` is what users pass to
+    ``--discovery``. A backend both registers workers (launcher side) and watches the
+    fleet (server side).
+    """
+
+
+@hookspec
+def infera_register_tokenizers(registry: TokenizerRegistry) -> None:
+    """Add tokenizer factories (:class:`infera_core.tokenize.base.TokenizerFactory`).
+
+    Fires once when the catalog is built. The router uses the tokenizer named in its
+    configuration for a model to turn requests into token ids exactly as the engine
+    does, so prompt block hashes match the engine's KV events.
+    """
+
+
+@hookspec
+def infera_register_commands(cli: click.Group) -> None:
+    """Add subcommands to the ``infera-run`` click group.
+
+    Fires once when ``infera-run`` starts, after plugins are loaded. Call
+    ``cli.add_command(cmd)``. Keep command modules cheap to import.
+    """
+
+
+@hookspec
+def infera_mutate_engine_launch(context: LaunchContext, spec: LaunchSpec) -> None:
+    """Adjust an engine's launch argv and environment before it starts.
+
+    Fires in the worker launcher after the engine adapter has built ``spec`` and
+    before the engine subprocess is spawned, once per plugin that implements it.
+    Mutate ``spec.argv`` / ``spec.env`` in place; the return value is ignored.
+    """
+
+
+@hookspec
+def infera_worker_added(record: WorkerRecord) -> None:
+    """Notification: a worker joined the fleet view of this process (or changed).
+
+    Fires in the server when discovery reports a new or updated worker record.
+    Must return quickly and never block; the return value is ignored.
+    """
+
+
+@hookspec
+def infera_worker_removed(record: WorkerRecord) -> None:
+    """Notification: a worker left the fleet view of this process.
+
+    Fires in the server when discovery reports a deletion (deregistration or lease
+    expiry). Must return quickly and never block; the return value is ignored.
+    """
+
+
+@hookspec
+def infera_request_routed(event: RoutedEvent) -> None:
+    """Notification: the scheduler picked a worker (or a prefill/decode pair).
+
+    Fires in the server after each routing decision, before the request is sent.
+    Implementations must be cheap (it is on the hot path only when implemented) and
+    never raise; the return value is ignored.
+    """

@@ -1,0 +1,1 @@
+"""KV cache events, the router-side index, and the event hub."""

@@ -1,0 +1,165 @@
+"""Typed registries filled by the catalog hooks.
+
+A registry maps a unique name to an object and remembers which plugin added it, so
+that a duplicate name fails at start-up naming both owners. Hook implementations
+receive a registry already bound to their plugin (``registry.owner``); core code
+reads registries through :meth:`Registry.get` and :meth:`Registry.names`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from infera_core.discovery.base import DiscoveryFactory
+from infera_core.engine import EngineAdapter
+from infera_core.errors import DuplicateNameError, UnknownNameError
+from infera_core.kv.events import KvEventDecoder
+from infera_core.pd import PdTransport
+from infera_core.scheduling.config import ProfileConfig
+from infera_core.scheduling.types import PolicyFactory
+from infera_core.tokenize.base import TokenizerFactory
+
+
+class Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+T = TypeVar("T", bound=Named)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry(Generic[T]):
+    name: str
+    obj: T
+    owner: str
+
+
+class Registry(Generic[T]):
+    """A name → object map with owners. ``kind`` names the registry in errors."""
+
+    kind = "object"
+
+    def __init__(self, owner: str = "<core>", _shared: dict[str, Entry[T]] | None = None) -> None:
+        self.owner = owner
+        self._entries: dict[str, Entry[T]] = {} if _shared is None else _shared
+
+    def bound(self, owner: str) -> Any:
+        """A view of this registry that records ``owner`` for everything added."""
+        view = type(self).__new__(type(self))
+        Registry.__init__(view, owner, self._entries)
+        view._copy_extra_state(self)
+        return view
+
+    def _copy_extra_state(self, other: Any) -> None:
+        """Subclasses with more state share it with their bound views here."""
+
+    def add(self, obj: T) -> None:
+        self._add(obj.name, obj)
+
+    def _add(self, name: str, obj: T) -> None:
+        if not name:
+            raise ValueError(f"{self.kind} registered by plugin {self.owner!r} has an empty name")
+        if name in self._entries:
+            first = self._entries[name].owner
+            raise DuplicateNameError(
+                f"{self.kind} {name!r} is registered twice: by plugin {first!r} and by plugin {self.owner!r}"
+            )
+        self._entries[name] = Entry(name, obj, self.owner)
+
+    def get(self, name: str) -> T:
+        try:
+            return self._entries[name].obj
+        except KeyError:
+            raise UnknownNameError(self.kind, name, self.names()) from None
+
+    def owner_of(self, name: str) -> str:
+        return self._entries[name].owner
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def entries(self) -> Iterator[Entry[T]]:
+        for name in self.names():
+            yield self._entries[name]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class EngineRegistry(Registry[EngineAdapter]):
+    kind = "engine"
+
+
+class KvDecoderRegistry(Registry[KvEventDecoder]):
+    kind = "KV event decoder"
+
+
+class PdTransportRegistry(Registry[PdTransport]):
+    kind = "PD transport"
+
+
+class DiscoveryRegistry(Registry[DiscoveryFactory]):
+    kind = "discovery backend"
+
+
+class TokenizerRegistry(Registry[TokenizerFactory]):
+    kind = "tokenizer"
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    """A named scheduling profile selectable with ``--router-policy``."""
+
+    name: str
+    profile: ProfileConfig
+    description: str = ""
+
+
+class PolicyRegistry(Registry[PolicyFactory]):
+    """Filters, scorers and pickers (by ``kind:name``) plus named presets."""
+
+    kind = "policy"
+
+    def __init__(self, owner: str = "<core>", _shared: dict[str, Entry[PolicyFactory]] | None = None) -> None:
+        super().__init__(owner, _shared)
+        self._presets: dict[str, Entry[Preset]] = {}
+
+    def _copy_extra_state(self, other: Any) -> None:
+        self._presets = other._presets
+
+    def add(self, obj: PolicyFactory) -> None:
+        self._add(f"{obj.kind}:{obj.name}", obj)
+
+    def factory(self, kind: str, name: str) -> PolicyFactory:
+        key = f"{kind}:{name}"
+        if key not in self._entries:
+            available = [n.split(":", 1)[1] for n in self.names() if n.startswith(kind + ":")]
+            raise UnknownNameError(kind, name, available)
+        return self._entries[key].obj
+
+    def add_preset(self, name: str, profile: ProfileConfig, description: str = "") -> None:
+        if name in self._presets:
+            first = self._presets[name].owner
+            raise DuplicateNameError(
+                f"policy preset {name!r} is registered twice: by plugin {first!r} and by plugin {self.owner!r}"
+            )
+        self._presets[name] = Entry(name, Preset(name, profile, description), self.owner)
+
+    def preset(self, name: str) -> Preset:
+        try:
+            return self._presets[name].obj
+        except KeyError:
+            raise UnknownNameError("policy preset", name, self.preset_names()) from None
+
+    def preset_names(self) -> list[str]:
+        return sorted(self._presets)
+
+    def preset_entries(self) -> Iterator[Entry[Preset]]:
+        for name in self.preset_names():
+            yield self._presets[name]

@@ -1,0 +1,1 @@
+"""Scheduling: filters → weighted scorers → one picker, assembled from config."""

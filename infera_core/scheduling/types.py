@@ -1,0 +1,191 @@
+"""Hot-path scheduling types: endpoints, request context, and policy building blocks.
+
+Filters, scorers and pickers are plain objects built once from configuration by a
+:class:`PolicyFactory`; the scheduler calls them directly per request (no pluggy).
+Scorers return one score in ``[0, 1]`` per candidate and never do I/O: the state
+they read (KV index, load) is kept current by background tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel
+
+from infera_core.worker import Role, WorkerRecord
+
+if TYPE_CHECKING:
+    pass
+
+PolicyKind = Literal["filter", "scorer", "picker"]
+
+
+class Endpoint:
+    """A routable worker as the scheduler sees it, with the router's own load accounting."""
+
+    __slots__ = (
+        "breaker_open",
+        "dp_rank",
+        "in_flight",
+        "in_flight_prompt_tokens",
+        "picks",
+        "recent_dispatch",
+        "recent_dispatch_ts",
+        "record",
+        "stats",
+        "worker_id",
+    )
+
+    def __init__(self, record: WorkerRecord, dp_rank: int | None = None) -> None:
+        self.record = record
+        self.worker_id = record.worker_id
+        self.dp_rank = dp_rank if dp_rank is not None else record.dp_rank
+        self.in_flight = 0
+        self.in_flight_prompt_tokens = 0
+        self.picks = 0
+        self.recent_dispatch = 0.0
+        self.recent_dispatch_ts = 0.0
+        self.breaker_open = False
+        self.stats: dict[str, float] = {}
+        """Engine-reported gauges (``running``, ``waiting``, ``kv_usage``…) when scraped."""
+
+    @property
+    def url(self) -> str:
+        return self.record.url
+
+    @property
+    def role(self) -> Role:
+        return self.record.role
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.worker_id!r}, in_flight={self.in_flight})"
+
+
+class RequestContext:
+    """Per-request routing input, built once by the route handler.
+
+    ``token_ids`` is filled by the scheduler (tokenizing at most once, only when a
+    scorer has ``needs_tokens``); ``block_hashes`` caches per block size.
+    """
+
+    __slots__ = (
+        "_block_hashes",
+        "body",
+        "headers",
+        "model",
+        "request_id",
+        "role",
+        "route",
+        "session_key",
+        "token_ids",
+        "tokenize_failed",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        route: str,
+        body: dict[str, Any],
+        headers: Mapping[str, str] | None = None,
+        role: Role = Role.MIXED,
+        token_ids: list[int] | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.route = route
+        self.body = body
+        self.headers: Mapping[str, str] = headers or {}
+        self.role = role
+        self.token_ids = token_ids
+        self.tokenize_failed = False
+        self.session_key: str | None = None
+        self._block_hashes: dict[int, list[int]] = {}
+
+    def cached_block_hashes(
+        self, block_size: int, compute: Callable[[list[int], int], list[int]]
+    ) -> list[int]:
+        """Block hashes of ``token_ids`` at ``block_size``, computed once per size."""
+        hashes = self._block_hashes.get(block_size)
+        if hashes is None:
+            hashes = compute(self.token_ids or [], block_size) if self.token_ids else []
+            self._block_hashes[block_size] = hashes
+        return hashes
+
+
+class Filter:
+    """Removes candidates. Must keep order and never return an empty list on a whim."""
+
+    name = "filter"
+
+    def filter(self, ctx: RequestContext, candidates: list[Endpoint]) -> list[Endpoint]:
+        raise NotImplementedError
+
+
+class Scorer:
+    """Scores candidates in ``[0, 1]`` (higher is better). No I/O."""
+
+    name = "scorer"
+    needs_tokens = False
+
+    def score(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
+        raise NotImplementedError
+
+    def on_routed(self, ctx: RequestContext, endpoint: Endpoint) -> None:
+        """Called after the pick (e.g. to remember decisions). Must be cheap."""
+
+    def on_finished(self, ctx: RequestContext, endpoint: Endpoint, ok: bool) -> None:
+        """Called when the request to ``endpoint`` ended."""
+
+
+class Picker:
+    """Chooses one candidate given the combined scores."""
+
+    name = "picker"
+
+    def pick(self, ctx: RequestContext, candidates: Sequence[Endpoint], scores: Sequence[float]) -> Endpoint:
+        raise NotImplementedError
+
+
+@dataclass(slots=True)
+class SchedulerDeps:
+    """Shared state handed to policy factories (never I/O handles)."""
+
+    kv_index: Any = None
+    """The router's KV index (``infera_core.kv.index``), or None when KV routing is off."""
+    clock: Callable[[], float] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyFactory:
+    """Registered through ``infera_register_policies``; builds a filter/scorer/picker."""
+
+    name: str
+    kind: PolicyKind
+    build: Callable[[Any, SchedulerDeps], Filter | Scorer | Picker]
+    """Called as ``build(params_model_instance, deps)``."""
+    params: type[BaseModel] | None = None
+    description: str = ""
+
+    def parse_params(self, raw: Mapping[str, Any]) -> BaseModel | None:
+        if self.params is None:
+            if raw:
+                raise ValueError(f"{self.kind} {self.name!r} takes no parameters, got {sorted(raw)}")
+            return None
+        return self.params.model_validate(dict(raw))
+
+
+@dataclass(slots=True)
+class RoutedEvent:
+    """Payload of the ``infera_request_routed`` notification."""
+
+    request_id: str
+    model: str
+    worker_id: str
+    decode_worker_id: str | None = None
+    policy: str = ""
+    decision_seconds: float = 0.0
+    scores: dict[str, float] = field(default_factory=dict)

@@ -1,0 +1,186 @@
+"""Configuration: pydantic-settings models exposed as click options.
+
+Precedence for every setting: CLI flag > ``INFERA_*`` environment variable > config
+file (``--config FILE``, YAML or JSON) > default. Each command declares a settings
+model; :func:`click_options` turns its fields into flags whose ``--help`` names the
+env var, and :func:`resolve` builds the model with that precedence.
+
+Field metadata: ``Field(description=...)`` is the help text; put
+``json_schema_extra={"flag": "--x", "short": "-x", "cli": False}`` to rename or hide.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import Any, TypeVar, get_args, get_origin
+
+import click
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from infera_core.errors import ConfigError
+
+S = TypeVar("S", bound="InferaSettings")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """Values from a YAML/JSON config file (lower priority than env)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._data = data
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {k: v for k, v in self._data.items() if k in self.settings_cls.model_fields}
+
+
+class InferaSettings(BaseSettings):
+    """Base for command settings: ``INFERA_`` env prefix, unknown env ignored."""
+
+    model_config = SettingsConfigDict(env_prefix="INFERA_", extra="ignore", env_nested_delimiter="__")
+
+    _file_data: typing.ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        file_data = init_settings.init_kwargs.pop("_config_file_data", {})  # type: ignore[attr-defined]
+        return (init_settings, env_settings, _FileSource(settings_cls, file_data))
+
+
+def env_name(field_name: str) -> str:
+    return "INFERA_" + field_name.upper()
+
+
+def _flag_name(name: str, info: FieldInfo) -> str:
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    flag = extra.get("flag")
+    return str(flag) if flag else "--" + name.replace("_", "-")
+
+
+def _unwrap_optional(tp: Any) -> Any:
+    origin = get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def _click_type(tp: Any) -> tuple[Any, bool, bool]:
+    """(click type, is_flag, multiple)."""
+    tp = _unwrap_optional(tp)
+    origin = get_origin(tp)
+    if tp is bool:
+        return bool, True, False
+    if origin is list:
+        inner = get_args(tp)[0] if get_args(tp) else str
+        return _click_type(inner)[0], False, True
+    if origin is typing.Literal:
+        return click.Choice([str(a) for a in get_args(tp)]), False, False
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        return click.Choice([str(m.value) for m in tp]), False, False
+    if tp in (int, float, str):
+        return tp, False, False
+    if tp is Path:
+        return click.Path(path_type=Path), False, False
+    return str, False, False
+
+
+def click_options(model: type[BaseSettings]) -> Callable[[F], F]:
+    """Decorator adding one click option per settings field (``--help`` shows the env var)."""
+
+    def decorate(fn: F) -> F:
+        for name, info in reversed(list(model.model_fields.items())):
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            if extra.get("cli") is False:
+                continue
+            ctype, is_flag, multiple = _click_type(info.annotation)
+            default = info.default if info.default is not None and not callable(info.default) else None
+            shown = "" if default in (None, "", [], False) else f" [default: {default}]"
+            if isinstance(default, Enum):
+                shown = f" [default: {default.value}]"
+            help_text = f"{info.description or ''}{shown} [env: {env_name(name)}]".strip()
+            decls = [_flag_name(name, info)]
+            if extra.get("short"):
+                decls.append(str(extra["short"]))
+            if is_flag:
+                decls = [f"{decls[0]}/--no-{decls[0][2:]}"]
+            fn = click.option(
+                *decls,
+                name,
+                type=None if is_flag else ctype,
+                is_flag=is_flag,
+                default=None,
+                multiple=multiple,
+                help=help_text,
+            )(fn)
+        return fn
+
+    return decorate
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"--config {p}: cannot read file ({exc.strerror})") from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(
+            f"--config {p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}"
+        ) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {p}: expected a mapping of setting names to values")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def resolve(
+    model: type[S],
+    cli_values: dict[str, Any],
+    config_file: str | Path | None = None,
+) -> S:
+    """Build ``model`` with precedence CLI > env > config file > default.
+
+    ``cli_values`` are the click parameters; only those not None (or non-empty for
+    multi-value options) count as given on the command line.
+    """
+    given = {k: v for k, v in cli_values.items() if k in model.model_fields and v is not None and v != ()}
+    for k, v in list(given.items()):
+        if isinstance(v, tuple):
+            given[k] = list(v)
+    file_data = read_config_file(config_file) if config_file else {}
+    try:
+        return model(**given, _config_file_data=file_data)
+    except ValidationError as exc:
+        raise ConfigError(_explain(model, exc)) from None
+
+
+def _explain(model: type[BaseModel], exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = err.get("loc") or ("?",)
+    name = str(loc[0])
+    info = model.model_fields.get(name)
+    flag = _flag_name(name, info) if info is not None else name
+    return f"{flag} (env {env_name(name)}): {err.get('msg', 'invalid value')} (got {err.get('input')!r})"

@@ -1,0 +1,65 @@
+"""pytest fixtures for Infera and plugin authors (loaded through the ``pytest11`` entry point).
+
+Importing this module has no side effects; fixtures start things only when used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from importlib.metadata import EntryPoint
+from typing import Any
+
+import pytest
+
+from infera_core.facade import InferaHooks
+from infera_core.testing.etcd import EtcdServer, etcd_binary
+from infera_core.testing.net import free_port as _free_port
+
+
+def make_hooks(
+    *plugins: tuple[str, object],
+    entry_points: list[EntryPoint] | None = None,
+    installed: bool = True,
+    **kwargs: Any,
+) -> InferaHooks:
+    """A fresh :class:`InferaHooks`.
+
+    ``plugins`` are (name, object-or-module-path) pairs registered as extra plugins;
+    ``entry_points`` are fake entry points (added to the installed ones unless
+    ``installed=False``).
+    """
+    eps: list[EntryPoint] | None = None
+    if entry_points is not None or not installed:
+        from importlib.metadata import entry_points as _eps
+
+        eps = (list(_eps(group="infera")) if installed else []) + list(entry_points or [])
+    return InferaHooks.load(extra_plugins=plugins, eps=eps, **kwargs)
+
+
+def fake_entry_point(name: str, value: str) -> EntryPoint:
+    """An ``infera`` entry point ``name = value`` that is not installed anywhere."""
+    return EntryPoint(name=name, value=value, group="infera")
+
+
+@pytest.fixture
+def infera_hooks() -> Callable[..., InferaHooks]:
+    """Factory fixture: ``infera_hooks(("myplugin", obj))`` → a fresh InferaHooks."""
+    return make_hooks
+
+
+@pytest.fixture
+def free_port() -> Callable[[], int]:
+    return _free_port
+
+
+@pytest.fixture
+def etcd_server() -> Iterator[EtcdServer]:
+    """A real etcd on a free loopback port with a temp data dir (function scope)."""
+    if etcd_binary() is None:
+        pytest.skip("etcd is not installed (apt-get install etcd-server)")
+    server = EtcdServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()

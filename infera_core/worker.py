@@ -1,0 +1,89 @@
+"""The worker record: what a launcher publishes about its engine, and what routers read.
+
+Stored as JSON at ``<prefix><worker_id>`` (default prefix ``/infera/workers/``).
+Versioned with ``schema_version``; readers ignore unknown fields so newer launchers
+can add fields without breaking older routers.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+DEFAULT_PREFIX = "/infera/workers/"
+
+
+class Role(StrEnum):
+    MIXED = "mixed"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class Status(StrEnum):
+    ACTIVE = "active"
+    DRAINING = "draining"
+
+
+class KvEventsInfo(BaseModel):
+    """Where and how a worker publishes KV cache events."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    endpoint: str
+    """ZMQ endpoint a subscriber connects to, e.g. ``tcp://10.0.0.5:5557``."""
+    format: str
+    """Name of the KV event decoder plugin (``vllm``, ``sglang``…)."""
+    block_size: int = Field(gt=0)
+    replay_endpoint: str | None = None
+    topic: str = "kv-events"
+    fingerprint: str | None = None
+    """Hash/tokenizer fingerprint, compared with the router's for that model."""
+
+
+class PdInfo(BaseModel):
+    """Prefill/decode disaggregation: the transport protocol and its parameters."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    protocol: str
+    """Name of the PD transport plugin (``vllm-nixl``, ``sglang-bootstrap``…)."""
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class WorkerRecord(BaseModel):
+    """One engine endpoint in the fleet."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    schema_version: int = SCHEMA_VERSION
+    worker_id: str = Field(min_length=1)
+    url: str = Field(min_length=1)
+    """Base URL of the engine's OpenAI-compatible server, e.g. ``http://10.0.0.5:8000``."""
+    model: str = Field(min_length=1)
+    """The served model name clients put in ``model``."""
+    engine: str
+    engine_version: str | None = None
+    role: Role = Role.MIXED
+    status: Status = Status.ACTIVE
+    dp_rank: int | None = None
+    dp_size: int = 1
+    kv_events: KvEventsInfo | None = None
+    pd: PdInfo | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    started_at: float = Field(default_factory=time.time)
+
+    @property
+    def routable(self) -> bool:
+        """True when the router may send new work here (active, not draining)."""
+        return self.status is Status.ACTIVE
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> WorkerRecord:
+        return cls.model_validate_json(data)

@@ -1,0 +1,3 @@
+"""Hook implementations of the infera-atom plugin."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Hook implementations of the infera-sglang plugin."""
+
+from __future__ import annotations
