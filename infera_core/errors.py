@@ -22,12 +22,14 @@ class DuplicateNameError(PluginError):
 class UnknownNameError(InferaError, KeyError):
     """A name (engine, policy, decoder…) that no installed plugin provides."""
 
-    def __init__(self, kind: str, name: str, available: list[str]) -> None:
+    def __init__(self, kind: str, name: str, available: list[str], note: str = "") -> None:
         self.kind = kind
         self.name = name
         self.available = available
+        self.note = note
         shown = ", ".join(available) if available else "none installed"
-        super().__init__(f"unknown {kind} {name!r}; available: {shown}")
+        message = f"unknown {kind} {name!r}; available: {shown}"
+        super().__init__(f"{message}; {note}" if note else message)
 
     def __str__(self) -> str:
         return str(self.args[0])

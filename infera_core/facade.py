@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
-from infera_core.errors import PluginError
+from infera_core.errors import PluginError, UnknownNameError
 from infera_core.plugins import PluginManager, make_plugin_manager
 from infera_core.registry import (
     DiscoveryRegistry,
@@ -20,6 +20,7 @@ from infera_core.registry import (
     KvDecoderRegistry,
     PdTransportRegistry,
     PolicyRegistry,
+    Preset,
     Registry,
     TokenizerRegistry,
 )
@@ -27,13 +28,30 @@ from infera_core.registry import (
 if TYPE_CHECKING:
     import click
 
-    from infera_core.engine import LaunchContext, LaunchSpec
-    from infera_core.scheduling.types import RoutedEvent
+    from infera_core.discovery.base import DiscoveryFactory
+    from infera_core.engine import EngineAdapter, LaunchContext, LaunchSpec
+    from infera_core.kv.events import KvEventDecoder
+    from infera_core.pd import PdTransport
+    from infera_core.scheduling.types import PolicyFactory, RoutedEvent
+    from infera_core.tokenize.base import TokenizerFactory
     from infera_core.worker import WorkerRecord
 
 log = logging.getLogger("infera.hooks")
 
 R = TypeVar("R", bound=Registry[Any])
+
+RequireKind = Literal[
+    "engine",
+    "kv_event_decoder",
+    "pd_transport",
+    "discovery_backend",
+    "tokenizer",
+    "filter",
+    "scorer",
+    "picker",
+    "preset",
+]
+"""What :meth:`InferaHooks.require` can look up."""
 
 
 @dataclass(slots=True)
@@ -104,6 +122,61 @@ class InferaHooks:
                 tokenizers=self._collect("infera_register_tokenizers", TokenizerRegistry()),
             )
         return self._catalog
+
+    # -- explicit requests -----------------------------------------------------
+    @overload
+    def require(self, kind: Literal["engine"], name: str) -> EngineAdapter: ...
+    @overload
+    def require(self, kind: Literal["kv_event_decoder"], name: str) -> KvEventDecoder: ...
+    @overload
+    def require(self, kind: Literal["pd_transport"], name: str) -> PdTransport: ...
+    @overload
+    def require(self, kind: Literal["discovery_backend"], name: str) -> DiscoveryFactory: ...
+    @overload
+    def require(self, kind: Literal["tokenizer"], name: str) -> TokenizerFactory: ...
+    @overload
+    def require(self, kind: Literal["filter", "scorer", "picker"], name: str) -> PolicyFactory: ...
+    @overload
+    def require(self, kind: Literal["preset"], name: str) -> Preset: ...
+
+    def require(self, kind: RequireKind, name: str) -> object:
+        """The object a user explicitly asked for (``--engine``, ``--router-policy``…).
+
+        Raises :class:`UnknownNameError` when no loaded plugin provides ``name``: the
+        message lists what is available and names every plugin that failed to load
+        (with its error) or was disabled, since the name may have come from one of them.
+        """
+        catalog = self.catalog()
+        try:
+            if kind in ("filter", "scorer", "picker"):
+                return catalog.policies.factory(kind, name)
+            if kind == "preset":
+                return catalog.policies.preset(name)
+            registries: dict[str, Registry[Any]] = {
+                "engine": catalog.engines,
+                "kv_event_decoder": catalog.kv_decoders,
+                "pd_transport": catalog.pd_transports,
+                "discovery_backend": catalog.discovery,
+                "tokenizer": catalog.tokenizers,
+            }
+            if kind not in registries:
+                raise ValueError(f"require(): unknown kind {kind!r}")
+            return registries[kind].get(name)
+        except UnknownNameError as exc:
+            raise UnknownNameError(exc.kind, name, exc.available, self.plugin_problems()) from None
+
+    def plugin_problems(self) -> str:
+        """One line about plugins that failed to load or were disabled ('' when none)."""
+        parts = [
+            f"plugin {i.name!r} (distribution {i.distribution or '?'}) failed to load: {i.error}"
+            for i in self.plugins.failed()
+        ]
+        disabled = [i.name for i in self.plugins.infos if i.status == "disabled"]
+        if disabled:
+            parts.append(
+                "disabled by INFERA_DISABLE_PLUGINS/INFERA_LOAD_PLUGINS: " + ", ".join(sorted(disabled))
+            )
+        return "; ".join(parts)
 
     def register_commands(self, cli: click.Group) -> None:
         self._broadcast("infera_register_commands", strict=True, cli=cli)

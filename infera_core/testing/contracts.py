@@ -1,0 +1,354 @@
+"""Contract test suites for plugin authors: subclass one, set a class attribute, run pytest.
+
+```python
+from infera_core.testing.contracts import ScorerContract
+from my_plugin.plugin import PREFER_LABEL
+
+class TestPreferLabel(ScorerContract):
+    factory = PREFER_LABEL
+    params = {"key": "zone", "value": "a"}
+```
+
+The base classes are not named ``Test*`` so pytest only collects your subclasses.
+Every check is a plain method without fixture arguments, so the suites also run
+under ``unittest``-style callers. Importing this module has no side effects.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import io
+import math
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+from unittest import mock
+
+from infera_core.engine import EngineAdapter, EngineOption, LaunchContext, LaunchSpec, RecordFields
+from infera_core.scheduling.types import (
+    Endpoint,
+    Filter,
+    Picker,
+    PolicyFactory,
+    RequestContext,
+    SchedulerDeps,
+    Scorer,
+)
+from infera_core.worker import KvEventsInfo, PdInfo, Role, Status, WorkerRecord
+
+ENGINE_MODULES = ("torch", "vllm", "sglang", "atom")
+"""Packages no plugin module may import at import time."""
+
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_IDENT_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+class IOAttempted(AssertionError):
+    """Raised by :func:`no_io` when the code under test opens a file or a socket."""
+
+
+@contextlib.contextmanager
+def no_io() -> Iterator[None]:
+    """Fail any attempt to open a file or connect a socket inside the block.
+
+    The attempt raises :class:`IOAttempted` at the call site and is also recorded,
+    so code that swallows the exception still fails when the block ends.
+    """
+    attempts: list[str] = []
+
+    def refuse(what: str) -> Any:
+        def _raise(*args: Any, **kwargs: Any) -> Any:
+            attempts.append(f"{what}{args[:2]!r}")
+            raise IOAttempted(f"I/O attempted in a policy call: {what}{args[:2]!r}")
+
+        return _raise
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(builtins, "open", refuse("open")))
+        stack.enter_context(mock.patch.object(io, "open", refuse("io.open")))
+        stack.enter_context(mock.patch.object(os, "open", refuse("os.open")))
+        stack.enter_context(mock.patch.object(socket.socket, "connect", refuse("socket.connect")))
+        stack.enter_context(mock.patch.object(socket.socket, "connect_ex", refuse("socket.connect_ex")))
+        stack.enter_context(mock.patch.object(socket.socket, "sendto", refuse("socket.sendto")))
+        stack.enter_context(mock.patch.object(socket, "getaddrinfo", refuse("socket.getaddrinfo")))
+        yield
+    if attempts:
+        raise IOAttempted(f"I/O attempted in a policy call: {', '.join(attempts)}")
+
+
+def sample_launch_context(**overrides: Any) -> LaunchContext:
+    """A plausible :class:`LaunchContext` for a mixed worker on loopback."""
+    ports = iter(range(41000, 41100))
+    values: dict[str, Any] = {
+        "worker_id": "w-contract-0",
+        "model": "contract-model",
+        "model_path": None,
+        "role": Role.MIXED,
+        "host": "127.0.0.1",
+        "port": 40999,
+        "advertise_host": "127.0.0.1",
+        "engine_args": [],
+        "options": {},
+        "free_port": lambda: next(ports),
+    }
+    values.update(overrides)
+    return LaunchContext(**values)
+
+
+def random_record(rng: random.Random, index: int, model: str = "contract-model") -> WorkerRecord:
+    """A random but valid worker record (role, status, labels, KV events, DP rank vary)."""
+    kv = None
+    if rng.random() < 0.7:
+        kv = KvEventsInfo(
+            endpoint=f"tcp://127.0.0.1:{5500 + index}", format="contract", block_size=rng.choice([16, 32])
+        )
+    return WorkerRecord(
+        worker_id=f"w{index}",
+        url=f"http://127.0.0.1:{8100 + index}",
+        model=model if rng.random() < 0.85 else "other-model",
+        engine="contract",
+        role=rng.choice(list(Role)),
+        status=Status.ACTIVE if rng.random() < 0.85 else Status.DRAINING,
+        dp_rank=rng.choice([None, 0, 1]),
+        dp_size=2,
+        kv_events=kv,
+        labels={"zone": rng.choice(["a", "b"]), "tier": rng.choice(["gold", "basic"])},
+    )
+
+
+class _PolicyContract:
+    """Shared helpers for the policy suites."""
+
+    kind: ClassVar[str] = ""
+    factory: ClassVar[PolicyFactory]
+    """The factory your plugin registers through ``infera_register_policies``."""
+    params: ClassVar[Mapping[str, Any]] = {}
+    """Raw parameters (as they would appear in config) used to build the policy."""
+    seeds: ClassVar[Sequence[int]] = (0, 1, 2, 3, 4, 5, 6, 7)
+    max_candidates: ClassVar[int] = 8
+
+    def deps(self) -> SchedulerDeps:
+        """Scheduler state handed to the factory; override to supply a KV index etc."""
+        return SchedulerDeps(clock=lambda: 1000.0)
+
+    def build(self) -> Any:
+        parsed = self.factory.parse_params(self.params)
+        return self.factory.build(parsed, self.deps())
+
+    def make_candidates(self, rng: random.Random, n: int) -> list[Endpoint]:
+        """``n`` random endpoints; override to add state your policy reads."""
+        out = []
+        for i in range(n):
+            ep = Endpoint(random_record(rng, i))
+            ep.in_flight = rng.randrange(0, 20)
+            ep.in_flight_prompt_tokens = ep.in_flight * rng.randrange(0, 500)
+            ep.picks = rng.randrange(0, 100)
+            ep.stats = {"running": float(rng.randrange(0, 10)), "kv_usage": rng.random()}
+            out.append(ep)
+        return out
+
+    def make_context(self, rng: random.Random) -> RequestContext:
+        """A random chat request for ``contract-model`` with token ids."""
+        tokens = [rng.randrange(0, 32000) for _ in range(rng.randrange(0, 200))]
+        ctx = RequestContext(
+            request_id=f"req-{rng.randrange(1 << 30)}",
+            model="contract-model",
+            route="/v1/chat/completions",
+            body={"model": "contract-model", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"x-session-id": f"s{rng.randrange(4)}"},
+            token_ids=tokens,
+        )
+        ctx.session_key = ctx.headers["x-session-id"]
+        return ctx
+
+    def cases(self) -> Iterator[tuple[RequestContext, list[Endpoint]]]:
+        """Random (context, candidates) pairs, candidate counts from 0 to ``max_candidates``."""
+        for seed in self.seeds:
+            rng = random.Random(seed)
+            n = (seed % (self.max_candidates + 1)) if seed else 0
+            yield self.make_context(rng), self.make_candidates(rng, n)
+
+    def test_factory_metadata(self) -> None:
+        f = self.factory
+        assert isinstance(f, PolicyFactory), f"factory must be a PolicyFactory, got {type(f).__name__}"
+        assert f.kind == self.kind, f"factory kind is {f.kind!r}, this suite checks {self.kind!r}"
+        assert isinstance(f.name, str) and _NAME_RE.match(f.name), f"bad policy name {f.name!r}"
+        assert f.description.strip(), f"{f.kind} {f.name!r} needs a description"
+        if f.params is not None:
+            f.params.model_json_schema()  # must be serialisable for `infera-run policies`
+
+    def test_params_parse(self) -> None:
+        parsed = self.factory.parse_params(self.params)
+        if self.factory.params is not None:
+            assert isinstance(parsed, self.factory.params)
+
+    def test_builds_the_right_type(self) -> None:
+        expected = {"filter": Filter, "scorer": Scorer, "picker": Picker}[self.kind]
+        obj = self.build()
+        assert isinstance(obj, expected), f"factory built {type(obj).__name__}, not a {expected.__name__}"
+
+
+class ScorerContract(_PolicyContract):
+    """A scorer: one float in ``[0, 1]`` per candidate, deterministic, no I/O."""
+
+    kind = "scorer"
+
+    def test_one_score_per_candidate_in_unit_range(self) -> None:
+        scorer = self.build()
+        for ctx, cands in self.cases():
+            with no_io():
+                scores = scorer.score(ctx, cands)
+            assert len(scores) == len(cands), f"{len(scores)} scores for {len(cands)} candidates"
+            for s in scores:
+                assert isinstance(s, float | int) and not isinstance(s, bool), f"score {s!r} is not a float"
+                assert not math.isnan(s) and 0.0 <= s <= 1.0, f"score {s!r} outside [0, 1]"
+
+    def test_deterministic_for_same_input(self) -> None:
+        first, second = self.build(), self.build()
+        for ctx, cands in self.cases():
+            with no_io():
+                a = list(first.score(ctx, cands))
+                b = list(first.score(ctx, cands))
+                c = list(second.score(ctx, cands))
+            assert a == b == c, f"scores differ for the same input: {a} / {b} / {c}"
+
+    def test_no_io_while_scoring(self) -> None:
+        scorer = self.build()
+        for ctx, cands in self.cases():
+            with no_io():
+                scorer.score(ctx, cands)
+                if cands:
+                    scorer.on_routed(ctx, cands[0])
+                    scorer.on_finished(ctx, cands[0], True)
+
+
+class PickerContract(_PolicyContract):
+    """A picker: returns one of the candidates it was given, no I/O."""
+
+    kind = "picker"
+
+    def test_picks_a_candidate(self) -> None:
+        picker = self.build()
+        for seed, (ctx, cands) in enumerate(self.cases()):
+            if not cands:
+                continue
+            rng = random.Random(seed)
+            scores = [rng.random() for _ in cands]
+            with no_io():
+                chosen = picker.pick(ctx, cands, scores)
+            assert any(chosen is c for c in cands), f"picked {chosen!r}, not one of the candidates"
+
+    def test_single_candidate_is_picked(self) -> None:
+        picker = self.build()
+        ctx, cands = next(c for c in self.cases() if c[1])
+        with no_io():
+            assert picker.pick(ctx, cands[:1], [0.0]) is cands[0]
+
+
+class FilterContract(_PolicyContract):
+    """A filter: an order-preserving subset of its input, deterministic, no I/O."""
+
+    kind = "filter"
+
+    def test_returns_ordered_subset(self) -> None:
+        flt = self.build()
+        for ctx, cands in self.cases():
+            with no_io():
+                kept = flt.filter(ctx, list(cands))
+            assert isinstance(kept, list), "filter must return a list"
+            ids = [id(c) for c in cands]
+            positions = [ids.index(id(k)) for k in kept if id(k) in ids]
+            assert len(positions) == len(kept), "filter returned endpoints that were not candidates"
+            assert positions == sorted(set(positions)), "filter reordered or duplicated candidates"
+
+    def test_deterministic_for_same_input(self) -> None:
+        flt = self.build()
+        for ctx, cands in self.cases():
+            with no_io():
+                a = [e.worker_id for e in flt.filter(ctx, list(cands))]
+                b = [e.worker_id for e in flt.filter(ctx, list(cands))]
+            assert a == b, f"filter results differ for the same input: {a} / {b}"
+
+
+class EngineAdapterContract:
+    """An engine adapter: identity, options, launch spec and record fields are well formed."""
+
+    adapter: ClassVar[Any]
+    """An instance of your adapter (what ``infera_register_engines`` adds)."""
+
+    def launch_context(self) -> LaunchContext:
+        """The context used for ``build_launch``; override to set required options."""
+        defaults = {o.name: o.default for o in self.adapter.options()}
+        return sample_launch_context(options=defaults)
+
+    def test_satisfies_protocol(self) -> None:
+        assert isinstance(self.adapter, EngineAdapter), "adapter lacks EngineAdapter methods"
+
+    def test_identity(self) -> None:
+        a = self.adapter
+        assert isinstance(a.name, str) and _NAME_RE.match(a.name), f"bad engine name {a.name!r}"
+        assert isinstance(a.description, str) and a.description.strip(), "adapter needs a description"
+        assert isinstance(a.package_hint, str) and a.package_hint.strip(), "adapter needs a package_hint"
+
+    def test_options(self) -> None:
+        opts = list(self.adapter.options())
+        names = []
+        for o in opts:
+            assert isinstance(o, EngineOption), f"option {o!r} is not an EngineOption"
+            assert _IDENT_RE.match(o.name), f"option name {o.name!r} must be a python identifier"
+            names.append(o.name)
+            if o.choices is not None and o.default is not None:
+                assert o.default in o.choices, f"default of {o.flag} not among its choices"
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        assert not dupes, f"duplicate option names: {dupes}"
+
+    def test_build_launch(self) -> None:
+        spec = self.adapter.build_launch(self.launch_context())
+        assert isinstance(spec, LaunchSpec), f"build_launch returned {type(spec).__name__}"
+        assert spec.argv and all(isinstance(a, str) for a in spec.argv), f"argv must be strings: {spec.argv}"
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in spec.env.items()), "env must be str"
+
+    def test_record_fields(self) -> None:
+        ctx = self.launch_context()
+        fields = self.adapter.record_fields(ctx)
+        assert isinstance(fields, RecordFields), f"record_fields returned {type(fields).__name__}"
+        if fields.kv_events is not None:
+            KvEventsInfo.model_validate(fields.kv_events.model_dump())
+        if fields.pd is not None:
+            PdInfo.model_validate(fields.pd.model_dump())
+        record = WorkerRecord(
+            worker_id=ctx.worker_id,
+            url=ctx.url,
+            model=ctx.model,
+            engine=self.adapter.name,
+            engine_version=fields.engine_version,
+            role=ctx.role,
+            dp_rank=fields.dp_rank,
+            dp_size=fields.dp_size,
+            kv_events=fields.kv_events,
+            pd=fields.pd,
+            labels=fields.labels,
+        )
+        assert WorkerRecord.from_json(record.to_json()) == record
+
+    def test_module_imports_no_engine(self) -> None:
+        module = type(self.adapter).__module__
+        code = textwrap.dedent(
+            f"""
+            import importlib, sys
+            importlib.import_module({module!r})
+            print(",".join(m for m in {ENGINE_MODULES!r} if m in sys.modules))
+            """
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert out.returncode == 0, f"importing {module} failed: {out.stderr.strip()[-500:]}"
+        assert not out.stdout.strip(), f"importing {module} imported {out.stdout.strip()}"
