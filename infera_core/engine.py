@@ -69,6 +69,8 @@ class LaunchContext:
     """Returns a free TCP port on this machine (for KV events, bootstrap…)."""
     dp_rank: int | None = None
     dp_size: int = 1
+    discovery: str | None = None
+    """Name of the discovery backend the launcher registers with (``etcd``, ``memory``…), if known."""
 
     @property
     def url(self) -> str:

@@ -80,3 +80,51 @@ class PdTransport(Protocol):
     ) -> LegRequest:
         """The decode leg. ``prefill_response`` is the parsed prefill reply for serial order."""
         ...
+
+
+class PdPairError(ValueError):
+    """A prefill worker and a decode worker that cannot form a PD pair."""
+
+
+def check_pair(prefill: WorkerRecord, decode: WorkerRecord) -> None:
+    """Refuse a prefill/decode pair that cannot exchange KV (pure; used by router and launcher).
+
+    Both must be the same engine and speak the same PD protocol, and serve the same model.
+    Raises :class:`PdPairError` with a message naming both workers.
+    """
+    p, d = prefill, decode
+    if p.engine != d.engine:
+        raise PdPairError(
+            f"PD pair refused: prefill {p.worker_id} runs {p.engine} but decode {d.worker_id} runs "
+            f"{d.engine}; prefill and decode must be the same engine"
+        )
+    p_proto = p.pd.protocol if p.pd else None
+    d_proto = d.pd.protocol if d.pd else None
+    if p_proto is None or p_proto != d_proto:
+        raise PdPairError(
+            f"PD pair refused: prefill {p.worker_id} speaks {p_proto or 'no PD protocol'} but decode "
+            f"{d.worker_id} speaks {d_proto or 'no PD protocol'}; both need the same pd.protocol"
+        )
+    if p.model != d.model:
+        raise PdPairError(
+            f"PD pair refused: prefill {p.worker_id} serves {p.model!r} but decode {d.worker_id} "
+            f"serves {d.model!r}"
+        )
+
+
+def one_token_prefill_body(body: dict[str, Any], kv_transfer_params: dict[str, Any] | None) -> dict[str, Any]:
+    """A copy of the client's ``body`` shaped for a prefill leg that computes KV only.
+
+    ``max_tokens=1`` and ``max_completion_tokens=1``, ``stream=false``, no
+    ``stream_options``, no ``min_tokens``; ``kv_transfer_params`` set when given.
+    ``body`` itself is never changed.
+    """
+    out = dict(body)
+    out["max_tokens"] = 1
+    out["max_completion_tokens"] = 1
+    out["stream"] = False
+    out.pop("stream_options", None)
+    out.pop("min_tokens", None)
+    if kv_transfer_params is not None:
+        out["kv_transfer_params"] = kv_transfer_params
+    return out

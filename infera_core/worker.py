@@ -42,6 +42,10 @@ class KvEventsInfo(BaseModel):
     topic: str = "kv-events"
     fingerprint: str | None = None
     """Hash/tokenizer fingerprint, compared with the router's for that model."""
+    port_per_dp_rank: bool = False
+    """True when DP rank ``r`` of this endpoint publishes on ``endpoint``'s port + ``r``
+    (SGLang DP-attention: one server, ``dp_size`` publishers); ``dp_rank`` in each batch says
+    which rank sent it."""
 
 
 class PdInfo(BaseModel):
