@@ -1,4 +1,4 @@
-"""Core discovery backends (filled by the fleet work)."""
+"""Core discovery backends: etcd, memory, static file."""
 
 from __future__ import annotations
 
@@ -8,4 +8,10 @@ from infera_core.registry import DiscoveryRegistry
 
 @hookimpl
 def infera_register_discovery_backends(registry: DiscoveryRegistry) -> None:
-    return None
+    from infera_core.discovery.etcd import EtcdDiscoveryFactory
+    from infera_core.discovery.memory import MemoryDiscoveryFactory
+    from infera_core.discovery.static import StaticDiscoveryFactory
+
+    registry.add(EtcdDiscoveryFactory())
+    registry.add(MemoryDiscoveryFactory())
+    registry.add(StaticDiscoveryFactory())

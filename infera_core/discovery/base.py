@@ -13,6 +13,9 @@ from infera_core.worker import DEFAULT_PREFIX, WorkerRecord
 class ChangeKind(StrEnum):
     PUT = "put"
     DELETE = "delete"
+    SYNCED = "synced"
+    """Only with ``watch(sync_marker=True)``: the view now equals the backend's content
+    (after the initial PUTs, and again after every resynchronisation). ``record`` is None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,11 @@ class DiscoverySettings:
     lease_ttl: float = 10.0
     static_file: str | None = None
     connect_timeout: float = 5.0
+    static_poll_interval: float = 1.0
+    """How often the static backend checks its file's mtime (seconds)."""
+    memory_store: object | None = None
+    """The memory backend's store (:class:`infera_core.discovery.memory.MemoryStore`);
+    None means the process-wide default store."""
 
 
 @runtime_checkable
@@ -62,8 +70,13 @@ class Discovery(Protocol):
 
     async def list_workers(self) -> list[WorkerRecord]: ...
 
-    def watch(self) -> AsyncIterator[FleetChange]:
-        """Initial PUTs for every current worker, then changes, forever (until close)."""
+    def watch(self, *, sync_marker: bool = False) -> AsyncIterator[FleetChange]:
+        """Initial PUTs for every current worker, then changes, forever (until close).
+
+        With ``sync_marker=True`` a ``ChangeKind.SYNCED`` change follows the initial PUTs
+        and every later full resynchronisation (after an etcd reconnect, a file reload).
+        Malformed records are logged with their key and skipped.
+        """
         ...
 
 

@@ -1,0 +1,128 @@
+"""The ``memory`` discovery backend: an in-process fleet (``infera-run up``, tests).
+
+All :class:`MemoryDiscovery` objects sharing a :class:`MemoryStore` see the same
+fleet. Without an explicit store (``DiscoverySettings.memory_store``) they share the
+process-wide default store, created on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterator
+
+from infera_core.discovery.base import ChangeKind, DiscoverySettings, FleetChange, Registration
+from infera_core.discovery.records import SYNCED
+from infera_core.errors import DiscoveryError
+from infera_core.worker import WorkerRecord
+
+
+class MemoryStore:
+    """Worker records plus the queues of everyone watching them (one event loop)."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, WorkerRecord] = {}
+        self._watchers: set[asyncio.Queue[FleetChange | None]] = set()
+
+    def put(self, record: WorkerRecord) -> None:
+        self.records[record.worker_id] = record
+        self._publish(FleetChange(ChangeKind.PUT, record.worker_id, record))
+
+    def delete(self, worker_id: str) -> None:
+        record = self.records.pop(worker_id, None)
+        if record is not None:
+            self._publish(FleetChange(ChangeKind.DELETE, worker_id, record))
+
+    def _publish(self, change: FleetChange) -> None:
+        for queue in self._watchers:
+            queue.put_nowait(change)
+
+    def subscribe(self) -> asyncio.Queue[FleetChange | None]:
+        queue: asyncio.Queue[FleetChange | None] = asyncio.Queue()
+        self._watchers.add(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[FleetChange | None]) -> None:
+        self._watchers.discard(queue)
+
+
+@functools.cache
+def default_store() -> MemoryStore:
+    """The process-wide store used when settings name none."""
+    return MemoryStore()
+
+
+class MemoryRegistration:
+    def __init__(self, store: MemoryStore, record: WorkerRecord) -> None:
+        self._store = store
+        self._worker_id = record.worker_id
+        self._live = True
+
+    async def update(self, record: WorkerRecord) -> None:
+        if not self._live:
+            raise DiscoveryError(f"worker {self._worker_id!r} is no longer registered")
+        if record.worker_id != self._worker_id:
+            raise DiscoveryError(f"cannot change worker_id {self._worker_id!r} → {record.worker_id!r}")
+        self._store.put(record)
+
+    async def deregister(self) -> None:
+        if self._live:
+            self._live = False
+            self._store.delete(self._worker_id)
+
+
+class MemoryDiscovery:
+    """In-process discovery over a :class:`MemoryStore`."""
+
+    def __init__(self, store: MemoryStore | None = None) -> None:
+        self.store = store or default_store()
+        self._queues: set[asyncio.Queue[FleetChange | None]] = set()
+        self._closed = False
+
+    async def start(self) -> None:
+        self._closed = False
+
+    async def close(self) -> None:
+        self._closed = True
+        for queue in self._queues:
+            queue.put_nowait(None)
+
+    async def register(self, record: WorkerRecord) -> Registration:
+        if record.worker_id in self.store.records:
+            raise DiscoveryError(
+                f"worker_id {record.worker_id!r} is already registered "
+                f"(url {self.store.records[record.worker_id].url}); pick another --worker-id"
+            )
+        self.store.put(record)
+        return MemoryRegistration(self.store, record)
+
+    async def list_workers(self) -> list[WorkerRecord]:
+        return [self.store.records[k] for k in sorted(self.store.records)]
+
+    async def watch(self, *, sync_marker: bool = False) -> AsyncIterator[FleetChange]:
+        queue = self.store.subscribe()
+        self._queues.add(queue)
+        try:
+            for record in await self.list_workers():
+                yield FleetChange(ChangeKind.PUT, record.worker_id, record)
+            if sync_marker:
+                yield SYNCED
+            while not self._closed:
+                change = await queue.get()
+                if change is None:
+                    return
+                yield change
+        finally:
+            self._queues.discard(queue)
+            self.store.unsubscribe(queue)
+
+
+class MemoryDiscoveryFactory:
+    name = "memory"
+    description = "In-process fleet shared by everything in one process (infera-run up, tests)."
+
+    def create(self, settings: DiscoverySettings) -> MemoryDiscovery:
+        store = settings.memory_store
+        if store is not None and not isinstance(store, MemoryStore):
+            raise DiscoveryError("memory discovery: settings.memory_store must be a MemoryStore")
+        return MemoryDiscovery(store)
