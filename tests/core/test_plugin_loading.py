@@ -81,7 +81,7 @@ def test_broken_plugin_is_reported_and_skipped() -> None:
 
 
 def test_strict_mode_makes_a_broken_plugin_fatal() -> None:
-    with pytest.raises(PluginError, match="plugin 'broken'.*failed to load: ModuleNotFoundError"):
+    with pytest.raises(PluginError, match=r"plugin 'broken'.*failed to load: ModuleNotFoundError"):
         make_hooks(
             entry_points=[fake_entry_point("broken", "infera_no_such_module_xyz")],
             installed=False,
@@ -148,7 +148,7 @@ def test_require_mentions_disabled_plugins() -> None:
         installed=False,
         disable=["etcdplus"],
     )
-    with pytest.raises(UnknownNameError, match="none installed.*disabled by INFERA_DISABLE_PLUGINS"):
+    with pytest.raises(UnknownNameError, match=r"none installed.*disabled by INFERA_DISABLE_PLUGINS"):
         hooks.require("discovery_backend", "etcdplus")
 
 
