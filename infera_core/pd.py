@@ -128,3 +128,7 @@ def one_token_prefill_body(body: dict[str, Any], kv_transfer_params: dict[str, A
     if kv_transfer_params is not None:
         out["kv_transfer_params"] = kv_transfer_params
     return out
+
+
+class PdLegError(RuntimeError):
+    """A leg's reply lacks what the protocol needs (e.g. no ``kv_transfer_params``): a 502."""

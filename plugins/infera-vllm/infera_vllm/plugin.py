@@ -1,3 +1,21 @@
 """Hook implementations of the infera-vllm plugin."""
 
 from __future__ import annotations
+
+from infera_core.hookspecs import hookimpl
+from infera_core.registry import EngineRegistry, PdTransportRegistry
+
+
+@hookimpl
+def infera_register_engines(registry: EngineRegistry) -> None:
+    from infera_vllm.adapter import VllmAdapter
+
+    registry.add(VllmAdapter())
+
+
+@hookimpl
+def infera_register_pd_transports(registry: PdTransportRegistry) -> None:
+    from infera_vllm.pd import VllmMooncakeTransport, VllmNixlTransport
+
+    registry.add(VllmNixlTransport())
+    registry.add(VllmMooncakeTransport())
