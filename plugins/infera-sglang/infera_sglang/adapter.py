@@ -1,0 +1,209 @@
+"""The SGLang engine adapter: ``infera-run worker sglang [infera flags] -- [sglang flags]``.
+
+Builds ``<python> -m sglang.launch_server --model-path <path>`` with a real page size (SGLang
+publishes one KV event per page; page size 1 drowns the router), ZMQ KV events (one port
+per DP-attention rank), metrics, tensor parallel, DP-attention and PD bootstrap.
+Never imports SGLang.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields
+from infera_core.engine_support import (
+    bracket_host,
+    free_ports,
+    http_ok,
+    locate_engine,
+    metrics_in_flight,
+    reject_managed_flags,
+)
+from infera_core.errors import EngineError
+from infera_core.worker import KvEventsInfo, PdInfo, Role
+
+LAUNCH_MODULE = "sglang.launch_server"
+KV_TOPIC = "kv-events"
+IN_FLIGHT_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+
+MANAGED_FLAGS = {
+    "--model-path": "--model-path",
+    "--model": "--model-path",
+    "--host": "infera's --host",
+    "--port": "infera's --port",
+    "--served-model-name": "infera's --model",
+    "--page-size": "--page-size",
+    "--kv-events-config": "infera's KV events (always on)",
+    "--tp-size": "--tp",
+    "--tp": "--tp",
+    "--dp-size": "infera's --dp-size",
+    "--dp": "infera's --dp-size",
+    "--disaggregation-mode": "--role",
+    "--disaggregation-bootstrap-port": "infera's PD bootstrap (advertised in the worker record)",
+    "--disaggregation-transfer-backend": "--transfer-backend",
+}
+
+OPTIONS: tuple[EngineOption, ...] = (
+    EngineOption(
+        "page_size",
+        int,
+        16,
+        "KV page size (SGLang --page-size), also the router's hashing block. Never 1: SGLang sends "
+        "one KV event per page.",
+    ),
+    EngineOption("tp", int, 1, "Tensor-parallel size (SGLang --tp-size)."),
+    EngineOption(
+        "transfer_backend",
+        str,
+        "mooncake",
+        "KV transfer backend for --role prefill/decode (SGLang --disaggregation-transfer-backend).",
+        choices=("mooncake", "nixl"),
+    ),
+    EngineOption(
+        "kv_events_port",
+        int,
+        0,
+        "First KV event port (0: pick free ones); DP-attention rank r publishes on port + r.",
+    ),
+)
+
+
+def _page_size(ctx: LaunchContext) -> int:
+    size = int(ctx.options.get("page_size") or 16)
+    if size == 1:
+        raise EngineError(
+            "--page-size 1: SGLang would publish one KV event per token; use 16 or 32 (the default is 16)"
+        )
+    if size <= 0:
+        raise EngineError(f"--page-size {size}: must be a positive number of tokens")
+    return size
+
+
+def _dp(ctx: LaunchContext) -> int:
+    if ctx.dp_size > 1 and ctx.dp_rank is not None:
+        raise EngineError(
+            "SGLang DP-attention: one launcher fronts all --dp-size ranks; drop --dp-rank "
+            "(the router steers requests with the X-Data-Parallel-Rank header)"
+        )
+    return max(ctx.dp_size, 1)
+
+
+def _ports(ctx: LaunchContext) -> dict[str, int]:
+    ports: dict[str, int] | None = ctx.options.get("_sglang_ports")
+    if ports is None:
+        n = _dp(ctx)
+        wanted = int(ctx.options.get("kv_events_port") or 0)
+        kv = wanted or free_ports(ctx, n, consecutive=True)[0]
+        replay = free_ports(ctx, n, consecutive=True)[0]
+        ports = {"kv": kv, "replay": replay, "bootstrap": free_ports(ctx)[0]}
+        ctx.options["_sglang_ports"] = ports
+    return ports
+
+
+class SglangAdapter:
+    """Launches and watches one SGLang server (all of its DP-attention ranks)."""
+
+    name = "sglang"
+    description = "SGLang server (sglang.launch_server): page-size KV events, DP-attention, bootstrap PD"
+    package_hint = "pip install 'sglang[all]'"
+
+    def __init__(self) -> None:
+        self._versions: dict[str, str | None] = {}
+
+    def options(self) -> Sequence[EngineOption]:
+        return OPTIONS
+
+    def build_launch(self, ctx: LaunchContext) -> LaunchSpec:
+        reject_managed_flags(ctx.engine_args, MANAGED_FLAGS)
+        flags = self.engine_flags(ctx)
+        where = locate_engine(
+            ctx,
+            script_name="sglang",
+            module=LAUNCH_MODULE,
+            dists=("sglang",),
+            package_hint=self.package_hint,
+            engine_label="SGLang",
+        )
+        self._versions[ctx.worker_id] = where.probe.version
+        return LaunchSpec(argv=[where.python, "-m", LAUNCH_MODULE, *flags])
+
+    def engine_flags(self, ctx: LaunchContext) -> list[str]:
+        """Every SGLang flag (pure: no probe)."""
+        ports = _ports(ctx)
+        kv_config = {
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{ports['kv']}",
+            "replay_endpoint": f"tcp://*:{ports['replay']}",
+            "topic": KV_TOPIC,
+        }
+        flags = [
+            "--model-path",
+            ctx.served_path,
+            "--served-model-name",
+            ctx.model,
+            "--host",
+            ctx.host,
+            "--port",
+            str(ctx.port),
+            "--page-size",
+            str(_page_size(ctx)),
+            "--enable-metrics",
+            "--kv-events-config",
+            json.dumps(kv_config, separators=(",", ":")),
+        ]
+        tp = int(ctx.options.get("tp") or 1)
+        if tp != 1:
+            flags += ["--tp-size", str(tp)]
+        dp = _dp(ctx)
+        if dp > 1:
+            flags += ["--dp-size", str(dp), "--enable-dp-attention"]
+        if ctx.role is not Role.MIXED:
+            flags += [
+                "--disaggregation-mode",
+                ctx.role.value,
+                "--disaggregation-transfer-backend",
+                str(ctx.options.get("transfer_backend") or "mooncake"),
+            ]
+            if ctx.role is Role.PREFILL:
+                flags += ["--disaggregation-bootstrap-port", str(ports["bootstrap"])]
+        return flags + list(ctx.engine_args)
+
+    def record_fields(self, ctx: LaunchContext) -> RecordFields:
+        ports = _ports(ctx)
+        host = bracket_host(ctx.advertise_host)
+        dp = _dp(ctx)
+        kv = KvEventsInfo(
+            endpoint=f"tcp://{host}:{ports['kv']}",
+            format="sglang",
+            block_size=_page_size(ctx),
+            replay_endpoint=f"tcp://{host}:{ports['replay']}",
+            topic=KV_TOPIC,
+            port_per_dp_rank=dp > 1,
+        )
+        pd = None
+        if ctx.role is not Role.MIXED:
+            params: dict[str, Any] = {
+                "transfer_backend": str(ctx.options.get("transfer_backend") or "mooncake"),
+                "tp_size": int(ctx.options.get("tp") or 1),
+            }
+            if ctx.role is Role.PREFILL:
+                params["bootstrap_host"] = ctx.advertise_host
+                params["bootstrap_port"] = ports["bootstrap"]
+            pd = PdInfo(protocol="sglang-bootstrap", params=params)
+        return RecordFields(
+            engine_version=self._versions.get(ctx.worker_id),
+            kv_events=kv,
+            pd=pd,
+            dp_rank=None,
+            dp_size=dp,
+        )
+
+    async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
+        return await http_ok(client, f"{base_url}/health")
+
+    async def in_flight(self, client: httpx.AsyncClient, base_url: str) -> int | None:
+        return await metrics_in_flight(client, base_url, IN_FLIGHT_METRICS)
