@@ -1,0 +1,132 @@
+"""PNG plots for the bench report (matplotlib, headless)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import pairwise
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from infera_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from infera_core.bench.runner import RunResult
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError(
+            "--report needs matplotlib: pip install 'infera-core[bench]' (or pip install matplotlib)"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _cdf(ax: Any, values: Sequence[float], label: str) -> None:
+    if not values:
+        return
+    xs = sorted(v * 1000 for v in values)
+    n = len(xs)
+    ax.plot(xs, [(i + 1) / n for i in range(n)], label=label, linewidth=1.6)
+
+
+def latency_cdfs(runs: Sequence[RunResult], path: Path) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for r in runs:
+        ok = [x for x in r.results if x.ok]
+        _cdf(axes[0], [x.ttft for x in ok if x.ttft is not None], r.label)
+        _cdf(axes[1], [g for x in ok for g in x.itls], r.label)
+        _cdf(axes[2], [x.e2e for x in ok if x.e2e is not None], r.label)
+    for ax, title in zip(axes, ("TTFT", "inter-token latency", "end-to-end latency"), strict=True):
+        ax.set_title(title)
+        ax.set_xlabel("ms")
+        ax.set_ylabel("fraction of requests" if title != "inter-token latency" else "fraction of tokens")
+        ax.grid(alpha=0.3)
+        ax.set_ylim(0, 1.01)
+        ax.legend(fontsize=8)
+    fig.suptitle("Latency CDFs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _short(worker: str) -> str:
+    return worker if len(worker) <= 14 else worker[:6] + "…" + worker[-6:]
+
+
+def worker_load(runs: Sequence[RunResult], path: Path) -> bool:
+    series = [(r.label, r.summary.get("requests_per_worker") or {}) for r in runs]
+    if not any(s for _, s in series):
+        return False
+    plt = _pyplot()
+    fig, ax = plt.subplots(
+        figsize=(max(6.0, min(16.0, 1.2 + 0.35 * max(len(s) for _, s in series) * len(runs))), 4.2)
+    )
+    width = 0.8 / len(series)
+    for i, (label, loads) in enumerate(series):
+        items = sorted(loads.items(), key=lambda kv: -kv[1])
+        xs = [j + i * width for j in range(len(items))]
+        ax.bar(xs, [v for _, v in items], width=width, label=label)
+    ax.set_xlabel("worker (sorted by load within each run)")
+    ax.set_ylabel("requests")
+    ax.set_title("Requests per worker")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def hit_rate_over_time(runs: Sequence[RunResult], path: Path) -> bool:
+    if not any(len(r.cache.timeline) > 1 for r in runs):
+        return False
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for r in runs:
+        tl = r.cache.timeline
+        xs: list[float] = []
+        cum: list[float] = []
+        win: list[float] = []
+        for (_, h0, q0), (t1, h1, q1) in pairwise(tl):
+            if q1 <= 0:
+                continue
+            xs.append(t1)
+            cum.append(h1 / q1)
+            win.append((h1 - h0) / (q1 - q0) if q1 > q0 else float("nan"))
+        if not xs:
+            continue
+        line = ax.plot(xs, [100 * c for c in cum], label=f"{r.label} (cumulative)", linewidth=1.8)
+        ax.plot(
+            xs,
+            [100 * w for w in win],
+            linestyle=":",
+            color=line[0].get_color(),
+            label=f"{r.label} (per interval)",
+        )
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel("prefix-cache hit rate (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title("Prefix-cache hit rate over time (worker /metrics)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_all(runs: Sequence[RunResult], out_dir: Path) -> list[str]:
+    """Write every plot that has data; returns file names relative to ``out_dir``."""
+    names = ["latency_cdf.png"]
+    latency_cdfs(runs, out_dir / "latency_cdf.png")
+    if worker_load(runs, out_dir / "worker_load.png"):
+        names.append("worker_load.png")
+    if hit_rate_over_time(runs, out_dir / "hit_rate.png"):
+        names.append("hit_rate.png")
+    return names

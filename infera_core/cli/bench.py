@@ -1,0 +1,57 @@
+"""``infera-run bench``: drive a workload against OpenAI-compatible URLs and report."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from infera_core.bench.config import BenchSettings
+from infera_core.errors import ConfigError
+from infera_core.settings import click_options, resolve
+
+
+@click.command("bench")
+@click_options(BenchSettings)
+@click.option(
+    "--config", "config_file", type=click.Path(path_type=Path), help="YAML/JSON file with settings."
+)
+def bench_cmd(config_file: Path | None, **values: Any) -> None:
+    """Benchmark an OpenAI-compatible endpoint (Infera, one engine, or another router).
+
+    \b
+    Examples:
+      infera-run bench --url http://127.0.0.1:8000/v1 --workload shared-prefix --report out/
+      infera-run bench --url http://127.0.0.1:8000/v1 --workload trace \\
+          --trace mooncake.jsonl --time-scale 0.05 --max-requests 300
+      infera-run bench --compare --policies round-robin,kv-aware --workload shared-prefix
+    """
+    settings = resolve(BenchSettings, values, config_file)
+    asyncio.run(_main(settings))
+
+
+async def _main(s: BenchSettings) -> None:
+    from infera_core.bench.compare import run_targets
+    from infera_core.bench.plan import describe
+    from infera_core.bench.report import print_table, write_json, write_report
+
+    if s.policies and s.url:
+        raise ConfigError("--policies starts its own stacks; drop --url (or drop --policies)")
+    if not s.policies and not s.url:
+        raise ConfigError("--url is required (or --policies a,b to start a local stack per policy)")
+    if s.compare and not s.policies and len(s.url) < 2:
+        raise ConfigError("--compare needs several --url targets or --policies a,b")
+    console = Console()
+    runs = await run_targets(s, Console(stderr=True))
+    meta: dict[str, Any] = describe(s)
+    title = "Infera bench: " + ", ".join(f"{k}={v}" for k, v in meta.items() if k != "seed")
+    print_table(runs, console, title=title)
+    if s.json_out:
+        write_json(runs, s.json_out, meta)
+        console.print(f"results: {s.json_out}")
+    if s.report:
+        md = write_report(runs, s.report, meta)
+        console.print(f"report: {md}")
