@@ -9,7 +9,7 @@ from infera_core.hookspecs import hookimpl
 
 @hookimpl
 def infera_register_commands(cli: click.Group) -> None:
-    from infera_core.cli import engines, plugins, policies
+    from infera_core.cli import bench, engines, plugins, policies
 
-    for cmd in (plugins.plugins_cmd, engines.engines_cmd, policies.policies_cmd):
+    for cmd in (plugins.plugins_cmd, engines.engines_cmd, policies.policies_cmd, bench.bench_cmd):
         cli.add_command(cmd)
