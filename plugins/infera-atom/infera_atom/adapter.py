@@ -1,0 +1,136 @@
+"""The ATOM engine adapter: ``infera-run worker atom [infera flags] -- [atom flags]``.
+
+Builds ``<python> -m atom.entrypoints.openai_server --model <path> --server-port <port> -tp N``
+(ATOM's ``--port`` is its internal engine port, so the HTTP port is ``--server-port``), with
+the Mooncake KV transfer config for PD roles. ATOM workers register only with etcd
+discovery. Never imports ATOM.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields
+from infera_core.engine_support import free_ports, http_ok, locate_engine, reject_managed_flags
+from infera_core.errors import EngineError
+from infera_core.worker import PdInfo, Role
+
+SERVER_MODULE = "atom.entrypoints.openai_server"
+REQUIRED_DISCOVERY = "etcd"
+
+MANAGED_FLAGS = {
+    "--model": "--model-path",
+    "--served-model-name": "infera's --model",
+    "--host": "infera's --host",
+    "--server-port": "infera's --port",
+    "--tensor-parallel-size": "--tp",
+    "-tp": "--tp",
+    "--block-size": "--block-size",
+    "--kv-transfer-config": "--role",
+}
+
+OPTIONS: tuple[EngineOption, ...] = (
+    EngineOption("tp", int, 1, "Tensor-parallel size (ATOM -tp)."),
+    EngineOption("block_size", int, 16, "KV cache block size (ATOM --block-size)."),
+    EngineOption(
+        "handshake_port",
+        int,
+        0,
+        "Mooncake handshake port for --role prefill/decode (0: pick a free one); advertised in the record.",
+    ),
+)
+
+
+def _ports(ctx: LaunchContext) -> dict[str, int]:
+    ports: dict[str, int] | None = ctx.options.get("_atom_ports")
+    if ports is None:
+        ports = {"handshake": int(ctx.options.get("handshake_port") or 0) or free_ports(ctx)[0]}
+        ctx.options["_atom_ports"] = ports
+    return ports
+
+
+def check_discovery(ctx: LaunchContext) -> None:
+    """ATOM workers need etcd discovery; any other backend is refused at start-up."""
+    if ctx.discovery is not None and ctx.discovery != REQUIRED_DISCOVERY:
+        raise EngineError(
+            f"the atom engine needs --discovery etcd (got --discovery {ctx.discovery}): "
+            "ATOM workers are registered only through etcd"
+        )
+
+
+class AtomAdapter:
+    """Launches and watches one ATOM OpenAI server."""
+
+    name = "atom"
+    description = "ROCm ATOM OpenAI server: etcd discovery only, Mooncake PD on /v1/completions"
+    package_hint = "pip install git+https://github.com/ROCm/ATOM.git (ROCm machines)"
+
+    def __init__(self) -> None:
+        self._versions: dict[str, str | None] = {}
+
+    def options(self) -> Sequence[EngineOption]:
+        return OPTIONS
+
+    def build_launch(self, ctx: LaunchContext) -> LaunchSpec:
+        check_discovery(ctx)
+        reject_managed_flags(ctx.engine_args, MANAGED_FLAGS)
+        flags = self.engine_flags(ctx)
+        where = locate_engine(
+            ctx,
+            script_name=None,
+            module=SERVER_MODULE,
+            dists=("atom",),
+            package_hint=self.package_hint,
+            engine_label="ATOM",
+        )
+        self._versions[ctx.worker_id] = where.probe.version
+        return LaunchSpec(argv=[where.python, "-m", SERVER_MODULE, *flags])
+
+    def engine_flags(self, ctx: LaunchContext) -> list[str]:
+        """Every ATOM flag (pure: no probe)."""
+        block = int(ctx.options.get("block_size") or 16)
+        if block <= 0:
+            raise EngineError(f"--block-size {block}: must be a positive number of tokens")
+        flags = [
+            "--model",
+            ctx.served_path,
+            "--served-model-name",
+            ctx.model,
+            "--host",
+            ctx.host,
+            "--server-port",
+            str(ctx.port),
+            "-tp",
+            str(int(ctx.options.get("tp") or 1)),
+            "--block-size",
+            str(block),
+        ]
+        if ctx.role is not Role.MIXED:
+            config = {
+                "kv_connector": "mooncake",
+                "kv_role": "kv_producer" if ctx.role is Role.PREFILL else "kv_consumer",
+                "handshake_port": _ports(ctx)["handshake"],
+                "http_port": ctx.port,
+            }
+            flags += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
+        return flags + list(ctx.engine_args)
+
+    def record_fields(self, ctx: LaunchContext) -> RecordFields:
+        pd = None
+        if ctx.role is not Role.MIXED:
+            params: dict[str, Any] = {
+                "handshake_port": _ports(ctx)["handshake"],
+                "tp_size": int(ctx.options.get("tp") or 1),
+            }
+            pd = PdInfo(protocol="atom-mooncake", params=params)
+        return RecordFields(engine_version=self._versions.get(ctx.worker_id), pd=pd)
+
+    async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
+        return await http_ok(client, f"{base_url}/health")
+
+    async def in_flight(self, client: httpx.AsyncClient, base_url: str) -> int | None:
+        return None

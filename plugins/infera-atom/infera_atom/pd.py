@@ -1,0 +1,93 @@
+"""ATOM PD transport ``atom-mooncake``: serial, ``/v1/completions`` only.
+
+The prefill leg computes one token and names the decode worker's handshake host/port; the
+decode leg carries the prefill's reply ``kv_transfer_params`` verbatim plus the prefill's
+address and DP/TP sizes. ``max_tokens`` is not decremented (ATOM's decode re-emits the
+prefill's first token).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from infera_core.pd import (
+    LegRequest,
+    PdContext,
+    PdLegError,
+    PdOrder,
+    PdUnsupported,
+    one_token_prefill_body,
+)
+from infera_core.worker import WorkerRecord
+
+ROUTE = "/v1/completions"
+
+
+def _address(record: WorkerRecord) -> tuple[str, int | None]:
+    parts = urlsplit(record.url)
+    return parts.hostname or "127.0.0.1", parts.port
+
+
+def _remote(record: WorkerRecord) -> dict[str, Any]:
+    params = record.pd.params if record.pd else {}
+    host, port = _address(record)
+    return {
+        "remote_handshake_port": params.get("handshake_port"),
+        "remote_host": host,
+        "remote_port": port,
+        "remote_dp_size": record.dp_size,
+        "remote_tp_size": params.get("tp_size", 1),
+    }
+
+
+class AtomMooncakeTransport:
+    name = "atom-mooncake"
+    order = PdOrder.SERIAL
+
+    def prepare(self, ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord) -> None:
+        if ctx.route != ROUTE:
+            raise PdUnsupported(
+                f"ATOM PD serves only {ROUTE}; {ctx.route} cannot go through prefill/decode workers "
+                "(send it to a mixed ATOM worker, or use /v1/completions)"
+            )
+
+    def prefill_request(
+        self, body: dict[str, Any], ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord
+    ) -> LegRequest:
+        params = {
+            "do_remote_decode": True,
+            "do_remote_prefill": False,
+            "remote_engine_id": None,
+            "remote_block_ids": None,
+            **_remote(decode),
+        }
+        headers = {"X-Request-Id": ctx.request_id}
+        if ctx.prefill_dp_rank is not None:
+            headers["X-Data-Parallel-Rank"] = str(ctx.prefill_dp_rank)
+        return LegRequest(body=one_token_prefill_body(body, params), headers=headers)
+
+    def decode_request(
+        self,
+        body: dict[str, Any],
+        ctx: PdContext,
+        prefill: WorkerRecord,
+        decode: WorkerRecord,
+        prefill_response: dict[str, Any] | None,
+    ) -> LegRequest:
+        reply = (prefill_response or {}).get("kv_transfer_params")
+        if not isinstance(reply, dict):
+            raise PdLegError(
+                f"prefill worker {prefill.worker_id} returned no kv_transfer_params "
+                "(is it an ATOM server started with a mooncake --kv-transfer-config?)"
+            )
+        params: dict[str, Any] = {"do_remote_decode": False, "do_remote_prefill": True, **_remote(prefill)}
+        params.update(reply)
+        params["do_remote_decode"] = False
+        params["do_remote_prefill"] = True
+        rank = reply.get("dp_rank", ctx.prefill_dp_rank)
+        if rank is not None:
+            params["remote_dp_rank"] = rank
+        out = dict(body)
+        out["kv_transfer_params"] = params
+        return LegRequest(body=out, headers={"X-Request-Id": ctx.request_id})
