@@ -320,8 +320,10 @@ class EngineAdapterContract:
         fields = self.adapter.record_fields(ctx)
         assert isinstance(fields, RecordFields), f"record_fields returned {type(fields).__name__}"
         if fields.kv_events is not None:
+            assert isinstance(fields.kv_events, KvEventsInfo), "kv_events must be a KvEventsInfo"
             KvEventsInfo.model_validate(fields.kv_events.model_dump())
         if fields.pd is not None:
+            assert isinstance(fields.pd, PdInfo), "pd must be a PdInfo"
             PdInfo.model_validate(fields.pd.model_dump())
         record = WorkerRecord(
             worker_id=ctx.worker_id,
@@ -347,8 +349,10 @@ class EngineAdapterContract:
             print(",".join(m for m in {ENGINE_MODULES!r} if m in sys.modules))
             """
         )
+        # the child sees the same import path (test modules, editable installs)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         out = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False, env=env
         )
         assert out.returncode == 0, f"importing {module} failed: {out.stderr.strip()[-500:]}"
         assert not out.stdout.strip(), f"importing {module} imported {out.stdout.strip()}"
