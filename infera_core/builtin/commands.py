@@ -13,3 +13,7 @@ def infera_register_commands(cli: click.Group) -> None:
 
     for cmd in (plugins.plugins_cmd, engines.engines_cmd, policies.policies_cmd, bench.bench_cmd):
         cli.add_command(cmd)
+    from infera_core.cli import worker, workers
+
+    cli.add_command(worker.worker_cmd)
+    cli.add_command(workers.workers_cmd)

@@ -1,0 +1,102 @@
+"""``infera-run worker <engine> [infera flags] -- [engine flags]``: run one engine as a fleet worker.
+
+``worker`` is a click group whose subcommands are the installed engine adapters; each
+engine's command has Infera's own flags (:class:`WorkerSettings`) plus the adapter's
+:class:`EngineOption` flags, every one with an ``INFERA_*`` env var.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import click
+
+from infera_core.engine import EngineAdapter, EngineOption
+from infera_core.facade import InferaHooks
+from infera_core.launcher.runtime import run_worker
+from infera_core.launcher.settings import WorkerSettings
+from infera_core.settings import click_options, resolve
+
+log = logging.getLogger("infera.launcher")
+
+OPT_PREFIX = "engine_opt_"
+
+ENGINE_HELP = """Run the {engine} engine as a fleet worker: start it, wait until it serves,
+register it for discovery, and drain it on SIGTERM/SIGINT (a second signal stops at once).
+
+{description}
+
+Everything after -- is passed to the engine unchanged, e.g.
+infera-run worker {engine} --model m --etcd-endpoint 127.0.0.1:2379 -- --some-engine-flag 1"""
+
+
+def _engine_option(opt: EngineOption) -> click.Option:
+    help_text = f"{opt.help} [env: {opt.envvar}]".strip()
+    ctype: Any = click.Choice(list(opt.choices)) if opt.choices else opt.type
+    if opt.is_flag:
+        return click.Option(
+            [f"{opt.flag}/--no-{opt.flag[2:]}", OPT_PREFIX + opt.name],
+            is_flag=True,
+            default=None,
+            envvar=opt.envvar,
+            help=help_text,
+        )
+    shown = f" [default: {opt.default}]" if opt.default not in (None, "") else ""
+    return click.Option(
+        [opt.flag, OPT_PREFIX + opt.name],
+        type=ctype,
+        default=None,
+        envvar=opt.envvar,
+        help=f"{opt.help}{shown} [env: {opt.envvar}]".strip() if shown else help_text,
+    )
+
+
+def _engine_command(hooks: InferaHooks, adapter: EngineAdapter) -> click.Command:
+    @click.pass_context
+    def callback(ctx: click.Context, /, engine_args: tuple[str, ...], **values: Any) -> None:
+        settings = resolve(WorkerSettings, {k: v for k, v in values.items() if not k.startswith(OPT_PREFIX)})
+        options = {k[len(OPT_PREFIX) :]: v for k, v in values.items() if k.startswith(OPT_PREFIX)}
+        code = asyncio.run(
+            run_worker(hooks, adapter.name, settings, engine_args=list(engine_args), options=options)
+        )
+        ctx.exit(code)
+
+    command = click.command(
+        adapter.name,
+        help=ENGINE_HELP.format(engine=adapter.name, description=adapter.description),
+        short_help=adapter.description,
+        context_settings={"max_content_width": 110},
+    )(click_options(WorkerSettings)(callback))
+    taken = {opt for p in command.params for opt in getattr(p, "opts", [])}
+    for opt in adapter.options():
+        if opt.flag in taken:
+            log.warning("engine %s: option %s clashes with an Infera flag; ignored", adapter.name, opt.flag)
+            continue
+        command.params.append(_engine_option(opt))
+    command.params.append(click.Argument(["engine_args"], nargs=-1, type=click.UNPROCESSED))
+    return command
+
+
+class EngineGroup(click.Group):
+    """One subcommand per installed engine adapter, built on demand."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        hooks: InferaHooks = ctx.find_object(InferaHooks) or ctx.ensure_object(InferaHooks)
+        return hooks.catalog().engines.names()
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        hooks: InferaHooks = ctx.find_object(InferaHooks) or ctx.ensure_object(InferaHooks)
+        adapter = hooks.require("engine", cmd_name)  # unknown → one line listing the engines
+        return _engine_command(hooks, adapter)
+
+
+@click.group(
+    "worker",
+    cls=EngineGroup,
+    help="Run an engine as a fleet worker: infera-run worker <engine> [infera flags] -- [engine flags]. "
+    "Everything after -- goes to the engine. See infera-run worker <engine> --help.",
+)
+def worker_cmd() -> None:
+    pass

@@ -1,0 +1,91 @@
+"""``infera-run workers``: list the fleet as the discovery backend sees it (table or JSON)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import click
+from pydantic import Field
+from rich.console import Console
+from rich.table import Table
+
+from infera_core.discovery.base import DiscoverySettings
+from infera_core.errors import ConfigError
+from infera_core.facade import InferaHooks
+from infera_core.settings import InferaSettings, click_options, resolve
+from infera_core.worker import DEFAULT_PREFIX, WorkerRecord
+
+
+class WorkersSettings(InferaSettings):
+    discovery: str | None = Field(
+        None, description="Discovery backend: etcd, static… [default: etcd when --etcd-endpoint is set]."
+    )
+    etcd_endpoint: str | None = Field(
+        None, description="etcd endpoint(s): host:port, http://host:port, or a comma list."
+    )
+    etcd_prefix: str = Field(DEFAULT_PREFIX, description="etcd key prefix of worker records.")
+    static_file: str | None = Field(None, description="Worker list file (YAML/JSON) of --discovery static.")
+    connect_timeout: float = Field(5.0, gt=0, description="Seconds to wait for the discovery backend.")
+
+
+async def list_fleet(hooks: InferaHooks, settings: WorkersSettings) -> list[WorkerRecord]:
+    name = settings.discovery or (
+        "etcd" if settings.etcd_endpoint else "static" if settings.static_file else None
+    )
+    if name is None:
+        raise ConfigError("pass --etcd-endpoint HOST:PORT or --discovery static --static-file FILE")
+    factory = hooks.require("discovery_backend", name)
+    discovery = factory.create(
+        DiscoverySettings(
+            etcd_endpoints=[e for e in (settings.etcd_endpoint or "").split(",") if e.strip()],
+            prefix=settings.etcd_prefix,
+            static_file=settings.static_file,
+            connect_timeout=settings.connect_timeout,
+        )
+    )
+    await discovery.start()
+    try:
+        return await discovery.list_workers()
+    finally:
+        await discovery.close()
+
+
+def _age(started_at: float) -> str:
+    secs = max(0, int(time.time() - started_at))
+    return f"{secs // 3600}h{secs % 3600 // 60:02d}m" if secs >= 3600 else f"{secs // 60}m{secs % 60:02d}s"
+
+
+@click.command("workers")
+@click_options(WorkersSettings)
+@click.option("--json", "as_json", is_flag=True, help="Print the worker records as JSON.")
+@click.pass_obj
+def workers_cmd(hooks: InferaHooks, /, as_json: bool, **values: object) -> None:
+    """List the workers registered in the fleet (etcd, or a static file)."""
+    settings = resolve(WorkersSettings, values)
+    records = asyncio.run(list_fleet(hooks, settings))
+    if as_json:
+        click.echo(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
+        return
+    if not records:
+        click.echo("no workers registered")
+        return
+    table = Table("worker_id", "engine", "model", "role", "status", "url", "dp", "kv events", "pd", "up")
+    for r in records:
+        dp = f"{r.dp_rank}/{r.dp_size}" if r.dp_rank is not None else str(r.dp_size)
+        kv = f"{r.kv_events.format} {r.kv_events.endpoint}" if r.kv_events else "-"
+        engine = f"{r.engine} {r.engine_version}" if r.engine_version else r.engine
+        table.add_row(
+            r.worker_id,
+            engine,
+            r.model,
+            r.role.value,
+            r.status.value,
+            r.url,
+            dp,
+            kv,
+            r.pd.protocol if r.pd else "-",
+            _age(r.started_at),
+        )
+    Console(width=200).print(table)

@@ -1,0 +1,364 @@
+"""The worker lifecycle: spawn → ready → register → monitor → drain → deregister → stop.
+
+Library use (``infera-run up`` runs several launchers in one event loop)::
+
+    launcher = WorkerLauncher(hooks, "sim", WorkerSettings(model="m", discovery="memory"))
+    task = asyncio.create_task(launcher.run())
+    record = await launcher.wait_registered(within=60)
+    ...
+    launcher.request_drain()        # or: await launcher.stop()
+    exit_code = await task          # 0 after a drain; EngineError when the engine died
+
+:func:`run_worker` runs one launcher with SIGTERM/SIGINT wired to :meth:`request_drain`
+(a second signal skips the drain wait).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from infera_core.discovery.base import Discovery, Registration
+from infera_core.engine import EngineAdapter, LaunchContext
+from infera_core.errors import ConfigError, EngineError
+from infera_core.facade import InferaHooks
+from infera_core.launcher.address import advertise_host, free_port
+from infera_core.launcher.process import EngineProcess
+from infera_core.launcher.settings import WorkerSettings
+from infera_core.worker import Status, WorkerRecord
+
+log = logging.getLogger("infera.launcher")
+
+READY_POLL = 0.2
+DRAIN_POLL = 0.25
+DRAIN_SETTLE = 1.0
+"""After publishing ``draining``, routers may still send for up to a second: an in-flight
+count of zero only counts once this much time has passed."""
+
+
+class WorkerLauncher:
+    """Runs one engine as a fleet worker (see the module docstring)."""
+
+    def __init__(
+        self,
+        hooks: InferaHooks,
+        engine: str,
+        settings: WorkerSettings,
+        *,
+        engine_args: list[str] | None = None,
+        options: dict[str, Any] | None = None,
+        discovery: Discovery | None = None,
+        echo: Callable[[str], None] | None = None,
+    ) -> None:
+        self.hooks = hooks
+        self.engine = engine
+        self.settings = settings
+        self.engine_args = list(engine_args or [])
+        self.options = dict(options or {})
+        self._discovery = discovery
+        self._owns_discovery = discovery is None
+        self._echo = echo
+        self.process: EngineProcess | None = None
+        self.context: LaunchContext | None = None
+        self.record: WorkerRecord | None = None
+        self.registration: Registration | None = None
+        self._drain = asyncio.Event()
+        self._skip_wait = asyncio.Event()
+        self._registered = asyncio.Event()
+        self._finished = asyncio.Event()
+        self._signals = 0
+
+    # -- control --------------------------------------------------------------
+    def request_drain(self) -> None:
+        """First call: drain and stop. Second call: stop without waiting for in-flight work."""
+        self._signals += 1
+        if self._signals == 1:
+            log.info("worker %s: draining", self._wid)
+            self._drain.set()
+        else:
+            log.info("worker %s: second stop request, skipping the drain wait", self._wid)
+            self._skip_wait.set()
+
+    async def stop(self) -> None:
+        """Drain, then wait until the launcher has finished."""
+        if not self._drain.is_set():
+            self.request_drain()
+        await self._finished.wait()
+
+    async def wait_registered(self, within: float) -> WorkerRecord:
+        """The published record once the engine serves (``TimeoutError`` otherwise)."""
+        waiter = asyncio.ensure_future(self._registered.wait())
+        finished = asyncio.ensure_future(self._finished.wait())
+        try:
+            await asyncio.wait({waiter, finished}, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            finished.cancel()
+        if self.record is None or not self._registered.is_set():
+            raise TimeoutError(f"worker {self._wid} was not registered within {within:g}s")
+        return self.record
+
+    @property
+    def _wid(self) -> str:
+        return self.context.worker_id if self.context else self.settings.worker_id or self.engine
+
+    # -- the lifecycle ----------------------------------------------------------
+    async def run(self) -> int:
+        """Run until drained (returns 0) or the engine fails (raises :class:`EngineError`)."""
+        try:
+            adapter: EngineAdapter = self.hooks.require("engine", self.engine)
+            ctx = self._context(adapter)
+            spec = adapter.build_launch(ctx)
+            self.hooks.mutate_engine_launch(ctx, spec)
+            discovery = await self._start_discovery()
+            prefix = f"[{self.engine}:{ctx.worker_id}]"
+            kwargs: dict[str, Any] = {"echo": self._echo} if self._echo else {}
+            self.process = EngineProcess(
+                spec, prefix, engine=self.engine, package_hint=adapter.package_hint, **kwargs
+            )
+            await self.process.start()
+            async with httpx.AsyncClient(timeout=httpx.Timeout(5.0), trust_env=False) as client:
+                if not await self._wait_ready(adapter, client, ctx):
+                    return 0  # stopped before the engine was ready
+                self.record = self._record(adapter, ctx)
+                self.registration = await discovery.register(self.record)
+                self._registered.set()
+                log.info(
+                    "worker %s registered: %s serving %s at %s",
+                    ctx.worker_id,
+                    self.engine,
+                    ctx.model,
+                    ctx.url,
+                )
+                await self._monitor(adapter, client, ctx)
+                await self._drain_requests(adapter, client, ctx)
+            await self._deregister()
+            code = await self.process.stop(self.settings.stop_timeout)
+            log.info("worker %s: engine stopped (exit code %s); bye", ctx.worker_id, code)
+            return 0
+        finally:
+            await self._cleanup()
+            self._finished.set()
+
+    def _context(self, adapter: EngineAdapter) -> LaunchContext:
+        s = self.settings
+        if not s.model:
+            raise ConfigError("--model (env INFERA_MODEL) is required: the model name clients send")
+        name = s.discovery_name()
+        if name == "static" and self._discovery is None:
+            raise ConfigError(
+                "--discovery static is read-only: a worker cannot register there; "
+                "use --etcd-endpoint or --discovery memory"
+            )
+        options = {o.name: o.default for o in adapter.options()}
+        options.update({k: v for k, v in self.options.items() if v is not None})
+        port = s.port or free_port(s.host)
+        adv = advertise_host(s.host, s.advertise_host)
+        self.context = LaunchContext(
+            worker_id=s.worker_id or f"{self.engine}-{adv}-{port}",
+            model=s.model,
+            model_path=s.model_path,
+            role=s.role,
+            host=s.host,
+            port=port,
+            advertise_host=adv,
+            engine_args=list(self.engine_args),
+            options=options,
+            engine_python=s.engine_python,
+            free_port=lambda: free_port(s.host),
+            discovery=name,
+        )
+        return self.context
+
+    async def _start_discovery(self) -> Discovery:
+        if self._discovery is None:
+            factory = self.hooks.require("discovery_backend", self.settings.discovery_name())
+            self._discovery = factory.create(self.settings.discovery_settings())
+            await self._discovery.start()
+        return self._discovery
+
+    def _record(self, adapter: EngineAdapter, ctx: LaunchContext) -> WorkerRecord:
+        fields = adapter.record_fields(ctx)
+        return WorkerRecord(
+            worker_id=ctx.worker_id,
+            url=ctx.url,
+            model=ctx.model,
+            engine=self.engine,
+            engine_version=fields.engine_version,
+            role=ctx.role,
+            status=Status.ACTIVE,
+            dp_rank=fields.dp_rank if fields.dp_rank is not None else ctx.dp_rank,
+            dp_size=fields.dp_size,
+            kv_events=fields.kv_events,
+            pd=fields.pd,
+            labels={**fields.labels, **self.settings.label_map()},
+        )
+
+    def _engine_died(self, code: int | None, ctx: LaunchContext, why: str = "") -> EngineError:
+        assert self.process is not None
+        what = why or f"exited with code {code}"
+        return EngineError(
+            f"engine {self.engine} (worker {ctx.worker_id}) {what}; last output:\n{self.process.last_lines()}"
+        )
+
+    async def _wait_ready(
+        self, adapter: EngineAdapter, client: httpx.AsyncClient, ctx: LaunchContext
+    ) -> bool:
+        assert self.process is not None and self.process.proc is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.ready_timeout
+        exited = asyncio.ensure_future(self.process.wait())
+        try:
+            while True:
+                if self._drain.is_set():
+                    return False
+                if exited.done():
+                    raise self._engine_died(
+                        exited.result(), ctx, why=f"exited with code {exited.result()} before it was ready"
+                    )
+                if await _quietly(adapter.is_ready(client, ctx.url), default=False):
+                    return True
+                if loop.time() > deadline:
+                    raise self._engine_died(
+                        None, ctx, why=f"was not ready after --ready-timeout {self.settings.ready_timeout:g}s"
+                    )
+                await _first(exited, self._drain.wait(), within=READY_POLL)
+        finally:
+            exited.cancel()
+
+    async def _monitor(self, adapter: EngineAdapter, client: httpx.AsyncClient, ctx: LaunchContext) -> None:
+        """Return when a drain is requested; raise when the engine dies or stops answering."""
+        assert self.process is not None
+        exited = asyncio.ensure_future(self.process.wait())
+        failures = 0
+        try:
+            while not self._drain.is_set():
+                await _first(exited, self._drain.wait(), within=self.settings.health_interval)
+                if exited.done():
+                    await self._deregister()
+                    raise self._engine_died(exited.result(), ctx)
+                if self._drain.is_set():
+                    return
+                if await _quietly(adapter.is_ready(client, ctx.url), default=False):
+                    failures = 0
+                    continue
+                failures += 1
+                log.warning(
+                    "worker %s: health check failed (%d/%d)",
+                    ctx.worker_id,
+                    failures,
+                    self.settings.health_failures,
+                )
+                if failures >= self.settings.health_failures:
+                    await self._deregister()
+                    raise self._engine_died(
+                        None,
+                        ctx,
+                        why=f"failed {failures} health checks in a row (still running, pid {self.process.pid})",
+                    )
+        finally:
+            exited.cancel()
+
+    async def _drain_requests(
+        self, adapter: EngineAdapter, client: httpx.AsyncClient, ctx: LaunchContext
+    ) -> None:
+        assert self.registration is not None and self.record is not None and self.process is not None
+        self.record = self.record.model_copy(update={"status": Status.DRAINING})
+        try:
+            await self.registration.update(self.record)
+        except Exception as exc:  # still drain: the router sees the deletion instead
+            log.warning("worker %s: could not publish draining status: %s", ctx.worker_id, exc)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + self.settings.drain_timeout
+        settle = min(DRAIN_SETTLE, self.settings.drain_timeout)
+        unknown_logged = False
+        while not self._skip_wait.is_set() and loop.time() < deadline and self.process.returncode is None:
+            count = await _quietly(adapter.in_flight(client, ctx.url), default=None)
+            if count is None and not unknown_logged:
+                log.info(
+                    "worker %s: engine does not report in-flight requests; waiting --drain-timeout %gs",
+                    ctx.worker_id,
+                    self.settings.drain_timeout,
+                )
+                unknown_logged = True
+            if count == 0 and loop.time() - started >= settle:
+                log.info("worker %s: no requests in flight after %.1fs", ctx.worker_id, loop.time() - started)
+                return
+            await _first(self._skip_wait.wait(), within=min(DRAIN_POLL, max(0.0, deadline - loop.time())))
+        if loop.time() >= deadline:
+            log.warning(
+                "worker %s: --drain-timeout %gs reached with requests maybe still running",
+                ctx.worker_id,
+                self.settings.drain_timeout,
+            )
+
+    async def _deregister(self) -> None:
+        if self.registration is not None:
+            registration, self.registration = self.registration, None
+            try:
+                await registration.deregister()
+                log.info("worker %s deregistered", self._wid)
+            except Exception as exc:
+                log.warning(
+                    "worker %s: deregistration failed (%s); the lease expires on its own", self._wid, exc
+                )
+
+    async def _cleanup(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._deregister()
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(Exception):
+                await self.process.stop(self.settings.stop_timeout)
+        if self._owns_discovery and self._discovery is not None:
+            with contextlib.suppress(Exception):
+                await self._discovery.close()
+
+
+async def _quietly(awaitable: Any, default: Any) -> Any:
+    try:
+        return await awaitable
+    except Exception as exc:
+        log.debug("engine check failed: %s", exc)
+        return default
+
+
+async def _first(*aws: Any, within: float) -> None:
+    """Wait until one of ``aws`` completes or ``within`` seconds pass (others are left running
+    when they are futures, cancelled when they are bare coroutines)."""
+    futures = [a if isinstance(a, asyncio.Future) else asyncio.ensure_future(a) for a in aws]
+    owned = [f for f, a in zip(futures, aws, strict=True) if f is not a]
+    try:
+        await asyncio.wait(futures, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for f in owned:
+            f.cancel()
+
+
+async def run_worker(
+    hooks: InferaHooks,
+    engine: str,
+    settings: WorkerSettings,
+    *,
+    engine_args: list[str] | None = None,
+    options: dict[str, Any] | None = None,
+) -> int:
+    """Run one launcher with SIGTERM/SIGINT → drain (a second signal skips the wait)."""
+    launcher = WorkerLauncher(hooks, engine, settings, engine_args=engine_args, options=options)
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, launcher.request_drain)
+            installed.append(sig)
+    try:
+        return await launcher.run()
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,85 @@
+"""``infera-run worker`` settings: one field per flag, each with an ``INFERA_*`` env var."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from infera_core.discovery.base import DiscoverySettings
+from infera_core.errors import ConfigError
+from infera_core.settings import InferaSettings
+from infera_core.worker import DEFAULT_PREFIX, Role
+
+
+class WorkerSettings(InferaSettings):
+    """Infera's own worker flags, the same for every engine."""
+
+    model: str | None = Field(None, description="Served model name (what clients send as `model`).")
+    model_path: str | None = Field(None, description="Weights path or hub id [default: --model].")
+    role: Role = Field(Role.MIXED, description="Worker role in prefill/decode disaggregation.")
+    worker_id: str | None = Field(
+        None, description="Unique id in the fleet [default: <engine>-<host>-<port>]."
+    )
+    host: str = Field("127.0.0.1", description="Address the engine binds to.")
+    port: int | None = Field(None, ge=1, le=65535, description="Engine port [default: a free port].")
+    advertise_host: str | None = Field(
+        None,
+        description="Address others use to reach this worker "
+        "[default: 127.0.0.1 for a loopback --host, else this machine's primary IP].",
+    )
+    discovery: str | None = Field(
+        None,
+        description="Discovery backend: etcd, memory, static… [default: etcd when --etcd-endpoint is set].",
+    )
+    etcd_endpoint: str | None = Field(
+        None, description="etcd endpoint(s): host:port, http://host:port, or a comma list."
+    )
+    etcd_prefix: str = Field(DEFAULT_PREFIX, description="etcd key prefix of worker records.")
+    static_file: str | None = Field(None, description="Worker list file of --discovery static.")
+    lease_ttl: float = Field(
+        10.0, gt=0, description="Registration lease TTL in seconds (heartbeat every TTL/3)."
+    )
+    connect_timeout: float = Field(
+        5.0, gt=0, description="Seconds to wait for the discovery backend at start-up."
+    )
+    ready_timeout: float = Field(600.0, gt=0, description="Seconds to wait for the engine to serve.")
+    drain_timeout: float = Field(30.0, ge=0, description="Seconds to wait for in-flight requests on SIGTERM.")
+    stop_timeout: float = Field(
+        10.0, ge=0, description="Seconds between SIGTERM and SIGKILL when stopping the engine."
+    )
+    health_interval: float = Field(2.0, gt=0, description="Seconds between engine health checks.")
+    health_failures: int = Field(
+        3, ge=1, description="Consecutive failed health checks that count as a dead engine."
+    )
+    engine_python: str | None = Field(None, description="Interpreter of the engine's own venv.")
+    labels: str | None = Field(None, description="Worker labels, key=value[,key=value…].")
+
+    def discovery_name(self) -> str:
+        if self.discovery:
+            return self.discovery
+        if self.etcd_endpoint:
+            return "etcd"
+        raise ConfigError(
+            "no discovery backend: pass --etcd-endpoint HOST:PORT (env INFERA_ETCD_ENDPOINT) "
+            "or --discovery memory|static (env INFERA_DISCOVERY)"
+        )
+
+    def discovery_settings(self) -> DiscoverySettings:
+        endpoints = [e for e in (self.etcd_endpoint or "").split(",") if e.strip()]
+        return DiscoverySettings(
+            etcd_endpoints=endpoints,
+            prefix=self.etcd_prefix,
+            lease_ttl=self.lease_ttl,
+            static_file=self.static_file,
+            connect_timeout=self.connect_timeout,
+        )
+
+    def label_map(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for item in (self.labels or "").split(","):
+            if not item.strip():
+                continue
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(f"--labels (env INFERA_LABELS): expected key=value, got {item.strip()!r}")
+            out[key.strip()] = value.strip()
+        return out
