@@ -5,18 +5,23 @@ publisher payload into a :class:`KvEventBatch`. Block hashes are normalized to
 unsigned 64-bit ints (or kept as ``bytes`` for engines that send digests); the
 router never needs to reproduce an engine's hash function because it re-hashes
 ``token_ids`` itself.
+
+The event types are ``msgspec.Struct`` classes tagged by class name in the field
+``type``, so the vLLM ≥0.24 map layout decodes straight into them (unknown fields
+such as ``lora_name`` or ``extra_keys`` are ignored) with no per-event conversion.
+They construct like the dataclasses they replaced (same field order and defaults).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+import msgspec
 
 BlockHash = int | bytes
 
 
-@dataclass(slots=True)
-class BlockStored:
+class BlockStored(msgspec.Struct, tag=True, tag_field="type", gc=False):
     block_hashes: list[BlockHash]
     parent_block_hash: BlockHash | None
     token_ids: list[int]
@@ -28,27 +33,24 @@ class BlockStored:
     group_idx: int | None = None
 
 
-@dataclass(slots=True)
-class BlockRemoved:
+class BlockRemoved(msgspec.Struct, tag=True, tag_field="type", gc=False):
     block_hashes: list[BlockHash]
     medium: str | None = None
     group_idx: int | None = None
 
 
-@dataclass(slots=True)
-class AllBlocksCleared:
+class AllBlocksCleared(msgspec.Struct, tag=True, tag_field="type", gc=False):
     pass
 
 
 KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
-@dataclass(slots=True)
-class KvEventBatch:
+class KvEventBatch(msgspec.Struct, array_like=True, gc=False):
     """One publisher payload: ``[ts, events, dp_rank]``."""
 
     ts: float
-    events: list[KvEvent] = field(default_factory=list)
+    events: list[KvEvent] = msgspec.field(default_factory=list)
     dp_rank: int | None = None
 
 

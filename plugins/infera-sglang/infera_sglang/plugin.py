@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from infera_core.hookspecs import hookimpl
-from infera_core.registry import EngineRegistry, PdTransportRegistry
+from infera_core.registry import EngineRegistry, KvDecoderRegistry, PdTransportRegistry
 
 
 @hookimpl
@@ -18,3 +18,10 @@ def infera_register_pd_transports(registry: PdTransportRegistry) -> None:
     from infera_sglang.pd import SglangBootstrapTransport
 
     registry.add(SglangBootstrapTransport())
+
+
+@hookimpl
+def infera_register_kv_event_decoders(registry: KvDecoderRegistry) -> None:
+    from infera_sglang.kv_events import sglang_decoder
+
+    registry.add(sglang_decoder())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from infera_core.hookspecs import hookimpl
-from infera_core.registry import EngineRegistry, PdTransportRegistry
+from infera_core.registry import EngineRegistry, KvDecoderRegistry, PdTransportRegistry
 
 
 @hookimpl
@@ -19,3 +19,10 @@ def infera_register_pd_transports(registry: PdTransportRegistry) -> None:
 
     registry.add(VllmNixlTransport())
     registry.add(VllmMooncakeTransport())
+
+
+@hookimpl
+def infera_register_kv_event_decoders(registry: KvDecoderRegistry) -> None:
+    from infera_vllm.kv_events import vllm_decoder
+
+    registry.add(vllm_decoder())

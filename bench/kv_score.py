@@ -1,0 +1,94 @@
+"""KV scoring latency: longest cached prefix of one prompt across many workers.
+
+For prompts of 1k / 8k / 32k tokens and fleets of 8 / 64 / 256 workers (block size
+32), fills a KvIndex so each worker holds a random-length prefix of the prompt plus
+unrelated blocks, then times (a) hashing the prompt's blocks, (b) the one-pass match
+over all workers (``KvIndex.match``), (c) a naive per-worker dict walk. Tokenization
+is timed separately with a BPE tokenizer trained on the spot (``tokenizers``).
+
+Run: ``.venv/bin/python bench/kv_score.py``
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+from infera_core.kv.events import BlockStored, KvEventBatch
+from infera_core.kv.index import KvIndex, WorkerView
+
+BS = 32
+
+
+def _time(fn: Callable[[], object], reps: int) -> float:
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def build(n_tokens: int, n_workers: int, rng: random.Random) -> tuple[KvIndex, list[int], list[WorkerView]]:
+    index = KvIndex(max_blocks=0)
+    prompt = [rng.randrange(32000) for _ in range(n_tokens)]
+    nblocks = n_tokens // BS
+    views = []
+    for w in range(n_workers):
+        view = index.add_view(f"w{w}", None, BS)
+        keep = rng.randrange(nblocks + 1)
+        toks = prompt[: keep * BS]
+        if keep:
+            index.apply(view, KvEventBatch(0.0, [BlockStored(list(range(keep)), None, toks, BS)]))
+        other = [rng.randrange(32000) for _ in range(64 * BS)]
+        index.apply(view, KvEventBatch(0.0, [BlockStored(list(range(10**6, 10**6 + 64)), None, other, BS)]))
+        views.append(view)
+    return index, prompt, views
+
+
+def tokenization_ms(n_tokens: int) -> float | None:
+    try:
+        from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    except ImportError:
+        return None
+    rng = random.Random(1)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 7))) for _ in range(2000)]
+    corpus = [" ".join(rng.choice(words) for _ in range(20)) for _ in range(3000)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=4096, show_progress=False))
+    text = " ".join(rng.choice(words) for _ in range(n_tokens))
+    while len(tok.encode(text).ids) > n_tokens:
+        text = text[: int(len(text) * 0.95)]
+    return _time(lambda: tok.encode(text).ids, 5) * 1e3
+
+
+def main() -> None:
+    rng = random.Random(0)
+    print(f"block size {BS}; median of repeated runs; times in ms")
+    print(
+        f"{'tokens':>7} {'workers':>7} {'hash':>7} {'match':>7} {'hash+match':>10} {'naive walk':>10} {'speedup':>7}"
+    )
+    for n_tokens in (1024, 8192, 32768):
+        for n_workers in (8, 64, 256):
+            index, prompt, views = build(n_tokens, n_workers, rng)
+            hashes = KvIndex.hash_prompt(prompt, BS)
+            assert index.match(hashes, views) == [float(x) for x in index.naive_match(hashes, views)]
+            reps = 30 if n_tokens < 32768 else 10
+            t_hash = _time(lambda p=prompt: KvIndex.hash_prompt(p, BS), reps)  # type: ignore[misc]
+            t_match = _time(lambda h=hashes, v=views, i=index: i.match(h, v), reps)  # type: ignore[misc]
+            t_naive = _time(lambda h=hashes, v=views, i=index: i.naive_match(h, v), reps)  # type: ignore[misc]
+            print(
+                f"{n_tokens:>7} {n_workers:>7} {t_hash * 1e3:7.3f} {t_match * 1e3:7.3f} "
+                f"{(t_hash + t_match) * 1e3:10.3f} {t_naive * 1e3:10.3f} {t_naive / t_match:6.1f}x"
+            )
+    for n_tokens in (1024, 8192, 32768):
+        ms = tokenization_ms(n_tokens)
+        if ms is not None:
+            print(f"tokenization (BPE, tokenizers) of {n_tokens} tokens: {ms:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,407 @@
+"""The router's mirror of every worker's KV cache, and the longest-prefix match.
+
+Layout (chosen so one request is scored in one pass over its prompt blocks):
+
+* one :class:`WorkerView` per ``(worker_id, dp_rank)`` with a slot bit; per storage
+  tier (GPU, CPU, disk/external) it maps engine hash → router hash (``emap``) and
+  counts router hashes (``rcount``);
+* global per-tier ``masks``: router hash → bitset (a Python int) of the slots holding it.
+
+Router hashes come from :mod:`infera_core.kv.hashing`: the engine's parent hash is
+looked up in the view to continue the chain; an unknown parent is counted, never
+guessed. Only full-attention (and MLA) groups are indexed. The total number of
+blocks is bounded (``max_blocks``): past it, the largest view loses its oldest entries.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+
+from infera_core.kv.events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, KvEventBatch
+from infera_core.kv.hashing import prompt_hashes, root_hash
+
+log = logging.getLogger("infera.kv.index")
+
+TIER_GPU, TIER_CPU, TIER_DISK = 0, 1, 2
+TIERS = (TIER_GPU, TIER_CPU, TIER_DISK)
+TIER_NAMES = ("gpu", "cpu", "disk")
+_MEDIUM_TIER = {None: 0, "GPU": 0, "HBM": 0, "CPU": 1, "CPU_PINNED": 1, "DISK": 2, "EXTERNAL": 2}
+ViewKey = tuple[str, int | None]
+
+
+def medium_tier(medium: str | None) -> int:
+    """GPU (or unspecified) → 0, CPU → 1, disk/external/unknown → 2."""
+    tier = _MEDIUM_TIER.get(medium)
+    if tier is None:
+        up = medium.upper() if medium else None
+        tier = _MEDIUM_TIER.get(up, 2)
+    return tier
+
+
+def indexed_kind(kind: str | None) -> bool:
+    """Only full-attention and MLA groups share prefixes the way prompts do."""
+    return kind is None or kind == "full_attention" or kind.startswith("mla")
+
+
+class WorkerView:
+    """One worker's (one DP rank's) mirrored cache plus its ingestion counters."""
+
+    __slots__ = (
+        "bit",
+        "block_size",
+        "blocks_evicted",
+        "dp_rank",
+        "emap",
+        "events_applied",
+        "last_event_ts",
+        "last_seq",
+        "rcount",
+        "skipped_groups",
+        "slot",
+        "stale",
+        "unknown_parent",
+        "unknown_removed",
+        "worker_id",
+    )
+
+    def __init__(self, worker_id: str, dp_rank: int | None, slot: int, block_size: int) -> None:
+        self.worker_id = worker_id
+        self.dp_rank = dp_rank
+        self.slot = slot
+        self.bit = 1 << slot
+        self.block_size = block_size
+        self.emap: tuple[dict[BlockHash, int], ...] = ({}, {}, {})
+        self.rcount: tuple[dict[int, int], ...] = ({}, {}, {})
+        self.skipped_groups: set[int] = set()
+        self.events_applied = 0
+        self.unknown_parent = 0
+        self.unknown_removed = 0
+        self.blocks_evicted = 0
+        self.last_event_ts: float | None = None
+        self.last_seq: int | None = None
+        self.stale = False
+
+    @property
+    def key(self) -> ViewKey:
+        return (self.worker_id, self.dp_rank)
+
+    def block_count(self) -> int:
+        r = self.rcount
+        return len(r[0]) + len(r[1]) + len(r[2])
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "worker_id": self.worker_id,
+            "dp_rank": self.dp_rank,
+            "block_size": self.block_size,
+            "blocks": self.block_count(),
+            "blocks_by_tier": {TIER_NAMES[t]: len(self.rcount[t]) for t in TIERS},
+            "events_applied": self.events_applied,
+            "last_event_ts": self.last_event_ts,
+            "last_event_age_s": None if self.last_event_ts is None else time.time() - self.last_event_ts,
+            "last_seq": self.last_seq,
+            "stale": self.stale,
+            "unknown_parent": self.unknown_parent,
+            "unknown_removed": self.unknown_removed,
+            "evicted_for_memory": self.blocks_evicted,
+        }
+
+
+class KvIndex:
+    """All workers' views; see the module docstring."""
+
+    __slots__ = (
+        "_applies",
+        "_free_slots",
+        "_next_slot",
+        "_views",
+        "_views_by_slot",
+        "masks",
+        "max_blocks",
+        "total_evicted",
+    )
+
+    def __init__(self, max_blocks: int = 4_000_000) -> None:
+        self.max_blocks = max_blocks
+        self.masks: tuple[dict[int, int], ...] = ({}, {}, {})
+        self._views: dict[ViewKey, WorkerView] = {}
+        self._views_by_slot: dict[int, WorkerView] = {}
+        self._free_slots: list[int] = []
+        self._next_slot = 0
+        self.total_evicted = 0
+        self._applies = 0
+
+    # -- views ----------------------------------------------------------------
+    def add_view(self, worker_id: str, dp_rank: int | None, block_size: int) -> WorkerView:
+        """The view for ``(worker_id, dp_rank)``, created empty if new."""
+        view = self._views.get((worker_id, dp_rank))
+        if view is not None:
+            if view.block_size != block_size:
+                self.clear_view(view)
+                view.block_size = block_size
+            return view
+        if self._free_slots:
+            slot = self._free_slots.pop()
+        else:
+            slot = self._next_slot
+            self._next_slot += 1
+        view = WorkerView(worker_id, dp_rank, slot, block_size)
+        self._views[view.key] = view
+        self._views_by_slot[slot] = view
+        return view
+
+    def view(self, worker_id: str, dp_rank: int | None = None) -> WorkerView | None:
+        return self._views.get((worker_id, dp_rank))
+
+    def views(self) -> list[WorkerView]:
+        return list(self._views.values())
+
+    def views_of(self, worker_id: str) -> list[WorkerView]:
+        return [v for v in self._views.values() if v.worker_id == worker_id]
+
+    def drop_worker(self, worker_id: str) -> int:
+        """Forget every view of ``worker_id``; returns how many were dropped."""
+        dropped = self.views_of(worker_id)
+        for view in dropped:
+            self.clear_view(view)
+            del self._views[view.key]
+            del self._views_by_slot[view.slot]
+            self._free_slots.append(view.slot)
+        return len(dropped)
+
+    def clear_view(self, view: WorkerView) -> None:
+        """Empty one view (AllBlocksCleared, or a replay gap we cannot fill)."""
+        nbit = ~view.bit
+        for tier in TIERS:
+            masks = self.masks[tier]
+            for rh in view.rcount[tier]:
+                m = masks.get(rh, 0) & nbit
+                if m:
+                    masks[rh] = m
+                else:
+                    masks.pop(rh, None)
+            view.rcount[tier].clear()
+            view.emap[tier].clear()
+
+    # -- ingestion --------------------------------------------------------------
+    def apply(self, view: WorkerView, batch: KvEventBatch, seq: int | None = None) -> int:
+        """Apply one decoded batch to ``view``; returns the number of events applied."""
+        n = 0
+        for ev in batch.events:
+            if type(ev) is BlockStored:
+                self._store(view, ev)
+            elif type(ev) is BlockRemoved:
+                self._remove(view, ev)
+            elif type(ev) is AllBlocksCleared:
+                self.clear_view(view)
+            else:
+                continue
+            n += 1
+        view.events_applied += n
+        view.last_event_ts = time.time()
+        if seq is not None:
+            view.last_seq = seq
+        self._applies += 1
+        if (
+            self.max_blocks
+            and (self._applies & 63 == 0 or view.block_count() > self.max_blocks)
+            and self.block_count() > self.max_blocks
+        ):
+            self._enforce_bound()
+        return n
+
+    def _store(self, view: WorkerView, ev: BlockStored) -> None:
+        if not indexed_kind(ev.kv_cache_spec_kind):
+            if ev.group_idx is not None:
+                view.skipped_groups.add(ev.group_idx)
+            return
+        parent = ev.parent_block_hash
+        if parent is None:
+            ph = root_hash(ev.lora_id)
+        else:
+            e = view.emap
+            found = e[0].get(parent)
+            if found is None:
+                found = e[1].get(parent)
+                if found is None:
+                    found = e[2].get(parent)
+                    if found is None:
+                        view.unknown_parent += 1
+                        return
+            ph = found
+        tier = _MEDIUM_TIER.get(ev.medium)
+        if tier is None:
+            tier = medium_tier(ev.medium)
+        em = view.emap[tier]
+        rc = view.rcount[tier]
+        masks = self.masks[tier]
+        bit = view.bit
+        toks = ev.token_ids
+        bs = ev.block_size
+        h = ph
+        i = 0
+        n = len(toks)
+        for eh in ev.block_hashes:
+            j = i + bs
+            if j > n:
+                break  # only full blocks are hashed
+            h = hash((h, *toks[i:j]))
+            i = j
+            if eh in em:
+                continue
+            em[eh] = h
+            c = rc.get(h)
+            if c is None:
+                rc[h] = 1
+                masks[h] = masks.get(h, 0) | bit
+            else:
+                rc[h] = c + 1
+
+    def _remove(self, view: WorkerView, ev: BlockRemoved) -> None:
+        if ev.group_idx is not None and ev.group_idx in view.skipped_groups:
+            return
+        tier = _MEDIUM_TIER.get(ev.medium)
+        if tier is None:
+            tier = medium_tier(ev.medium)
+        em = view.emap[tier]
+        rc = view.rcount[tier]
+        masks = self.masks[tier]
+        nbit = ~view.bit
+        for eh in ev.block_hashes:
+            rh = em.pop(eh, None)
+            if rh is None:
+                view.unknown_removed += 1
+                continue
+            c = rc[rh] - 1
+            if c:
+                rc[rh] = c
+                continue
+            del rc[rh]
+            m = masks[rh] & nbit
+            if m:
+                masks[rh] = m
+            else:
+                del masks[rh]
+
+    def block_count(self) -> int:
+        return sum(v.block_count() for v in self._views.values())
+
+    def _enforce_bound(self) -> None:
+        """Drop the oldest entries of the largest views until under ``max_blocks``."""
+        excess = self.block_count() - self.max_blocks
+        while excess > 0 and self._views:
+            view = max(self._views.values(), key=WorkerView.block_count)
+            take = min(excess, max(1, view.block_count() // 10))
+            removed = self._evict_oldest(view, take)
+            if not removed:
+                break
+            excess -= removed
+            view.blocks_evicted += removed
+            self.total_evicted += removed
+        log.warning("KV index over --kv-index-max-blocks=%d: evicted oldest entries", self.max_blocks)
+
+    def _evict_oldest(self, view: WorkerView, count: int) -> int:
+        removed = 0
+        for tier in (TIER_DISK, TIER_CPU, TIER_GPU):
+            em = view.emap[tier]
+            victims: list[BlockHash] = []
+            for eh in em:
+                if removed + len(victims) >= count:
+                    break
+                victims.append(eh)
+            if victims:
+                before = view.block_count()
+                self._remove(view, BlockRemoved(victims, TIER_NAMES[tier].upper()))
+                removed += before - view.block_count()
+            if removed >= count:
+                break
+        return removed
+
+    # -- scoring ------------------------------------------------------------------
+    @staticmethod
+    def hash_prompt(token_ids: list[int], block_size: int) -> list[int]:
+        """Router hashes of a prompt's full blocks (base model)."""
+        return prompt_hashes(token_ids, block_size)
+
+    def match(
+        self,
+        hashes: Sequence[int],
+        views: Sequence[WorkerView | None],
+        tier_weights: Iterable[float] = (1.0, 0.5, 0.25),
+    ) -> list[float]:
+        """Tier-weighted length (in blocks) of the cached prefix of ``hashes`` on each view.
+
+        One pass over the prompt's blocks for all views together: ``alive`` is the set of
+        views whose prefix still matches; the walk stops when it is empty. A block held on
+        a lower tier only counts ``tier_weights[tier]``.
+        """
+        bit_index: dict[int, int] = {}
+        alive = 0
+        for i, v in enumerate(views):
+            if v is not None:
+                bit_index[v.bit] = i
+                alive |= v.bit
+        out = [0.0] * len(views)
+        if not alive or not hashes:
+            return out
+        g, c, d = self.masks
+        lower = bool(c) or bool(d)
+        depth_of: dict[int, int] = {}
+        credit: dict[int, float] = {}
+        w = tuple(tier_weights)
+        depth = 0
+        for h in hashes:
+            gm = g.get(h, 0)
+            if lower:
+                cm = c.get(h, 0) & ~gm
+                dm = d.get(h, 0) & ~gm & ~cm
+                m = (gm | cm | dm) & alive
+                low = (cm | dm) & m
+                while low:
+                    b = low & -low
+                    credit[b] = credit.get(b, 0.0) + (w[0] - (w[1] if cm & b else w[2]))
+                    low ^= b
+            else:
+                m = gm & alive
+            if m != alive:
+                dropped = alive & ~m
+                while dropped:
+                    b = dropped & -dropped
+                    depth_of[b] = depth
+                    dropped ^= b
+                alive = m
+                if not alive:
+                    break
+            depth += 1
+        while alive:
+            b = alive & -alive
+            depth_of[b] = depth
+            alive ^= b
+        for b, i in bit_index.items():
+            out[i] = depth_of.get(b, 0) * w[0] - credit.get(b, 0.0)
+        return out
+
+    def naive_match(self, hashes: Sequence[int], views: Sequence[WorkerView | None]) -> list[int]:
+        """Reference: per-view dict walk (GPU tier only). Used by tests and the benchmark."""
+        out = []
+        for v in views:
+            n = 0
+            if v is not None:
+                held = v.rcount[TIER_GPU]
+                for h in hashes:
+                    if h not in held:
+                        break
+                    n += 1
+            out.append(n)
+        return out
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "views": len(self._views),
+            "blocks": self.block_count(),
+            "max_blocks": self.max_blocks,
+            "evicted_for_memory": self.total_evicted,
+            "unique_router_hashes": sum(len(m) for m in self.masks),
+        }

@@ -1,0 +1,18 @@
+"""SGLang KV event decoder registration (``kv_events.format = "sglang"``).
+
+SGLang copied vLLM's publisher: the same ``[ts, events, dp_rank]`` batches, map layout
+in 0.5.23 (arrays before). Differences handled by the core decoder with
+``signed_hashes=True``: hashes are the first 8 bytes of a SHA-256 read as a *signed*
+int64 (normalized to u64), EAGLE/MTP sends ``token_ids`` as bigram pairs (the first of
+each is kept), ``BlockStored`` carries extras (``cache_salt``, ``session_id``,
+``lora_name``) that are ignored, and ``medium`` may be ``GPU``, ``CPU_PINNED``,
+``DISK`` or ``EXTERNAL``. One ``BlockStored`` per page (``--page-size``).
+"""
+
+from __future__ import annotations
+
+from infera_core.kv.decode import MsgpackEventDecoder
+
+
+def sglang_decoder() -> MsgpackEventDecoder:
+    return MsgpackEventDecoder("sglang", signed_hashes=True)
