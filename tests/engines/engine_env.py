@@ -1,0 +1,76 @@
+"""Fake engine venvs for the engine tests: an interpreter wrapper whose ``sys.path`` holds
+a stand-in engine package (and, optionally, its distribution metadata and console script).
+
+The adapters probe the engine interpreter in a subprocess, so these fakes exercise the
+real probe and the real argv without vLLM / SGLang / ATOM installed.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+STANDINS = Path(__file__).parent / "standins"
+
+
+@dataclass
+class FakeEngineEnv:
+    root: Path
+    python: str
+    site: Path
+
+    @property
+    def bin(self) -> Path:
+        return Path(self.python).parent
+
+
+def _touch_package(site: Path, dotted: str, source: str) -> None:
+    parts = dotted.split(".")
+    folder = site
+    for part in parts[:-1]:
+        folder = folder / part
+        folder.mkdir(exist_ok=True)
+        (folder / "__init__.py").touch()
+    (folder / f"{parts[-1]}.py").write_text(source)
+
+
+def make_engine_env(
+    root: Path,
+    module: str | None,
+    *,
+    dist: str | None = None,
+    version: str = "0.0.1",
+    script: str | None = None,
+    source: str = "",
+) -> FakeEngineEnv:
+    """A ``bin/python`` that runs this interpreter with ``site`` on ``PYTHONPATH``.
+
+    ``module`` (dotted) gets ``source`` as its code; ``dist`` adds installed-package
+    metadata; ``script`` adds an executable of that name next to ``python``.
+    """
+    site = root / "site"
+    bindir = root / "bin"
+    site.mkdir(parents=True)
+    bindir.mkdir()
+    if module:
+        _touch_package(site, module, source)
+    if dist:
+        info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    python = bindir / "python"
+    python.write_text(
+        f'#!/bin/sh\nPYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" "$@"\n'
+    )
+    python.chmod(0o755)
+    if script:
+        exe = bindir / script
+        exe.write_text("#!/bin/sh\necho stand-in console script\n")
+        exe.chmod(0o755)
+    return FakeEngineEnv(root=root, python=str(python), site=site)
+
+
+def standin_source(name: str) -> str:
+    """Source of a stand-in engine entry point (``sglang_launch_server`` / ``atom_openai_server``)."""
+    return (STANDINS / f"{name}.py").read_text()
