@@ -86,8 +86,8 @@ def policies_cmd(hooks: InferaHooks, as_json: bool) -> None:
         prof = row["profile"]
         summary = " | ".join(
             [
-                "filters: " + ", ".join(f["name"] for f in prof["filters"]),
-                "scorers: " + ", ".join(f"{s['name']}×{s['weight']:g}" for s in prof["scorers"]),
+                "filters: " + (", ".join(f["name"] for f in prof["filters"]) or "-"),
+                "scorers: " + (", ".join(f"{s['name']}×{s['weight']:g}" for s in prof["scorers"]) or "-"),
                 "picker: " + prof["picker"]["name"],
             ]
         )
