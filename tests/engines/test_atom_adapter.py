@@ -1,0 +1,84 @@
+"""Golden argv tests for the ATOM adapter against ATOM's openai_server flags."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from engine_env import make_engine_env
+from infera_atom.adapter import SERVER_MODULE, AtomAdapter
+
+from infera_core.engine import LaunchContext
+from infera_core.errors import EngineError
+from infera_core.worker import Role
+
+
+def ctx(**kw: object) -> LaunchContext:
+    ports = iter(range(43000, 43100))
+    base: dict[str, object] = {
+        "worker_id": "a1",
+        "model": "ds",
+        "model_path": "/models/ds",
+        "role": Role.MIXED,
+        "host": "0.0.0.0",
+        "port": 8888,
+        "advertise_host": "10.0.0.9",
+        "options": {"tp": 8, "block_size": 16, "handshake_port": 0},
+        "free_port": lambda: next(ports),
+        "discovery": "etcd",
+    }
+    base.update(kw)
+    return LaunchContext(**base)  # type: ignore[arg-type]
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+@pytest.fixture
+def atom_python(tmp_path: Path) -> str:
+    return make_engine_env(tmp_path, SERVER_MODULE, dist="atom", version="0.1.0").python
+
+
+def test_openai_server_with_server_port_and_tp(atom_python: str) -> None:
+    adapter = AtomAdapter()
+    c = ctx(engine_python=atom_python, engine_args=["--kv_cache_dtype", "fp8"])
+    argv = adapter.build_launch(c).argv
+    assert argv[:3] == [atom_python, "-m", "atom.entrypoints.openai_server"]
+    assert flag(argv, "--model") == "/models/ds"
+    assert flag(argv, "--served-model-name") == "ds"
+    assert flag(argv, "--server-port") == "8888"
+    assert "--port" not in argv  # ATOM's --port is its internal engine port
+    assert flag(argv, "-tp") == "8"
+    assert argv[-2:] == ["--kv_cache_dtype", "fp8"]
+    assert "--kv-transfer-config" not in argv
+    fields = adapter.record_fields(c)
+    assert fields.engine_version == "0.1.0" and fields.pd is None and fields.kv_events is None
+
+
+@pytest.mark.parametrize(("role", "kv_role"), [(Role.PREFILL, "kv_producer"), (Role.DECODE, "kv_consumer")])
+def test_pd_roles_get_the_mooncake_config(atom_python: str, role: Role, kv_role: str) -> None:
+    adapter = AtomAdapter()
+    c = ctx(engine_python=atom_python, role=role)
+    config = json.loads(flag(adapter.build_launch(c).argv, "--kv-transfer-config"))
+    assert config == {
+        "kv_connector": "mooncake",
+        "kv_role": kv_role,
+        "handshake_port": 43000,
+        "http_port": 8888,
+    }
+    pd = adapter.record_fields(c).pd
+    assert pd is not None and pd.protocol == "atom-mooncake"
+    assert pd.params == {"handshake_port": 43000, "tp_size": 8}
+
+
+@pytest.mark.parametrize("backend", ["memory", "static"])
+def test_discovery_other_than_etcd_is_refused(atom_python: str, backend: str) -> None:
+    with pytest.raises(EngineError, match=f"--discovery etcd .*got --discovery {backend}"):
+        AtomAdapter().build_launch(ctx(engine_python=atom_python, discovery=backend))
+
+
+def test_missing_atom_names_the_package(tmp_path: Path) -> None:
+    with pytest.raises(EngineError, match="ROCm/ATOM"):
+        AtomAdapter().build_launch(ctx(engine_python=make_engine_env(tmp_path, None).python))
