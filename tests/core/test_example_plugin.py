@@ -50,7 +50,7 @@ def _endpoint(worker_id: str, model: str = "m", **labels: str) -> Endpoint:
 
 
 def test_preset_is_selectable_and_routes_to_the_labelled_worker() -> None:
-    hooks = make_hooks()
+    hooks = make_hooks(load_only=["example_policy"])  # core + the example, like a lean router
     preset = hooks.catalog().policies.preset("example-labelled")
     profile = preset.profile
     deps = SchedulerDeps()
