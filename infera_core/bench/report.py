@@ -75,8 +75,8 @@ def fmt(summary: dict[str, Any], path: str, kind: str) -> str:
     return f"{float(v):.2f}"
 
 
-def terminal_table(runs: Sequence[RunResult], title: str = "Infera bench") -> Table:
-    table = Table(title=title)
+def terminal_table(runs: Sequence[RunResult], title: str = "Infera bench", caption: str = "") -> Table:
+    table = Table(title=title, caption=caption or None, caption_justify="left")
     table.add_column("metric")
     for r in runs:
         table.add_column(r.label, justify="right")
@@ -95,10 +95,8 @@ def _router_cell(run: RunResult, name: str) -> str:
     return "-" if not d else f"{d['mean_s'] * 1e6:.0f} µs"
 
 
-def print_table(
-    runs: Sequence[RunResult], console: Console | None = None, title: str = "Infera bench"
-) -> None:
-    (console or Console()).print(terminal_table(runs, title))
+def print_table(runs: Sequence[RunResult], console: Console | None = None, caption: str = "") -> None:
+    (console or Console()).print(terminal_table(runs, "Infera bench", caption))
 
 
 def write_json(runs: Sequence[RunResult], path: Path, meta: dict[str, Any]) -> None:

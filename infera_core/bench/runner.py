@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from infera_core.bench.client import RequestResult, build_body, send
 from infera_core.bench.scrape import (
     MetricsSampler,
+    by_label,
     fetch_text,
     fetch_workers,
     histogram,
@@ -199,11 +200,15 @@ def _live_text(runner: _Runner, sampler: MetricsSampler) -> str:
     return "  ".join(parts)
 
 
+PICKS = "infera_worker_picks_total"
+
+
 async def _router_snapshot(session: aiohttp.ClientSession, root: str) -> dict[str, dict[str, Any]]:
+    """Routing-decision histograms and picks per worker from the router's ``/metrics``."""
     text = await fetch_text(session, f"{root}/metrics")
     if not text:
         return {}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, Any]] = {PICKS: by_label(text, PICKS, "worker")}
     for name in _DECISION.findall(text):
         h = histogram(text, name)
         if h is not None:
@@ -211,9 +216,17 @@ async def _router_snapshot(session: aiohttp.ClientSession, root: str) -> dict[st
     return out
 
 
+def _picks(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> dict[str, int]:
+    b = before.get(PICKS, {})
+    deltas = {w: int(v - b.get(w, 0.0)) for w, v in after.get(PICKS, {}).items()}
+    return {w: n for w, n in deltas.items() if n > 0}
+
+
 def _router_summary(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, h in after.items():
+        if name == PICKS:
+            continue
         d = histogram_delta(h, before.get(name))
         if d["count"] <= 0:
             continue
@@ -277,6 +290,10 @@ async def run_bench(
                     await tick
                 cache = await sampler.stop()
             progress.update(task, live=_live_text(runner, sampler))
-        router = _router_summary(router_before, await _router_snapshot(session, root))
+        router_after = await _router_snapshot(session, root)
+    router = _router_summary(router_before, router_after)
     summary = summarize(runner.results, duration, cfg.slo, cache if workers else None)
+    picks = _picks(router_before, router_after)
+    if picks:
+        summary["requests_per_worker"] = picks
     return RunResult(label, root, model, runner.results, duration, cache, summary, router)

@@ -44,6 +44,24 @@ def parse_metrics(text: str, names: Iterable[str] = WANTED) -> dict[str, float]:
     return out
 
 
+def by_label(text: str, name: str, label: str) -> dict[str, float]:
+    """Samples of ``name`` summed per value of ``label`` (e.g. picks per worker)."""
+    out: dict[str, float] = {}
+    key = f'{label}="'
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        labels, _, value = line[len(name) + 1 :].rpartition("} ")
+        if key not in labels:
+            continue
+        lv = labels.split(key, 1)[1].split('"', 1)[0]
+        try:
+            out[lv] = out.get(lv, 0.0) + float(value.split()[0])
+        except (ValueError, IndexError):
+            continue
+    return out
+
+
 def histogram(text: str, name: str) -> dict[str, Any] | None:
     """Buckets (``le`` → cumulative count), sum and count of a histogram, labels summed."""
     buckets: dict[float, float] = {}

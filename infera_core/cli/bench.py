@@ -47,8 +47,8 @@ async def _main(s: BenchSettings) -> None:
     console = Console()
     runs = await run_targets(s, Console(stderr=True))
     meta: dict[str, Any] = describe(s)
-    title = "Infera bench: " + ", ".join(f"{k}={v}" for k, v in meta.items() if k != "seed")
-    print_table(runs, console, title=title)
+    caption = ", ".join(f"{k}={v}" for k, v in meta.items() if k != "seed")
+    print_table(runs, console, caption=caption)
     if s.json_out:
         write_json(runs, s.json_out, meta)
         console.print(f"results: {s.json_out}")
