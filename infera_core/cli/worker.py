@@ -56,6 +56,7 @@ def _engine_option(opt: EngineOption) -> click.Option:
 def _engine_command(hooks: InferaHooks, adapter: EngineAdapter) -> click.Command:
     @click.pass_context
     def callback(ctx: click.Context, /, engine_args: tuple[str, ...], **values: Any) -> None:
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health check otherwise
         settings = resolve(WorkerSettings, {k: v for k, v in values.items() if not k.startswith(OPT_PREFIX)})
         options = {k[len(OPT_PREFIX) :]: v for k, v in values.items() if k.startswith(OPT_PREFIX)}
         code = asyncio.run(

@@ -116,13 +116,15 @@ class WorkerLauncher:
             ctx = self._context(adapter)
             spec = adapter.build_launch(ctx)
             self.hooks.mutate_engine_launch(ctx, spec)
-            discovery = await self._start_discovery()
             prefix = f"[{self.engine}:{ctx.worker_id}]"
             kwargs: dict[str, Any] = {"echo": self._echo} if self._echo else {}
             self.process = EngineProcess(
                 spec, prefix, engine=self.engine, package_hint=adapter.package_hint, **kwargs
             )
+            # spawn first (the engine loads while we connect; no fork after gRPC threads start),
+            # then fail within the connect timeout when discovery is unreachable
             await self.process.start()
+            discovery = await self._start_discovery()
             async with httpx.AsyncClient(timeout=httpx.Timeout(5.0), trust_env=False) as client:
                 if not await self._wait_ready(adapter, client, ctx):
                     return 0  # stopped before the engine was ready

@@ -1,0 +1,129 @@
+"""Fixtures for fleet tests: the ``standin`` engine on PYTHONPATH, launcher subprocesses.
+
+* :func:`standin_dist_dir` — a directory holding a dist-info whose ``infera`` entry point
+  is :mod:`infera_core.testing.standin_plugin`; put it on ``PYTHONPATH`` and every
+  ``infera-run`` subprocess has the ``standin`` engine.
+* :class:`LauncherProcess` — ``python -m infera_core worker …`` as a subprocess, its output
+  collected, with ``signal``/``wait``/``output``.
+* fixtures: ``standin_env`` (environment for such subprocesses) and ``launch_worker``
+  (factory; every launcher it starts is killed at teardown).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+DIST_NAME = "infera_standin_testplugin-0.0.0"
+
+
+def standin_dist_dir(base: Path) -> Path:
+    """Create ``base/<dist>.dist-info`` registering the ``standin`` plugin; returns ``base``."""
+    info = base / f"{DIST_NAME}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: infera-standin-testplugin\nVersion: 0.0.0\n")
+    (info / "entry_points.txt").write_text("[infera]\nstandin = infera_core.testing.standin_plugin\n")
+    return base
+
+
+def standin_environ(dist_dir: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(dist_dir), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONUNBUFFERED"] = "1"
+    for key in [k for k in env if k.startswith("INFERA_")]:
+        del env[key]  # the test decides every setting
+    env.update(extra)
+    return env
+
+
+class LauncherProcess:
+    """A launcher subprocess (``infera-run worker <engine> …``) with its output collected."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.args = args
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "infera_core", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            with self._lock:
+                self._lines.append(raw.decode(errors="replace").rstrip("\n"))
+
+    def output(self) -> str:
+        with self._lock:
+            return "\n".join(self._lines)
+
+    def wait_output(self, text: str, within: float) -> None:
+        """Wait until ``text`` appears in the output (AssertionError with the output if not)."""
+        deadline = time.monotonic() + within
+        while text not in self.output():
+            if self.proc.poll() is not None:
+                self._reader.join(2)
+                if text in self.output():
+                    return
+                raise AssertionError(
+                    f"launcher exited ({self.proc.returncode}) before {text!r}:\n{self.output()}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{text!r} not in launcher output after {within}s:\n{self.output()}")
+            time.sleep(0.05)
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, within: float) -> int:
+        code = self.proc.wait(within)
+        self._reader.join(2)
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+@pytest.fixture(scope="session")
+def standin_pythonpath(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A PYTHONPATH entry that registers the ``standin`` engine for subprocesses."""
+    return standin_dist_dir(tmp_path_factory.mktemp("standin-dist"))
+
+
+@pytest.fixture
+def standin_env(standin_pythonpath: Path) -> dict[str, str]:
+    """Environment for ``infera-run`` subprocesses that know the ``standin`` engine."""
+    return standin_environ(standin_pythonpath)
+
+
+@pytest.fixture
+def launch_worker(standin_env: dict[str, str]) -> Iterator[Callable[..., LauncherProcess]]:
+    """``launch_worker("standin", "--model", "m", …)`` → a :class:`LauncherProcess` (killed at teardown)."""
+    started: list[LauncherProcess] = []
+
+    def launch(engine: str, *args: str, env: dict[str, str] | None = None) -> LauncherProcess:
+        proc = LauncherProcess(["worker", engine, *args], {**standin_env, **(env or {})})
+        started.append(proc)
+        return proc
+
+    yield launch
+    for proc in started:
+        if proc.proc.poll() is None:
+            proc.signal(signal.SIGKILL)
+            proc.proc.wait(5)
