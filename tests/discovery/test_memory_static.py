@@ -21,7 +21,13 @@ from infera_core.worker import Status, WorkerRecord
 
 def rec(worker_id: str, **kw: object) -> WorkerRecord:
     return WorkerRecord.model_validate(
-        {"worker_id": worker_id, "url": f"http://127.0.0.1:1/{worker_id}", "model": "m", "engine": "sim", **kw}
+        {
+            "worker_id": worker_id,
+            "url": f"http://127.0.0.1:1/{worker_id}",
+            "model": "m",
+            "engine": "sim",
+            **kw,
+        }
     )
 
 
@@ -109,7 +115,9 @@ def _yaml(data: object) -> str:
 async def test_static_file_partial_records_and_reload(tmp_path: Path) -> None:
     path = tmp_path / "fleet.yaml"
     write(path, {"workers": [{"url": "http://10.0.0.5:8000", "model": "qwen"}]})
-    disc = StaticDiscoveryFactory().create(DiscoverySettings(static_file=str(path), static_poll_interval=0.05))
+    disc = StaticDiscoveryFactory().create(
+        DiscoverySettings(static_file=str(path), static_poll_interval=0.05)
+    )
     await disc.start()
     (only,) = await disc.list_workers()
     assert (only.worker_id, only.engine, only.model) == ("10.0.0.5:8000", "unknown", "qwen")
