@@ -17,3 +17,6 @@ def infera_register_commands(cli: click.Group) -> None:
 
     cli.add_command(worker.worker_cmd)
     cli.add_command(workers.workers_cmd)
+    from infera_core.cli import serve
+
+    cli.add_command(serve.serve_cmd)

@@ -1,11 +1,165 @@
-"""Core scheduling defaults (filled by the scheduler work)."""
+"""Core scheduling defaults, registered like any plugin's.
+
+Filters ``model``, ``health`` (routable and circuit breaker closed or due for a
+half-open probe) and ``role``; pickers ``max-score`` (ties → fewer in-flight →
+round robin) and ``round-robin``; preset ``round-robin``. Everything else lives in
+the ``infera-policies`` distribution.
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict
+
 from infera_core.hookspecs import hookimpl
 from infera_core.registry import PolicyRegistry
+from infera_core.scheduling.config import PluginRef, ProfileConfig
+from infera_core.scheduling.types import (
+    Endpoint,
+    Filter,
+    Picker,
+    PolicyFactory,
+    RequestContext,
+    SchedulerDeps,
+)
+from infera_core.worker import Role, Status
+
+
+class ModelFilter(Filter):
+    """Keeps endpoints serving ``ctx.model`` (the server already groups by model)."""
+
+    name = "model"
+    __slots__ = ()
+
+    def filter(self, ctx: RequestContext, candidates: list[Endpoint]) -> list[Endpoint]:
+        model = ctx.model
+        return [ep for ep in candidates if ep.record.model == model]
+
+
+class HealthFilter(Filter):
+    """Keeps active endpoints whose breaker is closed, or open and due for a probe."""
+
+    name = "health"
+    __slots__ = ("_clock",)
+
+    def __init__(self, clock: object = None) -> None:
+        self._clock = clock if callable(clock) else time.monotonic
+
+    def filter(self, ctx: RequestContext, candidates: list[Endpoint]) -> list[Endpoint]:
+        now = -1.0
+        out: list[Endpoint] = []
+        for ep in candidates:
+            if ep.record.status is not Status.ACTIVE:
+                continue
+            if ep.breaker_open:
+                if now < 0:
+                    now = self._clock()
+                if now < ep.breaker_retry_at:
+                    continue
+            out.append(ep)
+        return out
+
+
+class RoleParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    roles: list[Role] | None = None
+    """Allowed roles; default: the request's role (``mixed`` for plain requests)."""
+
+
+class RoleFilter(Filter):
+    """Keeps endpoints whose role matches the request's (or the configured roles)."""
+
+    name = "role"
+    __slots__ = ("_roles",)
+
+    def __init__(self, roles: list[Role] | None) -> None:
+        self._roles = frozenset(roles) if roles else None
+
+    def filter(self, ctx: RequestContext, candidates: list[Endpoint]) -> list[Endpoint]:
+        roles = self._roles
+        if roles is None:
+            role = ctx.role
+            return [ep for ep in candidates if ep.record.role is role]
+        return [ep for ep in candidates if ep.record.role in roles]
+
+
+class RoundRobinPicker(Picker):
+    """Cycles through the candidates, ignoring scores."""
+
+    name = "round-robin"
+    __slots__ = ("_next",)
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def pick(self, ctx: RequestContext, candidates: Sequence[Endpoint], scores: Sequence[float]) -> Endpoint:
+        i = self._next
+        self._next = i + 1
+        return candidates[i % len(candidates)]
+
+
+class MaxScorePicker(Picker):
+    """The highest score; ties go to fewer in-flight requests, then round robin."""
+
+    name = "max-score"
+    __slots__ = ("_next",)
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def pick(self, ctx: RequestContext, candidates: Sequence[Endpoint], scores: Sequence[float]) -> Endpoint:
+        if not scores:
+            best = list(candidates)
+        else:
+            top = max(scores)
+            best = [ep for ep, s in zip(candidates, scores, strict=True) if s >= top - 1e-9]
+        if len(best) > 1:
+            least = min(ep.in_flight for ep in best)
+            best = [ep for ep in best if ep.in_flight == least]
+        i = self._next
+        self._next = i + 1
+        return best[i % len(best)]
+
+
+def _build_role(params: object, deps: SchedulerDeps) -> Filter:
+    roles = params.roles if isinstance(params, RoleParams) else None
+    return RoleFilter(roles)
+
+
+def register_defaults(registry: PolicyRegistry) -> None:
+    """Add the core filters, pickers and the ``round-robin`` preset."""
+    registry.add(
+        PolicyFactory("model", "filter", lambda p, d: ModelFilter(), None, ModelFilter.__doc__ or "")
+    )
+    registry.add(
+        PolicyFactory(
+            "health", "filter", lambda p, d: HealthFilter(d.clock), None, HealthFilter.__doc__ or ""
+        )
+    )
+    registry.add(PolicyFactory("role", "filter", _build_role, RoleParams, RoleFilter.__doc__ or ""))
+    registry.add(
+        PolicyFactory(
+            "round-robin", "picker", lambda p, d: RoundRobinPicker(), None, RoundRobinPicker.__doc__ or ""
+        )
+    )
+    registry.add(
+        PolicyFactory(
+            "max-score", "picker", lambda p, d: MaxScorePicker(), None, MaxScorePicker.__doc__ or ""
+        )
+    )
+    registry.add_preset(
+        "round-robin",
+        ProfileConfig(
+            filters=[PluginRef(name="health"), PluginRef(name="role")],
+            picker=PluginRef(name="round-robin"),
+        ),
+        "Healthy workers of the model in turn.",
+    )
 
 
 @hookimpl
 def infera_register_policies(registry: PolicyRegistry) -> None:
-    return None
+    register_defaults(registry)

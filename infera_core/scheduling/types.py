@@ -27,6 +27,7 @@ class Endpoint:
 
     __slots__ = (
         "breaker_open",
+        "breaker_retry_at",
         "dp_rank",
         "in_flight",
         "in_flight_prompt_tokens",
@@ -48,6 +49,8 @@ class Endpoint:
         self.recent_dispatch = 0.0
         self.recent_dispatch_ts = 0.0
         self.breaker_open = False
+        self.breaker_retry_at = 0.0
+        """While the breaker is open: ``time.monotonic()`` after which one probe may go."""
         self.stats: dict[str, float] = {}
         """Engine-reported gauges (``running``, ``waiting``, ``kv_usage``…) when scraped."""
 

@@ -1,3 +1,17 @@
-"""Hook implementations of the infera-policies plugin."""
+"""Hook implementations of the infera-policies plugin.
+
+Each policy family lives in its own module with a ``register_<family>(registry)``
+function; add a family by adding one call below.
+"""
 
 from __future__ import annotations
+
+from infera_core.hookspecs import hookimpl
+from infera_core.registry import PolicyRegistry
+
+
+@hookimpl
+def infera_register_policies(registry: PolicyRegistry) -> None:
+    from infera_policies.basic import register_basic
+
+    register_basic(registry)

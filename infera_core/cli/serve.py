@@ -1,0 +1,31 @@
+"""``infera-run serve``: the OpenAI/Anthropic-compatible server in front of the fleet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from infera_core.facade import InferaHooks
+from infera_core.server.settings import ServeSettings
+from infera_core.settings import click_options, resolve
+
+
+@click.command("serve")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="YAML/JSON file of settings (lower priority than flags and env). [env: INFERA_CONFIG]",
+    envvar="INFERA_CONFIG",
+)
+@click_options(ServeSettings)
+@click.pass_obj
+def serve_cmd(hooks: InferaHooks, /, config_file: Path | None, **values: Any) -> None:
+    """Serve /v1/chat/completions, /v1/completions, /v1/messages, /v1/models… for the fleet."""
+    from infera_core.server.run import run
+
+    settings = resolve(ServeSettings, values, config_file)
+    run(settings, hooks)

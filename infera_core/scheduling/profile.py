@@ -1,0 +1,115 @@
+"""A built scheduling profile: filters → weighted scorers → one picker, as plain objects.
+
+Built once from a :class:`ProfileConfig` through the catalog's policy factories
+(``catalog.policies.factory(kind, name)``); per request only direct method calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from infera_core.errors import ConfigError, UnknownNameError
+from infera_core.registry import PolicyRegistry
+from infera_core.scheduling.config import PluginRef, ProfileConfig
+from infera_core.scheduling.types import (
+    Endpoint,
+    Filter,
+    Picker,
+    PolicyKind,
+    RequestContext,
+    SchedulerDeps,
+    Scorer,
+)
+
+
+class Profile:
+    """One scheduling profile. ``name`` labels its routing-latency metric."""
+
+    __slots__ = ("filters", "name", "needs_tokens", "picker", "scorers", "weights")
+
+    def __init__(
+        self,
+        name: str,
+        filters: Sequence[Filter],
+        scorers: Sequence[tuple[Scorer, float]],
+        picker: Picker,
+    ) -> None:
+        self.name = name
+        self.filters = tuple(filters)
+        self.scorers = tuple(s for s, _ in scorers)
+        self.weights = tuple(w for _, w in scorers)
+        self.picker = picker
+        self.needs_tokens = any(s.needs_tokens for s in self.scorers)
+
+    def filter(self, ctx: RequestContext, candidates: list[Endpoint]) -> list[Endpoint]:
+        for f in self.filters:
+            candidates = f.filter(ctx, candidates)
+            if not candidates:
+                break
+        return candidates
+
+    def pick(self, ctx: RequestContext, candidates: list[Endpoint]) -> Endpoint:
+        """Score the (already filtered, non-empty) candidates and pick one."""
+        scores: list[float]
+        if not self.scorers:
+            scores = []
+        elif len(self.scorers) == 1:
+            w = self.weights[0]
+            scores = [_clamp(s) * w for s in self.scorers[0].score(ctx, candidates)]
+        else:
+            scores = [0.0] * len(candidates)
+            for scorer, w in zip(self.scorers, self.weights, strict=True):
+                for i, s in enumerate(scorer.score(ctx, candidates)):
+                    scores[i] += _clamp(s) * w
+        chosen = self.picker.pick(ctx, candidates, scores)
+        for scorer in self.scorers:
+            scorer.on_routed(ctx, chosen)
+        return chosen
+
+    def finished(self, ctx: RequestContext, endpoint: Endpoint, ok: bool) -> None:
+        for scorer in self.scorers:
+            scorer.on_finished(ctx, endpoint, ok)
+
+
+def _clamp(x: float) -> float:
+    return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
+
+
+def _build(
+    registry: PolicyRegistry, kind: PolicyKind, ref: PluginRef, deps: SchedulerDeps, where: str
+) -> object:
+    try:
+        factory = registry.factory(kind, ref.name)
+    except UnknownNameError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    try:
+        params = factory.parse_params(ref.params)
+    except (ValidationError, ValueError) as exc:
+        raise ConfigError(f"{where}: bad parameters for {kind} {ref.name!r}: {exc}") from None
+    return factory.build(params, deps)
+
+
+def build_profile(
+    name: str, config: ProfileConfig, registry: PolicyRegistry, deps: SchedulerDeps, where: str = "router"
+) -> Profile:
+    """Assemble a :class:`Profile`; bad names or parameters raise :class:`ConfigError`."""
+    filters: list[Filter] = []
+    for ref in config.filters:
+        obj = _build(registry, "filter", ref, deps, where)
+        if not isinstance(obj, Filter):
+            raise ConfigError(f"{where}: filter {ref.name!r} built a {type(obj).__name__}, not a Filter")
+        filters.append(obj)
+    scorers: list[tuple[Scorer, float]] = []
+    for sref in config.scorers:
+        obj = _build(registry, "scorer", sref, deps, where)
+        if not isinstance(obj, Scorer):
+            raise ConfigError(f"{where}: scorer {sref.name!r} built a {type(obj).__name__}, not a Scorer")
+        scorers.append((obj, sref.weight))
+    picker = _build(registry, "picker", config.picker, deps, where)
+    if not isinstance(picker, Picker):
+        raise ConfigError(
+            f"{where}: picker {config.picker.name!r} built a {type(picker).__name__}, not a Picker"
+        )
+    return Profile(name, filters, scorers, picker)

@@ -1,0 +1,161 @@
+"""The scheduler: candidates of the request's model → profile → one endpoint.
+
+``schedule(ctx, exclude)`` only decides; sending is the transport's job, so other
+profile handlers (PD: a prefill and a decode pick) can reuse it. Raises
+:class:`NoWorkerError` (→ 503), :class:`UnknownModelError` (→ 404) or
+:class:`OverloadedError` (→ 429) for the server to turn into HTTP errors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Protocol
+
+from infera_core.registry import PolicyRegistry
+from infera_core.scheduling.profile import Profile, build_profile
+from infera_core.scheduling.router_config import RouterConfig
+from infera_core.scheduling.types import Endpoint, RequestContext, RoutedEvent, SchedulerDeps
+
+DIRECT_HEADER = "x-worker-instance-id"
+
+
+class SchedulingError(Exception):
+    """Base of the errors the scheduler reports to the route handler."""
+
+
+class NoWorkerError(SchedulingError):
+    """No routable worker for the model (all gone, draining or breaker open)."""
+
+
+class UnknownModelError(SchedulingError):
+    def __init__(self, model: str, available: Sequence[str]) -> None:
+        self.model = model
+        self.available = list(available)
+        super().__init__(model)
+
+
+class OverloadedError(SchedulingError):
+    """Every candidate is at its admission cap."""
+
+
+class CandidateSource(Protocol):
+    def candidates(self, model: str) -> list[Endpoint]: ...
+
+    def get(self, worker_id: str) -> Endpoint | None: ...
+
+    def models(self) -> list[str]: ...
+
+
+Observer = Callable[[str, float], None]
+
+
+class Scheduler:
+    """Routes with the model's profile (or the default one)."""
+
+    __slots__ = (
+        "_notify",
+        "_observe",
+        "default",
+        "direct",
+        "max_inflight",
+        "per_model",
+        "source",
+    )
+
+    def __init__(
+        self,
+        source: CandidateSource,
+        default: Profile,
+        per_model: dict[str, Profile] | None = None,
+        *,
+        direct: bool = False,
+        max_inflight: int = 0,
+        observe: Observer | None = None,
+        notify: Callable[[RoutedEvent], None] | None = None,
+    ) -> None:
+        self.source = source
+        self.default = default
+        self.per_model = per_model or {}
+        self.direct = direct
+        self.max_inflight = max_inflight
+        self._observe = observe
+        self._notify = notify
+
+    def profile_for(self, model: str) -> Profile:
+        return self.per_model.get(model, self.default)
+
+    def schedule(self, ctx: RequestContext, exclude: Collection[str] = ()) -> Endpoint:
+        t0 = time.perf_counter()
+        candidates = self.source.candidates(ctx.model)
+        if not candidates:
+            models = self.source.models()
+            if models:
+                raise UnknownModelError(ctx.model, models)
+            raise NoWorkerError("no workers registered")
+        if exclude:
+            candidates = [ep for ep in candidates if ep.worker_id not in exclude]
+        profile = self.per_model.get(ctx.model, self.default)
+        chosen = self._direct(ctx, candidates) if self.direct else None
+        if chosen is None:
+            candidates = profile.filter(ctx, candidates)
+            if not candidates:
+                raise NoWorkerError(f"no routable worker for model {ctx.model!r}")
+            cap = self.max_inflight
+            if cap > 0:
+                candidates = [ep for ep in candidates if ep.in_flight < cap]
+                if not candidates:
+                    raise OverloadedError(
+                        f"every worker for model {ctx.model!r} is at its in-flight cap ({cap})"
+                    )
+            chosen = profile.pick(ctx, candidates)
+        chosen.picks += 1
+        elapsed = time.perf_counter() - t0
+        if self._observe is not None:
+            self._observe(profile.name, elapsed)
+        if self._notify is not None:
+            self._notify(
+                RoutedEvent(ctx.request_id, ctx.model, chosen.worker_id, None, profile.name, elapsed)
+            )
+        return chosen
+
+    def _direct(self, ctx: RequestContext, candidates: list[Endpoint]) -> Endpoint | None:
+        wanted = ctx.headers.get(DIRECT_HEADER)
+        if not wanted:
+            return None
+        for ep in candidates:
+            if ep.worker_id == wanted and ep.record.routable:
+                return ep
+        return None
+
+    def finished(self, ctx: RequestContext, endpoint: Endpoint, ok: bool) -> None:
+        self.per_model.get(ctx.model, self.default).finished(ctx, endpoint, ok)
+
+
+def build_scheduler(
+    source: CandidateSource,
+    config: RouterConfig,
+    registry: PolicyRegistry,
+    deps: SchedulerDeps,
+    *,
+    direct: bool = False,
+    max_inflight: int = 0,
+    observe: Observer | None = None,
+    notify: Callable[[RoutedEvent], None] | None = None,
+) -> Scheduler:
+    """Build every profile once (config errors surface here, at start-up)."""
+    label, profile_cfg = config.resolve(registry, "router")
+    default = build_profile(label, profile_cfg, registry, deps)
+    per_model: dict[str, Profile] = {}
+    for model, choice in config.models.items():
+        mlabel, mcfg = choice.resolve(registry, f"router models.{model}")
+        per_model[model] = build_profile(mlabel, mcfg, registry, deps, f"router models.{model}")
+    return Scheduler(
+        source,
+        default,
+        per_model,
+        direct=direct,
+        max_inflight=max_inflight,
+        observe=observe,
+        notify=notify,
+    )

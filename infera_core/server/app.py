@@ -1,0 +1,237 @@
+"""``create_app(settings, hooks, discovery=…, kv=…)``: the server as a FastAPI app.
+
+Nothing is built at import time. The hot routes (``/v1/chat/completions``,
+``/v1/completions``, ``/v1/messages``) are raw ASGI endpoints mounted on the
+FastAPI router (no request/response objects per request); the control routes are
+ordinary FastAPI handlers.
+
+**KV seam** (for KV-aware routing): pass ``kv=`` an object with an ``index``
+attribute (handed to policy factories as ``SchedulerDeps.kv_index``), sync
+``on_worker_added(record)`` / ``on_worker_removed(record)`` (called for every fleet
+change) and async ``start()`` / ``stop()`` (run by the lifespan). See
+:class:`KvComponent`.
+
+**PD seam**: routing and proxying are separate — ``RouterCore.schedule(ctx,
+exclude)`` returns an :class:`Endpoint`; ``RouterCore.dispatch`` / ``Upstream.open``
+send bytes to one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol, runtime_checkable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+from starlette.routing import Route
+
+from infera_core.discovery.base import Discovery, DiscoverySettings
+from infera_core.discovery.view import FleetView
+from infera_core.facade import InferaHooks
+from infera_core.scheduling.router_config import RouterConfig, load_router_config
+from infera_core.scheduling.scheduler import build_scheduler
+from infera_core.scheduling.types import SchedulerDeps
+from infera_core.server.breaker import Breakers
+from infera_core.server.core import RouterCore
+from infera_core.server.errors import ApiError
+from infera_core.server.fleet import EndpointTable
+from infera_core.server.messages import MessagesProxy
+from infera_core.server.metrics import ServerMetrics
+from infera_core.server.proxy import OpenAIProxy
+from infera_core.server.settings import ServeSettings
+from infera_core.server.transport import Upstream
+from infera_core.server.validate import check_chat, check_completion
+from infera_core.worker import WorkerRecord
+
+
+@runtime_checkable
+class KvComponent(Protocol):
+    """What the KV-routing work plugs into the server (all optional to everyone else)."""
+
+    @property
+    def index(self) -> Any: ...
+
+    def on_worker_added(self, record: WorkerRecord) -> None: ...
+
+    def on_worker_removed(self, record: WorkerRecord) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def make_discovery(settings: ServeSettings, hooks: InferaHooks) -> Discovery:
+    factory = hooks.catalog().discovery.get(settings.discovery)
+    return factory.create(
+        DiscoverySettings(
+            etcd_endpoints=list(settings.etcd_endpoint),
+            prefix=settings.discovery_prefix,
+            static_file=settings.static_file,
+            connect_timeout=settings.connect_timeout,
+        )
+    )
+
+
+def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
+    return JSONResponse(ApiError(status, message, code=code).payload(), status_code=status)
+
+
+def create_app(
+    settings: ServeSettings,
+    hooks: InferaHooks,
+    *,
+    discovery: Discovery | None = None,
+    kv: KvComponent | None = None,
+    start_discovery: bool | None = None,
+) -> FastAPI:
+    """Build the server. Configuration errors raise :class:`ConfigError` here, not at serve time.
+
+    ``discovery``: a backend to watch (default: built from ``settings.discovery``).
+    ``start_discovery``: whether the lifespan starts/closes it (default: only when
+    it built the backend itself).
+    """
+    catalog = hooks.catalog()
+    config = (
+        load_router_config(settings.router_config)
+        if settings.router_config
+        else RouterConfig(preset=settings.router_policy)
+    )
+    table = EndpointTable()
+    metrics = ServerMetrics()
+    deps = SchedulerDeps(kv_index=kv.index if kv is not None else None, clock=time.monotonic)
+    scheduler = build_scheduler(
+        table,
+        config,
+        catalog.policies,
+        deps,
+        direct=settings.router_mode == "direct",
+        max_inflight=settings.max_inflight_per_worker,
+        observe=metrics.decided,
+        notify=hooks.request_routed_notifier(),
+    )
+    breakers = Breakers(settings.breaker_failures, settings.breaker_cooldown)
+    metrics.watch_fleet(lambda: list(table.by_id.values()), breakers.state)
+    upstream = Upstream(
+        connect_timeout=settings.connect_timeout,
+        first_byte_timeout=settings.first_byte_timeout,
+        idle_timeout=settings.stream_idle_timeout,
+        max_connections=settings.upstream_connections,
+    )
+    core = RouterCore(table, scheduler, upstream, breakers, metrics, settings.request_max_retries)
+    owns_discovery = discovery is None if start_discovery is None else start_discovery
+    disc = discovery if discovery is not None else make_discovery(settings, hooks)
+    if kv is not None:
+        table.add_listener(kv.on_worker_added, kv.on_worker_removed)
+    table.add_listener(on_removed=lambda record: breakers.forget(record.worker_id))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if owns_discovery:
+                await disc.start()
+                stack.push_async_callback(disc.close)
+            await upstream.start()
+            stack.push_async_callback(upstream.close)
+            if kv is not None:
+                await kv.start()
+                stack.push_async_callback(kv.stop)
+            view = FleetView(disc, hooks=hooks)
+            view.subscribe(table.apply)
+            await view.start(wait_synced=settings.connect_timeout)
+            stack.push_async_callback(view.stop)
+            app.state.fleet_view = view
+            yield
+
+    app = FastAPI(title="Infera", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.core = core
+    app.state.settings = settings
+    limit = settings.max_body_bytes
+    app.router.routes.extend(
+        [
+            Route(
+                "/v1/chat/completions",
+                OpenAIProxy(core, "/v1/chat/completions", check_chat, limit),
+                methods=["POST"],
+            ),
+            Route(
+                "/v1/completions",
+                OpenAIProxy(core, "/v1/completions", check_completion, limit),
+                methods=["POST"],
+            ),
+            Route("/v1/messages", MessagesProxy(core, limit), methods=["POST"]),
+        ]
+    )
+    _control_routes(app, core)
+    _error_handlers(app)
+    return app
+
+
+def _control_routes(app: FastAPI, core: RouterCore) -> None:
+    table = core.table
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        data = []
+        for model in table.models():
+            eps = table.candidates(model)
+            created = int(min((ep.record.started_at for ep in eps), default=0))
+            data.append({"id": model, "object": "model", "created": created, "owned_by": "infera"})
+        return {"object": "list", "data": data}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        active = table.active_count()
+        body = {
+            "status": "ok" if active else "no workers",
+            "active_workers": active,
+            "models": table.models(),
+        }
+        return JSONResponse(body, status_code=200 if active else 503)
+
+    @app.get("/v1/workers")
+    async def workers() -> dict[str, Any]:
+        out = []
+        for ep in sorted(table.by_id.values(), key=lambda e: e.worker_id):
+            rec = ep.record
+            out.append(
+                {
+                    "worker_id": ep.worker_id,
+                    "url": rec.url,
+                    "model": rec.model,
+                    "engine": rec.engine,
+                    "role": str(rec.role),
+                    "status": str(rec.status),
+                    "dp_rank": rec.dp_rank,
+                    "dp_size": rec.dp_size,
+                    "labels": rec.labels,
+                    "in_flight": ep.in_flight,
+                    "picks": ep.picks,
+                    "breaker": core.breakers.state(ep),
+                }
+            )
+        return {"object": "list", "data": out}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(core.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return _error(404, f"Unknown route {request.method} {request.url.path}.", "unknown_route")
+        if exc.status_code == 405:
+            return _error(
+                405, f"Method {request.method} is not allowed on {request.url.path}.", "method_not_allowed"
+            )
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(400, f"Invalid request: {exc.errors()[:1]}")

@@ -1,0 +1,77 @@
+"""Small raw-ASGI helpers for the hot routes (no Request/Response objects per request)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from infera_core.server.errors import ApiError
+from infera_core.server.validate import too_large
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+JSON_CT = (b"content-type", b"application/json")
+SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body arrived."""
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The whole request body; 413 when it is (or announces to be) over ``limit``."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                if int(value) > limit:
+                    raise too_large(limit)
+            except ValueError:
+                raise ApiError(400, "Invalid Content-Length header.") from None
+            break
+    msg = await receive()
+    if msg["type"] != "http.request":
+        raise ClientGone
+    body: bytes = msg.get("body", b"")
+    if not msg.get("more_body"):
+        if len(body) > limit:
+            raise too_large(limit)
+        return body
+    parts = [body]
+    size = len(body)
+    while True:
+        msg = await receive()
+        if msg["type"] != "http.request":
+            raise ClientGone
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        parts.append(chunk)
+        if not msg.get("more_body"):
+            return b"".join(parts)
+
+
+def header_dict(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+async def send_bytes(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes = b"application/json",
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    if extra:
+        headers.extend(extra)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_error(send: Send, err: ApiError, anthropic: bool = False) -> None:
+    extra = [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
+    await send_bytes(send, err.status, err.anthropic_body() if anthropic else err.body(), extra=extra)

@@ -1,0 +1,165 @@
+"""The routing core of one server: schedule → open upstream (with retries) → release.
+
+``dispatch(ctx, path, body)`` returns the chosen endpoint and the worker's response
+once its headers arrived; failures before that (connect error, timeout, 5xx, 429)
+are retried on another worker, up to ``--request-max-retries``. The caller streams
+the body and must call :meth:`RouterCore.release` exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import re
+
+import aiohttp
+
+from infera_core.scheduling.scheduler import (
+    NoWorkerError,
+    OverloadedError,
+    Scheduler,
+    UnknownModelError,
+)
+from infera_core.scheduling.types import Endpoint, RequestContext
+from infera_core.server.breaker import Breakers
+from infera_core.server.errors import ApiError
+from infera_core.server.fleet import EndpointTable
+from infera_core.server.metrics import ServerMetrics
+from infera_core.server.transport import Upstream, UpstreamError
+
+log = logging.getLogger("infera.server")
+
+_PROMPT_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+
+def usage_of(data: bytes) -> tuple[int, int]:
+    """(prompt, completion) tokens from the last ``usage`` object in ``data`` (0 when absent)."""
+    p = c = 0
+    for m in _PROMPT_RE.finditer(data):
+        p = int(m.group(1))
+    for m in _COMPLETION_RE.finditer(data):
+        c = int(m.group(1))
+    return p, c
+
+
+class RouterCore:
+    """Shared state and the retrying dispatch used by every proxy route."""
+
+    def __init__(
+        self,
+        table: EndpointTable,
+        scheduler: Scheduler,
+        upstream: Upstream,
+        breakers: Breakers,
+        metrics: ServerMetrics,
+        max_retries: int,
+    ) -> None:
+        self.table = table
+        self.scheduler = scheduler
+        self.upstream = upstream
+        self.breakers = breakers
+        self.metrics = metrics
+        self.max_retries = max_retries
+        self._ids = itertools.count(1)
+        self._id_prefix = f"infera-{os.getpid():x}-"
+
+    def request_id(self, given: str | None = None) -> str:
+        return given or f"{self._id_prefix}{next(self._ids)}"
+
+    def schedule(self, ctx: RequestContext, exclude: list[str]) -> Endpoint:
+        """One routing decision, with scheduler errors turned into API errors."""
+        try:
+            return self.scheduler.schedule(ctx, exclude)
+        except UnknownModelError as exc:
+            shown = ", ".join(exc.available)
+            raise ApiError(
+                404,
+                f"The model {exc.model!r} does not exist on this server. Available models: {shown}",
+                param="model",
+                code="model_not_found",
+            ) from None
+        except OverloadedError as exc:
+            raise ApiError(429, str(exc), code="worker_overloaded", headers={"Retry-After": "1"}) from None
+        except NoWorkerError as exc:
+            raise ApiError(503, f"No worker available: {exc}", code="no_worker_available") from None
+
+    async def dispatch(
+        self, ctx: RequestContext, path: str, body: bytes
+    ) -> tuple[Endpoint, aiohttp.ClientResponse]:
+        tried: list[str] = []
+        last: ApiError | None = None
+        attempts = 1 + self.max_retries
+        headers = {"Content-Type": "application/json", "X-Request-Id": ctx.request_id}
+        for attempt in range(attempts):
+            try:
+                ep = self.schedule(ctx, tried)
+            except ApiError:
+                if last is not None:
+                    raise last from None
+                raise
+            self.breakers.picked(ep)
+            ep.in_flight += 1
+            try:
+                resp = await self.upstream.open(ep, path, body, headers)
+            except UpstreamError as exc:
+                self._failed(ctx, ep, worker_fault=True)
+                log.warning("request %s: %s", ctx.request_id, exc)
+                last = ApiError(
+                    504 if exc.timeout else 502,
+                    f"Worker {ep.worker_id} failed before responding: {exc.reason}",
+                    code="upstream_timeout" if exc.timeout else "upstream_unreachable",
+                )
+            except BaseException:
+                ep.in_flight -= 1
+                raise
+            else:
+                status = resp.status
+                if status < 500 and status != 429:
+                    if ep.breaker_open or status < 400:
+                        self.breakers.success(ep)
+                    return ep, resp
+                try:
+                    detail = (await resp.read())[:300].decode("utf-8", "replace")
+                except (aiohttp.ClientError, OSError, TimeoutError):
+                    detail = ""
+                finally:
+                    resp.release()
+                self._failed(ctx, ep, worker_fault=status >= 500)
+                log.warning("request %s: worker %s answered %d", ctx.request_id, ep.worker_id, status)
+                extra = {"Retry-After": resp.headers.get("Retry-After", "1")} if status == 429 else None
+                last = ApiError(
+                    status,
+                    f"Worker {ep.worker_id} answered {status}: {detail}",
+                    code="upstream_error",
+                    type="upstream_error" if status >= 500 else None,
+                    headers=extra,
+                )
+            tried.append(ep.worker_id)
+            if attempt + 1 < attempts:
+                self.metrics.retried(ctx.model)
+        assert last is not None
+        raise last
+
+    def _failed(self, ctx: RequestContext, ep: Endpoint, worker_fault: bool) -> None:
+        ep.in_flight -= 1
+        if worker_fault:
+            opened = self.breakers.opened
+            self.breakers.failure(ep)
+            if self.breakers.opened != opened:
+                self.metrics.breaker_opened.inc()
+        self.scheduler.finished(ctx, ep, False)
+
+    def release(self, ctx: RequestContext, ep: Endpoint, ok: bool) -> None:
+        ep.in_flight -= 1
+        self.scheduler.finished(ctx, ep, ok)
+
+
+async def watch_disconnect(receive: object, task: asyncio.Task[object], flag: list[bool]) -> None:
+    """Cancel ``task`` when the client goes away (``receive`` yields ``http.disconnect``)."""
+    msg = await receive()  # type: ignore[operator]
+    if msg.get("type") == "http.disconnect":
+        flag.append(True)
+        task.cancel()

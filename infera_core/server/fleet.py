@@ -1,0 +1,94 @@
+"""The server's table of endpoints, kept current from discovery (a ``FleetView`` subscriber).
+
+Each worker record becomes one :class:`Endpoint` carrying the router's own
+accounting (in-flight, picks, breaker). An updated record keeps its endpoint (and
+its accounting); lists per model are rebuilt on change and never mutated in place,
+so the hot path can iterate them without copying.
+
+Listeners (``on_added(record)`` / ``on_removed(record)``) see every change: the
+plugin notifications and the optional KV component (the seam KV routing uses).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from infera_core.discovery.base import ChangeKind, FleetChange
+from infera_core.scheduling.types import Endpoint
+from infera_core.worker import Status, WorkerRecord
+
+log = logging.getLogger("infera.server.fleet")
+
+Listener = Callable[[WorkerRecord], None]
+
+
+class EndpointTable:
+    """worker_id → Endpoint, and model → endpoints serving it."""
+
+    __slots__ = ("_added", "_removed", "by_id", "by_model")
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, Endpoint] = {}
+        self.by_model: dict[str, list[Endpoint]] = {}
+        self._added: list[Listener] = []
+        self._removed: list[Listener] = []
+
+    def add_listener(self, on_added: Listener | None = None, on_removed: Listener | None = None) -> None:
+        if on_added is not None:
+            self._added.append(on_added)
+        if on_removed is not None:
+            self._removed.append(on_removed)
+
+    # -- reads (hot path) -------------------------------------------------------
+    def candidates(self, model: str) -> list[Endpoint]:
+        return self.by_model.get(model) or []
+
+    def get(self, worker_id: str) -> Endpoint | None:
+        return self.by_id.get(worker_id)
+
+    def models(self) -> list[str]:
+        return sorted(self.by_model)
+
+    def active_count(self) -> int:
+        return sum(1 for ep in self.by_id.values() if ep.record.status is Status.ACTIVE)
+
+    # -- writes ------------------------------------------------------------------
+    def put(self, record: WorkerRecord) -> Endpoint:
+        ep = self.by_id.get(record.worker_id)
+        if ep is None:
+            ep = Endpoint(record)
+            self.by_id[record.worker_id] = ep
+        else:
+            ep.record = record
+            ep.dp_rank = record.dp_rank
+        self._rebuild()
+        self._notify(self._added, record)
+        return ep
+
+    def remove(self, worker_id: str) -> Endpoint | None:
+        ep = self.by_id.pop(worker_id, None)
+        if ep is not None:
+            self._rebuild()
+            self._notify(self._removed, ep.record)
+        return ep
+
+    def apply(self, change: FleetChange) -> None:
+        if change.kind is ChangeKind.PUT and change.record is not None:
+            self.put(change.record)
+        elif change.kind is ChangeKind.DELETE:
+            self.remove(change.worker_id)
+
+    def _rebuild(self) -> None:
+        by_model: dict[str, list[Endpoint]] = {}
+        for ep in self.by_id.values():
+            by_model.setdefault(ep.record.model, []).append(ep)
+        self.by_model = by_model
+
+    @staticmethod
+    def _notify(listeners: list[Listener], record: WorkerRecord) -> None:
+        for fn in listeners:
+            try:
+                fn(record)
+            except Exception:
+                log.exception("fleet listener %r failed for worker %s", fn, record.worker_id)

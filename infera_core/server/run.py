@@ -1,0 +1,65 @@
+"""Run the server with uvicorn (uvloop + httptools, TCP_NODELAY on accepted sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from infera_core.errors import InferaError
+from infera_core.facade import InferaHooks
+from infera_core.server.app import KvComponent, create_app, make_discovery
+from infera_core.server.settings import ServeSettings
+from infera_core.server.transport import set_nodelay
+
+log = logging.getLogger("infera.server")
+
+
+class NoDelayHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with Nagle disabled on every accepted connection."""
+
+    def connection_made(self, transport: Any) -> None:
+        set_nodelay(transport)
+        super().connection_made(transport)
+
+
+def uvicorn_config(app: Any, settings: ServeSettings, log_level: str = "warning") -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http=NoDelayHttpToolsProtocol,
+        lifespan="on",
+        access_log=False,
+        log_level=log_level,
+        timeout_keep_alive=30,
+        backlog=4096,
+    )
+
+
+async def serve(settings: ServeSettings, hooks: InferaHooks, kv: KvComponent | None = None) -> None:
+    """Start discovery (clear error if unreachable), then serve until SIGINT/SIGTERM."""
+    discovery = make_discovery(settings, hooks)
+    app = create_app(settings, hooks, discovery=discovery, kv=kv, start_discovery=False)
+    await discovery.start()
+    try:
+        server = uvicorn.Server(uvicorn_config(app, settings))
+        log.info("serving on http://%s:%d (discovery %s)", settings.host, settings.port, settings.discovery)
+        await server.serve()
+        if not server.started:
+            raise InferaError(
+                f"the server did not start on {settings.host}:{settings.port} (see the log above)"
+            )
+    finally:
+        await discovery.close()
+
+
+def run(settings: ServeSettings, hooks: InferaHooks) -> None:
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(serve(settings, hooks))

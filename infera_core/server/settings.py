@@ -1,0 +1,55 @@
+"""Settings of ``infera-run serve`` (flags, ``INFERA_*`` env, ``--config`` file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from infera_core.settings import InferaSettings
+
+
+class ServeSettings(InferaSettings):
+    """Everything the server reads at start-up."""
+
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8000, ge=0, le=65535, description="Port to listen on.")
+    discovery: str = Field("etcd", description="Discovery backend (etcd, memory, static…).")
+    etcd_endpoint: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1:2379"],
+        description="etcd endpoint host:port (repeatable).",
+        json_schema_extra={"flag": "--etcd-endpoint"},
+    )
+    static_file: str | None = Field(None, description="Worker list file for --discovery static.")
+    discovery_prefix: str = Field("/infera/workers/", description="Key prefix of worker records.")
+    router_policy: str = Field("round-robin", description="Named routing preset (see `infera-run policies`).")
+    router_config: Path | None = Field(
+        None, description="YAML routing profile (filters/scorers/picker, per-model overrides)."
+    )
+    router_mode: Literal["policy", "direct"] = Field(
+        "policy", description="direct: honour the x-worker-instance-id header, else use the policy."
+    )
+    request_max_retries: int = Field(
+        1, ge=0, description="Retries on another worker when a request fails before its first byte."
+    )
+    connect_timeout: float = Field(5.0, gt=0, description="Seconds to connect to a worker.")
+    first_byte_timeout: float = Field(
+        600.0, gt=0, description="Seconds to wait for a worker's response headers."
+    )
+    stream_idle_timeout: float = Field(
+        300.0, gt=0, description="Seconds without a byte from a worker before a response is abandoned."
+    )
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Largest accepted request body in bytes.")
+    max_inflight_per_worker: int = Field(
+        0, ge=0, description="Admission cap per worker (0: none); beyond it → 429 with Retry-After."
+    )
+    breaker_failures: int = Field(
+        3, ge=1, description="Consecutive failures (connect error, 5xx) that open a worker's breaker."
+    )
+    breaker_cooldown: float = Field(
+        5.0, gt=0, description="Seconds an open breaker waits before a half-open probe."
+    )
+    upstream_connections: int = Field(
+        4096, ge=1, description="Most concurrent connections to workers (all together)."
+    )

@@ -1,0 +1,95 @@
+"""The upstream hop: one ``aiohttp.ClientSession`` per process, TCP_NODELAY on every socket.
+
+aiohttp sets TCP_NODELAY on each client connection it makes (``BaseProtocol.connection_made``);
+:func:`set_nodelay` does the same for the server's accepted sockets (see ``server.run``).
+
+:meth:`Upstream.open` sends the client's bytes unchanged and returns once the
+worker's response headers arrived (the "first byte"); everything before that is
+retryable, everything after is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import aiohttp
+
+from infera_core.scheduling.types import Endpoint
+
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+def set_nodelay(transport: asyncio.BaseTransport | None) -> None:
+    """Disable Nagle on a TCP transport (a no-op for anything else)."""
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+
+
+class UpstreamError(Exception):
+    """The worker could not be reached or did not answer in time (retryable)."""
+
+    def __init__(self, endpoint: Endpoint, reason: str, timeout: bool = False) -> None:
+        super().__init__(f"worker {endpoint.worker_id} ({endpoint.url}): {reason}")
+        self.endpoint = endpoint
+        self.reason = reason
+        self.timeout = timeout
+
+
+class Upstream:
+    """The process-wide client session to workers."""
+
+    def __init__(
+        self,
+        *,
+        connect_timeout: float,
+        first_byte_timeout: float,
+        idle_timeout: float,
+        max_connections: int,
+    ) -> None:
+        self.first_byte_timeout = first_byte_timeout
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout, connect=connect_timeout, sock_read=idle_timeout
+        )
+        self._max_connections = max_connections
+        self.session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(
+            limit=self._max_connections,
+            limit_per_host=0,
+            ttl_dns_cache=300,
+            keepalive_timeout=30,
+            enable_cleanup_closed=False,
+        )
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeout,
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding", "User-Agent"),
+        )
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    async def open(
+        self, endpoint: Endpoint, path: str, body: bytes, headers: dict[str, str] | None = None
+    ) -> aiohttp.ClientResponse:
+        """POST ``body`` to ``endpoint``; return the response once its headers arrived."""
+        session = self.session
+        assert session is not None, "Upstream.start() was not called"
+        try:
+            async with asyncio.timeout(self.first_byte_timeout):
+                return await session.post(endpoint.url + path, data=body, headers=headers or JSON_HEADERS)
+        except TimeoutError:
+            raise UpstreamError(endpoint, "no response before the first-byte timeout", timeout=True) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamError(endpoint, f"{type(exc).__name__}: {exc}") from None

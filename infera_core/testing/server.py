@@ -1,0 +1,78 @@
+"""Run an Infera server in the test's event loop on a free loopback port.
+
+store = MemoryStore()
+async with serving(settings_for(), hooks, store) as srv:
+    store.put(record)               # the fleet changes live
+    await srv.wait_workers(1)
+    httpx.post(srv.url + "/v1/chat/completions", ...)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import uvicorn
+
+from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
+from infera_core.facade import InferaHooks
+from infera_core.server.app import KvComponent, create_app
+from infera_core.server.core import RouterCore
+from infera_core.server.run import uvicorn_config
+from infera_core.server.settings import ServeSettings
+from infera_core.testing.net import free_port
+
+
+def settings_for(**overrides: Any) -> ServeSettings:
+    """Serve settings for tests: memory discovery, a free port, short timeouts."""
+    values: dict[str, Any] = {
+        "discovery": "memory",
+        "port": free_port(),
+        "connect_timeout": 2.0,
+        "first_byte_timeout": 10.0,
+        "stream_idle_timeout": 10.0,
+    }
+    values.update(overrides)
+    return ServeSettings(**values)
+
+
+class RunningServer:
+    def __init__(self, url: str, core: RouterCore, store: MemoryStore) -> None:
+        self.url = url
+        self.core = core
+        self.store = store
+
+    async def wait_workers(self, n: int, within: float = 5.0) -> None:
+        """Wait until the server's table holds ``n`` workers."""
+        async with asyncio.timeout(within):
+            while len(self.core.table.by_id) != n:  # noqa: ASYNC110 (the table has no event)
+                await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    settings: ServeSettings,
+    hooks: InferaHooks,
+    store: MemoryStore | None = None,
+    kv: KvComponent | None = None,
+) -> AsyncIterator[RunningServer]:
+    """Serve ``create_app(settings, hooks)`` over a memory fleet until the block exits."""
+    store = store or MemoryStore()
+    app = create_app(settings, hooks, discovery=MemoryDiscovery(store), kv=kv, start_discovery=True)
+    server = uvicorn.Server(uvicorn_config(app, settings, log_level="error"))
+    server.config.loop = "none"
+    task = asyncio.ensure_future(server.serve())
+    try:
+        async with asyncio.timeout(10):
+            while not server.started:
+                if task.done():
+                    task.result()
+                    raise RuntimeError("server exited during start-up")
+                await asyncio.sleep(0.01)
+        yield RunningServer(f"http://{settings.host}:{settings.port}", app.state.core, store)
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)

@@ -1,0 +1,156 @@
+"""A minimal, fast OpenAI-ish upstream on raw asyncio (tests and ``bench/proxy_overhead.py``).
+
+HTTP/1.1 with keep-alive; ``POST`` anything → a chat/completion JSON body, or with
+``"stream": true`` in the request an SSE stream of ``chunks`` events then
+``[DONE]``. Behaviour knobs (``status``, ``chunk_delay``, ``die_after_chunks``,
+``delay``) can be changed while it runs. It records the last raw request body and
+the number of requests it answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+_DATA = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok "}}]}\n\n'
+
+
+class _Conn(asyncio.Protocol):
+    def __init__(self, up: FakeUpstream) -> None:
+        self.up = up
+        self.buf = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.up.connections.add(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is not None:
+            self.up.connections.discard(self.transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            head_end = self.buf.find(b"\r\n\r\n")
+            if head_end < 0:
+                return
+            head = self.buf[:head_end].decode("latin-1")
+            length = 0
+            for line in head.split("\r\n")[1:]:
+                name, _, value = line.partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value.strip())
+            end = head_end + 4 + length
+            if len(self.buf) < end:
+                return
+            body = self.buf[head_end + 4 : end]
+            self.buf = self.buf[end:]
+            path = head.split(" ", 2)[1] if " " in head else "/"
+            self.up.requests += 1
+            self.up.last_body = body
+            self.up.last_path = path
+            task = asyncio.ensure_future(self.up.respond(self.transport, path, body))
+            self.up.tasks.add(task)
+            task.add_done_callback(self.up.tasks.discard)
+
+
+class FakeUpstream:
+    """Start with ``await up.start()``; ``up.url``; stop with ``await up.stop()``."""
+
+    def __init__(self, name: str = "fake", model: str = "fake-model", chunks: int = 64) -> None:
+        self.name = name
+        self.model = model
+        self.chunks = chunks
+        self.status = 200
+        self.delay = 0.0
+        self.chunk_delay = 0.0
+        self.die_after_chunks: int | None = None
+        self.requests = 0
+        self.last_body = b""
+        self.last_path = ""
+        self.connections: set[asyncio.Transport] = set()
+        self.tasks: set[asyncio.Future[None]] = set()
+        self.port = 0
+        self._server: asyncio.base_events.Server | None = None
+        self._json = json.dumps(
+            {
+                "id": "cmpl-1",
+                "object": "chat.completion",
+                "model": model,
+                "worker": name,
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+                ],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+            }
+        ).encode()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self, port: int = 0) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Conn(self), "127.0.0.1", port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for t in list(self.connections):
+                t.abort()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def respond(self, transport: asyncio.Transport | None, path: str, body: bytes) -> None:
+        if transport is None:
+            return
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.status != 200:
+            err = json.dumps({"error": {"message": f"{self.name} fails with {self.status}"}}).encode()
+            transport.write(_head(self.status, b"application/json", len(err)) + err)
+            return
+        if b'"stream":true' not in body.replace(b" ", b""):
+            transport.write(_head(200, b"application/json", len(self._json)) + self._json)
+            return
+        transport.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
+        frame = b"%x\r\n%s\r\n" % (len(_DATA), _DATA)
+        for i in range(self.chunks):
+            if self.die_after_chunks is not None and i >= self.die_after_chunks:
+                transport.abort()
+                return
+            if self.chunk_delay:
+                await asyncio.sleep(self.chunk_delay)
+            if transport.is_closing():
+                return
+            transport.write(frame)
+        done = b"data: [DONE]\n\n"
+        transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+
+
+def _head(status: int, ctype: bytes, length: int) -> bytes:
+    reason = {
+        200: b"OK",
+        429: b"Too Many Requests",
+        500: b"Internal Server Error",
+        503: b"Service Unavailable",
+    }
+    return b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (
+        status,
+        reason.get(status, b"Error"),
+        ctype,
+        length,
+    )
+
+
+def record_for(up: FakeUpstream, **extra: Any) -> Any:
+    """A :class:`WorkerRecord` pointing at ``up``."""
+    from infera_core.worker import WorkerRecord
+
+    return WorkerRecord(worker_id=up.name, url=up.url, model=up.model, engine="fake", **extra)
