@@ -1,0 +1,148 @@
+"""The ``sim`` engine adapter: how ``infera-run worker sim`` starts and watches a sim engine."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import httpx
+
+from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields
+from infera_core.errors import EngineError
+from infera_core.worker import KvEventsInfo, PdInfo
+from infera_sim import __version__
+from infera_sim.config import KV_LAYOUTS, PD_PROTOCOLS, SimConfig, build_parser
+from infera_sim.metrics import parse_gauges
+from infera_sim.tokenizer import make_tokenizer
+
+_INFLIGHT = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+class SimAdapter:
+    """Launches ``python -m infera_sim.server`` with KV events, replay and PD wired up."""
+
+    name = "sim"
+    description = "Simulated engine speaking vLLM's HTTP, KV event and metrics formats (no GPU needed)."
+    package_hint = "pip install infera-sim"
+
+    def __init__(self) -> None:
+        self._ports: dict[str, tuple[int, int, int | None]] = {}
+
+    def options(self) -> Sequence[EngineOption]:
+        return (
+            EngineOption("block_size", int, 16, "KV block size in tokens"),
+            EngineOption("cache_blocks", int, 4096, "KV cache capacity in blocks"),
+            EngineOption("speedup", float, 1.0, "simulated time runs this much faster ('inf' = no sleeping)"),
+            EngineOption(
+                "kv_events_layout",
+                str,
+                "map",
+                "KV event layout: map (vLLM>=0.24) or array",
+                choices=KV_LAYOUTS,
+            ),
+            EngineOption(
+                "pd_protocol",
+                str,
+                "vllm-nixl",
+                "PD request shape for prefill/decode roles",
+                choices=PD_PROTOCOLS,
+            ),
+        )
+
+    def _ports_for(self, ctx: LaunchContext) -> tuple[int, int, int | None]:
+        ports = self._ports.get(ctx.worker_id)
+        if ports is None:
+            bootstrap = ctx.free_port() if str(ctx.role) == "prefill" else None
+            ports = self._ports[ctx.worker_id] = (ctx.free_port(), ctx.free_port(), bootstrap)
+        return ports
+
+    def _argv_flags(self, ctx: LaunchContext) -> list[str]:
+        kv, replay, bootstrap = self._ports_for(ctx)
+        opts = ctx.options
+        flags = [
+            "--host", ctx.host,
+            "--port", str(ctx.port),
+            "--model", ctx.model,
+            "--advertise-host", ctx.advertise_host,
+            "--engine-id", ctx.worker_id,
+            "--kv-events-port", str(kv),
+            "--kv-replay-port", str(replay),
+            "--role", str(ctx.role),
+        ]  # fmt: skip
+        for name in ("block_size", "cache_blocks", "speedup", "kv_events_layout", "pd_protocol"):
+            if opts.get(name) is not None:
+                flags += ["--" + name.replace("_", "-"), str(opts[name])]
+        if bootstrap is not None:
+            flags += ["--bootstrap-port", str(bootstrap)]
+        if ctx.dp_rank is not None:
+            flags += ["--dp-rank", str(ctx.dp_rank)]
+        return flags + list(ctx.engine_args)
+
+    def effective_config(self, ctx: LaunchContext) -> SimConfig:
+        """The sim's configuration for this launch (engine args after ``--`` win)."""
+        flags = self._argv_flags(ctx)
+        parser = build_parser()
+        try:
+            ns, unknown = parser.parse_known_args(flags)
+        except SystemExit:
+            raise EngineError(f"sim: bad engine arguments after '--': {' '.join(ctx.engine_args)}") from None
+        if unknown:
+            raise EngineError(
+                f"sim: unknown engine arguments: {' '.join(unknown)} (see python -m infera_sim.server --help)"
+            )
+        cfg = SimConfig()
+        for key, value in vars(ns).items():
+            if hasattr(cfg, key):
+                setattr(cfg, key, value)
+        return cfg
+
+    def build_launch(self, ctx: LaunchContext) -> LaunchSpec:
+        self.effective_config(ctx)  # validates engine args early, with a clear message
+        python = ctx.engine_python or sys.executable
+        return LaunchSpec(
+            argv=[python, "-m", "infera_sim.server", *self._argv_flags(ctx)], env={"PYTHONUNBUFFERED": "1"}
+        )
+
+    def record_fields(self, ctx: LaunchContext) -> RecordFields:
+        cfg = self.effective_config(ctx)
+        host = ctx.advertise_host
+        kv_events = KvEventsInfo(
+            endpoint=f"tcp://{host}:{cfg.kv_events_port}",
+            format="vllm",
+            block_size=cfg.block_size,
+            replay_endpoint=f"tcp://{host}:{cfg.kv_replay_port}" if cfg.kv_replay_port is not None else None,
+            topic=cfg.kv_events_topic,
+            fingerprint=make_tokenizer(cfg.tokenizer_json, cfg.vocab_size).fingerprint,
+        )
+        pd = None
+        if cfg.role in ("prefill", "decode"):
+            params: dict[str, object] = {"engine_id": cfg.engine_id}
+            if cfg.role == "prefill" and cfg.bootstrap_port is not None:
+                params.update(bootstrap_host=host, bootstrap_port=cfg.bootstrap_port)
+            pd = PdInfo(protocol=cfg.pd_protocol, params=params)
+        return RecordFields(
+            engine_version=f"infera-sim-{__version__}",
+            kv_events=kv_events,
+            pd=pd,
+            dp_rank=ctx.dp_rank,
+            dp_size=ctx.dp_size,
+            labels={"engine": "sim"},
+        )
+
+    async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
+        try:
+            return (await client.get(base_url + "/health", timeout=2.0)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def in_flight(self, client: httpx.AsyncClient, base_url: str) -> int | None:
+        try:
+            resp = await client.get(base_url + "/metrics", timeout=2.0)
+        except httpx.HTTPError:
+            return None
+        if resp.status_code != 200:
+            return None
+        values = parse_gauges(resp.text, _INFLIGHT)
+        if not values:
+            return None
+        return int(sum(values.values()))

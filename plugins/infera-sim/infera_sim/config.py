@@ -1,0 +1,165 @@
+"""Command-line flags of the sim server (``python -m infera_sim.server``) and their values."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+ROLES = ("mixed", "prefill", "decode")
+PD_PROTOCOLS = ("vllm-nixl", "sglang-bootstrap")
+KV_LAYOUTS = ("map", "array")
+
+
+@dataclass(slots=True)
+class SimConfig:
+    """Every knob of one sim engine process (defaults match the flags' defaults)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = "sim-model"
+    advertise_host: str = "127.0.0.1"
+    engine_id: str = ""
+    seed: int = 0
+    # tokenizer
+    tokenizer_json: str | None = None
+    vocab_size: int = 32000
+    max_model_len: int = 4096
+    default_max_tokens: int = 16
+    eos_rate: float = 0.0
+    # KV cache
+    block_size: int = 16
+    cache_blocks: int = 4096
+    kv_events_port: int | None = None
+    kv_replay_port: int | None = None
+    kv_events_layout: str = "map"
+    kv_events_topic: str = "kv-events"
+    kv_replay_buffer: int = 10000
+    dp_rank: int | None = None
+    # timing
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    prefill_tokens_per_s: float = 20000.0
+    itl_base_ms: float = 5.0
+    itl_slope_ms: float = 0.05
+    speedup: float = 1.0
+    # PD
+    role: str = "mixed"
+    pd_protocol: str = "vllm-nixl"
+    bootstrap_port: int | None = None
+    kv_bytes_per_token: float = 131072.0
+    transfer_gbps: float = 100.0
+    pd_timeout_s: float = 30.0
+    # faults
+    fault_error_rate: float = 0.0
+    fault_error_status: int = 500
+    fault_crash_after: int = 0
+    fault_hang: bool = False
+    fault_slow_start: float = 0.0
+    fault_kv_drop_rate: float = 0.0
+    fault_kv_duplicate_rate: float = 0.0
+    fault_kv_reorder: bool = False
+
+    @property
+    def sleeps(self) -> bool:
+        """False with ``--speedup inf``: steps advance simulated time without sleeping."""
+        return math.isfinite(self.speedup)
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _rate(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = SimConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m infera_sim.server",
+        description="Infera simulated engine: OpenAI-compatible HTTP, vLLM KV events and metrics.",
+    )
+    a = p.add_argument
+    a("--host", default=d.host, help="address to bind (default %(default)s)")
+    a("--port", type=int, default=d.port, help="HTTP port (0 = pick a free one)")
+    a("--model", default=d.model, help="served model name")
+    a("--served-model-name", dest="model", help="alias of --model (vLLM spelling)")
+    a("--advertise-host", default=d.advertise_host, help="host other processes use to reach this sim")
+    a("--engine-id", default=d.engine_id, help="engine id reported in PD params (default: random)")
+    a("--seed", type=int, default=d.seed, help="seed of the deterministic output tokens")
+    a("--tokenizer-json", default=None, help="use a real HF tokenizer.json instead of the built-in one")
+    a("--vocab-size", type=int, default=d.vocab_size, help="built-in tokenizer vocabulary size")
+    a("--max-model-len", type=int, default=d.max_model_len, help="longest prompt + output, in tokens")
+    a("--default-max-tokens", type=int, default=d.default_max_tokens, help="output length without max_tokens")
+    a("--eos-rate", type=_rate, default=d.eos_rate, help="per-token probability of EOS (not with ignore_eos)")
+    a("--block-size", type=int, default=d.block_size, help="KV block size in tokens")
+    a("--cache-blocks", type=int, default=d.cache_blocks, help="KV cache capacity in blocks")
+    a("--kv-events-port", type=int, default=None, help="ZMQ PUB port for KV events (0 = free; unset = off)")
+    a("--kv-replay-port", type=int, default=None, help="ZMQ ROUTER replay port (0 = free; unset = off)")
+    a("--kv-events-layout", choices=KV_LAYOUTS, default=d.kv_events_layout, help="map (vLLM>=0.24) or array")
+    a("--kv-events-topic", default=d.kv_events_topic, help="ZMQ topic frame")
+    a("--kv-replay-buffer", type=int, default=d.kv_replay_buffer, help="batches kept for replay")
+    a("--dp-rank", type=int, default=None, help="dp_rank written in KV event batches")
+    a("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once")
+    a("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, help="token budget per step")
+    a("--prefill-tokens-per-s", type=_positive_float, default=d.prefill_tokens_per_s, help="prefill speed")
+    a("--itl-base-ms", type=float, default=d.itl_base_ms, help="decode step time with one request")
+    a("--itl-slope-ms", type=float, default=d.itl_slope_ms, help="extra decode step time per running request")
+    a(
+        "--speedup",
+        type=_positive_float,
+        default=d.speedup,
+        help="divide all sleeps by this ('inf' = never sleep)",
+    )
+    a("--role", choices=ROLES, default=d.role, help="mixed, prefill or decode (PD disaggregation)")
+    a("--pd-protocol", choices=PD_PROTOCOLS, default=d.pd_protocol, help="PD request shape")
+    a(
+        "--bootstrap-port",
+        type=int,
+        default=None,
+        help="KV transfer/bootstrap HTTP port of a prefill sim (0 = free)",
+    )
+    a(
+        "--kv-bytes-per-token",
+        type=float,
+        default=d.kv_bytes_per_token,
+        help="KV size per token (transfer time)",
+    )
+    a("--transfer-gbps", type=_positive_float, default=d.transfer_gbps, help="PD transfer bandwidth, Gbit/s")
+    a("--pd-timeout-s", type=float, default=d.pd_timeout_s, help="how long a decode waits for prefill KV")
+    a("--fault-error-rate", type=_rate, default=0.0, help="fraction of requests answered with an error")
+    a(
+        "--fault-error-status",
+        type=int,
+        choices=(500, 429, 503),
+        default=500,
+        help="status of injected errors",
+    )
+    a("--fault-crash-after", type=int, default=0, help="exit the process after N requests (0 = never)")
+    a("--fault-hang", action="store_true", help="accept requests and never answer them")
+    a("--fault-slow-start", type=float, default=0.0, help="/health answers 503 for this many seconds")
+    a("--fault-kv-drop-rate", type=_rate, default=0.0, help="fraction of KV event batches not sent")
+    a("--fault-kv-duplicate-rate", type=_rate, default=0.0, help="fraction of KV event batches sent twice")
+    a("--fault-kv-reorder", action="store_true", help="swap consecutive KV event batches")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
+    """Parse flags into a :class:`SimConfig`; exits with a one-line usage error on bad input."""
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    cfg = SimConfig(**{f.name: getattr(ns, f.name) for f in fields(SimConfig) if hasattr(ns, f.name)})
+    for name, value in (("--block-size", cfg.block_size), ("--cache-blocks", cfg.cache_blocks)):
+        if value <= 0:
+            parser.error(f"{name} must be > 0")
+    if cfg.max_num_seqs <= 0 or cfg.max_num_batched_tokens <= 0:
+        parser.error("--max-num-seqs and --max-num-batched-tokens must be > 0")
+    return cfg

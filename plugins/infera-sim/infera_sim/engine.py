@@ -1,0 +1,298 @@
+"""The sim's engine core: one asyncio step loop doing continuous batching over a KV cache.
+
+Each step schedules running requests first (one decode token each, or the next prefill
+chunk), then admits waiting requests while ``max_num_seqs`` and the KV cache allow,
+within a token budget of ``max_num_batched_tokens`` (chunked prefill). A step lasts
+``prefill_tokens / prefill_tokens_per_s`` plus, when anything decodes,
+``itl_base_ms + itl_slope_ms × running``. Time is simulated: with a finite
+``--speedup`` the loop sleeps ``step / speedup``; with ``inf`` it never sleeps. Metrics
+record simulated seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Callable
+
+from infera_core.kv.events import KvEvent
+from infera_sim.config import SimConfig
+from infera_sim.kvcache import KvCache, block_hashes, chain_hash
+from infera_sim.metrics import SimMetrics
+from infera_sim.request import SimRequest
+from infera_sim.tokenizer import EOS_ID, EngineTokenizer
+
+Publish = Callable[[float, list[KvEvent]], object]
+
+
+class SimEngine:
+    """Schedules :class:`SimRequest` objects; ``run()`` is the step loop task."""
+
+    def __init__(self, cfg: SimConfig, tokenizer: EngineTokenizer, publish: Publish | None = None) -> None:
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.cache = KvCache(cfg.cache_blocks, cfg.block_size)
+        self.metrics = SimMetrics(cfg.model)
+        self.publish = publish
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.sim_time = 0.0
+        self.steps = 0
+        self._vocab = tokenizer.output_vocab()
+        self._work = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wall0 = 0.0
+        self._reset_pending = False
+
+    # -- public API ------------------------------------------------------------------------
+    def now(self) -> float:
+        """Current simulated time in seconds."""
+        if self.cfg.sleeps and self._loop is not None:
+            return max(self.sim_time, (self._loop.time() - self._wall0) * self.cfg.speedup)
+        return self.sim_time
+
+    def blocks_needed(self, prompt_len: int, max_tokens: int) -> int:
+        return -(-(prompt_len + max_tokens) // self.cfg.block_size)
+
+    def add(self, req: SimRequest) -> None:
+        req.arrival = self.now()
+        self.waiting.append(req)
+        self._work.set()
+
+    def abort(self, req: SimRequest) -> None:
+        """The client went away: free what the request holds."""
+        if req.done:
+            return
+        if req in self.running:
+            self.running.remove(req)
+            self._release(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.done = True
+        self.metrics.success["abort"] = self.metrics.success.get("abort", 0) + 1
+
+    def reset_prefix_cache(self) -> bool:
+        ok = self.cache.reset()
+        if ok:
+            self._flush_events()
+        return ok
+
+    async def run(self) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        self._wall0 = loop.time()
+        speedup = self.cfg.speedup
+        sleeps = self.cfg.sleeps
+        while True:
+            if not self.running and not self.waiting:
+                self._work.clear()
+                await self._work.wait()
+            if sleeps:
+                self.sim_time = self.now()
+            plan, duration = self._plan()
+            if not plan:  # nothing admissible: wait for a release or a new request
+                self._work.clear()
+                await self._work.wait()
+                continue
+            self.sim_time += duration
+            self.steps += 1
+            if sleeps:
+                delay = self._wall0 + self.sim_time / speedup - loop.time()
+                await asyncio.sleep(delay if delay > 0 else 0)
+            else:
+                await asyncio.sleep(0)
+            self._execute(plan, self.sim_time)
+            self._flush_events()
+
+    # -- scheduling ------------------------------------------------------------------------
+    def _plan(self) -> tuple[list[tuple[SimRequest, int]], float]:
+        cfg = self.cfg
+        budget = cfg.max_num_batched_tokens
+        plan: list[tuple[SimRequest, int]] = []
+        prefill_tokens = 0
+        decoding = 0
+        for r in self.running:
+            if budget <= 0:
+                break
+            if r.num_computed < len(r.prompt):
+                chunk = min(len(r.prompt) - r.num_computed, budget)
+                prefill_tokens += chunk
+            else:
+                chunk = 1
+                decoding += 1
+            budget -= chunk
+            plan.append((r, chunk))
+        waiting = self.waiting
+        while waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            r = waiting[0]
+            if not self._admit(r):
+                break
+            waiting.popleft()
+            self.running.append(r)
+            chunk = min(len(r.prompt) - r.num_computed, budget)
+            budget -= chunk
+            prefill_tokens += chunk
+            plan.append((r, chunk))
+        duration = prefill_tokens / cfg.prefill_tokens_per_s
+        if decoding:
+            duration += (cfg.itl_base_ms + cfg.itl_slope_ms * len(self.running)) / 1000.0
+        return plan, duration
+
+    def _admit(self, r: SimRequest) -> bool:
+        cache = self.cache
+        bs = cache.block_size
+        prompt = r.prompt
+        hashes = block_hashes(prompt, bs)
+        hits = cache.match(hashes, (len(prompt) - 1) // bs)
+        received = int(r.pd.get("received", 0)) if r.pd else 0
+        computed = max(len(hits) * bs, min(received, len(prompt) - 1))
+        prompt_blocks = -(-len(prompt) // bs)
+        need_now = prompt_blocks - len(hits)
+        future = self.blocks_needed(len(prompt), r.max_tokens) - prompt_blocks
+        if cache.available(hits) < need_now + future:
+            return False
+        cache.acquire(hits)
+        r.blocks = hits + cache.allocate(need_now)
+        r.reserved = future
+        cache.reserved += future
+        r.hashes = hashes
+        r.committed = len(hits)
+        r.num_computed = r.num_cached = computed
+        self.metrics.prefix_queries += len(prompt)
+        self.metrics.prefix_hits += len(hits) * bs
+        self.metrics.prompt_tokens += len(prompt)
+        if computed > len(hits) * bs:
+            self._commit(r, computed)
+        return True
+
+    def _commit(self, r: SimRequest, upto_tokens: int) -> None:
+        """Cache the full blocks of ``r`` that are computed up to token ``upto_tokens``."""
+        bs = self.cache.block_size
+        full = min(upto_tokens // bs, len(r.blocks))
+        start = r.committed
+        if full <= start:
+            return
+        tokens = r.prompt if upto_tokens <= len(r.prompt) else r.all_tokens()
+        hashes = r.hashes
+        while len(hashes) < full:
+            i = len(hashes)
+            hashes.append(chain_hash(hashes[-1] if hashes else None, tokens[i * bs : (i + 1) * bs]))
+        parent = hashes[start - 1] if start else None
+        self.cache.commit(r.blocks[start:full], hashes[start:full], parent, tokens[start * bs : full * bs])
+        r.committed = full
+
+    def _execute(self, plan: list[tuple[SimRequest, int]], now: float) -> None:
+        metrics = self.metrics
+        finished: list[SimRequest] = []
+        for r, chunk in plan:
+            if r.done:
+                continue
+            if r.num_computed < len(r.prompt):
+                r.num_computed += chunk
+                self._commit(r, r.num_computed)
+                if r.num_computed < len(r.prompt):
+                    continue
+                r.first_token_at = now
+                metrics.ttft.observe(now - r.arrival)
+            else:
+                metrics.itl.observe(now - r.last_token_at)
+            r.last_token_at = now
+            if self._generate(r):
+                finished.append(r)
+            else:
+                self._grow(r)
+            r.wake.set()
+        for r in finished:
+            self.running.remove(r)
+            self._release(r)
+            r.done = True
+            metrics.e2e.observe(now - r.arrival)
+            reason = r.choices[0].finish_reason or "length"
+            metrics.success[reason] = metrics.success.get(reason, 0) + 1
+            r.wake.set()
+        if finished:
+            self._work.set()
+
+    def _generate(self, r: SimRequest) -> bool:
+        """One token for every unfinished choice; True when the request is finished."""
+        vocab = self._vocab
+        nv = len(vocab)
+        decode = self.tokenizer.decode_token
+        eos_rate = 0.0 if r.ignore_eos else self.cfg.eos_rate
+        all_done = True
+        for ci, ch in enumerate(r.choices):
+            if ch.finish_reason is not None:
+                continue
+            x = ch.next_random()
+            if eos_rate and len(ch.tokens) >= r.min_tokens and (x & 0xFFFF) < eos_rate * 65536:
+                tok = EOS_ID
+            else:
+                tok = vocab[(x >> 16) % nv]
+            ch.tokens.append(tok)
+            self.metrics.generation_tokens += 1
+            if tok == EOS_ID or (tok in r.stop_token_ids and len(ch.tokens) >= r.min_tokens):
+                ch.finish_reason = "stop"
+                r.output.append((ci, tok, "", "stop"))
+                continue
+            piece = decode(tok)
+            if r.stop and len(ch.tokens) >= r.min_tokens:
+                old = len(ch.text)
+                text = ch.text + piece
+                for s in r.stop:
+                    idx = text.find(s, max(0, old - len(s)))
+                    if idx >= 0:
+                        piece = text[old:idx] if idx > old else ""
+                        text = text[:idx]
+                        ch.finish_reason = "stop"
+                        break
+                ch.text = text
+            else:
+                ch.text += piece
+            if ch.finish_reason is None and len(ch.tokens) >= r.max_tokens:
+                ch.finish_reason = "length"
+            r.output.append((ci, tok, piece, ch.finish_reason))
+            if ch.finish_reason is None:
+                all_done = False
+        return all_done
+
+    def _grow(self, r: SimRequest) -> None:
+        """Give ``r`` a block for its next token when the last one is full; cache full blocks."""
+        total = len(r.prompt) + r.num_generated
+        if total >= len(r.blocks) * self.cache.block_size and r.reserved > 0:
+            r.reserved -= 1
+            self.cache.reserved -= 1
+            r.blocks.extend(self.cache.allocate(1))
+        self._commit(r, total)
+
+    def _release(self, r: SimRequest) -> None:
+        if r.pd is not None and r.pd.get("remote_decode"):
+            r.pd["block_ids"] = [b.block_id for b in r.blocks]
+        self.cache.release(r.blocks)
+        self.cache.reserved -= r.reserved
+        r.reserved = 0
+        r.blocks = []
+        self._work.set()
+
+    def _flush_events(self) -> None:
+        events = self.cache.events
+        if events:
+            self.cache.events = []
+            if self.publish is not None:
+                self.publish(self.now(), events)
+
+    # -- introspection ---------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def render_metrics(self) -> str:
+        return self.metrics.render(self.num_running, self.num_waiting, self.cache.usage)
+
+
+def speedup_sleep(cfg: SimConfig, seconds: float) -> float:
+    """Wall-clock seconds to sleep for ``seconds`` of simulated time."""
+    return 0.0 if not math.isfinite(cfg.speedup) else seconds / cfg.speedup

@@ -1,0 +1,178 @@
+"""The sim's KV cache: a fixed pool of blocks with vLLM-style prefix caching.
+
+* Only full blocks are cached. A block's hash chains from its parent's hash and its
+  token ids (blake2b → unsigned 64 bits), so equal prefixes give equal hashes.
+* Blocks referenced by a running request are never evicted. Unreferenced cached
+  blocks sit in an LRU free queue; a request frees its blocks tail first, so leaves
+  are evicted before their parents (as vLLM does).
+* Every change a subscriber must see is appended to :attr:`KvCache.events` as a
+  normalized event (``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``); the
+  engine publishes them once per step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from infera_core.kv.events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, KvEvent
+
+_MASK64 = (1 << 64) - 1
+
+
+def chain_hash(parent: int | None, token_ids: Sequence[int]) -> int:
+    """Hash of one full block: blake2b(parent u64 ‖ token ids as u32) → low 64 bits."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update((parent if parent is not None else _MASK64).to_bytes(8, "little"))
+    h.update(array("I", token_ids).tobytes())
+    return int.from_bytes(h.digest(), "little")
+
+
+def block_hashes(
+    token_ids: Sequence[int], block_size: int, start: int = 0, parent: int | None = None
+) -> list[int]:
+    """Chained hashes of the full blocks of ``token_ids`` from block index ``start``."""
+    out: list[int] = []
+    for i in range(start, len(token_ids) // block_size):
+        parent = chain_hash(parent, token_ids[i * block_size : (i + 1) * block_size])
+        out.append(parent)
+    return out
+
+
+class Block:
+    """One physical KV block."""
+
+    __slots__ = ("block_id", "hash", "ref")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.hash: int | None = None
+        self.ref = 0
+
+
+class KvCache:
+    """A block pool with prefix caching and LRU eviction; collects events in :attr:`events`."""
+
+    __slots__ = ("block_size", "blocks", "cached", "events", "free", "medium", "num_blocks", "reserved")
+
+    def __init__(self, num_blocks: int, block_size: int = 16, medium: str = "GPU") -> None:
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.medium = medium
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        """Unreferenced blocks, eviction order first (uncached ones at the front)."""
+        self.cached: dict[int, Block] = {}
+        self.events: list[KvEvent] = []
+        self.reserved = 0
+        """Blocks promised to running requests for tokens they have not produced yet."""
+
+    # -- queries -------------------------------------------------------------------------
+    def match(self, hashes: Sequence[int], max_blocks: int) -> list[Block]:
+        """The longest cached prefix of ``hashes`` (at most ``max_blocks`` blocks)."""
+        out: list[Block] = []
+        cached = self.cached
+        for h in hashes[:max_blocks]:
+            block = cached.get(h)
+            if block is None:
+                break
+            out.append(block)
+        return out
+
+    def available(self, hits: Sequence[Block] = ()) -> int:
+        """Blocks a new request could still get, if it takes ``hits`` from the free queue."""
+        in_free = sum(1 for b in hits if b.ref == 0)
+        return len(self.free) - in_free - self.reserved
+
+    @property
+    def used(self) -> int:
+        return self.num_blocks - len(self.free)
+
+    @property
+    def usage(self) -> float:
+        return self.used / self.num_blocks
+
+    def contents(self) -> set[int]:
+        """Hashes of every cached block (what a subscriber of the events should hold)."""
+        return set(self.cached)
+
+    # -- mutations -----------------------------------------------------------------------
+    def acquire(self, blocks: Sequence[Block]) -> None:
+        """Reference cached blocks (a prefix hit): they leave the free queue."""
+        for b in blocks:
+            if b.ref == 0:
+                del self.free[b.block_id]
+            b.ref += 1
+
+    def allocate(self, n: int) -> list[Block]:
+        """Take ``n`` blocks from the free queue, evicting cached ones (events emitted)."""
+        out: list[Block] = []
+        free = self.free
+        for _ in range(n):
+            block_id, _none = free.popitem(last=False)
+            block = self.blocks[block_id]
+            if block.hash is not None:
+                del self.cached[block.hash]
+                self.events.append(BlockRemoved([block.hash], self.medium))
+                block.hash = None
+            block.ref = 1
+            out.append(block)
+        return out
+
+    def commit(
+        self,
+        blocks: Sequence[Block],
+        hashes: Sequence[int],
+        parent: int | None,
+        token_ids: Sequence[int],
+    ) -> None:
+        """Mark newly full blocks as cached: one ``BlockStored`` per run of new blocks.
+
+        ``token_ids`` are the tokens of exactly these blocks; ``parent`` is the hash of
+        the block before the first one (None at the start of a sequence).
+        """
+        bs = self.block_size
+        run: list[BlockHash] = []
+        run_start = 0
+        run_parent = parent
+        prev = parent
+        for i, (block, h) in enumerate(zip(blocks, hashes, strict=True)):
+            if h in self.cached:
+                # Computed twice concurrently: this copy stays private (vLLM does the same).
+                self._flush(run, run_parent, token_ids[run_start * bs : (run_start + len(run)) * bs])
+                run = []
+                prev = h
+                continue
+            if not run:
+                run_start, run_parent = i, prev
+            block.hash = h
+            self.cached[h] = block
+            run.append(h)
+            prev = h
+        self._flush(run, run_parent, token_ids[run_start * bs : (run_start + len(run)) * bs])
+
+    def _flush(self, run: list[BlockHash], parent: int | None, token_ids: Sequence[int]) -> None:
+        if run:
+            self.events.append(BlockStored(run, parent, list(token_ids), self.block_size, None, self.medium))
+
+    def release(self, blocks: Sequence[Block]) -> None:
+        """Drop one reference of each block, tail first; unreferenced ones become evictable."""
+        free = self.free
+        for b in reversed(blocks):
+            b.ref -= 1
+            if b.ref == 0:
+                free[b.block_id] = None
+                if b.hash is None:
+                    free.move_to_end(b.block_id, last=False)
+
+    def reset(self) -> bool:
+        """Forget every cached block (like vLLM, refused while requests hold blocks)."""
+        if len(self.free) != self.num_blocks:
+            return False
+        for block in self.cached.values():
+            block.hash = None
+        self.cached.clear()
+        self.events.append(AllBlocksCleared())
+        return True

@@ -1,0 +1,222 @@
+"""PD disaggregation between sim processes, in both request shapes of WIRE_FORMATS.md.
+
+* **vllm-nixl** (serial): a request whose ``kv_transfer_params.do_remote_decode`` is
+  true is a prefill leg; its response carries top-level ``kv_transfer_params`` with
+  ``do_remote_prefill: true`` and where to pull the KV from. A request carrying those
+  params is a decode leg: the sim checks them, pulls the prompt's KV from the prefill
+  sim (``GET /sim/kv/<remote_request_id>`` on its transfer port), waits the transfer
+  time, stores the blocks (``BlockStored`` events) and decodes.
+* **sglang-bootstrap** (concurrent): both legs carry ``bootstrap_host/port/room``.
+  A prefill-role sim publishes the room's KV when its prefill finishes; a decode-role
+  sim long-polls ``GET /sim/bootstrap/<room>`` on the prefill's bootstrap port, then
+  proceeds as above.
+
+Transfer time = tokens × ``--kv-bytes-per-token`` / ``--transfer-gbps``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from infera_sim.config import SimConfig
+from infera_sim.openai_api import ApiError
+from infera_sim.request import SimRequest
+
+log = logging.getLogger("infera_sim.pd")
+_KEEP = 4096
+
+
+class PdManager:
+    """PD state of one sim: KV kept for decode legs, bootstrap rooms, the transfer server."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.transfers: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.rooms: OrderedDict[int, asyncio.Future[list[int]]] = OrderedDict()
+        self.port: int | None = None
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    # -- transfer / bootstrap server (prefill side) -------------------------------------
+    async def start(self) -> None:
+        cfg = self.cfg
+        if cfg.bootstrap_port is None and cfg.role != "prefill":
+            return
+        app = web.Application()
+        app.router.add_get("/sim/kv/{request_id}", self._get_kv)
+        app.router.add_get("/sim/bootstrap/{room}", self._get_room)
+        app.router.add_get("/query", self._query)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, cfg.host, cfg.bootstrap_port or 0)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _query(self, request: web.Request) -> web.Response:
+        return web.json_response({"engine_id": self.cfg.engine_id, "role": self.cfg.role, "dp_rank": 0})
+
+    async def _get_kv(self, request: web.Request) -> web.Response:
+        entry = self.transfers.pop(request.match_info["request_id"], None)
+        if entry is None:
+            return web.json_response({"error": "unknown or already transferred request id"}, status=404)
+        return web.json_response(entry)
+
+    async def _get_room(self, request: web.Request) -> web.Response:
+        try:
+            room = int(request.match_info["room"])
+        except ValueError:
+            return web.json_response({"error": "room must be an integer"}, status=400)
+        timeout = float(request.query.get("timeout", self.cfg.pd_timeout_s))
+        try:
+            tokens = await asyncio.wait_for(asyncio.shield(self._room(room)), timeout)
+        except TimeoutError:
+            return web.json_response({"error": f"no prefill finished for room {room}"}, status=404)
+        self.rooms.pop(room, None)
+        return web.json_response({"token_ids": tokens, "engine_id": self.cfg.engine_id})
+
+    def _room(self, room: int) -> asyncio.Future[list[int]]:
+        fut = self.rooms.get(room)
+        if fut is None:
+            fut = self.rooms[room] = asyncio.get_running_loop().create_future()
+            while len(self.rooms) > _KEEP:
+                self.rooms.popitem(last=False)
+        return fut
+
+    # -- request legs ---------------------------------------------------------------------
+    async def prepare(self, body: dict[str, Any], reqs: list[SimRequest]) -> None:
+        """Before scheduling: mark prefill legs; pull the KV of decode legs."""
+        params = body.get("kv_transfer_params")
+        if params is not None:
+            if not isinstance(params, dict):
+                raise ApiError("kv_transfer_params must be an object", "kv_transfer_params")
+            if params.get("do_remote_decode"):
+                for r in reqs:
+                    r.pd = {"remote_decode": True}
+            elif params.get("do_remote_prefill"):
+                await self._pull_nixl(params, reqs)
+            return
+        if "bootstrap_room" in body and self.cfg.role != "mixed":
+            room = body.get("bootstrap_room")
+            if isinstance(room, list):
+                room = room[0] if room else None
+            if not isinstance(room, int) or isinstance(room, bool):
+                raise ApiError("bootstrap_room must be an integer", "bootstrap_room")
+            if self.cfg.role == "prefill":
+                for r in reqs:
+                    r.pd = {"room": room}
+            else:
+                await self._pull_bootstrap(body, room, reqs)
+
+    def finish(self, reqs: list[SimRequest]) -> dict[str, Any] | None:
+        """After the engine finished: keep the prefill's KV; the response's ``kv_transfer_params``."""
+        r = reqs[0]
+        if not r.pd:
+            return None
+        if "room" in r.pd:
+            fut = self._room(int(r.pd["room"]))
+            if not fut.done():
+                fut.set_result(r.prompt)
+            return None
+        if r.pd.get("remote_decode"):
+            self.transfers[r.request_id] = {
+                "token_ids": r.prompt,
+                "block_ids": [b for b in r.pd.get("block_ids", [])],
+                "engine_id": self.cfg.engine_id,
+            }
+            while len(self.transfers) > _KEEP:
+                self.transfers.popitem(last=False)
+            return {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_engine_id": self.cfg.engine_id,
+                "remote_block_ids": r.pd.get("block_ids", []),
+                "remote_host": self.cfg.advertise_host,
+                "remote_port": self.port,
+                "remote_request_id": r.request_id,
+                "tp_size": 1,
+            }
+        return None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.cfg.pd_timeout_s + 5)
+            )
+        return self._session
+
+    async def _pull_nixl(self, params: dict[str, Any], reqs: list[SimRequest]) -> None:
+        missing = [
+            k for k in ("remote_host", "remote_port", "remote_request_id") if params.get(k) in (None, "")
+        ]
+        if missing:
+            raise ApiError(f"kv_transfer_params lacks {', '.join(missing)}", "kv_transfer_params")
+        url = f"http://{params['remote_host']}:{params['remote_port']}/sim/kv/{params['remote_request_id']}"
+        entry = await self._fetch(url)
+        if entry is None:
+            return
+        engine_id = params.get("remote_engine_id")
+        if engine_id is not None and engine_id != entry.get("engine_id"):
+            raise ApiError(
+                f"kv_transfer_params.remote_engine_id {engine_id!r} does not match the prefill engine "
+                f"{entry.get('engine_id')!r}",
+                "kv_transfer_params",
+            )
+        if params.get("remote_block_ids") is not None and params["remote_block_ids"] != entry.get(
+            "block_ids"
+        ):
+            raise ApiError(
+                "kv_transfer_params.remote_block_ids do not match the prefill's blocks", "kv_transfer_params"
+            )
+        await self._receive(entry.get("token_ids") or [], reqs)
+
+    async def _pull_bootstrap(self, body: dict[str, Any], room: int, reqs: list[SimRequest]) -> None:
+        host, port = body.get("bootstrap_host"), body.get("bootstrap_port")
+        if not host or not port:
+            raise ApiError(
+                "bootstrap_host and bootstrap_port are required with bootstrap_room", "bootstrap_host"
+            )
+        host = str(host)
+        url = f"http://{host}:{port}/sim/bootstrap/{room}?timeout={self.cfg.pd_timeout_s}"
+        entry = await self._fetch(url)
+        if entry is None:
+            raise ApiError(f"no KV arrived from the prefill for bootstrap room {room}", "bootstrap_room", 500)
+        await self._receive(entry.get("token_ids") or [], reqs)
+
+    async def _fetch(self, url: str) -> dict[str, Any] | None:
+        try:
+            async with self._client().get(url) as resp:
+                if resp.status != 200:
+                    log.warning("pd: %s answered %s; recomputing the prompt locally", url, resp.status)
+                    return None
+                data: dict[str, Any] = await resp.json()
+                return data
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("pd: cannot reach %s (%s); recomputing the prompt locally", url, exc)
+            return None
+
+    async def _receive(self, tokens: list[int], reqs: list[SimRequest]) -> None:
+        """Wait the transfer time, then let the engine treat the common prefix as computed."""
+        for r in reqs:
+            common = 0
+            for a, b in zip(tokens, r.prompt, strict=False):
+                if a != b:
+                    break
+                common += 1
+            if common:
+                cfg = self.cfg
+                seconds = common * cfg.kv_bytes_per_token * 8 / (cfg.transfer_gbps * 1e9)
+                if cfg.sleeps:
+                    await asyncio.sleep(seconds / cfg.speedup)
+                r.pd = {"received": common}

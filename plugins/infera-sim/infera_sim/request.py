@@ -1,0 +1,112 @@
+"""One request inside the sim engine: its tokens, blocks, output streams and timing."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from infera_sim.kvcache import Block
+
+_LCG_A = 6364136223846793005
+_LCG_C = 1442695040888963407
+_MASK64 = (1 << 64) - 1
+
+
+class Choice:
+    """One output sequence (``n`` of them per request) with a deterministic generator."""
+
+    __slots__ = ("finish_reason", "state", "text", "tokens")
+
+    def __init__(self, state: int) -> None:
+        self.state = state
+        self.tokens: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+
+    def next_random(self) -> int:
+        self.state = (self.state * _LCG_A + _LCG_C) & _MASK64
+        return self.state >> 11
+
+
+class SimRequest:
+    """What the engine schedules. The HTTP handler waits on :attr:`wake` for new output."""
+
+    __slots__ = (
+        "arrival",
+        "blocks",
+        "choices",
+        "committed",
+        "done",
+        "first_token_at",
+        "hashes",
+        "ignore_eos",
+        "last_token_at",
+        "max_tokens",
+        "min_tokens",
+        "num_cached",
+        "num_computed",
+        "output",
+        "pd",
+        "prompt",
+        "request_id",
+        "reserved",
+        "stop",
+        "stop_token_ids",
+        "wake",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt: list[int],
+        max_tokens: int,
+        *,
+        n: int = 1,
+        seed: int = 0,
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
+        stop: list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.max_tokens = max_tokens
+        self.min_tokens = min_tokens
+        self.ignore_eos = ignore_eos
+        self.stop = stop or []
+        self.stop_token_ids = set(stop_token_ids or ())
+        base = (seed * 0x9E3779B97F4A7C15 + len(prompt) * 131 + (prompt[-1] if prompt else 0)) & _MASK64
+        self.choices = [Choice((base + 0x632BE59BD9B4E019 * (i + 1)) & _MASK64) for i in range(n)]
+        self.blocks: list[Block] = []
+        self.hashes: list[int] = []
+        """Hashes of the full blocks committed so far (prompt, then choice 0's output)."""
+        self.committed = 0
+        """How many of :attr:`blocks` are cached (hashed and announced)."""
+        self.num_cached = 0
+        self.num_computed = 0
+        self.reserved = 0
+        self.arrival = 0.0
+        self.first_token_at: float | None = None
+        self.last_token_at = 0.0
+        self.output: list[tuple[int, int, str, str | None]] = []
+        """(choice index, token id, text, finish reason) produced since the handler last looked."""
+        self.done = False
+        self.wake = asyncio.Event()
+        self.pd: dict[str, Any] | None = None
+        """PD state: received KV (decode side) or what to publish (prefill side)."""
+
+    @property
+    def prefilling(self) -> bool:
+        return self.num_computed < len(self.prompt)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.choices[0].tokens)
+
+    def all_tokens(self) -> list[int]:
+        return self.prompt + self.choices[0].tokens
+
+    def take_output(self) -> list[tuple[int, int, str, str | None]]:
+        out, self.output = self.output, []
+        self.wake.clear()
+        return out

@@ -1,0 +1,305 @@
+"""The sim engine's HTTP server: ``python -m infera_sim.server --port P --model NAME [flags]``.
+
+On start it prints one line ``INFERA_SIM_READY {json}`` with the ports it bound
+(HTTP, KV events, replay, PD transfer), which also ``GET /sim/info`` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from infera_sim import __version__
+from infera_sim.config import SimConfig, parse_args
+from infera_sim.engine import SimEngine
+from infera_sim.kv_publisher import KvPublisher
+from infera_sim.openai_api import ApiError, chat_body, completion_body, error_body, parse
+from infera_sim.pd import PdManager
+from infera_sim.sse import stream
+from infera_sim.tokenizer import make_tokenizer
+
+log = logging.getLogger("infera_sim")
+_json = msgspec.json.Encoder().encode
+SIM_KEY: web.AppKey[SimServer] = web.AppKey("sim", object)  # type: ignore[arg-type]
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=_json(obj), status=status, content_type="application/json")
+
+
+def api_error(err: ApiError) -> web.Response:
+    return json_response(err.body(), err.status)
+
+
+class SimServer:
+    """Holds the engine, the KV publisher and the PD manager of one sim process."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        if not cfg.engine_id:
+            cfg.engine_id = uuid.uuid4().hex
+        self.cfg = cfg
+        self.tokenizer = make_tokenizer(cfg.tokenizer_json, cfg.vocab_size)
+        self.publisher: KvPublisher | None = None
+        self.engine = SimEngine(cfg, self.tokenizer)
+        self.pd = PdManager(cfg)
+        self.started = time.monotonic()
+        self.requests_seen = 0
+        self.http_port = cfg.port
+        self._rng = random.Random(cfg.seed ^ 0x5EED)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def start(self, app: web.Application) -> None:
+        cfg = self.cfg
+        if cfg.kv_events_port is not None:
+            self.publisher = KvPublisher(
+                "*" if cfg.host in ("0.0.0.0", "") else cfg.host,
+                cfg.kv_events_port,
+                cfg.kv_replay_port,
+                topic=cfg.kv_events_topic,
+                layout=cfg.kv_events_layout,
+                dp_rank=cfg.dp_rank if cfg.dp_rank is not None else 0,
+                buffer=cfg.kv_replay_buffer,
+                drop_rate=cfg.fault_kv_drop_rate,
+                duplicate_rate=cfg.fault_kv_duplicate_rate,
+                reorder=cfg.fault_kv_reorder,
+                seed=cfg.seed,
+            )
+            self.publisher.start()
+            self.engine.publish = self.publisher.publish
+        await self.pd.start()
+        self._tasks.append(asyncio.get_running_loop().create_task(self.engine.run()))
+
+    async def stop(self, app: web.Application) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await self.pd.close()
+        if self.publisher is not None:
+            self.publisher.flush_held()
+            self.publisher.close()
+
+    def info(self) -> dict[str, Any]:
+        p = self.publisher
+        return {
+            "port": self.http_port,
+            "model": self.cfg.model,
+            "kv_events_port": p.port if p else None,
+            "kv_replay_port": p.replay_port if p else None,
+            "bootstrap_port": self.pd.port,
+            "engine_id": self.cfg.engine_id,
+            "role": self.cfg.role,
+            "block_size": self.cfg.block_size,
+            "fingerprint": self.tokenizer.fingerprint,
+            "pid": os.getpid(),
+        }
+
+    # -- handlers ------------------------------------------------------------------------
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = json.loads(await request.read())
+        except ValueError as exc:
+            raise ApiError(f"Invalid JSON body: {exc}", None) from None
+        if not isinstance(body, dict):
+            raise ApiError("The request body must be a JSON object", None)
+        return body
+
+    async def _faults(self) -> web.Response | None:
+        cfg = self.cfg
+        self.requests_seen += 1
+        if cfg.fault_crash_after and self.requests_seen > cfg.fault_crash_after:
+            log.error("fault injection: crashing after %d requests", cfg.fault_crash_after)
+            os._exit(17)
+        if cfg.fault_hang:
+            await asyncio.Event().wait()
+        if cfg.fault_error_rate and self._rng.random() < cfg.fault_error_rate:
+            status = cfg.fault_error_status
+            kind = {429: "RateLimitError", 503: "ServiceUnavailableError"}.get(status, "InternalServerError")
+            return json_response(error_body("injected fault", kind, None, status), status)
+        return None
+
+    async def generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        fault = await self._faults()
+        if fault is not None:
+            return fault
+        try:
+            body = await self._body(request)
+            parsed = parse(body, self.tokenizer, self.cfg, chat)
+            need = max(self.engine.blocks_needed(len(p), parsed.max_tokens) for p in parsed.prompts)
+            if need > self.cfg.cache_blocks:
+                raise ApiError(
+                    f"The request needs {need} KV cache blocks but the cache holds {self.cfg.cache_blocks} "
+                    "(--cache-blocks); reduce the prompt or max_tokens.",
+                    "max_tokens",
+                )
+            rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+            reqs = parsed.make_requests(rid)
+            await self.pd.prepare(body, reqs)
+        except ApiError as err:
+            return api_error(err)
+        wake = asyncio.Event()
+        for r in reqs:
+            r.wake = wake
+            self.engine.add(r)
+        created = int(time.time())
+        rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
+        try:
+            if parsed.stream:
+                return await stream(request, reqs, parsed, rid_out, created, self.cfg.model, chat, wake)
+            while not all(r.done for r in reqs):
+                await wake.wait()
+                wake.clear()
+            if chat:
+                out = chat_body(rid_out, created, self.cfg.model, reqs[0], parsed.tool_call)
+            else:
+                out = completion_body(rid_out, created, self.cfg.model, reqs)
+            out["kv_transfer_params"] = self.pd.finish(reqs)
+            return json_response(out)
+        finally:
+            for r in reqs:
+                if not r.done:
+                    self.engine.abort(r)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.generate(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self.generate(request, chat=True)
+
+    async def health(self, request: web.Request) -> web.Response:
+        if time.monotonic() - self.started < self.cfg.fault_slow_start:
+            return web.Response(status=503, text="starting")
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        m = self.cfg.model
+        card = {
+            "id": m,
+            "object": "model",
+            "created": int(self.started),
+            "owned_by": "infera-sim",
+            "root": m,
+            "parent": None,
+            "max_model_len": self.cfg.max_model_len,
+            "permission": [],
+        }
+        return json_response({"object": "list", "data": [card]})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._body(request)
+            if isinstance(body.get("messages"), list):
+                tokens = self.tokenizer.encode_chat(body["messages"], body)
+            elif isinstance(body.get("prompt"), str):
+                tokens = self.tokenizer.encode(body["prompt"])
+                if body.get("add_special_tokens") is False and tokens[:1] == [1]:
+                    tokens = tokens[1:]
+            else:
+                raise ApiError("prompt (a string) or messages is required", "prompt")
+        except ApiError as err:
+            return api_error(err)
+        return json_response(
+            {
+                "count": len(tokens),
+                "max_model_len": self.cfg.max_model_len,
+                "tokens": tokens,
+                "token_strs": None,
+            }
+        )
+
+    async def version(self, request: web.Request) -> web.Response:
+        return json_response({"version": f"infera-sim-{__version__}"})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.engine.render_metrics(), content_type="text/plain")
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        ok = self.engine.reset_prefix_cache()
+        if not ok:
+            err = error_body(
+                "Requests are running; the prefix cache was not reset.", "ConflictError", None, 409
+            )
+            return json_response(err, 409)
+        return web.Response(status=200)
+
+    async def sim_info(self, request: web.Request) -> web.Response:
+        return json_response(self.info())
+
+
+def create_app(cfg: SimConfig) -> web.Application:
+    """The aiohttp application of one sim engine."""
+    sim = SimServer(cfg)
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[SIM_KEY] = sim
+    app.on_startup.append(sim.start)
+    app.on_cleanup.append(sim.stop)
+    r = app.router
+    r.add_post("/v1/completions", sim.completions)
+    r.add_post("/v1/chat/completions", sim.chat)
+    r.add_get("/v1/models", sim.models)
+    r.add_get("/health", sim.health)
+    r.add_post("/tokenize", sim.tokenize)
+    r.add_get("/version", sim.version)
+    r.add_get("/metrics", sim.metrics)
+    r.add_post("/reset_prefix_cache", sim.reset_prefix_cache)
+    r.add_get("/sim/info", sim.sim_info)
+    return app
+
+
+async def serve(cfg: SimConfig) -> None:
+    app = create_app(cfg)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=4096)
+    await site.start()
+    sim = app[SIM_KEY]
+    sim.http_port = int(runner.addresses[0][1])
+    print("INFERA_SIM_READY " + json.dumps(sim.info()), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    cfg = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:  # pragma: no cover
+        runner = asyncio.run
+    from infera_core.errors import InferaError
+
+    try:
+        runner(serve(cfg))
+    except InferaError as exc:
+        print(f"infera-sim: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except OSError as exc:
+        print(
+            f"infera-sim: cannot bind (--port/--kv-events-port/--kv-replay-port/--bootstrap-port): {exc}",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()
