@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
@@ -40,12 +41,12 @@ def test_completion_text_and_token_ids(client: openai.OpenAI) -> None:
 
 
 def test_streaming_chat_matches_non_streaming(client: openai.OpenAI) -> None:
-    messages = [{"role": "user", "content": "stream me something"}]
-    full = client.chat.completions.create(model="sim-test", messages=messages, max_tokens=6, seed=3)  # type: ignore[arg-type]
+    messages: Any = [{"role": "user", "content": "stream me something"}]
+    full = client.chat.completions.create(model="sim-test", messages=messages, max_tokens=6, seed=3)
     chunks = list(
         client.chat.completions.create(
             model="sim-test",
-            messages=messages,  # type: ignore[arg-type]
+            messages=messages,
             max_tokens=6,
             seed=3,
             stream=True,
@@ -76,7 +77,7 @@ def test_stop_string_cuts_the_output(client: openai.OpenAI) -> None:
 
 
 def test_forced_tool_call(client: openai.OpenAI) -> None:
-    tools = [
+    tools: Any = [
         {
             "type": "function",
             "function": {
@@ -88,7 +89,7 @@ def test_forced_tool_call(client: openai.OpenAI) -> None:
     resp = client.chat.completions.create(
         model="sim-test",
         messages=[{"role": "user", "content": "weather?"}],
-        tools=tools,  # type: ignore[arg-type]
+        tools=tools,
         tool_choice="required",
         max_tokens=3,
     )
