@@ -231,3 +231,15 @@ async def metrics_in_flight(client: httpx.AsyncClient, base_url: str, names: Seq
 def bracket_host(host: str) -> str:
     """``host`` ready for a URL or ``host:port`` (IPv6 literals in brackets)."""
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def dp_layout(ctx: LaunchContext) -> tuple[int | None, int]:
+    """``(dp_rank, dp_size)`` from the launcher's context, else the adapter's own
+    ``dp_rank`` / ``dp_size`` options (for launchers without DP flags)."""
+    size = ctx.dp_size if ctx.dp_size > 1 else int(ctx.options.get("dp_size") or 1)
+    rank = ctx.dp_rank if ctx.dp_rank is not None else ctx.options.get("dp_rank")
+    if size < 1:
+        raise EngineError(f"--dp-size {size}: must be at least 1")
+    if rank is not None and not 0 <= int(rank) < size:
+        raise EngineError(f"--dp-rank {rank}: must be between 0 and --dp-size - 1 ({size - 1})")
+    return (None if rank is None else int(rank)), size

@@ -202,3 +202,15 @@ async def test_in_flight_sums_running_and_waiting_from_metrics() -> None:
         adapter = VllmAdapter()
         assert await adapter.in_flight(client, "http://e") == 5
         assert await adapter.is_ready(client, "http://e")
+
+
+def test_dp_from_the_adapter_flags_when_the_launcher_has_none(vllm_cpu: str) -> None:
+    adapter = VllmAdapter()
+    c = ctx(engine_python=vllm_cpu)
+    c.options.update(dp_size=2, dp_rank=1)
+    argv = adapter.build_launch(c).argv
+    assert (flag(argv, "--data-parallel-size"), flag(argv, "--data-parallel-rank")) == ("2", "1")
+    assert (adapter.record_fields(c).dp_rank, adapter.record_fields(c).dp_size) == (1, 2)
+    c.options.update(dp_rank=2)
+    with pytest.raises(EngineError, match="--dp-rank 2"):
+        adapter.build_launch(c)

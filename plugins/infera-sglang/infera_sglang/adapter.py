@@ -17,6 +17,7 @@ import httpx
 from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields
 from infera_core.engine_support import (
     bracket_host,
+    dp_layout,
     free_ports,
     http_ok,
     locate_engine,
@@ -69,6 +70,7 @@ OPTIONS: tuple[EngineOption, ...] = (
         0,
         "First KV event port (0: pick free ones); DP-attention rank r publishes on port + r.",
     ),
+    EngineOption("dp_size", int, 1, "DP-attention ranks behind this one server (SGLang --dp-size)."),
 )
 
 
@@ -84,12 +86,13 @@ def _page_size(ctx: LaunchContext) -> int:
 
 
 def _dp(ctx: LaunchContext) -> int:
-    if ctx.dp_size > 1 and ctx.dp_rank is not None:
+    rank, size = dp_layout(ctx)
+    if size > 1 and rank is not None:
         raise EngineError(
             "SGLang DP-attention: one launcher fronts all --dp-size ranks; drop --dp-rank "
             "(the router steers requests with the X-Data-Parallel-Rank header)"
         )
-    return max(ctx.dp_size, 1)
+    return size
 
 
 def _ports(ctx: LaunchContext) -> dict[str, int]:

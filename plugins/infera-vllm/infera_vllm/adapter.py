@@ -18,6 +18,7 @@ from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFi
 from infera_core.engine_support import (
     EngineLocation,
     bracket_host,
+    dp_layout,
     free_ports,
     http_ok,
     locate_engine,
@@ -85,7 +86,8 @@ def _ports(ctx: LaunchContext) -> dict[str, int]:
 
 def _rank_offset(ctx: LaunchContext) -> int:
     """vLLM adds its data-parallel rank to the KV event ports: configure port - rank."""
-    return (ctx.dp_rank or 0) if ctx.dp_size > 1 else 0
+    rank, size = dp_layout(ctx)
+    return (rank or 0) if size > 1 else 0
 
 
 def _block_size(ctx: LaunchContext) -> int:
@@ -120,8 +122,9 @@ class VllmAdapter:
 
     def build_launch(self, ctx: LaunchContext) -> LaunchSpec:
         reject_managed_flags(ctx.engine_args, MANAGED_FLAGS)
-        if ctx.dp_size > 1 and ctx.dp_rank is None:
-            raise EngineError(f"--dp-size {ctx.dp_size} needs --dp-rank (one vLLM launcher per DP rank)")
+        rank, size = dp_layout(ctx)
+        if size > 1 and rank is None:
+            raise EngineError(f"--dp-size {size} needs --dp-rank (one vLLM launcher per DP rank)")
         flags = self.engine_flags(ctx)
         where = self.locate(ctx)
         self._versions[ctx.worker_id] = where.probe.version
@@ -162,12 +165,13 @@ class VllmAdapter:
         tp = int(ctx.options.get("tp") or 1)
         if tp != 1:
             flags += ["--tensor-parallel-size", str(tp)]
-        if ctx.dp_size > 1:
+        rank, size = dp_layout(ctx)
+        if size > 1:
             flags += [
                 "--data-parallel-size",
-                str(ctx.dp_size),
+                str(size),
                 "--data-parallel-rank",
-                str(ctx.dp_rank),
+                str(rank),
                 "--data-parallel-external-lb",
             ]
         transfer = self._kv_transfer_config(ctx)
@@ -207,12 +211,13 @@ class VllmAdapter:
             replay_endpoint=f"tcp://{host}:{ports['replay']}",
             topic=KV_TOPIC,
         )
+        rank, size = dp_layout(ctx)
         return RecordFields(
             engine_version=self._versions.get(ctx.worker_id),
             kv_events=kv,
             pd=self._pd_info(ctx),
-            dp_rank=ctx.dp_rank if ctx.dp_size > 1 else None,
-            dp_size=ctx.dp_size,
+            dp_rank=rank if size > 1 else None,
+            dp_size=size,
         )
 
     def _pd_info(self, ctx: LaunchContext) -> PdInfo | None:
