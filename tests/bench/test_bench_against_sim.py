@@ -1,0 +1,133 @@
+"""The bench against a real sim engine process: metrics, JSON and report files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infera_core.bench.runner import BenchConfig, run_bench
+from infera_core.bench.trace import trace_workload
+from infera_core.bench.workloads import multi_turn_workload
+
+pytest.importorskip("infera_sim")
+
+
+def _start_sim(*flags: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infera_sim.server", "--port", "0", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("INFERA_SIM_READY "):
+            port = json.loads(line.split(" ", 1)[1])["port"]
+            return proc, f"http://127.0.0.1:{port}"
+    proc.wait(5)
+    raise RuntimeError("sim did not start")
+
+
+@pytest.fixture
+def sim() -> Iterator[str]:
+    proc, url = _start_sim("--speedup", "50", "--max-model-len", "8192")
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.slow
+def test_cli_shared_prefix_writes_json_and_report(sim: str, tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "infera_core",
+            "bench",
+            "--url",
+            f"{sim}/v1",
+            "--metrics-url",
+            f"{sim}/metrics",
+            "--workload",
+            "shared-prefix",
+            "--groups",
+            "3",
+            "--questions-per-group",
+            "4",
+            "--prefix-len",
+            "160",
+            "--question-len",
+            "16",
+            "--output-len",
+            "8",
+            "--concurrency",
+            "2",
+            "--slo",
+            "ttft=30s",
+            "--json",
+            str(tmp_path / "r.json"),
+            "--report",
+            str(tmp_path / "rep"),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "prefix-cache hit rate" in out.stdout
+    data = json.loads((tmp_path / "r.json").read_text())
+    run = data["runs"][0]
+    s = run["summary"]
+    assert s["completed"] == s["requests"] == 12
+    assert s["output_tokens"] == 12 * 8
+    assert s["ttft_s"]["p50"] > 0 and s["e2e_s"]["p99"] >= s["e2e_s"]["p50"]
+    assert s["slo_attainment"] == 1.0
+    # 3 groups × 4 questions on one sim: every later question of a group reuses its prefix
+    assert 0.3 < s["prefix_cache_hit_rate"] < 1.0
+    assert s["usage_cached_fraction"] == pytest.approx(s["prefix_cache_hit_rate"], abs=0.05)
+    assert len(run["requests"]) == 12
+    rep = tmp_path / "rep"
+    md = (rep / "report.md").read_text()
+    for png in ("latency_cdf.png", "hit_rate.png", "worker_load.png"):
+        assert (rep / png).stat().st_size > 5000
+        assert f"]({png})" in md
+
+
+async def test_multi_turn_prompt_grows_with_the_conversation(sim: str) -> None:
+    sessions = multi_turn_workload(
+        sessions=2, turns=3, first_len=40, turn_len=10, output_len=6, think_time=0.01
+    )
+    run = await run_bench(sessions, BenchConfig(url=sim, concurrency=1, progress=False))
+    assert run.summary["completed"] == 6
+    prompts = [r.prompt_tokens or 0 for r in run.results]
+    for session in (prompts[:3], prompts[3:]):
+        # each turn = previous prompt + the reply (6 tokens) + the new message (10 words) + template
+        assert session[1] >= session[0] + 16 and session[2] >= session[1] + 16
+    cached = [r.cached_tokens or 0 for r in run.results]
+    assert cached[1] > 0 and cached[2] > cached[1]
+
+
+async def test_trace_replay_shares_blocks_between_rows(sim: str, tmp_path: Path) -> None:
+    rows = [
+        {"timestamp": 0, "input_length": 1200, "output_length": 4, "hash_ids": [1, 2, 3]},
+        {"timestamp": 200, "input_length": 1100, "output_length": 4, "hash_ids": [1, 2, 9]},
+        {"timestamp": 400, "input_length": 600, "output_length": 4, "hash_ids": [5, 6]},
+    ]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sessions = trace_workload(trace, time_scale=0.5)
+    run = await run_bench(sessions, BenchConfig(url=f"{sim}/v1", concurrency=None, progress=False))
+    assert run.summary["completed"] == 3
+    by_len = {r.prompt_tokens: r for r in run.results}
+    assert set(by_len) == {1200, 1100, 600}  # token-id prompts are used as given
+    assert (by_len[1100].cached_tokens or 0) >= 1024  # hash ids 1 and 2: two 512-token blocks
+    assert (by_len[600].cached_tokens or 0) == 0
+    assert max(r.start for r in run.results) >= 0.15  # arrivals follow the (scaled) timestamps
