@@ -1,0 +1,386 @@
+"""The KV event hub: one ZMQ SUB per worker publisher, feeding the :class:`KvIndex`.
+
+For each worker record with ``kv_events`` it connects a SUB socket (ZMQ reconnects
+on its own, with backoff up to ``reconnect_max_s``), decodes every batch with the
+decoder named by ``kv_events.format`` and applies it to the view of
+``(worker_id, dp_rank)``. Sequence numbers are tracked per publisher: on a gap the
+missing batches are fetched from ``replay_endpoint``; when they are gone (or there is
+no replay socket) the worker's view is cleared and marked stale until it has been
+refilled for ``refill_s``. A publisher whose seq goes back to 0 restarted: its view
+is cleared. A worker that leaves the fleet loses its view.
+
+Frames ``[topic, seq(8B BE), payload]``; replay: DEALER sends ``[b"", start_seq]`` and
+reads ``[b"", (topic,) seq, payload]`` until a seq of -1 (8B signed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from infera_core.errors import UnknownNameError
+from infera_core.kv.events import KvDecodeError, KvEventBatch, KvEventDecoder
+from infera_core.kv.index import KvIndex, WorkerView
+from infera_core.kv.metrics import KvMetrics
+from infera_core.kv.settings import KvSettings
+from infera_core.worker import WorkerRecord
+
+log = logging.getLogger("infera.kv.hub")
+
+END_SEQ = -1
+
+
+def _with_port_offset(endpoint: str, offset: int) -> str:
+    if not offset:
+        return endpoint
+    head, _, port = endpoint.rpartition(":")
+    return f"{head}:{int(port) + offset}"
+
+
+class Subscription:
+    """One publisher (a worker, or one DP rank of it) and its ingestion state."""
+
+    __slots__ = (
+        "batches",
+        "connected_at",
+        "decoder",
+        "empty_batches",
+        "endpoint",
+        "gaps",
+        "last_event_at",
+        "last_seq",
+        "rank",
+        "record",
+        "replay_endpoint",
+        "replays",
+        "replays_failed",
+        "stale_since",
+        "task",
+        "undecodable",
+        "views",
+    )
+
+    def __init__(self, record: WorkerRecord, rank: int | None, endpoint: str, replay: str | None) -> None:
+        self.record = record
+        self.rank = rank
+        self.endpoint = endpoint
+        self.replay_endpoint = replay
+        self.decoder: KvEventDecoder | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.last_seq: int | None = None
+        self.batches = 0
+        self.undecodable = 0
+        self.empty_batches = 0
+        self.gaps = 0
+        self.replays = 0
+        self.replays_failed = 0
+        self.connected_at = time.time()
+        self.last_event_at: float | None = None
+        self.stale_since: float | None = None
+        self.views: dict[int | None, WorkerView] = {}
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "endpoint": self.endpoint,
+            "replay_endpoint": self.replay_endpoint,
+            "rank": self.rank,
+            "last_seq": self.last_seq,
+            "batches": self.batches,
+            "undecodable_batches": self.undecodable,
+            "empty_batches": self.empty_batches,
+            "gaps": self.gaps,
+            "replays": self.replays,
+            "replays_failed": self.replays_failed,
+            "last_event_at": self.last_event_at,
+            "stale": self.stale_since is not None,
+        }
+
+
+class KvHub:
+    """See the module docstring. ``catalog`` needs ``kv_decoders``; ``registry`` is prometheus'."""
+
+    def __init__(self, catalog: Any, registry: Any = None, settings: KvSettings | None = None) -> None:
+        self.settings = settings or KvSettings()
+        self.catalog = catalog
+        self.index = KvIndex(self.settings.kv_index_max_blocks)
+        self.subs: dict[str, list[Subscription]] = {}
+        self.records: dict[str, WorkerRecord] = {}
+        self._ctx: zmq.asyncio.Context | None = None
+        self._monitor: asyncio.Task[None] | None = None
+        self._closed = False
+        self.metrics = KvMetrics(self)
+        if registry is not None:
+            self.metrics.register(registry)
+
+    # -- lifecycle ----------------------------------------------------------------
+    async def start(self) -> None:
+        self._ctx = zmq.asyncio.Context()
+        self._closed = False
+        for record in list(self.records.values()):
+            self._subscribe(record)
+        self._monitor = asyncio.create_task(self._watch_silence(), name="kv-silence-monitor")
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = [s.task for subs in self.subs.values() for s in subs if s.task is not None]
+        if self._monitor is not None:
+            tasks.append(self._monitor)
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self.subs.clear()
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    stop = close
+
+    # -- fleet changes --------------------------------------------------------------
+    def worker_added(self, record: WorkerRecord) -> None:
+        """A new or updated record; (re)subscribes when its KV events settings changed."""
+        old = self.records.get(record.worker_id)
+        self.records[record.worker_id] = record
+        if old is not None and old.kv_events == record.kv_events and old.dp_size == record.dp_size:
+            for sub in self.subs.get(record.worker_id, []):
+                sub.record = record
+            return
+        self._unsubscribe(record.worker_id)
+        self.index.drop_worker(record.worker_id)
+        if self._ctx is not None:
+            self._subscribe(record)
+
+    def worker_removed(self, worker_id: str) -> None:
+        self.records.pop(worker_id, None)
+        self._unsubscribe(worker_id)
+        self.index.drop_worker(worker_id)
+
+    def on_worker_added(self, record: WorkerRecord) -> None:
+        self.worker_added(record)
+
+    def on_worker_removed(self, record: WorkerRecord) -> None:
+        self.worker_removed(record.worker_id)
+
+    def _subscribe(self, record: WorkerRecord) -> None:
+        kv = record.kv_events
+        if kv is None:
+            return
+        try:
+            decoder = self.catalog.kv_decoders.get(kv.format)
+        except UnknownNameError as exc:
+            log.error("worker %s: KV events not followed: %s", record.worker_id, exc)
+            return
+        per_rank = kv.port_per_dp_rank and record.dp_size > 1
+        ranks: list[int | None] = list(range(record.dp_size)) if per_rank else [None]
+        subs = []
+        for r in ranks:
+            off = r or 0
+            replay = _with_port_offset(kv.replay_endpoint, off) if kv.replay_endpoint else None
+            sub = Subscription(record, r, _with_port_offset(kv.endpoint, off), replay)
+            sub.decoder = decoder
+            sub.task = asyncio.create_task(self._run(sub), name=f"kv-sub-{record.worker_id}-{r}")
+            subs.append(sub)
+        self.subs[record.worker_id] = subs
+
+    def _unsubscribe(self, worker_id: str) -> None:
+        for sub in self.subs.pop(worker_id, []):
+            if sub.task is not None:
+                sub.task.cancel()
+
+    # -- ingestion ------------------------------------------------------------------
+    async def _run(self, sub: Subscription) -> None:
+        assert self._ctx is not None
+        kv = sub.record.kv_events
+        assert kv is not None
+        sock = self._ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.settings.kv_reconnect_max_s * 1000))
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.SUBSCRIBE, kv.topic.encode())
+        try:
+            sock.connect(sub.endpoint)
+            while True:
+                frames = await sock.recv_multipart()
+                if len(frames) < 3:
+                    sub.undecodable += 1
+                    continue
+                seq = int.from_bytes(frames[-2], "big", signed=True)
+                await self._on_frame(sub, seq, frames[-1])
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("worker %s: KV event subscription %s failed", sub.record.worker_id, sub.endpoint)
+        finally:
+            sock.close(0)
+
+    async def _on_frame(self, sub: Subscription, seq: int, payload: bytes) -> None:
+        last = sub.last_seq
+        if last is not None:
+            if seq <= last:
+                if seq == 0 or last - seq > self.settings.kv_restart_window:
+                    log.warning(
+                        "worker %s: KV publisher restarted (seq %d after %d)", sub.record.worker_id, seq, last
+                    )
+                    self._clear(sub, stale=False)
+                else:
+                    return  # duplicate or late (already filled by replay)
+            elif seq > last + 1:
+                sub.gaps += 1
+                await self._fill(sub, last + 1, seq)
+        elif seq > 0 and sub.replay_endpoint:
+            await self._fill(sub, 0, seq, initial=True)
+        self._apply(sub, seq, payload)
+
+    def _apply(self, sub: Subscription, seq: int, payload: bytes) -> None:
+        sub.last_seq = seq
+        sub.batches += 1
+        decoder = sub.decoder
+        assert decoder is not None
+        try:
+            batch = decoder.decode(payload)
+        except KvDecodeError as exc:
+            sub.undecodable += 1
+            log.warning("worker %s: undecodable KV batch seq %d: %s", sub.record.worker_id, seq, exc)
+            return
+        if not batch.events:
+            sub.empty_batches += 1
+            log.warning("worker %s: KV batch seq %d decoded to no events", sub.record.worker_id, seq)
+            return
+        view = self._view(sub, batch)
+        self.index.apply(view, batch, seq)
+        now = time.time()
+        sub.last_event_at = now
+        if sub.stale_since is not None and now - sub.stale_since >= self.settings.kv_refill_s:
+            sub.stale_since = None
+            for v in sub.views.values():
+                v.stale = False
+
+    def _view(self, sub: Subscription, batch: KvEventBatch) -> WorkerView:
+        rec = sub.record
+        rank = sub.rank if sub.rank is not None else (batch.dp_rank if rec.dp_size > 1 else rec.dp_rank)
+        view = sub.views.get(rank)
+        if view is None:
+            kv = rec.kv_events
+            assert kv is not None
+            view = self.index.add_view(rec.worker_id, rank, kv.block_size)
+            view.stale = sub.stale_since is not None
+            sub.views[rank] = view
+        return view
+
+    def _clear(self, sub: Subscription, stale: bool) -> None:
+        for view in sub.views.values():
+            self.index.clear_view(view)
+            view.stale = stale
+        sub.stale_since = time.time() if stale else None
+
+    async def _fill(self, sub: Subscription, start: int, until: int, initial: bool = False) -> None:
+        """Fetch ``[start, until)`` from the replay socket; clear and mark stale if gone."""
+        got = await self._replay(sub, start, until) if sub.replay_endpoint else None
+        complete = bool(got) and got is not None and got[0][0] == start and len(got) == until - start
+        if got is not None and (complete or initial):
+            sub.replays += 1
+            for seq, payload in got:
+                self._apply(sub, seq, payload)
+            return
+        sub.replays_failed += 1
+        log.warning(
+            "worker %s: KV events %d..%d lost and not replayable; view cleared (stale until refilled)",
+            sub.record.worker_id,
+            start,
+            until - 1,
+        )
+        self._clear(sub, stale=True)
+        for seq, payload in got or []:
+            self._apply(sub, seq, payload)
+
+    async def _replay(self, sub: Subscription, start: int, until: int) -> list[tuple[int, bytes]] | None:
+        assert self._ctx is not None and sub.replay_endpoint is not None
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        out: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + self.settings.kv_replay_timeout_s
+        try:
+            sock.connect(sub.replay_endpoint)
+            await sock.send_multipart([b"", start.to_bytes(8, "big")])
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not await sock.poll(int(left * 1000)):
+                    log.warning(
+                        "worker %s: KV replay from %s timed out", sub.record.worker_id, sub.replay_endpoint
+                    )
+                    return None
+                frames = await sock.recv_multipart()
+                while frames and frames[0] == b"":
+                    frames = frames[1:]
+                if len(frames) < 2:
+                    continue
+                seq = int.from_bytes(frames[-2], "big", signed=True)
+                if seq == END_SEQ:
+                    return out
+                if start <= seq < until:
+                    out.append((seq, frames[-1]))
+        except zmq.ZMQError as exc:
+            log.warning("worker %s: KV replay failed: %s", sub.record.worker_id, exc)
+            return None
+        finally:
+            sock.close(0)
+
+    # -- reporting --------------------------------------------------------------------
+    def silent_workers(self, now: float | None = None) -> list[str]:
+        """Routable workers with KV events configured but no events for ``kv_silence_s``."""
+        now = time.time() if now is None else now
+        limit = self.settings.kv_silence_s
+        out = []
+        for worker_id, subs in self.subs.items():
+            rec = self.records.get(worker_id)
+            if rec is None or not rec.routable:
+                continue
+            for sub in subs:
+                since = sub.last_event_at if sub.last_event_at is not None else sub.connected_at
+                if now - since > limit:
+                    out.append(worker_id)
+                    break
+        return out
+
+    async def _watch_silence(self) -> None:
+        warned: set[str] = set()
+        while True:
+            await asyncio.sleep(max(1.0, self.settings.kv_silence_s / 4))
+            silent = set(self.silent_workers())
+            for w in sorted(silent - warned):
+                log.warning(
+                    "worker %s advertises KV events but none arrived for %.0f s: KV routing sees an empty cache"
+                    " (check the engine's --kv-events-config and that %s is reachable)",
+                    w,
+                    self.settings.kv_silence_s,
+                    self.subs[w][0].endpoint if self.subs.get(w) else "its endpoint",
+                )
+            warned = silent
+
+    def cache_view(self, worker_id: str) -> dict[str, Any]:
+        """What the router mirrors of one worker (``GET /v1/admin/cache-view/{worker_id}``)."""
+        rec = self.records.get(worker_id)
+        subs = self.subs.get(worker_id, [])
+        views = [v.summary() for v in self.index.views_of(worker_id)]
+        last_event = max((s.last_event_at for s in subs if s.last_event_at is not None), default=None)
+        return {
+            "worker_id": worker_id,
+            "known": rec is not None,
+            "kv_events": rec.kv_events.model_dump() if rec is not None and rec.kv_events else None,
+            "blocks": sum(int(v["blocks"]) for v in views),  # type: ignore[call-overload]
+            "last_event_at": last_event,
+            "last_event_age_s": None if last_event is None else time.time() - last_event,
+            "stale": any(s.stale_since is not None for s in subs),
+            "silent": worker_id in self.silent_workers(),
+            "seq": [s.last_seq for s in subs],
+            "publishers": [s.summary() for s in subs],
+            "views": views,
+        }

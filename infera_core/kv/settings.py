@@ -1,0 +1,36 @@
+"""KV-routing settings (embedded in the server's settings; every field has a flag and env var)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class KvSettings(BaseModel):
+    """Event hub, index and routing-tokenizer knobs."""
+
+    kv_index_max_blocks: int = Field(
+        4_000_000, ge=0, description="Most blocks mirrored for all workers together (0: unbounded)."
+    )
+    kv_silence_s: float = Field(
+        60.0, gt=0, description="Warn (log + metric) when a worker with KV events sends none for this long."
+    )
+    kv_reconnect_max_s: float = Field(5.0, gt=0, description="Longest backoff between KV event reconnects.")
+    kv_replay_timeout_s: float = Field(2.0, gt=0, description="How long to wait for a KV replay answer.")
+    kv_refill_s: float = Field(
+        30.0, ge=0, description="A view cleared after lost events stays 'stale' this long while it refills."
+    )
+    kv_restart_window: int = Field(
+        100_000, ge=1, description="A seq this far below the last one means the publisher restarted."
+    )
+    tokenizer: list[str] = Field(
+        default_factory=list,
+        description="Routing tokenizer per model: MODEL=NAME[:PATH] (repeatable), e.g. llama=hf:/models/llama.",
+    )
+    kv_block_size: list[str] = Field(
+        default_factory=list,
+        description="Expected KV block size per model: MODEL=N (repeatable); disagreeing workers are flagged.",
+    )
+    tokenize_cache_size: int = Field(4096, ge=0, description="Prompts whose token ids are cached (LRU).")
+    tokenize_offload_chars: int = Field(
+        4096, ge=0, description="Prompts longer than this (characters) are tokenized off the event loop."
+    )

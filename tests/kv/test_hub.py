@@ -1,0 +1,175 @@
+"""The event hub against real sim engine processes over ZMQ (gaps, replay, stale views)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from infera_core.facade import InferaHooks
+from infera_core.kv.hub import KvHub
+from infera_core.kv.settings import KvSettings
+from infera_core.worker import KvEventsInfo, WorkerRecord
+
+sim_testing = pytest.importorskip("infera_sim.testing")
+sim_tokenizer = pytest.importorskip("infera_sim.tokenizer")
+
+BS = 16
+
+
+def _record(sim: object, worker_id: str = "sim-0") -> WorkerRecord:
+    return WorkerRecord(
+        worker_id=worker_id,
+        url=sim.url,  # type: ignore[attr-defined]
+        model="sim-model",
+        engine="sim",
+        kv_events=KvEventsInfo(
+            endpoint=sim.kv_events_endpoint,  # type: ignore[attr-defined]
+            replay_endpoint=sim.replay_endpoint,  # type: ignore[attr-defined]
+            format="vllm",
+            block_size=BS,
+        ),
+    )
+
+
+def _prompt(i: int) -> str:
+    return f"question {i}: " + " ".join(f"word{i}x{j}" for j in range(60))
+
+
+async def _until(cond: Callable[[], bool], within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        await asyncio.sleep(0.02)
+    return cond()
+
+
+def _matched(hub: KvHub, worker_id: str, text: str) -> int:
+    tokens = sim_tokenizer.SimTokenizer(32000).encode(text)
+    view = hub.index.view(worker_id, None)
+    if view is None:
+        return -1
+    hashes = hub.index.hash_prompt(tokens, BS)
+    return int(hub.index.match(hashes, [view])[0]) - len(hashes)  # 0 = fully cached
+
+
+async def _complete(client: httpx.AsyncClient, url: str, text: str) -> None:
+    r = await client.post(
+        url + "/v1/completions", json={"model": "sim-model", "prompt": text, "max_tokens": 1}
+    )
+    assert r.status_code == 200, r.text
+
+
+def _hub(settings: KvSettings | None = None) -> tuple[KvHub, CollectorRegistry]:
+    registry = CollectorRegistry()
+    return KvHub(InferaHooks.load().catalog(), registry, settings), registry
+
+
+async def test_hub_mirrors_a_sim_and_drops_it_when_it_leaves() -> None:
+    with sim_testing.start_sim(speedup="inf", block_size=BS) as sim:
+        hub, registry = _hub()
+        hub.worker_added(_record(sim))
+        await hub.start()
+        try:
+            async with httpx.AsyncClient() as client:
+                # the SUB may join after the first batch (slow joiner): replay fills it in
+                for i in range(3):
+                    await _complete(client, sim.url, _prompt(i))
+            assert await _until(lambda: all(_matched(hub, "sim-0", _prompt(i)) == 0 for i in range(3)))
+            assert _matched(hub, "sim-0", _prompt(99)) < 0  # never sent: not cached
+            view = hub.cache_view("sim-0")
+            assert view["blocks"] > 0 and view["stale"] is False and view["last_event_at"] is not None
+            applied = registry.get_sample_value("infera_kv_events_applied_total", {"worker": "sim-0"})
+            assert applied is not None and applied > 0
+            hub.worker_removed("sim-0")
+            assert hub.index.views_of("sim-0") == [] and hub.cache_view("sim-0")["blocks"] == 0
+        finally:
+            await hub.close()
+
+
+async def test_dropped_event_batches_are_recovered_through_replay() -> None:
+    with sim_testing.start_sim(speedup="inf", block_size=BS, fault_kv_drop_rate=0.3) as sim:
+        hub, registry = _hub()
+        await hub.start()
+        hub.worker_added(_record(sim))
+        try:
+            async with httpx.AsyncClient() as client:
+                for i in range(20):
+                    await _complete(client, sim.url, _prompt(i))
+                # a gap is only visible when a later batch arrives: keep the sim talking
+                for j in range(30):
+                    if all(_matched(hub, "sim-0", _prompt(i)) == 0 for i in range(20)):
+                        break
+                    await _complete(client, sim.url, _prompt(1000 + j))
+                    await asyncio.sleep(0.05)
+            assert await _until(lambda: all(_matched(hub, "sim-0", _prompt(i)) == 0 for i in range(20)))
+            pubs = hub.cache_view("sim-0")["publishers"][0]
+            assert pubs["gaps"] > 0 and pubs["replays"] > 0 and pubs["replays_failed"] == 0
+            assert registry.get_sample_value("infera_kv_gaps_total", {"worker": "sim-0"}) == pubs["gaps"]
+            assert hub.cache_view("sim-0")["stale"] is False
+        finally:
+            await hub.close()
+
+
+async def test_gap_older_than_the_replay_buffer_clears_the_view_and_marks_it_stale() -> None:
+    settings = KvSettings(kv_refill_s=60)
+    with sim_testing.start_sim(
+        speedup="inf", block_size=BS, fault_kv_drop_rate=0.5, kv_replay_buffer=1
+    ) as sim:
+        hub, registry = _hub(settings)
+        await hub.start()
+        hub.worker_added(_record(sim))
+        try:
+            async with httpx.AsyncClient() as client:
+                for i in range(40):
+                    await _complete(client, sim.url, _prompt(i))
+                    if hub.cache_view("sim-0")["stale"]:
+                        break
+            assert await _until(lambda: hub.cache_view("sim-0")["stale"] is True)
+            assert hub.cache_view("sim-0")["publishers"][0]["replays_failed"] > 0
+            assert registry.get_sample_value("infera_kv_stale_workers") == 1
+        finally:
+            await hub.close()
+
+
+async def test_silent_worker_is_reported() -> None:
+    hub, registry = _hub(KvSettings(kv_silence_s=0.05))
+    record = WorkerRecord(
+        worker_id="mute",
+        url="http://127.0.0.1:9",
+        model="m",
+        engine="vllm",
+        kv_events=KvEventsInfo(endpoint="tcp://127.0.0.1:9", format="vllm", block_size=32),
+    )
+    await hub.start()
+    hub.worker_added(record)
+    try:
+        assert await _until(lambda: hub.silent_workers() == ["mute"], within=2)
+        assert registry.get_sample_value("infera_kv_silent_workers") == 1
+        assert hub.cache_view("mute")["silent"] is True
+    finally:
+        await hub.close()
+
+
+async def test_unknown_decoder_format_is_logged_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
+    hub, _ = _hub()
+    await hub.start()
+    try:
+        hub.worker_added(
+            WorkerRecord(
+                worker_id="odd",
+                url="http://127.0.0.1:9",
+                model="m",
+                engine="x",
+                kv_events=KvEventsInfo(endpoint="tcp://127.0.0.1:9", format="nope", block_size=16),
+            )
+        )
+        assert "unknown KV event decoder 'nope'" in caplog.text
+        assert hub.cache_view("odd")["publishers"] == []
+    finally:
+        await hub.close()
