@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from infera_example_policy.plugin import PREFER_LABEL, PreferLabelParams, build_prefer_label
 from pydantic import ValidationError
 
+from infera_core.facade import InferaHooks
 from infera_core.scheduling.types import Endpoint, RequestContext, SchedulerDeps
 from infera_core.testing.contracts import ScorerContract
 from infera_core.worker import WorkerRecord
@@ -39,3 +42,11 @@ def test_params_are_validated() -> None:
         PREFER_LABEL.parse_params({"key": ""})
     with pytest.raises(ValidationError):
         PREFER_LABEL.parse_params({"colour": "red"})
+
+
+def test_preset_is_registered(infera_hooks: Callable[..., InferaHooks]) -> None:
+    hooks = infera_hooks(("example_policy", "infera_example_policy.plugin"), installed=False)
+    preset = hooks.catalog().policies.preset("example-labelled")
+    assert [f.name for f in preset.profile.filters] == ["model", "health"]
+    assert [s.name for s in preset.profile.scorers] == ["prefer-label"]
+    assert preset.profile.picker.name == "max-score"
