@@ -23,7 +23,7 @@ from typing import Any
 
 import aetcd
 
-from infera_core.discovery.base import ChangeKind, DiscoverySettings, FleetChange, Registration
+from infera_core.discovery.base import ChangeKind, DiscoverySettings, FleetChange
 from infera_core.discovery.etcd_client import ETCD_ERRORS, EtcdConnection, describe, parse_endpoints
 from infera_core.discovery.records import SYNCED, diff, parse_record
 from infera_core.errors import DiscoveryError
@@ -176,7 +176,7 @@ class EtcdDiscovery:
         )
         return bool(ok)
 
-    async def register(self, record: WorkerRecord) -> Registration:
+    async def register(self, record: WorkerRecord) -> EtcdRegistration:
         key = self.key(record.worker_id)
         client = self.conn.client
         try:

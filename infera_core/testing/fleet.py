@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -127,3 +128,12 @@ def launch_worker(standin_env: dict[str, str]) -> Iterator[Callable[..., Launche
         if proc.proc.poll() is None:
             proc.signal(signal.SIGKILL)
             proc.proc.wait(5)
+
+
+async def eventually(predicate: Callable[[], bool], within: float, step: float = 0.05) -> None:
+    """Poll ``predicate`` until it holds; ``AssertionError`` after ``within`` seconds."""
+    for _ in range(max(1, int(within / step))):
+        if predicate():
+            return
+        await asyncio.sleep(step)
+    assert predicate(), f"condition not met within {within}s"
