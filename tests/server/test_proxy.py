@@ -1,0 +1,195 @@
+"""The pass-through proxy over real HTTP on loopback, in front of fast fake upstreams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from infera_core.testing.fixtures import make_hooks
+from infera_core.testing.server import RunningServer, serving, settings_for
+from infera_core.testing.upstream import FakeUpstream, record_for
+
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture
+async def ups() -> AsyncIterator[list[FakeUpstream]]:
+    out = [FakeUpstream(f"w{i}") for i in range(2)]
+    for u in out:
+        await u.start()
+    yield out
+    for u in out:
+        await u.stop()
+
+
+async def _serve_with(ups: list[FakeUpstream], **settings: Any) -> Any:
+    srv_cm = serving(settings_for(**settings), make_hooks())
+    srv = await srv_cm.__aenter__()
+    for u in ups:
+        srv.store.put(record_for(u))
+    await srv.wait_workers(len(ups))
+    return srv_cm, srv
+
+
+@pytest.fixture
+async def srv(ups: list[FakeUpstream]) -> AsyncIterator[RunningServer]:
+    cm, server = await _serve_with(ups)
+    yield server
+    await cm.__aexit__(None, None, None)
+
+
+async def test_body_forwarded_byte_for_byte_and_unknown_fields_kept(
+    srv: RunningServer, ups: list[FakeUpstream]
+) -> None:
+    raw = b'{"model":  "fake-model", "messages":[{"role":"user","content":"h\\u00e9"}], "x_custom": {"k": [1, 2.50]}}'
+    async with httpx.AsyncClient(base_url=srv.url) as c:
+        r = await c.post("/v1/chat/completions", content=raw)
+    assert r.status_code == 200
+    assert r.json()["worker"] in {"w0", "w1"}
+    got = next(u for u in ups if u.name == r.json()["worker"])
+    assert got.last_body == raw
+    assert got.last_path == "/v1/chat/completions"
+
+
+async def test_round_robin_spreads_requests(srv: RunningServer, ups: list[FakeUpstream]) -> None:
+    async with httpx.AsyncClient(base_url=srv.url) as c:
+        workers = [(await c.post("/v1/chat/completions", json=CHAT)).json()["worker"] for _ in range(6)]
+    assert sorted(workers) == ["w0"] * 3 + ["w1"] * 3
+
+
+async def test_stream_passes_every_chunk_without_nagle_stalls(
+    srv: RunningServer, ups: list[FakeUpstream]
+) -> None:
+    for u in ups:
+        u.chunk_delay = 0.002
+    body = {**CHAT, "stream": True}
+    async with httpx.AsyncClient(base_url=srv.url) as c:
+        t0 = time.perf_counter()
+        async with c.stream("POST", ups[0].url + "/v1/chat/completions", json=body) as r:
+            direct = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+        t_direct = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            routed = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+        t_routed = time.perf_counter() - t0
+    assert routed == direct
+    assert len(routed) == 65 and routed[-1] == "data: [DONE]"
+    # 64 chunks stalled by Nagle + delayed ACK would add ≥ 64 × 40 ms ≈ 2.5 s.
+    assert t_routed < t_direct + 1.0, (t_routed, t_direct)
+
+
+async def test_midstream_failure_ends_with_sse_error_event(
+    srv: RunningServer, ups: list[FakeUpstream]
+) -> None:
+    for u in ups:
+        u.die_after_chunks = 3
+    async with httpx.AsyncClient(base_url=srv.url, timeout=5) as c:
+        async with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+            lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+    assert len(lines) == 4
+    err = json.loads(lines[-1][6:])
+    assert err["error"]["code"] == "upstream_stream_error"
+    assert sum(u.requests for u in ups) == 1  # never retried mid-stream
+
+
+async def test_client_disconnect_cancels_upstream(srv: RunningServer, ups: list[FakeUpstream]) -> None:
+    for u in ups:
+        u.chunk_delay = 0.05
+    async with httpx.AsyncClient(base_url=srv.url, timeout=5) as c:
+        async with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+            async for _ in r.aiter_bytes():
+                break
+        # the server notices, releases the worker and closes the upstream connection
+        async with asyncio.timeout(3):
+            while sum(ep.in_flight for ep in srv.core.table.by_id.values()) or any(
+                u.connections for u in ups
+            ):
+                await asyncio.sleep(0.02)
+        streaming = [t for u in ups for t in u.tasks if not t.done()]
+        await asyncio.sleep(0.2)
+        assert all(t.done() for t in streaming)
+
+
+@pytest.mark.parametrize(
+    ("route", "raw", "status", "param"),
+    [
+        ("/v1/chat/completions", b"{not json", 400, None),
+        ("/v1/chat/completions", b"", 400, None),
+        ("/v1/chat/completions", b"[1, 2]", 400, None),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}]}', 400, "model"),
+        (
+            "/v1/chat/completions",
+            b'{"model": 7, "messages": [{"role": "user", "content": "x"}]}',
+            400,
+            "model",
+        ),
+        ("/v1/chat/completions", b'{"model": "fake-model", "messages": "hi"}', 400, "messages"),
+        ("/v1/chat/completions", b'{"model": "fake-model", "messages": []}', 400, "messages"),
+        ("/v1/chat/completions", b'{"model": "fake-model", "messages": [3]}', 400, "messages[0]"),
+        (
+            "/v1/chat/completions",
+            b'{"model": "fake-model", "messages": [{"role": "user"}], "stream": "yes"}',
+            400,
+            "stream",
+        ),
+        ("/v1/completions", b'{"model": "fake-model"}', 400, "prompt"),
+        ("/v1/completions", b'{"model": "fake-model", "prompt": 5}', 400, "prompt"),
+        ("/v1/completions", b'{"model": "fake-model", "prompt": [1, "a"]}', 400, "prompt"),
+        ("/v1/completions", b'{"model": "nope", "prompt": "x"}', 404, "model"),
+        (
+            "/v1/messages",
+            b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}]}',
+            400,
+            "max_tokens",
+        ),
+    ],
+)
+async def test_bad_input_gets_openai_shaped_4xx(
+    srv: RunningServer, route: str, raw: bytes, status: int, param: str | None
+) -> None:
+    async with httpx.AsyncClient(base_url=srv.url) as c:
+        r = await c.post(route, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    body = r.json()
+    if route == "/v1/messages":
+        assert body["type"] == "error" and body["error"]["message"]
+    else:
+        assert set(body["error"]) == {"message", "type", "param", "code"}
+        assert body["error"]["param"] == param
+    if status == 404:
+        assert "fake-model" in body["error"]["message"]
+
+
+async def test_body_over_limit_is_413(ups: list[FakeUpstream]) -> None:
+    cm, srv = await _serve_with(ups, max_body_bytes=1000)
+    try:
+        async with httpx.AsyncClient(base_url=srv.url) as c:
+            big = {**CHAT, "pad": "x" * 2000}
+            r = await c.post("/v1/chat/completions", json=big)
+            assert r.status_code == 413
+            assert r.json()["error"]["code"] == "request_too_large"
+
+            async def chunks() -> AsyncIterator[bytes]:  # no content-length: counted while reading
+                for _ in range(3):
+                    yield b" " * 600
+
+            r = await c.post("/v1/chat/completions", content=chunks())
+            assert r.status_code == 413
+            assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200
+    finally:
+        await cm.__aexit__(None, None, None)
+
+
+async def test_unknown_route_and_method_are_json_errors(srv: RunningServer) -> None:
+    async with httpx.AsyncClient(base_url=srv.url) as c:
+        r = await c.get("/v1/nothing")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_route"
+        r = await c.get("/v1/chat/completions")
+        assert r.status_code == 405
