@@ -235,6 +235,14 @@ class SimServer:
     async def sim_info(self, request: web.Request) -> web.Response:
         return json_response(self.info())
 
+    async def sim_cache(self, request: web.Request) -> web.Response:
+        """Hashes of every cached block, and the publisher's next sequence number (tests)."""
+        seq = self.publisher.seq if self.publisher else None
+        cache = self.engine.cache
+        return json_response(
+            {"block_hashes": sorted(cache.contents()), "next_seq": seq, "used_blocks": cache.used}
+        )
+
 
 def create_app(cfg: SimConfig) -> web.Application:
     """The aiohttp application of one sim engine."""
@@ -253,6 +261,7 @@ def create_app(cfg: SimConfig) -> web.Application:
     r.add_get("/metrics", sim.metrics)
     r.add_post("/reset_prefix_cache", sim.reset_prefix_cache)
     r.add_get("/sim/info", sim.sim_info)
+    r.add_get("/sim/cache", sim.sim_cache)
     return app
 
 

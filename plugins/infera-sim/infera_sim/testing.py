@@ -132,3 +132,97 @@ def _wait_health(handle: SimHandle, timeout: float) -> None:
             pass
         time.sleep(0.02)
     raise TimeoutError(f"sim at {handle.url} not healthy after {timeout}s")
+
+
+class KvMirror:
+    """A KV event subscriber that rebuilds an engine's set of cached block hashes.
+
+    Real ZMQ: SUB on ``endpoint``; on a gap in sequence numbers (or when :meth:`sync`
+    is asked for a sequence it has not seen) it asks the replay socket for the missing
+    batches. Decodes with core's vLLM decoder, the one used for real vLLM frames.
+    """
+
+    def __init__(
+        self, endpoint: str, replay_endpoint: str | None = None, topic: bytes = b"kv-events"
+    ) -> None:
+        import zmq
+
+        from infera_core.kv.decode import MsgpackEventDecoder
+
+        self._zmq = zmq
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.connect(endpoint)
+        self.sub.setsockopt(zmq.SUBSCRIBE, topic)
+        self.replay_endpoint = replay_endpoint
+        self.decoder = MsgpackEventDecoder("vllm")
+        self.blocks: set[int | bytes] = set()
+        self.next_seq = 0
+        self.received = 0
+        self.duplicates = 0
+        self.replayed = 0
+        self.events: list[Any] = []
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        from infera_core.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
+
+        batch = self.decoder.decode(payload)
+        for ev in batch.events:
+            self.events.append(ev)
+            if isinstance(ev, BlockStored):
+                self.blocks.update(ev.block_hashes)
+            elif isinstance(ev, BlockRemoved):
+                self.blocks.difference_update(ev.block_hashes)
+            elif isinstance(ev, AllBlocksCleared):
+                self.blocks.clear()
+        self.next_seq = seq + 1
+
+    def replay(self, start: int) -> None:
+        """Fetch and apply every buffered batch from ``start`` on."""
+        if self.replay_endpoint is None:
+            raise RuntimeError("no replay endpoint")
+        zmq = self._zmq
+        dealer = self.ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(self.replay_endpoint)
+        try:
+            dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            while True:
+                if not dealer.poll(5000):
+                    raise TimeoutError("replay socket did not answer")
+                frames = dealer.recv_multipart()
+                seq = int.from_bytes(frames[-2], "big", signed=True)
+                if seq == -1:
+                    return
+                if seq >= self.next_seq:
+                    if seq > self.next_seq:
+                        raise RuntimeError(f"replay buffer no longer holds seq {self.next_seq}")
+                    self._apply(seq, frames[-1])
+                    self.replayed += 1
+        finally:
+            dealer.close(0)
+
+    def poll(self, timeout: float = 0.2) -> None:
+        """Receive until nothing arrives for ``timeout`` seconds."""
+        while self.sub.poll(int(timeout * 1000)):
+            _topic, seq_bytes, payload = self.sub.recv_multipart()
+            seq = int.from_bytes(seq_bytes, "big")
+            self.received += 1
+            if seq < self.next_seq:
+                self.duplicates += 1
+                continue
+            if seq > self.next_seq:
+                self.replay(self.next_seq)
+                continue
+            self._apply(seq, payload)
+
+    def sync(self, next_seq: int, timeout: float = 0.2) -> None:
+        """Poll, then replay whatever is still missing before ``next_seq``."""
+        self.poll(timeout)
+        if self.next_seq < next_seq:
+            self.replay(self.next_seq)
+
+    def close(self) -> None:
+        self.sub.close(0)
+        self.ctx.term()
