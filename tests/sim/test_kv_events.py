@@ -16,7 +16,7 @@ from infera_sim.kv_publisher import encode_batch
 from infera_sim.testing import KvMirror, SimHandle, start_sim
 
 from infera_core.kv.decode import MsgpackEventDecoder
-from infera_core.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
+from infera_core.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 RECORDED = Path(__file__).parents[1] / "kv" / "data"
 
@@ -75,7 +75,7 @@ def test_frames_have_vllm_032_layout(small_sim: SimHandle) -> None:
 
 
 def test_array_layout_decodes_with_the_same_decoder() -> None:
-    events = [
+    events: list[KvEvent] = [
         BlockStored([7, 8], 3, list(range(32)), 16, None, "GPU"),
         BlockRemoved([7], "GPU"),
         AllBlocksCleared(),
