@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import uvicorn
@@ -38,6 +38,13 @@ def settings_for(**overrides: Any) -> ServeSettings:
     return ServeSettings(**values)
 
 
+async def until(predicate: Callable[[], bool], within: float = 3.0, step: float = 0.01) -> None:
+    """Poll ``predicate`` until it holds; ``TimeoutError`` after ``within`` seconds."""
+    async with asyncio.timeout(within):
+        while not predicate():  # noqa: ASYNC110 (state without an event to wait on)
+            await asyncio.sleep(step)
+
+
 class RunningServer:
     def __init__(self, url: str, core: RouterCore, store: MemoryStore) -> None:
         self.url = url
@@ -46,9 +53,7 @@ class RunningServer:
 
     async def wait_workers(self, n: int, within: float = 5.0) -> None:
         """Wait until the server's table holds ``n`` workers."""
-        async with asyncio.timeout(within):
-            while len(self.core.table.by_id) != n:  # noqa: ASYNC110 (the table has no event)
-                await asyncio.sleep(0.01)
+        await until(lambda: len(self.core.table.by_id) == n, within)
 
 
 @contextlib.asynccontextmanager

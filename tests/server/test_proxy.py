@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import RunningServer, serving, settings_for
+from infera_core.testing.server import RunningServer, serving, settings_for, until
 from infera_core.testing.upstream import FakeUpstream, record_for
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
@@ -90,9 +90,11 @@ async def test_midstream_failure_ends_with_sse_error_event(
 ) -> None:
     for u in ups:
         u.die_after_chunks = 3
-    async with httpx.AsyncClient(base_url=srv.url, timeout=5) as c:
-        async with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
-            lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+    async with (
+        httpx.AsyncClient(base_url=srv.url, timeout=5) as c,
+        c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r,
+    ):
+        lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
     assert len(lines) == 4
     err = json.loads(lines[-1][6:])
     assert err["error"]["code"] == "upstream_stream_error"
@@ -107,11 +109,12 @@ async def test_client_disconnect_cancels_upstream(srv: RunningServer, ups: list[
             async for _ in r.aiter_bytes():
                 break
         # the server notices, releases the worker and closes the upstream connection
-        async with asyncio.timeout(3):
-            while sum(ep.in_flight for ep in srv.core.table.by_id.values()) or any(
-                u.connections for u in ups
-            ):
-                await asyncio.sleep(0.02)
+        await until(
+            lambda: (
+                not sum(ep.in_flight for ep in srv.core.table.by_id.values())
+                and not any(u.connections for u in ups)
+            )
+        )
         streaming = [t for u in ups for t in u.tasks if not t.done()]
         await asyncio.sleep(0.2)
         assert all(t.done() for t in streaming)

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import RunningServer, serving, settings_for
+from infera_core.testing.server import RunningServer, serving, settings_for, until
 from infera_core.testing.upstream import FakeUpstream, record_for
 from infera_core.worker import Status
 
@@ -151,9 +151,7 @@ async def test_no_workers_is_503_and_health_reports_it(ups: list[FakeUpstream]) 
 async def test_draining_worker_gets_no_new_requests(ups: list[FakeUpstream]) -> None:
     async with Stack(ups) as srv, httpx.AsyncClient(base_url=srv.url) as c:
         srv.store.put(record_for(ups[0], status=Status.DRAINING))
-        async with asyncio.timeout(3):
-            while srv.core.table.by_id["w0"].record.status is not Status.DRAINING:
-                await asyncio.sleep(0.01)
+        await until(lambda: srv.core.table.by_id["w0"].record.status is Status.DRAINING)
         workers = {(await c.post("/v1/chat/completions", json=CHAT)).json()["worker"] for _ in range(4)}
         assert workers == {"w1"}
         srv.store.put(record_for(ups[1], status=Status.DRAINING))
