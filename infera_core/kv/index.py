@@ -121,6 +121,7 @@ class KvIndex:
         "masks",
         "max_blocks",
         "total_evicted",
+        "untrusted",
     )
 
     def __init__(self, max_blocks: int = 4_000_000) -> None:
@@ -132,6 +133,8 @@ class KvIndex:
         self._next_slot = 0
         self.total_evicted = 0
         self._applies = 0
+        self.untrusted: set[str] = set()
+        """Workers flagged by the agreement check: their views are not credited by scorers."""
 
     # -- views ----------------------------------------------------------------
     def add_view(self, worker_id: str, dp_rank: int | None, block_size: int) -> WorkerView:

@@ -18,7 +18,8 @@ class KvMetrics(Collector):
 
     def __init__(self, hub: KvHub) -> None:
         self.hub = hub
-        self.extra: list[Collector] = []
+        self.extra: list[Any] = []
+        """More objects with a ``collect()`` (tokenization, agreement check)."""
 
     def register(self, registry: Any) -> None:
         registry.register(self)

@@ -1,0 +1,13 @@
+"""Core's routing tokenizers: ``hf`` (tokenizer.json + chat template)."""
+
+from __future__ import annotations
+
+from infera_core.hookspecs import hookimpl
+from infera_core.registry import TokenizerRegistry
+
+
+@hookimpl
+def infera_register_tokenizers(registry: TokenizerRegistry) -> None:
+    from infera_core.tokenize.hf import HfTokenizerFactory
+
+    registry.add(HfTokenizerFactory())

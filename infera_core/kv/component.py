@@ -1,0 +1,77 @@
+"""KV-aware routing as one server component: event hub + routing tokenizers + agreement check.
+
+Plugs into ``create_app(..., kv=KvRouting(...))`` (the server's ``KvComponent`` seam):
+``index`` goes to policies as ``SchedulerDeps.kv_index``, fleet changes arrive through
+``on_worker_added`` / ``on_worker_removed``, the lifespan runs ``start`` / ``stop``, and
+``prepare(ctx)`` fills the request's token ids before scheduling when a scorer needs them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infera_core.kv.agreement import AgreementCheck, parse_block_sizes
+from infera_core.kv.hub import KvHub
+from infera_core.kv.index import KvIndex
+from infera_core.kv.settings import KvSettings
+from infera_core.scheduling.types import RequestContext
+from infera_core.tokenize.service import RoutingTokenizers, parse_model_specs
+from infera_core.worker import WorkerRecord
+
+
+class KvRouting:
+    """See the module docstring. Configuration errors raise ``ConfigError`` here."""
+
+    def __init__(self, catalog: Any, settings: KvSettings | None = None, registry: Any = None) -> None:
+        self.settings = settings = settings or KvSettings()
+        self.hub = KvHub(catalog, None, settings)
+        self.tokens = RoutingTokenizers(
+            catalog.tokenizers,
+            parse_model_specs(settings.tokenizer),
+            cache_size=settings.tokenize_cache_size,
+            offload_chars=settings.tokenize_offload_chars,
+        )
+        self.tokens.check_all()
+        self.agreement = AgreementCheck(self.tokens, parse_block_sizes(settings.kv_block_size))
+        self.hub.metrics.extra += [self.tokens, self.agreement]
+        if registry is not None:
+            self.register_metrics(registry)
+
+    @property
+    def index(self) -> KvIndex:
+        return self.hub.index
+
+    def register_metrics(self, registry: Any) -> None:
+        self.hub.metrics.register(registry)
+
+    async def start(self) -> None:
+        await self.hub.start()
+
+    async def stop(self) -> None:
+        await self.hub.close()
+
+    def on_worker_added(self, record: WorkerRecord) -> None:
+        self.tokens.observe_worker(record)
+        if self.agreement.check(record):
+            self.index.untrusted.add(record.worker_id)
+        else:
+            self.index.untrusted.discard(record.worker_id)
+        self.hub.worker_added(record)
+
+    def on_worker_removed(self, record: WorkerRecord) -> None:
+        self.agreement.forget(record.worker_id)
+        self.index.untrusted.discard(record.worker_id)
+        self.hub.worker_removed(record.worker_id)
+
+    async def prepare(self, ctx: RequestContext) -> None:
+        """Tokenize ``ctx`` for routing (once; failures leave it routable by load)."""
+        await self.tokens.fill(ctx)
+
+    def worker_fields(self, worker_id: str) -> dict[str, Any]:
+        """Extra ``/v1/workers`` fields for one worker."""
+        return {"kv_mismatch": self.agreement.flags.get(worker_id, [])}
+
+    def cache_view(self, worker_id: str) -> dict[str, Any]:
+        view = self.hub.cache_view(worker_id)
+        view["mismatch"] = self.agreement.flags.get(worker_id, [])
+        return view

@@ -1,0 +1,260 @@
+"""Routing tokenization: which tokenizer a model uses, and token ids per request (cached).
+
+Which tokenizer (first match wins):
+
+1. ``--tokenizer MODEL=NAME[:PATH]`` (``NAME`` a registered tokenizer, e.g. ``hf``);
+2. a worker record's label ``infera.tokenizer`` = ``NAME[:PATH]``;
+3. a worker's ``kv_events.fingerprint`` of a known family (``infera-sim-v1:vocab=N`` →
+   ``sim``), so ``infera-run up`` with sim workers needs no configuration.
+
+Token-id prompts are used as given. Each request is tokenized at most once (the
+result lands in ``RequestContext.token_ids``), long prompts off the event loop, and
+results are kept in a bounded LRU keyed by (model, digest of the prompt). A failure
+leaves ``token_ids`` empty and sets ``ctx.tokenize_failed``: the request is still
+routed (by load) and ``infera_routing_tokenize_failures_total`` counts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+from prometheus_client.core import CounterMetricFamily
+
+from infera_core.errors import ConfigError, InferaError, UnknownNameError
+from infera_core.scheduling.types import RequestContext
+from infera_core.tokenize.base import Tokenizer
+from infera_core.worker import WorkerRecord
+
+log = logging.getLogger("infera.tokenize")
+
+LABEL = "infera.tokenizer"
+TokenizerSpec = tuple[str, dict[str, Any]]
+
+
+def parse_spec(text: str) -> TokenizerSpec:
+    """``NAME[:PATH]`` → (name, options)."""
+    name, sep, path = text.partition(":")
+    if not name:
+        raise ValueError(f"empty tokenizer name in {text!r}")
+    return name, ({"path": path} if sep and path else {})
+
+
+def parse_model_specs(values: Iterable[str], flag: str = "--tokenizer") -> dict[str, TokenizerSpec]:
+    """``MODEL=NAME[:PATH]`` flags → {model: spec}; a bad value raises :class:`ConfigError`."""
+    out: dict[str, TokenizerSpec] = {}
+    for v in values:
+        model, sep, spec = v.partition("=")
+        if not sep or not model or not spec:
+            raise ConfigError(f"{flag} {v!r}: expected MODEL=NAME[:PATH], e.g. llama=hf:/models/llama")
+        try:
+            out[model] = parse_spec(spec)
+        except ValueError as exc:
+            raise ConfigError(f"{flag} {v!r}: {exc}") from None
+    return out
+
+
+def spec_from_record(record: WorkerRecord) -> TokenizerSpec | None:
+    """The tokenizer a worker record names (label, or a known fingerprint family)."""
+    label = record.labels.get(LABEL)
+    if label:
+        try:
+            return parse_spec(label)
+        except ValueError:
+            return None
+    fp = record.kv_events.fingerprint if record.kv_events else None
+    if fp and fp.startswith("infera-sim-v1:"):
+        opts: dict[str, Any] = {}
+        for part in fp.split(":", 1)[1].split(","):
+            k, _, v = part.partition("=")
+            if k == "vocab" and v.isdigit():
+                opts["vocab_size"] = int(v)
+        return "sim", opts
+    return None
+
+
+class _Entry:
+    __slots__ = ("error", "spec", "tokenizer")
+
+    def __init__(self, spec: TokenizerSpec) -> None:
+        self.spec = spec
+        self.tokenizer: Tokenizer | None = None
+        self.error: str | None = None
+
+
+class RoutingTokenizers:
+    """Per-model routing tokenizers built from the catalog's tokenizer factories."""
+
+    def __init__(
+        self,
+        factories: Any,
+        configured: dict[str, TokenizerSpec] | None = None,
+        cache_size: int = 4096,
+        offload_chars: int = 4096,
+    ) -> None:
+        self.factories = factories
+        self.configured = dict(configured or {})
+        self.cache_size = cache_size
+        self.offload_chars = offload_chars
+        self._models: dict[str, _Entry] = {}
+        self._cache: OrderedDict[tuple[str, bytes], list[int]] = OrderedDict()
+        self.failures: dict[str, int] = {}
+        self.counts: dict[tuple[str, str], int] = {}
+        self._enc = msgspec.json.Encoder()
+
+    # -- which tokenizer ------------------------------------------------------------------
+    def observe_worker(self, record: WorkerRecord) -> None:
+        """Learn a model's tokenizer from a worker record when none is configured."""
+        if record.model in self.configured or record.model in self._models:
+            return
+        spec = spec_from_record(record)
+        if spec is not None:
+            self._models[record.model] = _Entry(spec)
+
+    def tokenizer_for(self, model: str) -> Tokenizer | None:
+        entry = self._models.get(model)
+        if entry is None:
+            spec = self.configured.get(model)
+            if spec is None:
+                return None
+            entry = self._models[model] = _Entry(spec)
+        if entry.tokenizer is None and entry.error is None:
+            name, options = entry.spec
+            try:
+                entry.tokenizer = self.factories.get(name).create(model, options)
+            except (InferaError, UnknownNameError, OSError, ValueError) as exc:
+                entry.error = str(exc)
+                log.error("model %s: routing tokenizer %r unavailable: %s", model, name, exc)
+        return entry.tokenizer
+
+    def check_all(self) -> None:
+        """Build every configured tokenizer now (start-up): bad paths fail as ConfigError."""
+        for model in self.configured:
+            if self.tokenizer_for(model) is None:
+                err = self._models[model].error
+                raise ConfigError(f"--tokenizer {model}=…: {err}")
+
+    def fingerprint(self, model: str) -> str | None:
+        tok = self.tokenizer_for(model)
+        return tok.fingerprint if tok is not None else None
+
+    # -- per request ----------------------------------------------------------------------
+    async def fill(self, ctx: RequestContext) -> None:
+        """Set ``ctx.token_ids`` once (or ``ctx.tokenize_failed``)."""
+        if ctx.token_ids is not None or ctx.tokenize_failed:
+            return
+        given = _given_tokens(ctx.body)
+        if given is not None:
+            ctx.token_ids = given
+            self._count(ctx.model, "given")
+            return
+        tok = self.tokenizer_for(ctx.model)
+        if tok is None:
+            self._failed(ctx, "no routing tokenizer for this model")
+            return
+        key = (ctx.model, self._digest(ctx))
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            ctx.token_ids = hit
+            self._count(ctx.model, "cache")
+            return
+        try:
+            if _size(ctx.body) > self.offload_chars:
+                ids = await asyncio.to_thread(self._encode, tok, ctx)
+            else:
+                ids = self._encode(tok, ctx)
+        except Exception as exc:
+            self._failed(ctx, f"{type(exc).__name__}: {exc}")
+            return
+        ctx.token_ids = ids
+        self._count(ctx.model, "tokenizer")
+        if self.cache_size:
+            self._cache[key] = ids
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+
+    def _digest(self, ctx: RequestContext) -> bytes:
+        b = ctx.body
+        parts = (ctx.route, b.get("messages"), b.get("prompt"), b.get("system"), b.get("tools"))
+        extra = (b.get("add_generation_prompt"), b.get("chat_template_kwargs"))
+        return hashlib.blake2b(self._enc.encode((parts, extra)), digest_size=16).digest()
+
+    @staticmethod
+    def _encode(tok: Tokenizer, ctx: RequestContext) -> list[int]:
+        body = ctx.body
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            system = body.get("system")
+            if system is not None:  # Anthropic messages API
+                messages = [{"role": "system", "content": _text(system)}, *messages]
+            return tok.encode_chat(messages, body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list):
+            prompt = prompt[0] if prompt else ""
+        if not isinstance(prompt, str):
+            raise ValueError("no prompt or messages to tokenize")
+        return tok.encode(prompt)
+
+    def _failed(self, ctx: RequestContext, why: str) -> None:
+        ctx.tokenize_failed = True
+        self.failures[ctx.model] = self.failures.get(ctx.model, 0) + 1
+        log.warning("request %s: not tokenized for routing (%s); routed by load only", ctx.request_id, why)
+
+    def _count(self, model: str, source: str) -> None:
+        k = (model, source)
+        self.counts[k] = self.counts.get(k, 0) + 1
+
+    def collect(self) -> Iterable[Any]:
+        fails = CounterMetricFamily(
+            "infera_routing_tokenize_failures",
+            "Requests routed without token ids (tokenizer missing or failed)",
+            labels=["model"],
+        )
+        for model, n in self.failures.items():
+            fails.add_metric([model], n)
+        done = CounterMetricFamily(
+            "infera_routing_tokenized", "Requests with token ids, by source", labels=["model", "source"]
+        )
+        for (model, source), n in self.counts.items():
+            done.add_metric([model, source], n)
+        yield fails
+        yield done
+
+
+def _given_tokens(body: dict[str, Any]) -> list[int] | None:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt:
+        first = prompt[0]
+        if isinstance(first, int):
+            return prompt if all(isinstance(t, int) for t in prompt) else None
+        if isinstance(first, list) and first and all(isinstance(t, int) for t in first):
+            return first
+    return None
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+    return str(content)
+
+
+def _size(body: dict[str, Any]) -> int:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return len(prompt)
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        n = 0
+        for m in messages:
+            c = m.get("content") if isinstance(m, dict) else None
+            n += len(c) if isinstance(c, str) else len(str(c))
+        return n
+    return 0
