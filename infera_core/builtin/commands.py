@@ -20,3 +20,6 @@ def infera_register_commands(cli: click.Group) -> None:
     from infera_core.cli import serve
 
     cli.add_command(serve.serve_cmd)
+    from infera_core.cli import up
+
+    cli.add_command(up.up_cmd)

@@ -1,0 +1,328 @@
+"""The embedded stack: one discovery, one server (uvicorn in this event loop), N launchers.
+
+Engines run as subprocesses in their own process groups (the launcher's
+:class:`~infera_core.launcher.process.EngineProcess`); :meth:`Stack.stop` drains them,
+then stops the server. An ``atexit`` hook kills any engine group still alive if the
+process leaves without a clean stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+
+from infera_core.discovery.base import Discovery, DiscoverySettings
+from infera_core.errors import ConfigError, EngineError, InferaError
+from infera_core.facade import InferaHooks
+from infera_core.launcher.runtime import WorkerLauncher
+from infera_core.launcher.settings import WorkerSettings
+from infera_core.up.settings import UpSettings
+
+log = logging.getLogger("infera.up")
+
+PREFERRED_POLICY = "kv-aware"
+FALLBACK_POLICY = "round-robin"
+
+_LIVE_GROUPS: set[int] = set()
+
+
+def _kill_leftovers() -> None:
+    for pgid in list(_LIVE_GROUPS):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    _LIVE_GROUPS.clear()
+
+
+atexit.register(_kill_leftovers)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling (the stack owns SIGINT/SIGTERM)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Any:
+        yield
+
+
+def default_policy(hooks: InferaHooks) -> str:
+    """``kv-aware`` when a plugin provides it, else ``round-robin``."""
+    names = hooks.catalog().policies.preset_names()
+    return PREFERRED_POLICY if PREFERRED_POLICY in names else FALLBACK_POLICY
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"--port {port} (env INFERA_PORT): cannot listen on {host}:{port} ({exc.strerror}); "
+            "pick another port or --port 0 for a free one"
+        ) from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class Stack:
+    """``async with Stack(settings) as stack:`` → ``stack.url`` serves until the block ends."""
+
+    def __init__(
+        self,
+        settings: UpSettings,
+        hooks: InferaHooks | None = None,
+        *,
+        engine_args: list[str] | None = None,
+        echo: Callable[[str], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.hooks = hooks or InferaHooks.load()
+        self.engine_args = list(engine_args or [])
+        self.policy = settings.policy or default_policy(self.hooks)
+        self._echo = echo
+        self.discovery: Discovery | None = None
+        self.launchers: list[WorkerLauncher] = []
+        self._tasks: list[asyncio.Task[int]] = []
+        self._server: _Server | None = None
+        self._server_task: asyncio.Task[None] | None = None
+        self._sock: socket.socket | None = None
+        self.port = 0
+        self.kv: Any = None
+
+    # -- addresses -------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """The OpenAI base URL clients use (``…/v1``)."""
+        return f"http://{self.settings.host}:{self.port}/v1"
+
+    @property
+    def root(self) -> str:
+        return f"http://{self.settings.host}:{self.port}"
+
+    def engine_pids(self) -> list[int]:
+        return [lc.process.pid for lc in self.launchers if lc.process is not None and lc.process.pid]
+
+    # -- lifecycle -------------------------------------------------------------
+    async def __aenter__(self) -> Stack:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Discovery → server → workers; returns once every worker is registered and routable."""
+        s = self.settings
+        if s.engine not in self.hooks.catalog().engines:
+            self.hooks.require("engine", s.engine)  # raises with the available names
+        try:
+            self.discovery = self._make_discovery()
+            await self.discovery.start()
+            self._sock = _bind(s.host, s.port)
+            self.port = int(self._sock.getsockname()[1])
+            await self._start_server()
+            await self._start_workers()
+            await self._wait_routable(s.ready_timeout)
+        except BaseException:
+            await self.stop(drain=False)
+            raise
+
+    def _make_discovery(self) -> Discovery:
+        s = self.settings
+        if s.etcd_endpoint:
+            endpoints = [e.strip() for e in s.etcd_endpoint.split(",") if e.strip()]
+            factory = self.hooks.require("discovery_backend", "etcd")
+            return factory.create(DiscoverySettings(etcd_endpoints=endpoints))
+        from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
+
+        return MemoryDiscovery(MemoryStore())
+
+    def _serve_settings(self) -> Any:
+        from infera_core.server.settings import ServeSettings
+
+        s = self.settings
+        return ServeSettings(
+            host=s.host,
+            port=self.port,
+            discovery="etcd" if s.etcd_endpoint else "memory",
+            router_policy=self.policy,
+            router_config=s.router_config,
+        )
+
+    async def _start_server(self) -> None:
+        from infera_core.server.app import create_app
+
+        ss = self._serve_settings()
+        self.kv = _make_kv(ss, self.hooks)
+        app = create_app(ss, self.hooks, discovery=self.discovery, kv=self.kv, start_discovery=False)
+        from infera_core.server.run import uvicorn_config
+
+        config = uvicorn_config(app, ss)
+        config.timeout_graceful_shutdown = 5
+        self._server = _Server(config)
+        assert self._sock is not None
+        self._server_task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
+        while not self._server.started:
+            if self._server_task.done():
+                exc = self._server_task.exception()
+                raise InferaError(f"the server did not start: {exc or 'exited early'}")
+            await asyncio.sleep(0.02)
+
+    def _worker_settings(self, index: int) -> WorkerSettings:
+        s = self.settings
+        return WorkerSettings(
+            model=s.model,
+            model_path=s.model_path,
+            host="127.0.0.1" if s.host in ("127.0.0.1", "localhost") else s.host,
+            discovery="etcd" if s.etcd_endpoint else "memory",
+            etcd_endpoint=s.etcd_endpoint,
+            worker_id=f"{s.engine}-{index + 1}-{self.port}",
+            ready_timeout=s.ready_timeout,
+            drain_timeout=s.drain_timeout,
+            stop_timeout=5.0,
+        )
+
+    async def _start_workers(self) -> None:
+        s = self.settings
+        echo = self._echo if self._echo is not None else (_stderr_echo if s.engine_logs else _no_echo)
+        for i in range(s.workers):
+            lc = WorkerLauncher(
+                self.hooks,
+                s.engine,
+                self._worker_settings(i),
+                engine_args=self.engine_args,
+                discovery=self.discovery,
+                echo=echo,
+            )
+            self.launchers.append(lc)
+            self._tasks.append(asyncio.create_task(lc.run(), name=f"worker-{i + 1}"))
+        registered = asyncio.ensure_future(
+            asyncio.gather(*(lc.wait_registered(s.ready_timeout) for lc in self.launchers))
+        )
+        try:
+            while not registered.done():
+                for lc, t in zip(self.launchers, self._tasks, strict=True):
+                    if t.done():
+                        self._raise_failed(lc, t)
+                self._track_groups()
+                waiting: list[asyncio.Future[Any]] = [registered, *self._tasks]
+                await asyncio.wait(waiting, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+            self._track_groups()
+            for lc, t in zip(self.launchers, self._tasks, strict=True):
+                if t.done():
+                    self._raise_failed(lc, t)
+            if registered.exception() is not None:
+                raise EngineError(f"workers not ready: {registered.exception()}")
+        finally:
+            if not registered.done():
+                registered.cancel()
+            with contextlib.suppress(BaseException):
+                await registered
+
+    def _raise_failed(self, lc: WorkerLauncher, task: asyncio.Task[int]) -> None:
+        exc = task.exception() if not task.cancelled() else None
+        wid = lc.context.worker_id if lc.context else "?"
+        if isinstance(exc, InferaError):
+            raise exc
+        if exc is not None:
+            raise EngineError(f"worker {wid} failed: {type(exc).__name__}: {exc}")
+        raise EngineError(f"worker {wid} stopped before it was ready")
+
+    def _track_groups(self) -> None:
+        _LIVE_GROUPS.update(self.engine_pids())
+
+    async def _wait_routable(self, within: float) -> None:
+        """Until the server's fleet view holds every worker (memory: at once; etcd: a watch away)."""
+        import httpx
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        async with httpx.AsyncClient(timeout=2.0, trust_env=False) as client:
+            while True:
+                try:
+                    r = await client.get(f"{self.root}/health")
+                    if r.status_code == 200 and r.json().get("active_workers", 0) >= len(self.launchers):
+                        return
+                except (httpx.HTTPError, ValueError):
+                    pass
+                if loop.time() > deadline:
+                    raise EngineError(
+                        f"the server did not see {len(self.launchers)} workers within {within:g}s"
+                    )
+                await asyncio.sleep(0.05)
+
+    async def worker_exited(self) -> BaseException:
+        """Wait until some worker stops on its own (its engine died); that worker's error."""
+        tasks = list(self._tasks)
+        if not tasks:
+            await asyncio.Event().wait()
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for lc, t in zip(self.launchers, tasks, strict=True):
+            if t.done():
+                exc = t.exception() if not t.cancelled() else None
+                wid = lc.context.worker_id if lc.context else "?"
+                return exc or EngineError(f"worker {wid} stopped on its own")
+        return EngineError("a worker stopped")
+
+    def skip_drain(self) -> None:
+        """Stop without waiting for in-flight requests (a second Ctrl-C)."""
+        for lc in self.launchers:
+            lc.request_drain()
+            lc.request_drain()
+
+    async def stop(self, drain: bool = True) -> None:
+        """Drain and stop every worker, then the server and discovery. Idempotent."""
+        for lc in self.launchers:
+            lc.request_drain()
+            if not drain:
+                lc.request_drain()  # second request: skip the in-flight wait
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for pid in self.engine_pids():
+            _LIVE_GROUPS.discard(pid)
+        if self._server is not None and self._server_task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(BaseException):
+                await self._server_task
+        elif self._sock is not None:
+            self._sock.close()
+        self._server = None
+        self._server_task = None
+        if self.discovery is not None:
+            with contextlib.suppress(Exception):
+                await self.discovery.close()
+            self.discovery = None
+        self._tasks = []
+
+
+def _stderr_echo(line: str) -> None:
+    import sys
+
+    sys.stderr.write(line + "\n")
+
+
+def _no_echo(line: str) -> None:
+    del line
+
+
+def _make_kv(settings: Any, hooks: InferaHooks) -> Any:
+    """The KV component (event hub + index) when the server provides a builder for it."""
+    try:
+        from infera_core.server import kv_builder  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return kv_builder.build_kv(settings, hooks)

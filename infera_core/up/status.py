@@ -1,0 +1,92 @@
+"""The compact live status of ``infera-run up``: workers, in-flight, requests, cache hits."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+import aiohttp
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from infera_core.bench.scrape import HITS, QUERIES, fetch_text, parse_metrics
+
+
+@dataclass(slots=True)
+class Snapshot:
+    active: int = 0
+    draining: int = 0
+    in_flight: int = 0
+    requests: int = 0
+    hits: float = 0.0
+    queries: float = 0.0
+
+    def line(self, policy: str) -> Text:
+        rate = f"{self.hits / self.queries:.1%}" if self.queries else "-"
+        t = Text()
+        t.append("● ", style="green" if self.active else "red")
+        t.append(f"workers {self.active}")
+        if self.draining:
+            t.append(f" (+{self.draining} draining)", style="yellow")
+        t.append(f"  in-flight {self.in_flight}  requests {self.requests}  cache hit {rate}  policy {policy}")
+        return t
+
+
+async def snapshot(session: aiohttp.ClientSession, root: str, with_cache: bool = True) -> Snapshot:
+    """Router's ``/v1/workers`` (status, in-flight, picks) + workers' prefix-cache counters."""
+    snap = Snapshot()
+    try:
+        async with session.get(f"{root}/v1/workers", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+            data = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return snap
+    workers = data.get("data", []) if isinstance(data, dict) else []
+    urls = []
+    for w in workers:
+        if w.get("status") == "active":
+            snap.active += 1
+        else:
+            snap.draining += 1
+        snap.in_flight += int(w.get("in_flight") or 0)
+        snap.requests += int(w.get("picks") or 0)
+        if w.get("url"):
+            urls.append(str(w["url"]).rstrip("/") + "/metrics")
+    if with_cache and urls:
+        texts = await asyncio.gather(*(fetch_text(session, u, limit_s=2.0) for u in urls))
+        for t in texts:
+            if t:
+                m = parse_metrics(t, (HITS, QUERIES))
+                snap.hits += m.get(HITS, 0.0)
+                snap.queries += m.get(QUERIES, 0.0)
+    return snap
+
+
+class LiveStatus:
+    """Refreshes one status line every ``interval`` seconds until :meth:`stop`."""
+
+    def __init__(self, root: str, policy: str, interval: float, console: Console | None = None) -> None:
+        self.root = root
+        self.policy = policy
+        self.interval = interval
+        self.console = console or Console(stderr=True)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        async with aiohttp.ClientSession() as session:
+            with Live(Text("starting…"), console=self.console, refresh_per_second=4, transient=True) as live:
+                while True:
+                    snap = await snapshot(session, self.root)
+                    live.update(snap.line(self.policy))
+                    await asyncio.sleep(self.interval)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

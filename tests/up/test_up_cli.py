@@ -1,0 +1,126 @@
+"""``infera-run up`` as a user runs it: comes up, answers, stops cleanly on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import psutil
+import pytest
+
+pytest.importorskip("infera_sim")
+
+READY = re.compile(r"Infera ready: (http://127\.0\.0\.1:(\d+)/v1)\s+\((\d+) sim workers, policy (\S+)\)")
+
+
+def _up(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "infera_core", "up", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _wait_ready(proc: subprocess.Popen[str], timeout: float = 90) -> re.Match[str]:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        m = READY.search(line)
+        if m:
+            return m
+    proc.kill()
+    _, err = proc.communicate(timeout=10)
+    raise AssertionError(f"up never printed its ready line; stderr:\n{err[-3000:]}")
+
+
+@pytest.fixture
+def up_proc() -> Iterator[subprocess.Popen[str]]:
+    proc = _up("--workers", "2", "--quiet", "--drain-timeout", "3", "--", "--speedup", "20")
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.mark.slow
+def test_up_serves_then_sigint_stops_everything(up_proc: subprocess.Popen[str]) -> None:
+    m = _wait_ready(up_proc)
+    url, port, workers = m.group(1), int(m.group(2)), int(m.group(3))
+    assert workers == 2
+    children = psutil.Process(up_proc.pid).children(recursive=True)
+    assert len(children) >= 2  # one engine process per worker
+
+    # what the printed curl line does
+    r = httpx.post(
+        f"{url}/chat/completions",
+        json={
+            "model": "sim-model",
+            "messages": [{"role": "user", "content": "hello there"}],
+            "max_tokens": 5,
+        },
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"]
+    listed = httpx.get(f"{url}/models", timeout=10).json()
+    assert [m["id"] for m in listed["data"]] == ["sim-model"]
+    assert len(httpx.get(f"http://127.0.0.1:{port}/v1/workers", timeout=10).json()["data"]) == 2
+
+    up_proc.send_signal(signal.SIGINT)
+    assert up_proc.wait(60) == 0
+    _, gone_alive = psutil.wait_procs(children, timeout=10)
+    assert gone_alive == [], f"left behind: {gone_alive}"
+    with socket.socket() as s:  # the server's port is free again
+        s.bind(("127.0.0.1", port))
+
+
+@pytest.mark.slow
+def test_worker_that_fails_to_start_makes_up_exit_with_its_error() -> None:
+    proc = _up("--workers", "2", "--quiet", "--ready-timeout", "60", "--", "--vocab-size", "10")
+    try:
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert "--vocab-size must be at least 64" in err  # the engine's own last words
+    assert "exited with code" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_unknown_engine_flag_is_one_clear_line() -> None:
+    proc = _up("--workers", "1", "--quiet", "--", "--no-such-sim-flag")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "--no-such-sim-flag" in err and "Traceback" not in err
+
+
+def test_busy_port_is_a_clear_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "infera_core", "up", "--port", str(port), "--workers", "1", "--quiet"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 1
+    assert f"--port {port}" in proc.stderr and "Traceback" not in proc.stderr
