@@ -4,7 +4,5 @@
 # Any infera-run up flags pass through, e.g. `bash scripts/up.sh --workers 2 --demo -- --speedup 10`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x .venv/bin/infera-run ]; then
-  bash scripts/setup-dev.sh >/dev/null
-fi
+bash scripts/setup-dev.sh >/dev/null
 exec .venv/bin/infera-run up "$@"
