@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import anthropic
 import openai
@@ -16,7 +17,7 @@ pytest.importorskip("infera_sim")
 from infera_sim.testing import SimHandle, start_sim
 
 MODEL = "sim-model"
-TOOLS = [
+TOOLS: list[Any] = [
     {
         "name": "get_weather",
         "description": "Weather in a city",
@@ -108,7 +109,7 @@ async def test_anthropic_tools_round_trip(srv: RunningServer) -> None:
     msg = await client.messages.create(
         model=MODEL,
         max_tokens=20,
-        tools=TOOLS,  # type: ignore[arg-type]
+        tools=TOOLS,
         tool_choice={"type": "any"},
         messages=[{"role": "user", "content": "Weather in Paris?"}],
     )
@@ -118,7 +119,7 @@ async def test_anthropic_tools_round_trip(srv: RunningServer) -> None:
     async with client.messages.stream(
         model=MODEL,
         max_tokens=20,
-        tools=TOOLS,  # type: ignore[arg-type]
+        tools=TOOLS,
         tool_choice={"type": "tool", "name": "get_weather"},
         messages=[{"role": "user", "content": "Weather in Paris?"}],
     ) as stream:
@@ -129,7 +130,7 @@ async def test_anthropic_tools_round_trip(srv: RunningServer) -> None:
     follow = await client.messages.create(
         model=MODEL,
         max_tokens=5,
-        tools=TOOLS,  # type: ignore[arg-type]
+        tools=TOOLS,
         messages=[
             {"role": "user", "content": "Weather in Paris?"},
             {
@@ -147,12 +148,15 @@ async def test_anthropic_tools_round_trip(srv: RunningServer) -> None:
 
 async def test_anthropic_multimodal_is_a_clear_400(srv: RunningServer) -> None:
     client = anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0)
-    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    image: Any = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+    }
     with pytest.raises(anthropic.BadRequestError) as err:
         await client.messages.create(
             model=MODEL,
             max_tokens=5,
-            messages=[{"role": "user", "content": [image, {"type": "text", "text": "what is this?"}]}],  # type: ignore[list-item]
+            messages=[{"role": "user", "content": [image, {"type": "text", "text": "what is this?"}]}],
         )
     assert "multimodal" in str(err.value) and "image" in str(err.value)
     with pytest.raises(anthropic.NotFoundError):
