@@ -79,7 +79,7 @@ async def _run(
     task = asyncio.get_running_loop().create_task(engine.run())
     try:
         for wave in workload:
-            if wave == "reset":
+            if isinstance(wave, str):
                 engine.reset_prefix_cache()
                 continue
             reqs = []
