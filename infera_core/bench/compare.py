@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
+
 from rich.console import Console
 
 from infera_core.bench.config import BenchSettings
 from infera_core.bench.plan import make_sessions, run_config
 from infera_core.bench.runner import RunResult, api_root, run_bench
-from infera_core.errors import ConfigError
+from infera_core.facade import InferaHooks
 
 
 def _label(url: str, all_urls: list[str]) -> str:
@@ -16,11 +18,32 @@ def _label(url: str, all_urls: list[str]) -> str:
     return short if all_urls.count(url) == 1 else f"{short} #{all_urls.index(url) + 1}"
 
 
-async def run_targets(s: BenchSettings, console: Console) -> list[RunResult]:
+async def run_targets(
+    s: BenchSettings, console: Console, hooks: InferaHooks | None = None
+) -> list[RunResult]:
     """One :class:`RunResult` per target, in order (same sessions for each)."""
     runs: list[RunResult] = []
     if s.policies:
-        raise ConfigError("--policies needs the local stack (infera-run up), which is not available yet")
+        import logging
+
+        from infera_core.up.settings import UpSettings
+        from infera_core.up.stack import Stack
+
+        for noisy in ("infera.launcher", "httpx"):
+            logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+        for policy in [p.strip() for p in s.policies.split(",") if p.strip()]:
+            up = UpSettings(
+                workers=s.workers,
+                engine=s.engine,
+                policy=policy,
+                model=s.model or "sim-model",
+                port=0,
+                quiet=True,
+            )
+            async with Stack(up, hooks, engine_args=shlex.split(s.engine_args or "")) as stack:
+                console.print(f"[dim]stack up: {stack.url} ({s.workers} {s.engine} workers, policy {policy})")
+                runs.append(await run_bench(make_sessions(s), run_config(s, stack.url, policy), console))
+        return runs
     for url in s.url:
         runs.append(await run_bench(make_sessions(s), run_config(s, url, _label(url, s.url)), console))
     return runs

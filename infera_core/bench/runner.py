@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -64,6 +65,8 @@ class BenchConfig:
     label: str = ""
     progress: bool = True
     extra_body: dict[str, Any] = field(default_factory=dict)
+    spread: list[str] = field(default_factory=list)
+    """Engine base URLs to send to directly in turn (client-side round-robin, no router)."""
 
 
 @dataclass(slots=True)
@@ -116,9 +119,11 @@ class _Runner:
         self.results: list[RequestResult] = []
         self.t0 = 0.0
         self.advance: Callable[[int], None] = lambda n: None
+        self._spread = itertools.cycle([api_root(u) for u in cfg.spread]) if cfg.spread else None
 
     def _url(self, api: str) -> str:
-        return f"{self.root}/v1/chat/completions" if api == "chat" else f"{self.root}/v1/completions"
+        root = next(self._spread) if self._spread is not None else self.root
+        return f"{root}/v1/chat/completions" if api == "chat" else f"{root}/v1/completions"
 
     async def run_session(self, s: Session) -> None:
         msgs: list[dict[str, str]] = []
@@ -251,6 +256,8 @@ async def run_bench(
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         model = cfg.model or await _default_model(session, root)
         workers = {u: u for u in cfg.metrics_urls} or await fetch_workers(session, root)
+        if not workers and cfg.spread:
+            workers = {api_root(u): api_root(u) for u in cfg.spread}
         sampler = MetricsSampler(session, workers, cfg.scrape_interval)
         runner = _Runner(cfg, session, model, root)
         router_before = await _router_snapshot(session, root)

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from infera_core.bench.config import BenchSettings
 from infera_core.errors import ConfigError
+from infera_core.facade import InferaHooks
 from infera_core.settings import click_options, resolve
 
 
@@ -19,7 +20,8 @@ from infera_core.settings import click_options, resolve
 @click.option(
     "--config", "config_file", type=click.Path(path_type=Path), help="YAML/JSON file with settings."
 )
-def bench_cmd(config_file: Path | None, **values: Any) -> None:
+@click.pass_obj
+def bench_cmd(hooks: InferaHooks, /, config_file: Path | None, **values: Any) -> None:
     """Benchmark an OpenAI-compatible endpoint (Infera, one engine, or another router).
 
     \b
@@ -30,10 +32,10 @@ def bench_cmd(config_file: Path | None, **values: Any) -> None:
       infera-run bench --compare --policies round-robin,kv-aware --workload shared-prefix
     """
     settings = resolve(BenchSettings, values, config_file)
-    asyncio.run(_main(settings))
+    asyncio.run(_main(settings, hooks))
 
 
-async def _main(s: BenchSettings) -> None:
+async def _main(s: BenchSettings, hooks: InferaHooks) -> None:
     from infera_core.bench.compare import run_targets
     from infera_core.bench.plan import describe
     from infera_core.bench.report import print_table, write_json, write_report
@@ -45,7 +47,7 @@ async def _main(s: BenchSettings) -> None:
     if s.compare and not s.policies and len(s.url) < 2:
         raise ConfigError("--compare needs several --url targets or --policies a,b")
     console = Console()
-    runs = await run_targets(s, Console(stderr=True))
+    runs = await run_targets(s, Console(stderr=True), hooks)
     meta: dict[str, Any] = describe(s)
     caption = ", ".join(f"{k}={v}" for k, v in meta.items() if k != "seed")
     print_table(runs, console, caption=caption)

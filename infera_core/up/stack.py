@@ -169,6 +169,9 @@ class Stack:
         ss = self._serve_settings()
         self.kv = _make_kv(ss, self.hooks)
         app = create_app(ss, self.hooks, discovery=self.discovery, kv=self.kv, start_discovery=False)
+        if self.kv is not None and hasattr(self.kv, "metrics"):
+            with contextlib.suppress(Exception):  # KV metrics on the server's /metrics
+                self.kv.metrics.register(app.state.core.metrics.registry)
         from infera_core.server.run import uvicorn_config
 
         config = uvicorn_config(app, ss)
@@ -320,9 +323,11 @@ def _no_echo(line: str) -> None:
 
 
 def _make_kv(settings: Any, hooks: InferaHooks) -> Any:
-    """The KV component (event hub + index) when the server provides a builder for it."""
+    """The KV event hub + index (what KV-aware scorers read), built the way the server builds it."""
     try:
-        from infera_core.server import kv_builder  # type: ignore[attr-defined]
-    except ImportError:
+        from infera_core.kv.hub import KvHub
+        from infera_core.kv.settings import KvSettings
+    except ImportError:  # pragma: no cover - KV routing not in this build
         return None
-    return kv_builder.build_kv(settings, hooks)
+    fields = {k: getattr(settings, k) for k in KvSettings.model_fields if hasattr(settings, k)}
+    return KvHub(hooks.catalog(), settings=KvSettings(**fields))
