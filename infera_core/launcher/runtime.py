@@ -11,6 +11,10 @@ Library use (``infera-run up`` runs several launchers in one event loop)::
 
 :func:`run_worker` runs one launcher with SIGTERM/SIGINT wired to :meth:`request_drain`
 (a second signal skips the drain wait).
+
+``discovery=`` hands the launcher an already started :class:`Discovery` (the caller closes
+it); without it the launcher creates, starts and closes the backend its settings name.
+``echo=`` receives each prefixed engine output line (default: stderr).
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class WorkerLauncher:
         self.options = dict(options or {})
         self._discovery = discovery
         self._owns_discovery = discovery is None
+        self._discovery_started = discovery is not None
         self._echo = echo
         self.process: EngineProcess | None = None
         self.context: LaunchContext | None = None
@@ -73,6 +78,8 @@ class WorkerLauncher:
         self._registered = asyncio.Event()
         self._finished = asyncio.Event()
         self._signals = 0
+        self.error: Exception | None = None
+        """Why :meth:`run` failed, once it has."""
 
     # -- control --------------------------------------------------------------
     def request_drain(self) -> None:
@@ -100,6 +107,8 @@ class WorkerLauncher:
         finally:
             waiter.cancel()
             finished.cancel()
+        if not self._registered.is_set() and self.error is not None:
+            raise self.error
         if self.record is None or not self._registered.is_set():
             raise TimeoutError(f"worker {self._wid} was not registered within {within:g}s")
         return self.record
@@ -114,6 +123,10 @@ class WorkerLauncher:
         try:
             adapter: EngineAdapter = self.hooks.require("engine", self.engine)
             ctx = self._context(adapter)
+            if self._discovery is None:  # an unknown backend fails before the engine starts
+                factory = self.hooks.require("discovery_backend", ctx.discovery or "")
+                self._discovery = factory.create(self.settings.discovery_settings())
+                self._discovery_started = False
             spec = adapter.build_launch(ctx)
             self.hooks.mutate_engine_launch(ctx, spec)
             prefix = f"[{self.engine}:{ctx.worker_id}]"
@@ -144,6 +157,9 @@ class WorkerLauncher:
             code = await self.process.stop(self.settings.stop_timeout)
             log.info("worker %s: engine stopped (exit code %s); bye", ctx.worker_id, code)
             return 0
+        except Exception as exc:
+            self.error = exc
+            raise
         finally:
             await self._cleanup()
             self._finished.set()
@@ -152,7 +168,7 @@ class WorkerLauncher:
         s = self.settings
         if not s.model:
             raise ConfigError("--model (env INFERA_MODEL) is required: the model name clients send")
-        name = s.discovery_name()
+        name = s.discovery_name() if self._discovery is None else s.discovery
         if name == "static" and self._discovery is None:
             raise ConfigError(
                 "--discovery static is read-only: a worker cannot register there; "
@@ -179,10 +195,10 @@ class WorkerLauncher:
         return self.context
 
     async def _start_discovery(self) -> Discovery:
-        if self._discovery is None:
-            factory = self.hooks.require("discovery_backend", self.settings.discovery_name())
-            self._discovery = factory.create(self.settings.discovery_settings())
+        assert self._discovery is not None
+        if not self._discovery_started:
             await self._discovery.start()
+            self._discovery_started = True
         return self._discovery
 
     def _record(self, adapter: EngineAdapter, ctx: LaunchContext) -> WorkerRecord:

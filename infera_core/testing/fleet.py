@@ -36,11 +36,14 @@ def standin_dist_dir(base: Path) -> Path:
 
 
 def standin_environ(dist_dir: Path, **extra: str) -> dict[str, str]:
+    """Environment for subprocesses: ``standin`` on PYTHONPATH, no inherited ``INFERA_*``,
+    only core's and the stand-in's plugins loaded (override with ``INFERA_LOAD_PLUGINS=...``)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(dist_dir), *filter(None, [env.get("PYTHONPATH")])])
     env["PYTHONUNBUFFERED"] = "1"
     for key in [k for k in env if k.startswith("INFERA_")]:
         del env[key]  # the test decides every setting
+    env["INFERA_LOAD_PLUGINS"] = "standin"  # core + standin only: fast start, others' plugins can't interfere
     env.update(extra)
     return env
 
@@ -86,6 +89,34 @@ class LauncherProcess:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{text!r} not in launcher output after {within}s:\n{self.output()}")
             time.sleep(0.05)
+
+    async def until_output(self, text: str, within: float) -> float:
+        """Async :meth:`wait_output`; returns the loop time at which ``text`` was seen."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while text not in self.output():
+            if self.proc.poll() is not None:
+                await asyncio.to_thread(self._reader.join, 2)
+                if text in self.output():
+                    break
+                raise AssertionError(
+                    f"launcher exited ({self.proc.returncode}) before {text!r}:\n{self.output()}"
+                )
+            if loop.time() > deadline:
+                raise AssertionError(f"{text!r} not in launcher output after {within}s:\n{self.output()}")
+            await asyncio.sleep(0.02)
+        return loop.time()
+
+    async def exited(self, within: float) -> int:
+        """Async :meth:`wait`: the exit code (``TimeoutError`` after ``within`` seconds)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while self.proc.poll() is None:
+            if loop.time() > deadline:
+                raise TimeoutError(f"launcher still running after {within}s:\n{self.output()}")
+            await asyncio.sleep(0.02)
+        await asyncio.to_thread(self._reader.join, 2)
+        return self.proc.returncode
 
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)

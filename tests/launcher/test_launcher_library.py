@@ -1,0 +1,148 @@
+"""The launcher as a library (what ``infera-run up`` does) and the ``infera-run worker`` CLI surface."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
+from infera_core.discovery.view import FleetView
+from infera_core.errors import ConfigError, EngineError
+from infera_core.facade import InferaHooks
+from infera_core.launcher.address import advertise_host, is_loopback
+from infera_core.launcher.runtime import WorkerLauncher
+from infera_core.launcher.settings import WorkerSettings
+from infera_core.testing.fixtures import make_hooks
+from infera_core.worker import Role, Status
+
+
+def hooks() -> InferaHooks:
+    return make_hooks(("standin", "infera_core.testing.standin_plugin"))
+
+
+async def test_several_launchers_in_one_process_with_memory_discovery() -> None:
+    store = MemoryStore()
+    router = MemoryDiscovery(store)
+    view = FleetView(router)
+    await view.start()
+    lines: list[str] = []
+    launchers = [
+        WorkerLauncher(
+            hooks(),
+            "standin",
+            WorkerSettings(model="m", worker_id=f"w{i}", role=Role.DECODE, labels="zone=a", drain_timeout=5),
+            discovery=MemoryDiscovery(store),
+            echo=lines.append,
+        )
+        for i in range(2)
+    ]
+    tasks = [asyncio.create_task(launcher.run()) for launcher in launchers]
+    records = [await launcher.wait_registered(within=30) for launcher in launchers]
+    await view.wait_for(lambda v: len(v.routable()) == 2, within=1)
+    assert {r.worker_id for r in records} == {"w0", "w1"}
+    assert records[0].role is Role.DECODE and records[0].labels == {"standin": "1", "zone": "a"}
+    assert records[0].engine_version == "0.0-standin"
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(f"{records[0].url}/health")).status_code == 200
+    assert any(line.startswith("[standin:w0] ") for line in lines)
+
+    stopping = asyncio.create_task(launchers[0].stop())
+    await view.wait_for(lambda v: "w0" in v.workers and v.workers["w0"].status is Status.DRAINING, within=1)
+    await stopping
+    assert await tasks[0] == 0
+    assert set(view.workers) == {"w1"}
+    await launchers[1].stop()
+    assert await tasks[1] == 0 and not view.workers
+    await view.stop()
+
+
+async def test_engine_failure_raises_engine_error_naming_engine_and_code() -> None:
+    launcher = WorkerLauncher(
+        hooks(),
+        "standin",
+        WorkerSettings(model="m", worker_id="dies", discovery="memory"),
+        options={"die_after": 0.8},
+        discovery=MemoryDiscovery(MemoryStore()),
+        echo=lambda line: None,
+    )
+    with pytest.raises(EngineError, match=r"engine standin \(worker dies\) exited with code 3"):
+        await launcher.run()
+
+
+async def test_engine_never_ready_times_out() -> None:
+    launcher = WorkerLauncher(
+        hooks(),
+        "standin",
+        WorkerSettings(model="m", worker_id="slow", ready_timeout=1.5),
+        options={"fail_health": True},
+        discovery=MemoryDiscovery(MemoryStore()),
+        echo=lambda line: None,
+    )
+    with pytest.raises(EngineError, match=r"was not ready after --ready-timeout 1.5s"):
+        await launcher.run()
+    assert launcher.process is not None and launcher.process.returncode is not None  # engine stopped
+
+
+async def test_missing_model_is_a_config_error() -> None:
+    launcher = WorkerLauncher(hooks(), "standin", WorkerSettings(discovery="memory"))
+    with pytest.raises(ConfigError, match="--model"):
+        await launcher.run()
+
+
+def test_advertise_host_defaults() -> None:
+    assert advertise_host("127.0.0.1") == "127.0.0.1"
+    assert advertise_host("localhost") == "127.0.0.1"
+    assert advertise_host("10.1.2.3") == "10.1.2.3"
+    assert advertise_host("0.0.0.0", "worker-7.example") == "worker-7.example"
+    assert not is_loopback(advertise_host("0.0.0.0")) or advertise_host("0.0.0.0") == "127.0.0.1"
+
+
+def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "infera_core", *args], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_worker_help_names_env_vars_and_the_double_dash(standin_env: dict[str, str]) -> None:
+    out = run_cli(standin_env, "worker", "standin", "--help")
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    assert "Everything after -- is passed to the engine" in text
+    for env_var in ("INFERA_MODEL", "INFERA_ETCD_ENDPOINT", "INFERA_DRAIN_TIMEOUT", "INFERA_DELAY"):
+        assert env_var in text
+
+
+def test_unknown_engine_lists_the_installed_ones(standin_env: dict[str, str]) -> None:
+    out = run_cli(standin_env, "worker", "nosuch", "--model", "m")
+    assert out.returncode == 1
+    assert out.stderr.startswith("infera-run: error: unknown engine 'nosuch'; available:")
+    assert "standin" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_missing_engine_binary_names_the_package_hint(standin_env: dict[str, str]) -> None:
+    out = run_cli(
+        standin_env,
+        "worker",
+        "standin",
+        "--model",
+        "m",
+        "--discovery",
+        "memory",
+        "--engine-binary",
+        "/no/such/bin",
+    )
+    assert out.returncode == 1
+    (line,) = [ln for ln in out.stderr.splitlines() if ln.startswith("infera-run: error:")]
+    assert "/no/such/bin is not installed" in line and "pip install" in line
+
+
+def test_python_dash_m_alias_is_infera_run_worker(standin_env: dict[str, str]) -> None:
+    code = "from infera_core.launcher.alias import main_for; main_for('standin')()"
+    out = subprocess.run(
+        [sys.executable, "-c", code, "--help"], env=standin_env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and "Run the standin engine as a fleet worker" in " ".join(out.stdout.split())
