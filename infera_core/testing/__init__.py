@@ -4,5 +4,8 @@
   ``pytest11`` entry point): ``infera_hooks``, ``etcd_server``, ``free_port``…
 * :mod:`infera_core.testing.net` — free ports, waiting for a port or URL.
 * :mod:`infera_core.testing.etcd` — start a real etcd on loopback.
-* :mod:`infera_core.testing.contracts` — contract test suites to subclass.
+* :mod:`infera_core.testing.contracts` — contract test suites to subclass
+  (``EngineAdapterContract``, ``ScorerContract``, ``FilterContract``, ``PickerContract``).
+* :mod:`infera_core.testing.plugins` — install a throw-away plugin distribution in a
+  temp dir and run the real ``infera-run`` against it.
 """
