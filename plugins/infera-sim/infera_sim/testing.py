@@ -122,15 +122,16 @@ def start_sim(
 
 def _wait_health(handle: SimHandle, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if handle.proc.poll() is not None:
-            raise RuntimeError("sim exited:\n" + "\n".join(handle.output[-30:]))
-        try:
-            if httpx.get(handle.url + "/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.02)
+    with httpx.Client(timeout=1.0) as client:
+        while time.monotonic() < deadline:
+            if handle.proc.poll() is not None:
+                raise RuntimeError("sim exited:\n" + "\n".join(handle.output[-30:]))
+            try:
+                if client.get(handle.url + "/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.02)
     raise TimeoutError(f"sim at {handle.url} not healthy after {timeout}s")
 
 
