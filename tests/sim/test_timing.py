@@ -46,12 +46,12 @@ def _ttft_stream(client: httpx.Client, url: str) -> tuple[float, dict[str, int]]
 
 
 def test_second_identical_prompt_hits_the_cache_and_starts_sooner() -> None:
-    with start_sim(speedup=1, prefill_tokens_per_s=1500, itl_base_ms=1, block_size=16) as sim:
-        with httpx.Client() as client:  # one client: creating one costs ~0.1 s (TLS setup)
-            client.get(sim.url + "/health")
-            ttft1, u1 = _ttft_stream(client, sim.url)
-            ttft2, u2 = _ttft_stream(client, sim.url)
-            metrics = client.get(sim.url + "/metrics").text
+    # one client: creating an httpx client costs ~0.1 s (TLS setup)
+    with start_sim(speedup=1, prefill_tokens_per_s=1500, itl_base_ms=1) as sim, httpx.Client() as client:
+        client.get(sim.url + "/health")
+        ttft1, u1 = _ttft_stream(client, sim.url)
+        ttft2, u2 = _ttft_stream(client, sim.url)
+        metrics = client.get(sim.url + "/metrics").text
     assert u1["cached"] == 0
     prompt = u1["prompt"]
     full_blocks = (prompt - 1) // 16 * 16  # like vLLM, at least one token is always recomputed
