@@ -230,3 +230,14 @@ def test_duplicate_engine_across_distributions_fails_naming_both(tmp_path: Path)
     line = proc.stderr.strip()
     assert "\n" not in line and "Traceback" not in line
     assert "engine 'twin' is registered twice" in line and "'twin_a'" in line and "'twin_b'" in line
+
+
+def test_explicitly_requested_broken_engine_is_fatal_naming_the_failure(broken_dist: Path) -> None:
+    proc = run_infera(["worker", "broken", "--model", "m"], pythonpath=[broken_dist])
+    assert proc.returncode == 1
+    # the failed plugin's load warning (with its traceback) is logged first, as designed;
+    # the fatal error itself is the last line, alone
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error.startswith("infera-run: error: unknown engine 'broken'; available: ")
+    assert "sim" in error and "vllm" in error
+    assert "plugin 'broken' (distribution infera-broken-demo) failed to load" in error and "libfoo 9" in error
