@@ -34,6 +34,7 @@ class KvRouting:
         self.tokens.check_all()
         self.agreement = AgreementCheck(self.tokens, parse_block_sizes(settings.kv_block_size))
         self.hub.metrics.extra += [self.tokens, self.agreement]
+        self.metrics = self.hub.metrics
         if registry is not None:
             self.register_metrics(registry)
 
@@ -75,3 +76,9 @@ class KvRouting:
         view = self.hub.cache_view(worker_id)
         view["mismatch"] = self.agreement.flags.get(worker_id, [])
         return view
+
+
+def make_kv_routing(settings: Any, hooks: Any) -> KvRouting:
+    """The KV component for a server whose settings carry the :class:`KvSettings` fields."""
+    fields = {k: getattr(settings, k) for k in KvSettings.model_fields if hasattr(settings, k)}
+    return KvRouting(hooks.catalog(), KvSettings(**fields))

@@ -23,11 +23,11 @@ class KvSettings(BaseModel):
         100_000, ge=1, description="A seq this far below the last one means the publisher restarted."
     )
     tokenizer: list[str] = Field(
-        default_factory=list,
+        default=[],
         description="Routing tokenizer per model: MODEL=NAME[:PATH] (repeatable), e.g. llama=hf:/models/llama.",
     )
     kv_block_size: list[str] = Field(
-        default_factory=list,
+        default=[],
         description="Expected KV block size per model: MODEL=N (repeatable); disagreeing workers are flagged.",
     )
     tokenize_cache_size: int = Field(4096, ge=0, description="Prompts whose token ids are cached (LRU).")

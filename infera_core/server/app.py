@@ -42,6 +42,7 @@ from infera_core.server.errors import ApiError
 from infera_core.server.fleet import EndpointTable
 from infera_core.server.messages import MessagesProxy
 from infera_core.server.metrics import ServerMetrics
+from infera_core.server.pd import build_pd
 from infera_core.server.proxy import OpenAIProxy
 from infera_core.server.settings import ServeSettings
 from infera_core.server.transport import Upstream
@@ -123,10 +124,14 @@ def create_app(
         max_connections=settings.upstream_connections,
     )
     core = RouterCore(table, scheduler, upstream, breakers, metrics, settings.request_max_retries)
+    core.pd = build_pd(core, config.pd, catalog, deps, settings.max_inflight_per_worker)
     owns_discovery = discovery is None if start_discovery is None else start_discovery
     disc = discovery if discovery is not None else make_discovery(settings, hooks)
     if kv is not None:
         table.add_listener(kv.on_worker_added, kv.on_worker_removed)
+        core.prepare = getattr(kv, "prepare", None)
+        if hasattr(kv, "register_metrics"):
+            kv.register_metrics(metrics.registry)
     table.add_listener(on_removed=lambda record: breakers.forget(record.worker_id))
 
     @contextlib.asynccontextmanager
@@ -166,13 +171,14 @@ def create_app(
             Route("/v1/messages", MessagesProxy(core, limit), methods=["POST"]),
         ]
     )
-    _control_routes(app, core)
+    _control_routes(app, core, kv)
     _error_handlers(app)
     return app
 
 
-def _control_routes(app: FastAPI, core: RouterCore) -> None:
+def _control_routes(app: FastAPI, core: RouterCore, kv: KvComponent | None = None) -> None:
     table = core.table
+    worker_fields = getattr(kv, "worker_fields", None)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -212,9 +218,19 @@ def _control_routes(app: FastAPI, core: RouterCore) -> None:
                     "in_flight": ep.in_flight,
                     "picks": ep.picks,
                     "breaker": core.breakers.state(ep),
+                    **(worker_fields(ep.worker_id) if worker_fields is not None else {}),
                 }
             )
         return {"object": "list", "data": out}
+
+    @app.get("/v1/admin/cache-view/{worker_id}")
+    async def cache_view(worker_id: str) -> JSONResponse:
+        view = getattr(kv, "cache_view", None)
+        if view is None:
+            return _error(404, "KV routing is not enabled on this server.", "kv_routing_disabled")
+        if table.get(worker_id) is None:
+            return _error(404, f"Unknown worker {worker_id!r}.", "worker_not_found")
+        return JSONResponse(view(worker_id))
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -13,6 +13,8 @@ import itertools
 import logging
 import os
 import re
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -28,6 +30,10 @@ from infera_core.server.errors import ApiError
 from infera_core.server.fleet import EndpointTable
 from infera_core.server.metrics import ServerMetrics
 from infera_core.server.transport import Upstream, UpstreamError
+from infera_core.worker import Role
+
+if TYPE_CHECKING:
+    from infera_core.server.pd.dispatch import PdDispatcher
 
 log = logging.getLogger("infera.server")
 
@@ -63,8 +69,12 @@ class RouterCore:
         self.breakers = breakers
         self.metrics = metrics
         self.max_retries = max_retries
+        self.prepare: Callable[[RequestContext], Awaitable[None]] | None = None
+        """Fills ``ctx.token_ids`` for routing (KV component) when the profile needs tokens."""
         self._ids = itertools.count(1)
         self._id_prefix = f"infera-{os.getpid():x}-"
+        self.pd: PdDispatcher | None = None
+        """The PD path (``infera_core.server.pd``): models served by prefill/decode pairs."""
 
     def request_id(self, given: str | None = None) -> str:
         return given or f"{self._id_prefix}{next(self._ids)}"
@@ -89,10 +99,14 @@ class RouterCore:
     async def dispatch(
         self, ctx: RequestContext, path: str, body: bytes
     ) -> tuple[Endpoint, aiohttp.ClientResponse]:
+        if self.pd is not None and self.pd.applies(ctx):
+            return await self.pd.dispatch(ctx, path, body)
         tried: list[str] = []
         last: ApiError | None = None
         attempts = 1 + self.max_retries
         headers = {"Content-Type": "application/json", "X-Request-Id": ctx.request_id}
+        if self.prepare is not None and self.scheduler.profile_for(ctx.model).needs_tokens:
+            await self.prepare(ctx)
         for attempt in range(attempts):
             try:
                 ep = self.schedule(ctx, tried)
@@ -154,6 +168,9 @@ class RouterCore:
 
     def release(self, ctx: RequestContext, ep: Endpoint, ok: bool) -> None:
         ep.in_flight -= 1
+        if self.pd is not None and ctx.role is not Role.MIXED:
+            self.pd.finished(ctx, ep, ok)
+            return
         self.scheduler.finished(ctx, ep, ok)
 
 

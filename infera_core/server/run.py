@@ -44,6 +44,10 @@ def uvicorn_config(app: Any, settings: ServeSettings, log_level: str = "warning"
 async def serve(settings: ServeSettings, hooks: InferaHooks, kv: KvComponent | None = None) -> None:
     """Start discovery (clear error if unreachable), then serve until SIGINT/SIGTERM."""
     discovery = make_discovery(settings, hooks)
+    if kv is None:
+        from infera_core.kv.component import make_kv_routing
+
+        kv = make_kv_routing(settings, hooks)
     app = create_app(settings, hooks, discovery=discovery, kv=kv, start_discovery=False)
     await discovery.start()
     try:

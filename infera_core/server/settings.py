@@ -7,11 +7,12 @@ from typing import Literal
 
 from pydantic import Field
 
+from infera_core.kv.settings import KvSettings
 from infera_core.settings import InferaSettings
 
 
-class ServeSettings(InferaSettings):
-    """Everything the server reads at start-up."""
+class ServeSettings(InferaSettings, KvSettings):
+    """Everything the server reads at start-up (KV-routing fields from :class:`KvSettings`)."""
 
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=0, le=65535, description="Port to listen on.")

@@ -15,3 +15,9 @@ def infera_register_policies(registry: PolicyRegistry) -> None:
     from infera_policies.basic import register_basic
 
     register_basic(registry)
+
+    from infera_policies.approx_prefix import register_approx_prefix
+    from infera_policies.kv import register_kv
+
+    register_kv(registry)
+    register_approx_prefix(registry)

@@ -1,0 +1,286 @@
+"""KV-cache-aware policies: ``kv-overlap``, ``load``, ``recent-dispatch``, ``imbalance-guard``.
+
+The ``kv-aware`` preset combines them. For each candidate worker *w* (after the
+``health``/``role`` filters and the imbalance guard) the picker maximizes::
+
+    score(w) = 1.0 · overlap(w) + 0.3 · (1 − load(w) / max load) + 0.1 · (1 − recent(w) / max recent)
+
+* ``overlap(w)`` — tier-weighted fraction of the prompt's full blocks cached on *w*
+  (longest prefix, from the KV index; a block on CPU counts 0.5, on disk 0.25);
+* ``load(w)`` — ``in_flight(w) + in_flight_prompt_tokens(w) / 4096 + waiting(w)``
+  (the router's own accounting; ``waiting`` from the engine's ``/metrics`` when scraped);
+* ``recent(w)`` — dispatches to *w*, decayed by half every 32 dispatches of this
+  server (so paced traffic, which never builds up in-flight load, still spreads);
+* the **imbalance guard** first drops workers whose pressure
+  ``in_flight + recent`` exceeds ``1.2 × mean + 1`` over the candidates (never all),
+  so a prefix every request shares (one system prompt) cannot pull all traffic to
+  one worker: once it is over the bar, the others get requests and cache it too.
+
+A full prefix hit is worth more than an idle worker (1.0 > 0.3 + 0.1), a partial hit
+is traded against load linearly. PD presets: ``kv-aware-prefill`` is strongly
+cache-seeking (load 0.15), ``kv-aware-decode`` mostly load (overlap 0.2, load 1.0).
+See ``docs/kv-routing.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infera_core.registry import PolicyRegistry
+from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
+from infera_core.scheduling.types import (
+    Endpoint,
+    Filter,
+    PolicyFactory,
+    RequestContext,
+    SchedulerDeps,
+    Scorer,
+)
+
+BASE_FILTERS = [PluginRef(name="health"), PluginRef(name="role")]
+CLOCK_KEY = "infera_policies.dispatch_clock"
+
+
+class DispatchClock:
+    """Counts this server's dispatches; ``Endpoint.recent_dispatch`` decays against it.
+
+    ``Endpoint.recent_dispatch_ts`` holds the clock value at the endpoint's last update.
+    Shared by every profile through ``SchedulerDeps.extra``.
+    """
+
+    __slots__ = ("factor", "half_life", "n")
+
+    def __init__(self, half_life: float = 32.0) -> None:
+        self.n = 0
+        self.half_life = half_life
+        self.factor = 0.5 ** (1.0 / half_life)
+
+    def recent(self, ep: Endpoint) -> float:
+        age = self.n - ep.recent_dispatch_ts
+        return ep.recent_dispatch * self.factor**age if age else ep.recent_dispatch
+
+    def dispatched(self, ep: Endpoint) -> None:
+        ep.recent_dispatch = self.recent(ep) + 1.0
+        self.n += 1
+        ep.recent_dispatch_ts = self.n
+
+
+def dispatch_clock(deps: SchedulerDeps) -> DispatchClock:
+    clock = deps.extra.get(CLOCK_KEY)
+    if not isinstance(clock, DispatchClock):
+        clock = deps.extra[CLOCK_KEY] = DispatchClock()
+    return clock
+
+
+def _relative_inverse(values: Sequence[float]) -> list[float]:
+    """1 for the lowest, falling to 0 at the highest (all 1 when all are zero)."""
+    top = max(values) if values else 0.0
+    if top <= 0:
+        return [1.0] * len(values)
+    return [1.0 - v / top for v in values]
+
+
+class OverlapParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: float = Field(1.0, ge=0, le=1, description="Credit of a cached block in GPU memory.")
+    cpu: float = Field(0.5, ge=0, le=1, description="Credit of a block offloaded to CPU memory.")
+    disk: float = Field(0.25, ge=0, le=1, description="Credit of a block on disk / external storage.")
+
+
+class KvOverlapScorer(Scorer):
+    """Fraction of the prompt's full blocks already cached on the worker (longest prefix, tier-weighted)."""
+
+    name = "kv-overlap"
+    needs_tokens = True
+    __slots__ = ("index", "weights")
+
+    def __init__(self, index: Any, params: OverlapParams | None = None) -> None:
+        p = params or OverlapParams()
+        self.index = index
+        self.weights = (p.gpu, p.cpu, p.disk)
+
+    def score(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
+        index = self.index
+        out = [0.0] * len(candidates)
+        if index is None or not ctx.token_ids:
+            return out
+        untrusted = index.untrusted
+        groups: dict[int, list[tuple[int, Any]]] = {}
+        for i, ep in enumerate(candidates):
+            if ep.worker_id in untrusted:
+                continue
+            view = index.view(ep.worker_id, ep.dp_rank)
+            if view is not None:
+                groups.setdefault(view.block_size, []).append((i, view))
+        for bs, members in groups.items():
+            hashes = ctx.cached_block_hashes(bs, index.hash_prompt)
+            if not hashes:
+                continue
+            matched = index.match(hashes, [v for _, v in members], self.weights)
+            n = len(hashes)
+            for (i, _), m in zip(members, matched, strict=True):
+                out[i] = m / n
+        return out
+
+
+class LoadParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tokens_per_request: float = Field(
+        4096.0, gt=0, description="In-flight prompt tokens that weigh as much as one in-flight request."
+    )
+    engine_stats: bool = Field(
+        True, description="Add the engine's waiting requests when /metrics is scraped."
+    )
+
+
+class LoadScorer(Scorer):
+    """1 for the least loaded worker: in-flight requests + in-flight prompt tokens (+ engine queue)."""
+
+    name = "load"
+    __slots__ = ("_pending", "engine_stats", "unit")
+
+    def __init__(self, params: LoadParams | None = None) -> None:
+        p = params or LoadParams()
+        self.unit = p.tokens_per_request
+        self.engine_stats = p.engine_stats
+        self._pending: dict[str, int] = {}
+
+    def load(self, ep: Endpoint) -> float:
+        value = ep.in_flight + ep.in_flight_prompt_tokens / self.unit
+        if self.engine_stats and ep.stats:
+            value += ep.stats.get("waiting", 0.0)
+        return value
+
+    def score(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
+        return _relative_inverse([self.load(ep) for ep in candidates])
+
+    def on_routed(self, ctx: RequestContext, endpoint: Endpoint) -> None:
+        n = len(ctx.token_ids) if ctx.token_ids else _estimate_tokens(ctx.body)
+        endpoint.in_flight_prompt_tokens += n
+        self._pending[ctx.request_id] = n
+
+    def on_finished(self, ctx: RequestContext, endpoint: Endpoint, ok: bool) -> None:
+        n = self._pending.pop(ctx.request_id, 0)
+        endpoint.in_flight_prompt_tokens = max(0, endpoint.in_flight_prompt_tokens - n)
+
+
+def _estimate_tokens(body: dict[str, Any]) -> int:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return len(prompt) // 4
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict)) // 4
+    return 0
+
+
+class RecentParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    half_life: float = Field(
+        32.0, gt=0, description="Dispatches (of this server) after which a pick weighs half."
+    )
+
+
+class RecentDispatchScorer(Scorer):
+    """1 for the worker that received the fewest recent requests (decayed per dispatch)."""
+
+    name = "recent-dispatch"
+    __slots__ = ("clock",)
+
+    def __init__(self, clock: DispatchClock) -> None:
+        self.clock = clock
+
+    def score(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
+        recent = self.clock.recent
+        return _relative_inverse([recent(ep) for ep in candidates])
+
+    def on_routed(self, ctx: RequestContext, endpoint: Endpoint) -> None:
+        self.clock.dispatched(endpoint)
+
+
+class GuardParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    factor: float = Field(1.5, ge=1.0, description="Exclude workers above factor × mean pressure (+ slack).")
+    slack: float = Field(1.0, ge=0, description="Absolute headroom so low-load noise excludes nobody.")
+
+
+class ImbalanceGuard(Filter):
+    """Drops workers whose pressure (in-flight + recent dispatches) is above factor × mean + slack."""
+
+    name = "imbalance-guard"
+    __slots__ = ("clock", "factor", "slack")
+
+    def __init__(self, clock: DispatchClock, params: GuardParams | None = None) -> None:
+        p = params or GuardParams()
+        self.clock = clock
+        self.factor = p.factor
+        self.slack = p.slack
+
+    def filter(self, ctx: RequestContext, candidates: list[Endpoint]) -> list[Endpoint]:
+        if len(candidates) < 2:
+            return candidates
+        recent = self.clock.recent
+        pressure = [ep.in_flight + recent(ep) for ep in candidates]
+        bar = self.factor * (sum(pressure) / len(pressure)) + self.slack
+        kept = [ep for ep, p in zip(candidates, pressure, strict=True) if p <= bar]
+        return kept or candidates
+
+
+def kv_profile(overlap: float, load: float, recent: float, factor: float) -> ProfileConfig:
+    return ProfileConfig(
+        filters=[*BASE_FILTERS, PluginRef(name="imbalance-guard", params={"factor": factor})],
+        scorers=[
+            ScorerRef(name="kv-overlap", weight=overlap),
+            ScorerRef(name="load", weight=load),
+            ScorerRef(name="recent-dispatch", weight=recent),
+        ],
+        picker=PluginRef(name="max-score"),
+    )
+
+
+def register_kv(registry: PolicyRegistry) -> None:
+    """Add the KV-aware scorers, the imbalance guard and the ``kv-aware*`` presets."""
+
+    def overlap(p: Any, d: SchedulerDeps) -> Scorer:
+        return KvOverlapScorer(d.kv_index, p)
+
+    def recent(p: Any, d: SchedulerDeps) -> Scorer:
+        clock = dispatch_clock(d)
+        if isinstance(p, RecentParams):
+            clock.half_life = p.half_life
+            clock.factor = 0.5 ** (1.0 / p.half_life)
+        return RecentDispatchScorer(clock)
+
+    def guard(p: Any, d: SchedulerDeps) -> Filter:
+        return ImbalanceGuard(dispatch_clock(d), p)
+
+    registry.add(PolicyFactory("kv-overlap", "scorer", overlap, OverlapParams, KvOverlapScorer.__doc__ or ""))
+    registry.add(
+        PolicyFactory("load", "scorer", lambda p, d: LoadScorer(p), LoadParams, LoadScorer.__doc__ or "")
+    )
+    registry.add(
+        PolicyFactory("recent-dispatch", "scorer", recent, RecentParams, RecentDispatchScorer.__doc__ or "")
+    )
+    registry.add(PolicyFactory("imbalance-guard", "filter", guard, GuardParams, ImbalanceGuard.__doc__ or ""))
+    registry.add_preset(
+        "kv-aware",
+        kv_profile(1.0, 0.3, 0.1, 1.2),
+        "Cache-aware: longest cached prefix (KV events) traded against load, with an imbalance guard.",
+    )
+    registry.add_preset(
+        "kv-aware-prefill",
+        kv_profile(1.0, 0.15, 0.05, 2.0),
+        "PD prefill side: strongly cache-seeking.",
+    )
+    registry.add_preset(
+        "kv-aware-decode",
+        kv_profile(0.2, 1.0, 0.3, 1.3),
+        "PD decode side: mostly load, a little cache affinity.",
+    )

@@ -1,0 +1,217 @@
+"""KV-aware policies: contracts, and routing behaviour over a simulated fleet with a real KvIndex."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from infera_policies.approx_prefix import register_approx_prefix
+from infera_policies.kv import register_kv
+
+from infera_core.builtin.policies import register_defaults
+from infera_core.kv.events import BlockHash, BlockRemoved, BlockStored, KvEventBatch
+from infera_core.kv.index import KvIndex
+from infera_core.registry import PolicyRegistry
+from infera_core.scheduling.profile import Profile, build_profile
+from infera_core.scheduling.types import Endpoint, RequestContext, SchedulerDeps
+from infera_core.testing.contracts import FilterContract, ScorerContract
+from infera_core.worker import KvEventsInfo, WorkerRecord
+
+BS = 16
+
+
+def _registry() -> PolicyRegistry:
+    reg = PolicyRegistry()
+    register_defaults(reg)
+    register_kv(reg)
+    register_approx_prefix(reg)
+    return reg
+
+
+REG = _registry()
+
+
+class TestKvOverlapContract(ScorerContract):
+    factory = REG.factory("scorer", "kv-overlap")
+
+    def deps(self) -> SchedulerDeps:
+        index = KvIndex()
+        rng = random.Random(3)
+        for i in range(8):
+            view = index.add_view(f"w{i}", None, BS)
+            toks = [rng.randrange(100) for _ in range(4 * BS)]
+            index.apply(view, KvEventBatch(0.0, [BlockStored([1, 2, 3, 4], None, toks, BS)]))
+        return SchedulerDeps(kv_index=index, clock=lambda: 1000.0)
+
+
+class TestLoadContract(ScorerContract):
+    factory = REG.factory("scorer", "load")
+
+
+class TestRecentDispatchContract(ScorerContract):
+    factory = REG.factory("scorer", "recent-dispatch")
+
+
+class TestApproximatePrefixContract(ScorerContract):
+    factory = REG.factory("scorer", "approximate-prefix")
+
+
+class TestImbalanceGuardContract(FilterContract):
+    factory = REG.factory("filter", "imbalance-guard")
+
+
+# -- a simulated fleet: the engine caches what it is sent; requests finish at once ----------
+
+
+class Fleet:
+    def __init__(self, n: int, preset: str, cache_blocks: int = 10**9) -> None:
+        self.index = KvIndex()
+        self.deps = SchedulerDeps(kv_index=self.index, clock=lambda: 0.0)
+        self.profile: Profile = build_profile(preset, REG.preset(preset).profile, REG, self.deps)
+        self.endpoints = []
+        for i in range(n):
+            rec = WorkerRecord(
+                worker_id=f"w{i}",
+                url=f"http://w{i}",
+                model="m",
+                engine="sim",
+                kv_events=KvEventsInfo(endpoint="tcp://x:1", format="vllm", block_size=BS),
+            )
+            self.endpoints.append(Endpoint(rec))
+            self.index.add_view(rec.worker_id, None, BS)
+        self.cache_blocks = cache_blocks
+        self.lru: dict[str, dict[int, None]] = {ep.worker_id: {} for ep in self.endpoints}
+        self.hits = self.queries = 0
+        self.picks: Counter[str] = Counter()
+        self._n = 0
+
+    def route(self, tokens: list[int]) -> str:
+        self._n += 1
+        ctx = RequestContext(f"r{self._n}", "m", "/v1/completions", {"prompt": tokens}, token_ids=tokens)
+        cands = self.profile.filter(ctx, list(self.endpoints))
+        ep = self.profile.pick(ctx, cands)
+        self._engine(ep.worker_id, tokens)
+        self.profile.finished(ctx, ep, True)
+        self.picks[ep.worker_id] += 1
+        return ep.worker_id
+
+    def _engine(self, worker: str, tokens: list[int]) -> None:
+        """Like a prefix-caching engine: count hits, store the prompt's blocks, evict LRU."""
+        view = self.index.view(worker, None)
+        assert view is not None
+        lru = self.lru[worker]
+        hashes = KvIndex.hash_prompt(tokens, BS)
+        hit = 0
+        for h in hashes:
+            if h not in lru:
+                break
+            hit += 1
+        self.hits += hit
+        self.queries += len(hashes)
+        new = [i for i, h in enumerate(hashes) if h not in lru]
+        for h in hashes:
+            lru.pop(h, None)
+            lru[h] = None
+        if new:
+            first = new[0]
+            parent = hashes[first - 1] if first else None
+            stored: list[BlockHash] = list(hashes[first:])
+            ev = BlockStored(stored, parent, tokens[first * BS : len(hashes) * BS], BS)
+            self.index.apply(view, KvEventBatch(0.0, [ev]))
+        victims: list[BlockHash] = []
+        while len(lru) > self.cache_blocks:
+            oldest = next(iter(lru))
+            del lru[oldest]
+            victims.append(oldest)
+        if victims:
+            self.index.apply(view, KvEventBatch(0.0, [BlockRemoved(victims)]))
+
+    def imbalance(self) -> float:
+        counts = [self.picks[ep.worker_id] for ep in self.endpoints]
+        return max(counts) / (sum(counts) / len(counts))
+
+
+def _shared_prefix_workload(groups: int, per_group: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(1000) for _ in range(20 * BS)] for _ in range(groups)]
+    reqs = [p + [rng.randrange(1000) for _ in range(BS + 5)] for p in prefixes for _ in range(per_group)]
+    rng.shuffle(reqs)
+    return reqs
+
+
+def test_kv_aware_beats_round_robin_on_shared_prefixes_and_stays_balanced() -> None:
+    reqs = _shared_prefix_workload(32, 5)
+    results = {}
+    for preset in ("kv-aware", "round-robin"):
+        fleet = Fleet(4, preset, cache_blocks=8 * 21)  # ~8 prefixes per worker: cache pressure
+        for tokens in reqs:
+            fleet.route(tokens)
+        results[preset] = (fleet.hits / fleet.queries, fleet.imbalance())
+    kv_hit, kv_imb = results["kv-aware"]
+    rr_hit, _ = results["round-robin"]
+    assert kv_hit > 1.5 * rr_hit, results
+    assert kv_imb <= 1.5, results
+
+
+def test_single_shared_system_prompt_does_not_collapse_onto_one_worker() -> None:
+    rng = random.Random(1)
+    system = [rng.randrange(1000) for _ in range(30 * BS)]
+    fleet = Fleet(4, "kv-aware")
+    for _ in range(200):
+        fleet.route(system + [rng.randrange(1000) for _ in range(2 * BS)])
+    assert min(fleet.picks.values()) > 0 and len(fleet.picks) == 4
+    assert fleet.imbalance() <= 1.5, fleet.picks
+    assert fleet.hits / fleet.queries > 0.7  # each worker caches the system prompt once
+
+
+def test_kv_overlap_prefers_longest_prefix_and_credits_tiers() -> None:
+    fleet = Fleet(3, "kv-aware")
+    scorer = fleet.profile.scorers[0]
+    tokens = list(range(8 * BS))
+    for worker, upto, medium in (("w0", 2, "GPU"), ("w1", 6, "GPU"), ("w2", 6, "CPU")):
+        view = fleet.index.view(worker, None)
+        assert view is not None
+        ev = BlockStored(list(range(upto)), None, tokens[: upto * BS], BS, medium=medium)
+        fleet.index.apply(view, KvEventBatch(0.0, [ev]))
+    ctx = RequestContext("x", "m", "/v1/completions", {}, token_ids=tokens)
+    assert scorer.score(ctx, fleet.endpoints) == [2 / 8, 6 / 8, 3 / 8]
+    fleet.index.untrusted.add("w1")
+    ctx2 = RequestContext("y", "m", "/v1/completions", {}, token_ids=tokens)
+    assert scorer.score(ctx2, fleet.endpoints) == [2 / 8, 0.0, 3 / 8]
+    no_tokens = RequestContext("z", "m", "/v1/completions", {})
+    assert scorer.score(no_tokens, fleet.endpoints) == [0.0, 0.0, 0.0]
+
+
+def test_approximate_prefix_follows_past_decisions_and_forgets_after_ttl() -> None:
+    now = [0.0]
+    deps = SchedulerDeps(clock=lambda: now[0])
+    cfg = REG.preset("approximate-prefix").profile
+    cfg.scorers[0].params = {"ttl_s": 100.0, "chunk_chars": 16}
+    profile = build_profile("ap", cfg, REG, deps)
+    eps = [
+        Endpoint(WorkerRecord(worker_id=f"w{i}", url=f"http://w{i}", model="m", engine="sim"))
+        for i in range(4)
+    ]
+    docs = [f"Document {g}: " + f"fact {g} is important. " * 30 for g in range(4)]
+    chosen: dict[int, list[str]] = {g: [] for g in range(4)}
+    for i in range(16):
+        g = i % 4
+        body = {"messages": [{"role": "system", "content": docs[g]}, {"role": "user", "content": f"q{i}"}]}
+        ctx = RequestContext(f"r{i}", "m", "/v1/chat/completions", body)
+        ep = profile.pick(ctx, profile.filter(ctx, eps))
+        profile.finished(ctx, ep, True)
+        chosen[g].append(ep.worker_id)
+    # each document keeps going where it went first, and the four spread over the fleet
+    assert all(len(set(ws)) == 1 for ws in chosen.values()), chosen
+    assert len({ws[0] for ws in chosen.values()}) == 4
+    system = docs[0]
+    scorer = profile.scorers[0]
+    probe = RequestContext(
+        "p", "m", "/v1/chat/completions", {"messages": [{"role": "system", "content": system}]}
+    )
+    assert max(scorer.score(probe, eps)) > 0.9
+    now[0] = 1000.0
+    probe2 = RequestContext(
+        "p2", "m", "/v1/chat/completions", {"messages": [{"role": "system", "content": system}]}
+    )
+    assert scorer.score(probe2, eps) == [0.0] * 4
