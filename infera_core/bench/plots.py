@@ -72,7 +72,11 @@ def worker_load(runs: Sequence[RunResult], path: Path) -> bool:
         items = sorted(loads.items(), key=lambda kv: -kv[1])
         xs = [j + i * width for j in range(len(items))]
         ax.bar(xs, [v for _, v in items], width=width, label=label)
-    ax.set_xlabel("worker (sorted by load within each run)")
+    n = max(len(loads) for _, loads in series)
+    step = max(1, n // 16)
+    ticks = list(range(0, n, step))
+    ax.set_xticks([t + 0.4 - width / 2 for t in ticks], [str(t + 1) for t in ticks])
+    ax.set_xlabel("worker rank (busiest first, per run)")
     ax.set_ylabel("requests")
     ax.set_title("Requests per worker")
     ax.grid(axis="y", alpha=0.3)

@@ -61,7 +61,8 @@ class BenchConfig:
     ignore_eos: bool = True
     slo: Slo = field(default_factory=Slo)
     metrics_urls: list[str] = field(default_factory=list)
-    scrape_interval: float = 1.0
+    scrape_interval: float = 0.25
+    """Seconds between worker /metrics samples (at least workers/64 s, to spare large fleets)."""
     label: str = ""
     progress: bool = True
     extra_body: dict[str, Any] = field(default_factory=dict)
@@ -258,7 +259,8 @@ async def run_bench(
         workers = {u: u for u in cfg.metrics_urls} or await fetch_workers(session, root)
         if not workers and cfg.spread:
             workers = {api_root(u): api_root(u) for u in cfg.spread}
-        sampler = MetricsSampler(session, workers, cfg.scrape_interval)
+        interval = max(cfg.scrape_interval, len(workers) / 64)
+        sampler = MetricsSampler(session, workers, interval)
         runner = _Runner(cfg, session, model, root)
         router_before = await _router_snapshot(session, root)
         open_loop = any(s.at is not None for s in sessions)

@@ -12,7 +12,7 @@ from infera_core.settings import InferaSettings
 class UpSettings(InferaSettings):
     """The embedded single-machine stack."""
 
-    workers: int = Field(4, gt=0, description="Number of engine workers to start.")
+    workers: int = Field(4, ge=0, description="Number of engine workers to start (0: server only).")
     engine: str = Field("sim", description="Engine of every worker (see `infera-run engines`).")
     model: str = Field("sim-model", description="Served model name (what clients send as `model`).")
     model_path: str | None = Field(None, description="Weights path or hub id [default: --model].")

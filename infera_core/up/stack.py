@@ -250,7 +250,14 @@ class Stack:
 
     async def _wait_routable(self, within: float) -> None:
         """Until the server's fleet view holds every worker (memory: at once; etcd: a watch away)."""
+        await self.wait_routable(len(self.launchers), within)
+
+    async def wait_routable(self, count: int, within: float) -> None:
+        """Until the server routes to at least ``count`` active workers."""
         import httpx
+
+        if count <= 0:
+            return
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within
@@ -258,7 +265,7 @@ class Stack:
             while True:
                 try:
                     r = await client.get(f"{self.root}/health")
-                    if r.status_code == 200 and r.json().get("active_workers", 0) >= len(self.launchers):
+                    if r.status_code == 200 and r.json().get("active_workers", 0) >= count:
                         return
                 except (httpx.HTTPError, ValueError):
                     pass
