@@ -169,9 +169,6 @@ class Stack:
         ss = self._serve_settings()
         self.kv = _make_kv(ss, self.hooks)
         app = create_app(ss, self.hooks, discovery=self.discovery, kv=self.kv, start_discovery=False)
-        if self.kv is not None and hasattr(self.kv, "metrics"):
-            with contextlib.suppress(Exception):  # KV metrics on the server's /metrics
-                self.kv.metrics.register(app.state.core.metrics.registry)
         from infera_core.server.run import uvicorn_config
 
         config = uvicorn_config(app, ss)
@@ -330,11 +327,7 @@ def _no_echo(line: str) -> None:
 
 
 def _make_kv(settings: Any, hooks: InferaHooks) -> Any:
-    """The KV event hub + index (what KV-aware scorers read), built the way the server builds it."""
-    try:
-        from infera_core.kv.hub import KvHub
-        from infera_core.kv.settings import KvSettings
-    except ImportError:  # pragma: no cover - KV routing not in this build
-        return None
-    fields = {k: getattr(settings, k) for k in KvSettings.model_fields if hasattr(settings, k)}
-    return KvHub(hooks.catalog(), settings=KvSettings(**fields))
+    """KV-aware routing (event hub, index, routing tokenizers), built the way ``serve`` builds it."""
+    from infera_core.kv.component import make_kv_routing
+
+    return make_kv_routing(settings, hooks)
