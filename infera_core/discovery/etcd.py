@@ -2,9 +2,9 @@
 
 * register: a transaction puts ``<prefix><worker_id>`` only if the key does not exist
   (a duplicate ``worker_id`` is a :class:`DiscoveryError`), under a fresh lease of
-  ``lease_ttl`` seconds. A keepalive task refreshes the lease every TTL/3; when etcd
-  says the lease is gone (it expired during a partition) it grants a new one and puts
-  the record again.
+  ``lease_ttl`` seconds. One :class:`LeaseKeeper` per discovery refreshes every lease
+  every TTL/3 over a single keepalive stream; when etcd says a lease is gone (it expired
+  during a partition) it grants a new one and puts the record again.
 * watch: read the prefix, emit the differences from what this watcher knew, then watch
   from the read's revision + 1. On any error (etcd restart, lost connection, revision
   compacted) start over with a full re-read, so deletions that happened meanwhile are
@@ -25,6 +25,7 @@ import aetcd
 
 from infera_core.discovery.base import ChangeKind, DiscoverySettings, FleetChange
 from infera_core.discovery.etcd_client import ETCD_ERRORS, EtcdConnection, describe, parse_endpoints
+from infera_core.discovery.etcd_lease import LeaseKeeper
 from infera_core.discovery.records import SYNCED, diff, parse_record
 from infera_core.errors import DiscoveryError
 from infera_core.worker import WorkerRecord
@@ -36,24 +37,22 @@ MAX_RETRY_DELAY = 2.0
 
 
 class EtcdRegistration:
-    """One worker's key and lease; heartbeats until :meth:`deregister`."""
+    """One worker's key and lease; the discovery's :class:`LeaseKeeper` heartbeats it."""
 
     def __init__(self, discovery: EtcdDiscovery, record: WorkerRecord, lease_id: int) -> None:
         self._discovery = discovery
         self._record = record
-        self._key = discovery.key(record.worker_id)
+        self.key = discovery.key(record.worker_id)
         self.lease_id = lease_id
         self.keepalives = 0
         """Successful lease refreshes (for benchmarks and tests)."""
         self.regrants = 0
         """Times the lease was found lost and re-granted."""
-        self._task: asyncio.Task[None] | None = None
         self._live = True
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(
-            self._keepalive(), name=f"etcd-keepalive-{self._record.worker_id}"
-        )
+    @property
+    def record(self) -> WorkerRecord:
+        return self._record
 
     @property
     def _client(self) -> aetcd.Client:
@@ -66,9 +65,9 @@ class EtcdRegistration:
             raise DiscoveryError(f"cannot change worker_id {self._record.worker_id!r} → {record.worker_id!r}")
         self._record = record
         try:
-            await self._client.put(self._key.encode(), record.to_json(), lease=self.lease_id)
+            await self._client.put(self.key.encode(), record.to_json(), lease=self.lease_id)
         except ETCD_ERRORS as exc:
-            raise DiscoveryError(f"etcd: cannot update {self._key}: {exc}") from exc
+            raise DiscoveryError(f"etcd: cannot update {self.key}: {exc}") from exc
 
     async def deregister(self, retry_for: float | None = None) -> None:
         """Delete the key and revoke the lease; retries while etcd is unreachable.
@@ -79,10 +78,7 @@ class EtcdRegistration:
         if not self._live:
             return
         self._live = False
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        self._discovery.keeper.remove(self)
         settings = self._discovery.settings
         budget = retry_for if retry_for is not None else max(settings.connect_timeout, settings.lease_ttl)
         loop = asyncio.get_running_loop()
@@ -90,7 +86,7 @@ class EtcdRegistration:
         delay = RETRY_DELAY
         while True:
             try:
-                await self._client.delete(self._key.encode())
+                await self._client.delete(self.key.encode())
                 with contextlib.suppress(*ETCD_ERRORS):
                     await self._client.revoke_lease(self.lease_id)
                 return
@@ -98,7 +94,7 @@ class EtcdRegistration:
                 if loop.time() + delay > deadline:
                     log.warning(
                         "etcd: could not delete %s (%s); its lease expires within %gs",
-                        self._key,
+                        self.key,
                         exc,
                         settings.lease_ttl,
                     )
@@ -106,32 +102,17 @@ class EtcdRegistration:
             await asyncio.sleep(delay)
             delay = min(delay * 2, MAX_RETRY_DELAY)
 
-    async def _keepalive(self) -> None:
-        interval = max(self._discovery.settings.lease_ttl / 3, 0.1)
-        failing = False
-        while True:
-            await asyncio.sleep(RETRY_DELAY if failing else interval)
-            try:
-                reply = await self._client.refresh_lease(self.lease_id)
-                if reply is None or reply.TTL <= 0:
-                    await self._regrant()
-                self.keepalives += 1
-                if failing:
-                    log.info("etcd: keepalive for %s works again", self._key)
-                failing = False
-            except ETCD_ERRORS as exc:
-                if not failing:
-                    log.warning("etcd: keepalive for %s failed (%s); retrying", self._key, exc)
-                failing = True
-
-    async def _regrant(self) -> None:
-        log.warning("etcd: lease of %s was lost; granting a new one and re-putting the record", self._key)
+    async def regrant(self) -> None:
+        """The lease was lost (expired during a partition): new lease, record put again."""
+        if not self._live:
+            return
+        log.warning("etcd: lease of %s was lost; granting a new one and re-putting the record", self.key)
         lease = await self._client.lease(self._discovery.ttl_seconds)
-        ok = await self._discovery.put_if_absent(self._key, self._record, lease.id)
+        ok = await self._discovery.put_if_absent(self.key, self._record, lease.id)
         if not ok:
             with contextlib.suppress(*ETCD_ERRORS):
                 await self._client.revoke_lease(lease.id)
-            log.error("etcd: %s was taken by another worker while our lease was lost", self._key)
+            log.error("etcd: %s was taken by another worker while our lease was lost", self.key)
             return
         self.lease_id = lease.id
         self.regrants += 1
@@ -144,7 +125,7 @@ class EtcdDiscovery:
         self.settings = settings
         self.prefix = settings.prefix if settings.prefix.endswith("/") else settings.prefix + "/"
         self.conn = EtcdConnection(parse_endpoints(settings.etcd_endpoints), settings.connect_timeout)
-        self._registrations: set[EtcdRegistration] = set()
+        self.keeper = LeaseKeeper(self.conn, max(settings.lease_ttl / 3, 0.1))
         self._closed = asyncio.Event()
 
     @property
@@ -160,10 +141,7 @@ class EtcdDiscovery:
 
     async def close(self) -> None:
         self._closed.set()
-        for reg in list(self._registrations):
-            reg._live = False
-            if reg._task is not None:
-                reg._task.cancel()
+        await self.keeper.close()  # heartbeats stop; leases expire unless deregistered
         await self.conn.close()
 
     async def put_if_absent(self, key: str, record: WorkerRecord, lease_id: int) -> bool:
@@ -195,8 +173,7 @@ class EtcdDiscovery:
         except ETCD_ERRORS as exc:
             raise DiscoveryError(f"etcd ({self.conn.endpoint}): cannot register {key}: {exc}") from exc
         reg = EtcdRegistration(self, record, lease.id)
-        reg.start()
-        self._registrations.add(reg)
+        self.keeper.add(reg)
         return reg
 
     async def _read(self) -> tuple[dict[str, WorkerRecord], int]:

@@ -26,7 +26,14 @@ GRPC_OPTIONS: dict[str, Any] = {
 
 # What a failed etcd call can raise: aetcd's own errors, gRPC errors it did not wrap,
 # timeouts, and OS errors from the channel.
-ETCD_ERRORS: tuple[type[BaseException], ...] = (aetcd.ClientError, TimeoutError, OSError, ValueError)
+ETCD_ERRORS: tuple[type[BaseException], ...] = (
+    aetcd.ClientError,
+    aetcd.rpc.RpcError,
+    aetcd.rpc.BaseError,
+    TimeoutError,
+    OSError,
+    ValueError,
+)
 
 
 def parse_endpoints(values: Iterable[str]) -> list[tuple[str, int]]:
