@@ -74,3 +74,13 @@ def make_engine_env(
 def standin_source(name: str) -> str:
     """Source of a stand-in engine entry point (``sglang_launch_server`` / ``atom_openai_server``)."""
     return (STANDINS / f"{name}.py").read_text()
+
+
+def clean_environ(**extra: str) -> dict[str, str]:
+    """This environment without ``INFERA_*`` settings (every installed plugin loads), plus ``extra``."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERA_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env

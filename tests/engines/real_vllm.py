@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import zmq
+from engine_env import clean_environ
 
 from infera_core.discovery.base import DiscoverySettings
 from infera_core.discovery.etcd import EtcdDiscovery
@@ -45,7 +46,7 @@ def vllm_python() -> tuple[str, str]:
 
 
 def engine_env(cache_root: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERA_")}
+    env = clean_environ()
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # with --kv-cache-memory-bytes it must be unset
     env.update(
         VLLM_ENABLE_V1_MULTIPROCESSING="0",

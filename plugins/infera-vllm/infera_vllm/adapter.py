@@ -70,6 +70,8 @@ OPTIONS: tuple[EngineOption, ...] = (
         0,
         "Port vLLM publishes KV events on (0: pick a free one; replay uses another).",
     ),
+    EngineOption("dp_size", int, 1, "External-LB data-parallel size (one launcher per rank)."),
+    EngineOption("dp_rank", int, None, "This launcher's data-parallel rank (0 … --dp-size - 1)."),
 )
 
 

@@ -1,0 +1,160 @@
+"""``infera-run worker sglang|atom`` end to end with stand-in engines that accept the real
+flags and serve through infera-sim; start-up failures and missing engines as a user sees them."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from engine_env import FakeEngineEnv, clean_environ, make_engine_env, standin_source
+from real_vllm import KvSubscriber, etcd_workers, wait_registered
+
+from infera_core.testing.etcd import EtcdServer
+from infera_core.testing.fleet import LauncherProcess
+
+pytestmark = pytest.mark.slow
+
+
+def sglang_env(root: Path) -> FakeEngineEnv:
+    return make_engine_env(root, "sglang.launch_server", source=standin_source("sglang_launch_server"))
+
+
+def atom_env(root: Path) -> FakeEngineEnv:
+    return make_engine_env(
+        root, "atom.entrypoints.openai_server", source=standin_source("atom_openai_server")
+    )
+
+
+def launch(engine: str, *args: str) -> LauncherProcess:
+    return LauncherProcess(
+        ["worker", engine, "--drain-timeout", "2", "--stop-timeout", "5", *args], clean_environ()
+    )
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "infera_core", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=clean_environ(),
+    )
+
+
+def test_sglang_worker_with_stand_in(tmp_path: Path, etcd_server: EtcdServer) -> None:
+    env = sglang_env(tmp_path)
+    proc = launch(
+        "sglang",
+        "--model",
+        "qwen",
+        "--worker-id",
+        "sglang-1",
+        "--engine-python",
+        env.python,
+        "--etcd-endpoint",
+        etcd_server.endpoint,
+    )
+    try:
+        record = wait_registered(etcd_server, proc, "sglang-1")
+        assert record.engine == "sglang" and record.model == "qwen"
+        assert record.kv_events is not None
+        assert record.kv_events.format == "sglang" and record.kv_events.block_size == 16
+        assert "-m sglang.launch_server --model-path qwen --served-model-name qwen" in proc.output()
+        # the stand-in got the KV ports from --kv-events-config: events arrive where the record says
+        sub = KvSubscriber(record.kv_events.endpoint, record.kv_events.topic)
+        try:
+            body = {"model": "qwen", "prompt": "word " * 80, "max_tokens": 2}
+            assert httpx.post(f"{record.url}/v1/completions", json=body, timeout=10).status_code == 200
+            stored = sub.stored(within=5)
+            assert stored and all(e.block_size == 16 for e in stored)
+        finally:
+            sub.close()
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, proc.output()
+        assert etcd_workers(etcd_server) == {}
+    finally:
+        proc.kill()
+
+
+def test_atom_worker_with_stand_in(tmp_path: Path, etcd_server: EtcdServer) -> None:
+    env = atom_env(tmp_path)
+    proc = launch(
+        "atom",
+        "--model",
+        "ds",
+        "--worker-id",
+        "atom-1",
+        "--engine-python",
+        env.python,
+        "--etcd-endpoint",
+        etcd_server.endpoint,
+    )
+    try:
+        record = wait_registered(etcd_server, proc, "atom-1")
+        assert record.engine == "atom" and record.kv_events is None
+        assert "-m atom.entrypoints.openai_server --model ds --served-model-name ds" in proc.output()
+        assert "--server-port" in proc.output()
+        body = {"model": "ds", "prompt": "hello there", "max_tokens": 2}
+        assert httpx.post(f"{record.url}/v1/completions", json=body, timeout=10).status_code == 200
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, proc.output()
+        assert etcd_workers(etcd_server) == {}
+    finally:
+        proc.kill()
+
+
+def test_atom_refuses_discovery_other_than_etcd(tmp_path: Path) -> None:
+    env = atom_env(tmp_path)
+    out = cli("worker", "atom", "--model", "ds", "--engine-python", env.python, "--discovery", "memory")
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    assert "needs --discovery etcd" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_engine_that_dies_at_start_up_shows_its_last_lines(tmp_path: Path) -> None:
+    env = sglang_env(tmp_path)
+    out = cli(
+        "worker", "sglang", "--model", "qwen", "--engine-python", env.python, "--discovery", "memory",
+        "--", "--stand-in-exit-code", "7",
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr
+    assert "exited with code 7" in out.stderr
+    assert "stand-in sglang: failing on purpose with code 7" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("engine", "package"), [("vllm", "pip install vllm"), ("sglang", "pip install 'sglang[all]'")]
+)
+def test_engine_not_installed_is_one_clear_line(tmp_path: Path, engine: str, package: str) -> None:
+    bare = make_engine_env(tmp_path, None).python
+    out = cli("worker", engine, "--model", "m", "--engine-python", bare, "--discovery", "memory")
+    assert out.returncode == 1
+    assert out.stderr.strip().count("\n") == 0, out.stderr
+    assert package in out.stderr and "Traceback" not in out.stderr
+
+
+def test_engines_command_lists_every_engine_with_its_flags() -> None:
+    out = cli("engines", "--json")
+    assert out.returncode == 0, out.stderr
+    engines = {e["name"]: {o["flag"] for o in e["options"]} for e in json.loads(out.stdout)}
+    assert {"vllm", "sglang", "atom", "sim"} <= set(engines)
+    assert {"--block-size", "--tp", "--pd-connector", "--dp-size", "--dp-rank"} <= engines["vllm"]
+    assert {"--page-size", "--tp", "--transfer-backend", "--dp-size"} <= engines["sglang"]
+    assert {"--tp", "--block-size", "--handshake-port"} <= engines["atom"]
+
+
+def test_worker_vllm_help_documents_flags_and_pass_through() -> None:
+    out = cli("worker", "vllm", "--help")
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    for flag in ("--engine-python", "--block-size", "--pd-connector", "--etcd-endpoint", "--role"):
+        assert flag in text
+    assert "Everything after -- is passed to the engine unchanged" in text
+    assert "multiples of 32" in text
