@@ -225,3 +225,28 @@ async def test_compacted_revision_falls_back_to_a_full_reread(etcd_server: EtcdS
     assert router.reads >= 2 and set(view.workers) == {"raced"}
     await view.stop()
     await router.close()
+
+
+async def test_keepalives_resume_after_an_etcd_restart(etcd_server: EtcdServer) -> None:
+    launcher = await started(settings(etcd_server, lease_ttl=1.0))
+    reg = await launcher.register(rec("w1"))
+    etcd_server.stop()
+    await asyncio.sleep(1.0)
+    etcd_server.start()
+    before = reg.keepalives
+    await asyncio.sleep(3.0)  # 3 × TTL: without resumed keepalives the record would be gone
+    assert reg.keepalives > before
+    assert [r.worker_id for r in await launcher.list_workers()] == ["w1"]
+    await reg.deregister()
+    await launcher.close()
+
+
+async def test_first_reachable_endpoint_of_a_list_is_used(etcd_server: EtcdServer) -> None:
+    endpoints = f"127.0.0.1:{free_port()},{etcd_server.url}"
+    disc = EtcdDiscovery(DiscoverySettings(etcd_endpoints=[endpoints], connect_timeout=2))
+    await disc.start()
+    reg = await disc.register(rec("w1"))
+    assert disc.conn.endpoint == etcd_server.endpoint
+    assert [r.worker_id for r in await disc.list_workers()] == ["w1"]
+    await reg.deregister()
+    await disc.close()

@@ -13,10 +13,13 @@ from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 from infera_core.discovery.view import FleetView
 from infera_core.errors import ConfigError, EngineError
 from infera_core.facade import InferaHooks
+from infera_core.hookspecs import hookimpl
 from infera_core.launcher.address import advertise_host, is_loopback
 from infera_core.launcher.runtime import WorkerLauncher
 from infera_core.launcher.settings import WorkerSettings
+from infera_core.registry import EngineRegistry
 from infera_core.testing.fixtures import make_hooks
+from infera_core.testing.standin_plugin import StandinAdapter
 from infera_core.worker import Role, Status
 
 
@@ -146,3 +149,33 @@ def test_python_dash_m_alias_is_infera_run_worker(standin_env: dict[str, str]) -
         [sys.executable, "-c", code, "--help"], env=standin_env, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0 and "Run the standin engine as a fleet worker" in " ".join(out.stdout.split())
+
+
+class _NoInFlightCount(StandinAdapter):
+    """An engine that does not report in-flight requests."""
+
+    async def in_flight(self, client: httpx.AsyncClient, base_url: str) -> int | None:
+        return None
+
+
+class _NoInFlightPlugin:
+    @hookimpl
+    def infera_register_engines(self, registry: EngineRegistry) -> None:
+        registry.add(_NoInFlightCount())
+
+
+async def test_unknown_in_flight_waits_for_the_drain_timeout() -> None:
+    launcher = WorkerLauncher(
+        make_hooks(("no-count", _NoInFlightPlugin())),
+        "standin",
+        WorkerSettings(model="m", worker_id="blind", drain_timeout=2.0),
+        discovery=MemoryDiscovery(MemoryStore()),
+        echo=lambda line: None,
+    )
+    task = asyncio.create_task(launcher.run())
+    await launcher.wait_registered(within=30)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await launcher.stop()
+    assert await task == 0
+    assert loop.time() - t0 >= 2.0  # no count → it cannot know the engine is idle
