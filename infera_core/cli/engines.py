@@ -50,6 +50,15 @@ def describe_engines(hooks: InferaHooks) -> list[dict[str, Any]]:
     return out
 
 
+def _option_line(o: dict[str, Any]) -> str:
+    line = f"{o['flag']} [{o['env']}]"
+    if o["help"]:
+        line += f": {o['help']}"
+    if o["default"] not in (None, False, ""):
+        line += f" [default: {o['default']}]"
+    return line
+
+
 def warn_failed_plugins(hooks: InferaHooks) -> None:
     """One stderr line when some plugin failed to load (what it provides is missing)."""
     problems = hooks.plugin_problems()
@@ -73,8 +82,6 @@ def engines_cmd(hooks: InferaHooks, as_json: bool) -> None:
     table = Table("engine", "plugin (distribution)", "description", "options")
     for row in rows:
         owner = f"{row['plugin']} ({row['distribution'] or '-'})"
-        opts = "\n".join(
-            f"{o['flag']} [{o['env']}]" + (f": {o['help']}" if o["help"] else "") for o in row["options"]
-        )
+        opts = "\n".join(_option_line(o) for o in row["options"])
         table.add_row(row["name"], owner, row["description"], opts or "-")
     Console().print(table)
