@@ -11,7 +11,8 @@ import pytest
 
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 from infera_core.discovery.view import FleetView
-from infera_core.errors import ConfigError, EngineError
+from infera_core.engine import LaunchContext, LaunchSpec
+from infera_core.errors import ConfigError, DiscoveryError, EngineError
 from infera_core.facade import InferaHooks
 from infera_core.hookspecs import hookimpl
 from infera_core.launcher.address import advertise_host, is_loopback
@@ -179,3 +180,41 @@ async def test_unknown_in_flight_waits_for_the_drain_timeout() -> None:
     await launcher.stop()
     assert await task == 0
     assert loop.time() - t0 >= 2.0  # no count → it cannot know the engine is idle
+
+
+class _AddsEngineFlag:
+    @hookimpl
+    def infera_mutate_engine_launch(self, context: LaunchContext, spec: LaunchSpec) -> None:
+        spec.argv += ["--startup-delay", "0.2"]
+        spec.env["STANDIN_MUTATED"] = context.worker_id
+
+
+async def test_mutation_hook_adjusts_the_launch_and_duplicate_ids_are_refused() -> None:
+    store = MemoryStore()
+    hooks = make_hooks(("standin", "infera_core.testing.standin_plugin"), ("mutator", _AddsEngineFlag()))
+    lines: list[str] = []
+    first = WorkerLauncher(
+        hooks,
+        "standin",
+        WorkerSettings(model="m", worker_id="dup"),
+        discovery=MemoryDiscovery(store),
+        echo=lines.append,
+    )
+    task = asyncio.create_task(first.run())
+    await first.wait_registered(within=30)
+    assert first.process is not None
+    assert first.process.spec.argv[-2:] == ["--startup-delay", "0.2"]
+    assert first.process.spec.env["STANDIN_MUTATED"] == "dup"
+    second = WorkerLauncher(
+        hooks,
+        "standin",
+        WorkerSettings(model="m", worker_id="dup"),
+        discovery=MemoryDiscovery(store),
+        echo=lines.append,
+    )
+    with pytest.raises(DiscoveryError, match="'dup' is already registered"):
+        await second.run()
+    assert second.process is not None and second.process.returncode is not None  # its engine was stopped
+    assert [r.url for r in store.records.values()] == [first.context.url if first.context else ""]
+    await first.stop()
+    assert await task == 0
