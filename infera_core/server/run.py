@@ -65,5 +65,8 @@ async def serve(settings: ServeSettings, hooks: InferaHooks, kv: KvComponent | N
 def run(settings: ServeSettings, hooks: InferaHooks) -> None:
     import uvloop
 
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(serve(settings, hooks))
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve(settings, hooks))
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled: a clean stop
+        log.info("stopped")
