@@ -1,0 +1,243 @@
+"""Executing a PD request: pick a pair, run the transport's protocol, hand decode's response back.
+
+``RouterCore.dispatch`` hands a request here when :meth:`PdDispatcher.applies` (the model's
+fleet is served by pairs); the result is what a mixed dispatch returns — the decode worker
+and its response once its headers arrived — so the proxy relays it unchanged (streamed or
+not; decode's ``usage`` counts the whole prompt because decode received the whole prompt).
+
+* **serial pull** (``vllm-nixl``, ``atom-mooncake``): prefill leg to completion, then decode
+  with its ``kv_transfer_params``. A decode failing before its first byte is retried on
+  another compatible decode worker (the KV stays on the prefill until pulled).
+* **concurrent push** (``sglang-bootstrap``, ``vllm-mooncake``): both legs at once. The
+  prefill leg runs as its own task and is never cancelled (decode depends on it); if it
+  fails before decode answered, decode is abandoned and the request moves to another pair.
+  A decode failing before its first byte is a 502 (its KV went to that decode).
+
+A prefill failure before anything reached the client moves to a new pair, at most
+``pd.max_pair_retries`` times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from typing import Any
+
+import aiohttp
+
+from infera_core.pd import PdContext, PdLegError, PdOrder, PdTransport, PdUnsupported
+from infera_core.registry import PdTransportRegistry
+from infera_core.scheduling.pd import Pair, PdConfig, PdScheduler
+from infera_core.scheduling.scheduler import DIRECT_HEADER, OverloadedError, SchedulingError
+from infera_core.scheduling.types import Endpoint, RequestContext
+from infera_core.server.errors import ApiError
+from infera_core.server.pd.legs import LegFailed, Legs
+from infera_core.server.pd.metrics import PdMetrics
+
+Routed = tuple[Endpoint, aiohttp.ClientResponse]
+
+
+def _api_error(exc: SchedulingError) -> ApiError:
+    if isinstance(exc, OverloadedError):
+        return ApiError(429, str(exc), code="worker_overloaded", headers={"Retry-After": "1"})
+    return ApiError(503, f"No worker available: {exc}", code="no_worker_available")
+
+
+class PdDispatcher:
+    """The server's PD path (one per app)."""
+
+    def __init__(
+        self,
+        core: Any,
+        scheduler: PdScheduler,
+        transports: PdTransportRegistry,
+        metrics: PdMetrics,
+        config: PdConfig,
+    ) -> None:
+        self.core = core
+        self.scheduler = scheduler
+        self.transports = transports
+        self.metrics = metrics
+        self.config = config
+        self.legs = Legs(core.upstream, core.breakers, core.metrics, metrics)
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # -- entry points used by RouterCore -----------------------------------------------
+    def applies(self, ctx: RequestContext) -> bool:
+        """True when ``ctx.model`` is served by pairs; a 503 when it cannot be served at all."""
+        if self.core.scheduler.direct and ctx.headers.get(DIRECT_HEADER):
+            return False
+        topo = self.scheduler.topology(ctx.model)
+        if topo.error is not None:
+            raise ApiError(503, topo.error, code="no_pd_pair")
+        return topo.pd
+
+    def finished(self, ctx: RequestContext, ep: Endpoint, ok: bool) -> None:
+        """The decode leg's relay ended (``RouterCore.release``)."""
+        if not ok:
+            self.metrics.failed("decode_incomplete")
+        self.scheduler.finished(ctx, ep, ok)
+
+    async def dispatch(self, ctx: RequestContext, path: str, body: bytes) -> Routed:
+        client_body: dict[str, Any] = ctx.body if path == ctx.route else json.loads(body)
+        prepare = getattr(self.core, "prepare", None)
+        if prepare is not None and ctx.token_ids is None and self.scheduler.needs_tokens(ctx.model):
+            await prepare(ctx)
+        tried_prefill: list[str] = []
+        last: ApiError | None = None
+        for attempt in range(1 + self.config.max_pair_retries):
+            try:
+                pair = self.scheduler.pick_pair(ctx, tried_prefill)
+            except SchedulingError as exc:
+                raise (last or _api_error(exc)) from None
+            p = pair.prefill
+            protocol = p.record.pd.protocol if p.record.pd else ""
+            transport = self.transports.get(protocol)
+            pctx = PdContext(
+                ctx.request_id, path, prefill_dp_rank=pair.prefill_rank, decode_dp_rank=pair.decode_rank
+            )
+            try:
+                transport.prepare(pctx, p.record, pair.decode.record)
+            except PdUnsupported as exc:
+                raise ApiError(
+                    400, f"This model is served with PD ({protocol}): {exc}", code="pd_unsupported"
+                ) from None
+            self.metrics.paired(p.worker_id, pair.decode.worker_id)
+            try:
+                if transport.order is PdOrder.SERIAL:
+                    return await self._serial(ctx, client_body, pctx, transport, pair, path)
+                return await self._concurrent(ctx, client_body, pctx, transport, pair, path)
+            except LegFailed as exc:
+                if exc.side != "prefill":
+                    raise exc.error from None
+                last = exc.error
+                tried_prefill.append(p.worker_id)
+                if attempt < self.config.max_pair_retries:
+                    self.core.metrics.retried(ctx.model)
+        assert last is not None
+        raise last
+
+    # -- serial pull ------------------------------------------------------------------------
+    async def _serial(
+        self,
+        ctx: RequestContext,
+        body: dict[str, Any],
+        pctx: PdContext,
+        transport: PdTransport,
+        pair: Pair,
+        path: str,
+    ) -> Routed:
+        p, d = pair.prefill, pair.decode
+        leg = transport.prefill_request(body, pctx, p.record, d.record)
+        t0 = time.perf_counter()
+        try:
+            reply = await self.legs.prefill(p, leg, path)
+        except LegFailed:
+            self.scheduler.finished(ctx, p, False)
+            raise
+        t1 = time.perf_counter()
+        self.scheduler.finished(ctx, p, True)
+        self.metrics.phase(ctx.model, "prefill", t1 - t0)
+        tried: list[str] = []
+        while True:
+            try:
+                dleg = transport.decode_request(body, pctx, p.record, d.record, reply)
+            except PdLegError as exc:
+                err = ApiError(502, str(exc), code="pd_protocol_error")
+                raise self.legs.fail("prefill", p, "no_transfer_params", err) from None
+            try:
+                resp = await self.legs.open_decode(d, dleg, path)
+            except LegFailed as exc:
+                self.scheduler.finished(ctx, d, False)
+                tried.append(d.worker_id)
+                if len(tried) > self.config.max_decode_retries:
+                    raise
+                try:
+                    d, pctx.decode_dp_rank = self.scheduler.pick_decode(ctx, p, tried)
+                except SchedulingError:
+                    raise exc from None
+                self.core.metrics.retried(ctx.model)
+                continue
+            t2 = time.perf_counter()
+            self.metrics.phase(ctx.model, "transfer", t2 - t1)
+            self.metrics.phase(ctx.model, "decode_wait", t2 - t1)
+            return d, resp
+
+    # -- concurrent push ----------------------------------------------------------------------
+    async def _concurrent(
+        self,
+        ctx: RequestContext,
+        body: dict[str, Any],
+        pctx: PdContext,
+        transport: PdTransport,
+        pair: Pair,
+        path: str,
+    ) -> Routed:
+        p, d = pair.prefill, pair.decode
+        pleg = transport.prefill_request(body, pctx, p.record, d.record)
+        dleg = transport.decode_request(body, pctx, p.record, d.record, None)
+        t0 = time.perf_counter()
+        ptask = asyncio.ensure_future(self._prefill_timed(ctx, p, pleg, path, t0))
+        self._background.add(ptask)
+        ptask.add_done_callback(self._forget)
+        dtask = asyncio.ensure_future(self.legs.open_decode(d, dleg, path))
+        try:
+            await asyncio.wait((ptask, dtask), return_when=asyncio.FIRST_COMPLETED)
+            if not dtask.done() and ptask.exception() is not None:
+                raise _prefill_failure(ptask)
+            try:
+                resp = await dtask
+            except LegFailed:
+                self.scheduler.finished(ctx, d, False)
+                if ptask.done() and isinstance(ptask.exception(), LegFailed):
+                    raise _prefill_failure(ptask) from None
+                raise
+        except BaseException:
+            _abandon(dtask, d)
+            raise
+        t2 = time.perf_counter()
+        self.metrics.phase(ctx.model, "decode_wait", t2 - t0)
+        if ptask.done() and ptask.exception() is None:
+            self.metrics.phase(ctx.model, "transfer", t2 - ptask.result())
+        return d, resp
+
+    async def _prefill_timed(self, ctx: RequestContext, p: Endpoint, leg: Any, path: str, t0: float) -> float:
+        ok = False
+        try:
+            await self.legs.prefill(p, leg, path, parse=False)
+            ok = True
+        finally:
+            self.scheduler.finished(ctx, p, ok)
+        t1 = time.perf_counter()
+        self.metrics.phase(ctx.model, "prefill", t1 - t0)
+        return t1
+
+    def _forget(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: counted by Legs already
+
+
+def _abandon(dtask: asyncio.Future[aiohttp.ClientResponse], ep: Endpoint) -> None:
+    """Cancel a decode leg; if it already answered, close that response and release ``ep``."""
+
+    def close(fut: asyncio.Future[aiohttp.ClientResponse]) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return  # open_decode released ep itself
+        with contextlib.suppress(Exception):
+            fut.result().close()
+        ep.in_flight -= 1
+
+    if dtask.done():
+        close(dtask)
+    else:
+        dtask.cancel()
+        dtask.add_done_callback(close)
+
+
+def _prefill_failure(ptask: asyncio.Future[float]) -> BaseException:
+    exc = ptask.exception()
+    assert exc is not None
+    return exc

@@ -1,0 +1,148 @@
+"""Sending one PD leg: the prefill leg read in full, the decode leg opened for relaying.
+
+A failure on the worker's side (unreachable, timeout, 5xx, 429, a reply the protocol
+cannot use) raises :class:`LegFailed` after counting it (``infera_pd_failures_total``) and
+feeding the worker's circuit breaker, exactly as a mixed worker's failure would. A 4xx
+from a leg is the client's fault: an :class:`ApiError` carrying the worker's message.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import aiohttp
+
+from infera_core.pd import LegRequest
+from infera_core.scheduling.types import Endpoint
+from infera_core.server.breaker import Breakers
+from infera_core.server.errors import ApiError
+from infera_core.server.metrics import ServerMetrics
+from infera_core.server.pd.metrics import PdMetrics
+from infera_core.server.transport import Upstream, UpstreamError
+
+log = logging.getLogger("infera.server.pd")
+
+_READ_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+
+
+class LegFailed(Exception):
+    """A leg failed on the worker's side; ``side`` is ``prefill`` or ``decode``."""
+
+    def __init__(self, side: str, endpoint: Endpoint, reason: str, error: ApiError) -> None:
+        super().__init__(error.message)
+        self.side = side
+        self.endpoint = endpoint
+        self.reason = reason
+        self.error = error
+
+
+def _client_error(status: int, data: bytes, worker: str) -> ApiError:
+    """The worker's own 4xx, re-raised with its message (the body was the client's)."""
+    message = data[:300].decode("utf-8", "replace")
+    param = code = None
+    try:
+        err = json.loads(data).get("error")
+        if isinstance(err, dict):
+            message = str(err.get("message") or message)
+            param, code = err.get("param"), err.get("code")
+    except (ValueError, AttributeError):
+        pass
+    return ApiError(status, message, param=param, code=code, headers={"X-Infera-Worker": worker})
+
+
+class Legs:
+    """Sends legs through the server's upstream session, with its breakers and metrics."""
+
+    def __init__(self, upstream: Upstream, breakers: Breakers, metrics: ServerMetrics, pd: PdMetrics) -> None:
+        self.upstream = upstream
+        self.breakers = breakers
+        self.metrics = metrics
+        self.pd = pd
+
+    def fail(
+        self, side: str, ep: Endpoint, reason: str, error: ApiError, worker_fault: bool = True
+    ) -> LegFailed:
+        """Count a failure (and feed ``ep``'s breaker); the exception to raise."""
+        self.pd.failed(f"{side}_{reason}")
+        if worker_fault:
+            opened = self.breakers.opened
+            self.breakers.failure(ep)
+            if self.breakers.opened != opened:
+                self.metrics.breaker_opened.inc()
+        log.warning("pd %s leg on worker %s failed (%s): %s", side, ep.worker_id, reason, error.message)
+        return LegFailed(side, ep, f"{side}_{reason}", error)
+
+    async def _open(self, side: str, ep: Endpoint, leg: LegRequest, path: str) -> aiohttp.ClientResponse:
+        headers = {"Content-Type": "application/json", **leg.headers}
+        self.breakers.picked(ep)
+        try:
+            resp = await self.upstream.open(ep, leg.path or path, json.dumps(leg.body).encode(), headers)
+        except UpstreamError as exc:
+            err = ApiError(
+                504 if exc.timeout else 502,
+                f"{side.capitalize()} worker {ep.worker_id} failed before responding: {exc.reason}",
+                code="upstream_timeout" if exc.timeout else "upstream_unreachable",
+            )
+            raise self.fail(side, ep, "timeout" if exc.timeout else "unreachable", err) from None
+        status = resp.status
+        if status >= 500 or status == 429:
+            try:
+                detail = (await resp.read())[:300].decode("utf-8", "replace")
+            except _READ_ERRORS:
+                detail = ""
+            finally:
+                resp.release()
+            err = ApiError(
+                status,
+                f"{side.capitalize()} worker {ep.worker_id} answered {status}: {detail}",
+                code="upstream_error",
+                type="upstream_error" if status >= 500 else None,
+            )
+            raise self.fail(side, ep, "overloaded" if status == 429 else "error", err, status >= 500)
+        return resp
+
+    async def prefill(self, ep: Endpoint, leg: LegRequest, path: str, parse: bool = True) -> dict[str, Any]:
+        """Run the prefill leg to completion; its parsed JSON reply (``{}`` when not ``parse``:
+        a concurrent-push prefill may even stream, its reply is only drained)."""
+        ep.in_flight += 1
+        try:
+            resp = await self._open("prefill", ep, leg, path)
+            try:
+                data = await resp.read()
+            except _READ_ERRORS as exc:
+                err = ApiError(502, f"Prefill worker {ep.worker_id} failed while responding: {exc!r}")
+                raise self.fail("prefill", ep, "read_error", err) from None
+            finally:
+                resp.release()
+        finally:
+            ep.in_flight -= 1
+        if resp.status >= 400:
+            raise _client_error(resp.status, data, ep.worker_id)
+        if not parse:
+            self.breakers.success(ep)
+            return {}
+        try:
+            reply = json.loads(data)
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict):
+            err = ApiError(
+                502, f"Prefill worker {ep.worker_id} answered with something other than a JSON object"
+            )
+            raise self.fail("prefill", ep, "bad_response", err)
+        self.breakers.success(ep)
+        return reply
+
+    async def open_decode(self, ep: Endpoint, leg: LegRequest, path: str) -> aiohttp.ClientResponse:
+        """Open the decode leg; on return the caller owns ``ep.in_flight`` (``RouterCore.release``)."""
+        ep.in_flight += 1
+        try:
+            resp = await self._open("decode", ep, leg, path)
+        except BaseException:
+            ep.in_flight -= 1
+            raise
+        if resp.status < 400 or ep.breaker_open:
+            self.breakers.success(ep)
+        return resp
