@@ -56,6 +56,9 @@ class RouterConfig(ProfileChoice):
     """The whole routing configuration."""
 
     models: dict[str, ProfileChoice] = Field(default_factory=dict)
+    pd: dict[str, Any] | None = None
+    """Prefill/decode disaggregation (``mode``, ``prefill``, ``decode``, ``models``…), parsed by
+    :mod:`infera_core.scheduling.pd`."""
 
 
 def load_router_config(path: str | Path) -> RouterConfig:
