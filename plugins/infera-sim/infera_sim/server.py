@@ -155,7 +155,10 @@ class SimServer:
         rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
         try:
             if parsed.stream:
-                return await stream(request, reqs, parsed, rid_out, created, self.cfg.model, chat, wake)
+                resp = await stream(request, reqs, parsed, rid_out, created, self.cfg.model, chat, wake)
+                if all(r.done for r in reqs):
+                    self.pd.finish(reqs)  # a streamed prefill leg (SGLang bootstrap) still hands its KV over
+                return resp
             while not all(r.done for r in reqs):
                 await wake.wait()
                 wake.clear()
