@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from infera_core.engine import EngineOption
@@ -83,5 +84,5 @@ def engines_cmd(hooks: InferaHooks, as_json: bool) -> None:
     for row in rows:
         owner = f"{row['plugin']} ({row['distribution'] or '-'})"
         opts = "\n".join(_option_line(o) for o in row["options"])
-        table.add_row(row["name"], owner, row["description"], opts or "-")
+        table.add_row(*(escape(c) for c in (row["name"], owner, row["description"], opts or "-")))
     Console().print(table)

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from infera_core.cli.engines import warn_failed_plugins
@@ -74,9 +75,14 @@ def policies_cmd(hooks: InferaHooks, as_json: bool) -> None:
     table = Table("kind", "name", "plugin", "description", "parameters")
     for kind in KINDS:
         for row in data[f"{kind}s"]:
-            table.add_row(
-                kind, row["name"], row["plugin"], row["description"], _params_summary(row["params_schema"])
+            cells = (
+                kind,
+                row["name"],
+                row["plugin"],
+                row["description"],
+                _params_summary(row["params_schema"]),
             )
+            table.add_row(*(escape(c) for c in cells))
     if table.row_count:
         console.print(table)
     else:
@@ -91,7 +97,7 @@ def policies_cmd(hooks: InferaHooks, as_json: bool) -> None:
                 "picker: " + prof["picker"]["name"],
             ]
         )
-        presets.add_row(row["name"], row["plugin"], row["description"], summary)
+        presets.add_row(*(escape(c) for c in (row["name"], row["plugin"], row["description"], summary)))
     if presets.row_count:
         console.print(presets)
     else:

@@ -142,10 +142,7 @@ def test_engines_lists_adapter_owner_and_options() -> None:
     }
     assert opts["kv_events"]["is_flag"] is True and opts["dtype"]["choices"] == ["auto", "bf16"]
     table = " ".join(_invoke(hooks, "engines").stdout.split())
-    assert (
-        "demo-engine" in table
-        and "--block-size [INFERA_BLOCK_SIZE]: KV block size in tokens. [default: 16]" in table
-    )
+    assert "demo-engine" in table and "--block-size [INFERA_BLOCK_SIZE]" in table and "[default: 16]" in table
 
 
 def test_policies_lists_kinds_schemas_and_presets() -> None:
