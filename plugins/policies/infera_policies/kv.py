@@ -12,7 +12,8 @@ The ``kv-aware`` preset combines them. For each candidate worker *w* (after the
 * ``recent(w)`` — dispatches to *w*, decayed by half every 32 dispatches of this
   server (so paced traffic, which never builds up in-flight load, still spreads);
 * the **imbalance guard** first drops workers whose pressure
-  ``in_flight + recent`` exceeds ``1.2 × mean + 1`` over the candidates (never all),
+  ``in_flight + recent`` exceeds ``1.2 × mean + 1``, or the least pressured worker's
+  pressure ``+ 8`` (so no worker idles while others share a hot prefix) — never all,
   so a prefix every request shares (one system prompt) cannot pull all traffic to
   one worker: once it is over the bar, the others get requests and cache it too.
 
@@ -209,26 +210,30 @@ class GuardParams(BaseModel):
 
     factor: float = Field(1.5, ge=1.0, description="Exclude workers above factor × mean pressure (+ slack).")
     slack: float = Field(1.0, ge=0, description="Absolute headroom so low-load noise excludes nobody.")
+    gap: float = Field(
+        8.0, gt=0, description="Also exclude workers this far above the least pressured one (no idle worker)."
+    )
 
 
 class ImbalanceGuard(Filter):
     """Drops workers whose pressure (in-flight + recent dispatches) is above factor × mean + slack."""
 
     name = "imbalance-guard"
-    __slots__ = ("clock", "factor", "slack")
+    __slots__ = ("clock", "factor", "gap", "slack")
 
     def __init__(self, clock: DispatchClock, params: GuardParams | None = None) -> None:
         p = params or GuardParams()
         self.clock = clock
         self.factor = p.factor
         self.slack = p.slack
+        self.gap = p.gap
 
     def filter(self, ctx: RequestContext, candidates: list[Endpoint]) -> list[Endpoint]:
         if len(candidates) < 2:
             return candidates
         recent = self.clock.recent
         pressure = [ep.in_flight + recent(ep) for ep in candidates]
-        bar = self.factor * (sum(pressure) / len(pressure)) + self.slack
+        bar = min(self.factor * (sum(pressure) / len(pressure)) + self.slack, min(pressure) + self.gap)
         kept = [ep for ep, p in zip(candidates, pressure, strict=True) if p <= bar]
         return kept or candidates
 
