@@ -121,8 +121,9 @@ async def _run(policy: str, sims: list[Any], prompts: list[str], concurrency: in
 async def test_kv_aware_beats_round_robin_with_real_sims(sims: list[Any]) -> None:
     prompts = _workload(32, 5)
     rr = await _run("round-robin", sims, prompts)
-    for sim in sims:  # fresh caches for the second run
-        httpx.post(sim.url + "/reset_prefix_cache", timeout=5)
+    async with httpx.AsyncClient(timeout=5) as client:  # fresh caches for the second run
+        for sim in sims:
+            await client.post(sim.url + "/reset_prefix_cache")
     kv = await _run("kv-aware", sims, prompts)
     report = {"kv-aware": {k: kv[k] for k in ("hit", "p90", "imbalance", "picks")}, "round-robin": rr}
     print("kv e2e", report)
