@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from infera_core.kv.events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, KvEvent
 
 _MASK64 = (1 << 64) - 1
+_blake2b = hashlib.blake2b
 
 
 def chain_hash(parent: int | None, token_ids: Sequence[int]) -> int:

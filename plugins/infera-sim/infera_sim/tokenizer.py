@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -49,29 +48,39 @@ def render_chat(messages: list[dict[str, Any]], add_generation_prompt: bool = Tr
     return "".join(parts)
 
 
+class _PieceIds(dict[str, int]):
+    """piece → id, computed once per distinct piece (a fixed hash into the vocabulary)."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, span: int) -> None:
+        super().__init__()
+        self.span = span
+
+    def __missing__(self, piece: str) -> int:
+        digest = hashlib.blake2b(piece.encode(), digest_size=8).digest()
+        value = N_SPECIAL + int.from_bytes(digest, "little") % self.span
+        if len(self) < 1_000_000:
+            self[piece] = value
+        return value
+
+
 class SimTokenizer:
     """Deterministic built-in tokenizer: pieces → ids by a fixed hash (no files needed)."""
 
-    __slots__ = ("_encode_piece", "_words", "vocab_size")
+    __slots__ = ("_ids", "_words", "vocab_size")
 
     def __init__(self, vocab_size: int = 32000) -> None:
         if vocab_size < 64:
             raise ConfigError(f"--vocab-size must be at least 64, got {vocab_size}")
         self.vocab_size = vocab_size
-        span = vocab_size - N_SPECIAL
-
-        @lru_cache(maxsize=65536)
-        def encode_piece(piece: str) -> int:
-            digest = hashlib.blake2b(piece.encode(), digest_size=8).digest()
-            return N_SPECIAL + int.from_bytes(digest, "little") % span
-
-        self._encode_piece = encode_piece
+        self._ids = _PieceIds(vocab_size - N_SPECIAL)
         words: dict[int, str] = {}
         i = 0
-        while len(words) < min(OUTPUT_WORDS, span // 2):
+        while len(words) < min(OUTPUT_WORDS, (vocab_size - N_SPECIAL) // 2):
             a, b, c = i % 16, (i // 16) % 16, (i // 256) % 16
             word = " " + _SYLLABLES[a] + _SYLLABLES[b] + (_SYLLABLES[c] if i >= 256 else "")
-            words.setdefault(encode_piece(word), word)
+            words.setdefault(self._ids[word], word)
             i += 1
         self._words = words
 
@@ -80,8 +89,7 @@ class SimTokenizer:
         return f"infera-sim-v1:vocab={self.vocab_size}"
 
     def _pieces(self, text: str) -> list[int]:
-        enc = self._encode_piece
-        return [enc(p) for p in _PIECE.findall(text)]
+        return list(map(self._ids.__getitem__, _PIECE.findall(text)))
 
     def _encode_with_specials(self, text: str) -> list[int]:
         ids: list[int] = []

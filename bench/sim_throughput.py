@@ -1,0 +1,155 @@
+"""Sim engine throughput: N requests of a shared-prefix workload through one sim process.
+
+Starts ``python -m infera_sim.server --speedup inf`` (KV events on, a subscriber
+draining them), sends ``--requests`` completions (``--prefixes`` shared system prompts
+of ``--prefix-words`` words + a unique tail) with ``--concurrency`` in flight from
+``--clients`` client processes, and reports requests/s, the sim's CPU time per
+request, the prefix-cache hit rate and KV event batches seen.
+
+Run: ``.venv/bin/python bench/sim_throughput.py [--requests 10000] [--stream] [--json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import random
+import threading
+import time
+from typing import Any
+
+import aiohttp
+import psutil
+import zmq
+from infera_sim.metrics import parse_gauges
+from infera_sim.testing import start_sim
+
+
+def _prompts(n: int, prefixes: int, words: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    systems = [" ".join(f"sys{p}w{rng.randrange(500)}" for _ in range(words)) for p in range(prefixes)]
+    return [f"{systems[i % prefixes]} user {i} asks about item{rng.randrange(10**6)}" for i in range(n)]
+
+
+async def _client(url: str, prompts: list[str], concurrency: int, max_tokens: int, stream: bool) -> int:
+    sem = asyncio.Semaphore(concurrency)
+    ok = 0
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=conn) as session:
+
+        async def one(prompt: str) -> None:
+            nonlocal ok
+            body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
+            async with sem, session.post(url + "/v1/completions", json=body) as resp:
+                await resp.read()
+                ok += resp.status == 200
+
+        await asyncio.gather(*(one(p) for p in prompts))
+    return ok
+
+
+def _client_proc(
+    url: str, prompts: list[str], concurrency: int, max_tokens: int, stream: bool, out: Any
+) -> None:
+    out.put(asyncio.run(_client(url, prompts, concurrency, max_tokens, stream)))
+
+
+def _drain_events(endpoint: str, stop: threading.Event, counts: list[int]) -> None:
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.connect(endpoint)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv-events")
+    while not stop.is_set():
+        if sub.poll(100):
+            sub.recv_multipart()
+            counts[0] += 1
+    sub.close(0)
+    ctx.term()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=10000)
+    ap.add_argument("--concurrency", type=int, default=256, help="in flight per client process")
+    ap.add_argument("--clients", type=int, default=1, help="client processes")
+    ap.add_argument("--prefixes", type=int, default=8)
+    ap.add_argument("--prefix-words", type=int, default=200)
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--cache-blocks", type=int, default=16384)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    prompts = _prompts(args.requests, args.prefixes, args.prefix_words, seed=1)
+    flags: dict[str, Any] = {"model": "bench", "speedup": "inf", "cache_blocks": args.cache_blocks}
+    flags["max_num_seqs"] = 1024
+    with start_sim(**flags) as sim:
+        assert sim.kv_events_endpoint is not None
+        stop = threading.Event()
+        counts = [0]
+        drain = threading.Thread(
+            target=_drain_events, args=(sim.kv_events_endpoint, stop, counts), daemon=True
+        )
+        drain.start()
+        proc = psutil.Process(sim.proc.pid)
+        cpu0 = proc.cpu_times()
+        start = time.perf_counter()
+        if args.clients == 1:
+            ok = asyncio.run(_client(sim.url, prompts, args.concurrency, args.max_tokens, args.stream))
+        else:
+            queue: Any = mp.Queue()
+            shards = [prompts[i :: args.clients] for i in range(args.clients)]
+            procs = [
+                mp.Process(
+                    target=_client_proc,
+                    args=(sim.url, shard, args.concurrency, args.max_tokens, args.stream, queue),
+                )
+                for shard in shards
+            ]
+            for p in procs:
+                p.start()
+            ok = sum(queue.get() for _ in procs)
+            for p in procs:
+                p.join()
+        elapsed = time.perf_counter() - start
+        cpu1 = proc.cpu_times()
+        time.sleep(0.3)
+        stop.set()
+        drain.join()
+        import httpx
+
+        metrics = parse_gauges(
+            httpx.get(sim.url + "/metrics").text,
+            (
+                "vllm:prefix_cache_hits_total",
+                "vllm:prefix_cache_queries_total",
+                "vllm:generation_tokens_total",
+            ),
+        )
+    sim_cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+    report = {
+        "requests": args.requests,
+        "ok": ok,
+        "stream": args.stream,
+        "seconds": round(elapsed, 3),
+        "requests_per_s": round(args.requests / elapsed, 1),
+        "sim_cpu_ms_per_request": round(1000 * sim_cpu / args.requests, 3),
+        "prefix_hit_rate": round(
+            metrics.get("vllm:prefix_cache_hits_total", 0)
+            / max(1.0, metrics.get("vllm:prefix_cache_queries_total", 1)),
+            3,
+        ),
+        "generation_tokens": int(metrics.get("vllm:generation_tokens_total", 0)),
+        "kv_event_batches": counts[0],
+    }
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for k, v in report.items():
+            print(f"{k:>24}: {v}")
+
+
+if __name__ == "__main__":
+    main()
