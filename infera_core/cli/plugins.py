@@ -6,6 +6,7 @@ import json
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from infera_core.errors import InferaError
@@ -38,7 +39,8 @@ def plugins_cmd(hooks: InferaHooks, as_json: bool, show_all: bool) -> None:
         for i in rows:
             status = i.status if not i.error else f"{i.status}: {i.error}"
             prov = "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(i.provides.items()))
-            table.add_row(i.name, i.distribution or "-", i.version or "-", status, prov)
+            cells = (i.name, i.distribution or "-", i.version or "-", status, prov)
+            table.add_row(*(escape(c) for c in cells))  # errors may contain [brackets]
         Console().print(table)
     if catalog_error:
         raise InferaError(catalog_error)

@@ -15,7 +15,7 @@ from infera_core.testing.fixtures import fake_entry_point, make_hooks
 from infera_core.testing.plugins import run_infera, write_distribution
 
 BROKEN_MODULE = """
-raise ImportError("infera_broken_demo needs libfoo 9 (not installed)")
+raise ImportError("infera_broken_demo needs libfoo 9 [not installed]")
 """
 
 ENGINE_MODULE = """
@@ -184,8 +184,9 @@ def test_plugins_command_reports_broken_distribution(broken_dist: Path) -> None:
     assert "needs libfoo 9" in broken["error"]
     assert rows["vllm"]["status"] == "ok"
     # the table form shows it too
-    table = run_infera(["plugins"], pythonpath=[broken_dist])
+    table = run_infera(["plugins"], pythonpath=[broken_dist], env={"COLUMNS": "250"})
     assert table.returncode == 0 and "broken" in table.stdout and "failed" in table.stdout
+    assert "[not installed]" in table.stdout
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])
