@@ -3,15 +3,17 @@
 Two kinds of hooks:
 
 * **Catalog hooks** (``infera_register_*``) fire once, when a plugin manager is
-  turned into a :class:`~infera_core.catalog.Catalog`. Each receives a typed
+  turned into a :class:`~infera_core.facade.Catalog`. Each receives a typed
   registry already bound to the calling plugin's name; the plugin adds named
   objects to it. A name added twice fails at start-up, naming both owners.
 * **Broadcast hooks** fire for every plugin that implements them: engine launch
-  mutation, and fleet / routing notifications. They return nothing; exceptions
-  raised by one plugin are logged and do not stop the others.
+  mutation, and fleet / routing notifications. They return nothing. An exception
+  in a notification is logged and does not stop the others; one in
+  ``infera_mutate_engine_launch`` or ``infera_register_commands`` is fatal.
 
 Core never calls ``pm.hook.*`` directly: it goes through
 :class:`infera_core.facade.InferaHooks`, which has one typed method per hook.
+The reference, with an example per hook, is ``docs/hooks.md``.
 """
 
 from __future__ import annotations
