@@ -43,7 +43,8 @@ class SimEngine:
         self._work = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wall0 = 0.0
-        self._reset_pending = False
+        self.held = 0
+        """Requests accepted outside the step loop (``--fault-hang``, PD waits): counted as waiting."""
 
     # -- public API ------------------------------------------------------------------------
     def now(self) -> float:
@@ -287,7 +288,7 @@ class SimEngine:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + self.held
 
     def render_metrics(self) -> str:
         return self.metrics.render(self.num_running, self.num_waiting, self.cache.usage)

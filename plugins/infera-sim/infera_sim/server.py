@@ -121,7 +121,11 @@ class SimServer:
             log.error("fault injection: crashing after %d requests", cfg.fault_crash_after)
             os._exit(17)
         if cfg.fault_hang:
-            await asyncio.Event().wait()
+            self.engine.held += 1
+            try:
+                await asyncio.Event().wait()
+            finally:
+                self.engine.held -= 1
         if cfg.fault_error_rate and self._rng.random() < cfg.fault_error_rate:
             status = cfg.fault_error_status
             kind = {429: "RateLimitError", 503: "ServiceUnavailableError"}.get(status, "InternalServerError")
@@ -144,7 +148,11 @@ class SimServer:
                 )
             rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
             reqs = parsed.make_requests(rid)
-            await self.pd.prepare(body, reqs)
+            self.engine.held += 1
+            try:
+                await self.pd.prepare(body, reqs)
+            finally:
+                self.engine.held -= 1
         except ApiError as err:
             return api_error(err)
         wake = asyncio.Event()
