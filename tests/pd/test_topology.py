@@ -1,0 +1,200 @@
+"""Topology and pairing: automatic PD vs mixed, never a mismatched pair, clear 503s, overrides, DP ranks."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from infera_core.errors import ConfigError
+from infera_core.pd import check_pair
+from infera_core.scheduling.pd import PdScheduler, build_pd_scheduler
+from infera_core.scheduling.scheduler import NoWorkerError
+from infera_core.scheduling.types import RequestContext, SchedulerDeps
+from infera_core.server.fleet import EndpointTable
+from infera_core.testing.fixtures import make_hooks
+from infera_core.testing.server import serving, settings_for
+from infera_core.testing.upstream import FakeUpstream, record_for
+from infera_core.worker import PdInfo, Role, WorkerRecord
+
+MODEL = "fake-model"
+ENGINES = {"vllm": "vllm-nixl", "sglang": "sglang-bootstrap", "atom": "atom-mooncake"}
+
+
+def rec(
+    wid: str, role: Role, engine: str = "vllm", protocol: str | None = None, **extra: Any
+) -> WorkerRecord:
+    pd = None
+    if role is not Role.MIXED:
+        pd = PdInfo(protocol=protocol or ENGINES[engine], params={"bootstrap_port": 8998})
+    return WorkerRecord(
+        worker_id=wid, url=f"http://127.0.0.1:9/{wid}", model=MODEL, engine=engine, role=role, pd=pd, **extra
+    )
+
+
+def pd_scheduler(records: list[WorkerRecord], config: dict[str, Any] | None = None) -> PdScheduler:
+    catalog = make_hooks().catalog()
+    table = EndpointTable()
+    for r in records:
+        table.put(r)
+    sched, _ = build_pd_scheduler(table, config, catalog.policies, SchedulerDeps(), catalog.pd_transports)
+    return sched
+
+
+def ctx() -> RequestContext:
+    return RequestContext("r1", MODEL, "/v1/completions", {"model": MODEL, "prompt": "hi"})
+
+
+def test_prefill_and_decode_of_one_engine_are_served_by_pairs() -> None:
+    sched = pd_scheduler([rec("p", Role.PREFILL), rec("d", Role.DECODE), rec("m", Role.MIXED)])
+    assert sched.topology(MODEL).pd and sched.topology(MODEL).error is None
+    pair = sched.pick_pair(ctx())
+    assert (pair.prefill.worker_id, pair.decode.worker_id) == ("p", "d")
+
+
+def test_mismatched_engines_never_pair_and_mixed_workers_serve_instead() -> None:
+    records = [rec("p-vllm", Role.PREFILL, "vllm"), rec("d-sglang", Role.DECODE, "sglang")]
+    alone = pd_scheduler(records).topology(MODEL)
+    assert alone.error is not None
+    assert "p-vllm runs vllm but decode d-sglang runs sglang" in alone.error
+    with_mixed = pd_scheduler([*records, rec("m", Role.MIXED)]).topology(MODEL)
+    assert not with_mixed.pd and with_mixed.error is None
+    with pytest.raises(NoWorkerError):
+        pd_scheduler(records).pick_pair(ctx())
+
+
+def test_same_engine_different_protocol_never_pairs() -> None:
+    records = [rec("p", Role.PREFILL, "vllm", "vllm-nixl"), rec("d", Role.DECODE, "vllm", "vllm-mooncake")]
+    topo = pd_scheduler(records).topology(MODEL)
+    assert topo.error is not None and "vllm-nixl" in topo.error and "vllm-mooncake" in topo.error
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_mixed_engine_fleets_only_ever_form_compatible_pairs(seed: int) -> None:
+    rng = random.Random(seed)
+    records = [
+        rec(f"w{i}", rng.choice([Role.PREFILL, Role.DECODE]), rng.choice(list(ENGINES))) for i in range(12)
+    ]
+    sched = pd_scheduler(records)
+    if not sched.topology(MODEL).pd or sched.topology(MODEL).error:
+        return
+    seen = set()
+    for _ in range(60):
+        pair = sched.pick_pair(ctx())
+        check_pair(pair.prefill.record, pair.decode.record)  # raises on a mismatch
+        seen.add(pair.prefill.record.engine)
+    assert seen
+
+
+def test_only_one_side_answers_a_clear_message() -> None:
+    only_prefill = pd_scheduler([rec("p1", Role.PREFILL), rec("p2", Role.PREFILL)]).topology(MODEL)
+    assert only_prefill.error is not None
+    assert "no decode worker is active (prefill workers: p1, p2)" in only_prefill.error
+    only_decode = pd_scheduler([rec("d1", Role.DECODE)]).topology(MODEL)
+    assert only_decode.error is not None and "no prefill worker is active" in only_decode.error
+    served = pd_scheduler([rec("d1", Role.DECODE), rec("m", Role.MIXED)]).topology(MODEL)
+    assert not served.pd and served.error is None
+
+
+def test_per_model_override_forces_mixed_or_pd() -> None:
+    fleet = [rec("p", Role.PREFILL), rec("d", Role.DECODE), rec("m", Role.MIXED)]
+    forced_mixed = pd_scheduler(fleet, {"models": {MODEL: {"mode": "mixed"}}}).topology(MODEL)
+    assert not forced_mixed.pd and forced_mixed.error is None
+    forced_pd = pd_scheduler([rec("m", Role.MIXED)], {"mode": "pd"}).topology(MODEL)
+    assert forced_pd.error is not None and "set to PD" in forced_pd.error
+
+
+def test_bad_pd_config_is_a_config_error_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"pd\.mode"):
+        pd_scheduler([], {"mode": "sometimes"})
+    with pytest.raises(ConfigError, match=r"pd\.prefill.*no-such-preset"):
+        pd_scheduler([], {"prefill": {"preset": "no-such-preset"}})
+
+
+def test_draining_decode_is_not_paired() -> None:
+    sched = pd_scheduler(
+        [rec("p", Role.PREFILL), rec("d1", Role.DECODE, status="draining"), rec("d2", Role.DECODE)]
+    )
+    assert {sched.pick_pair(ctx()).decode.worker_id for _ in range(6)} == {"d2"}
+
+
+def test_dp_attention_prefill_gets_every_rank_in_turn() -> None:
+    sched = pd_scheduler([rec("p", Role.PREFILL, "sglang", dp_size=4), rec("d", Role.DECODE, "sglang")])
+    ranks = [sched.pick_pair(ctx()).prefill_rank for _ in range(8)]
+    assert sorted(ranks) == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+# -- over HTTP ---------------------------------------------------------------------------------
+
+
+def fake(up: FakeUpstream, **fields: Any) -> WorkerRecord:
+    record: WorkerRecord = record_for(up)
+    return WorkerRecord.model_validate({**record.model_dump(), **fields})
+
+
+@pytest.fixture
+async def ups() -> AsyncIterator[dict[str, FakeUpstream]]:
+    out = {name: FakeUpstream(name) for name in ("p", "d", "m")}
+    for u in out.values():
+        await u.start()
+    yield out
+    for u in out.values():
+        await u.stop()
+
+
+async def test_mismatched_fleet_answers_503_then_mixed_worker_serves(ups: dict[str, FakeUpstream]) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    async with serving(settings_for(), make_hooks()) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+        srv.store.put(fake(ups["p"], engine="vllm", role="prefill", pd=PdInfo(protocol="vllm-nixl")))
+        srv.store.put(fake(ups["d"], engine="sglang", role="decode", pd=PdInfo(protocol="sglang-bootstrap")))
+        await srv.wait_workers(2)
+        r = await c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 503
+        err = r.json()["error"]
+        assert (
+            err["code"] == "no_pd_pair" and "prefill p runs vllm but decode d runs sglang" in err["message"]
+        )
+        assert ups["p"].requests == 0 and ups["d"].requests == 0
+        srv.store.put(record_for(ups["m"]))
+        await srv.wait_workers(3)
+        r = await c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200 and r.json()["worker"] == "m"
+        assert ups["p"].requests == 0 and ups["d"].requests == 0
+
+
+async def test_router_config_file_forces_mixed(ups: dict[str, FakeUpstream], tmp_path: Path) -> None:
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text(f"preset: round-robin\npd:\n  models:\n    {MODEL}: {{mode: mixed}}\n")
+    body = {"model": MODEL, "prompt": "hi"}
+    async with serving(settings_for(router_config=cfg), make_hooks()) as srv:
+        srv.store.put(fake(ups["p"], engine="sglang", role="prefill", pd=PdInfo(protocol="sglang-bootstrap")))
+        srv.store.put(fake(ups["d"], engine="sglang", role="decode", pd=PdInfo(protocol="sglang-bootstrap")))
+        srv.store.put(record_for(ups["m"]))
+        await srv.wait_workers(3)
+        async with httpx.AsyncClient(base_url=srv.url) as c:
+            r = await c.post("/v1/completions", json=body)
+        assert r.status_code == 200 and r.json()["worker"] == "m"
+        assert ups["p"].requests == 0
+
+
+async def test_sglang_bootstrap_room_steers_the_dp_rank(ups: dict[str, FakeUpstream]) -> None:
+    body = {"model": MODEL, "prompt": "hi"}
+    pd = PdInfo(protocol="sglang-bootstrap", params={"bootstrap_host": "127.0.0.1", "bootstrap_port": 9})
+    async with serving(settings_for(), make_hooks()) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+        srv.store.put(fake(ups["p"], engine="sglang", role="prefill", pd=pd, dp_size=4))
+        srv.store.put(fake(ups["d"], engine="sglang", role="decode", pd=PdInfo(protocol="sglang-bootstrap")))
+        await srv.wait_workers(2)
+        rooms = []
+        for _ in range(4):
+            r = await c.post("/v1/completions", json=body)
+            assert r.status_code == 200 and r.json()["worker"] == "d"
+            sent = json.loads(ups["p"].last_body)
+            assert sent["bootstrap_port"] == 9 and sent["bootstrap_host"] == "127.0.0.1"
+            assert json.loads(ups["d"].last_body)["bootstrap_room"] == sent["bootstrap_room"]
+            rooms.append(sent["bootstrap_room"] % 4)
+        assert sorted(rooms) == [0, 1, 2, 3]
