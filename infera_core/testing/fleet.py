@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,42 @@ def standin_pythonpath(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def standin_env(standin_pythonpath: Path) -> dict[str, str]:
     """Environment for ``infera-run`` subprocesses that know the ``standin`` engine."""
     return standin_environ(standin_pythonpath)
+
+
+@dataclass(frozen=True, slots=True)
+class CliResult:
+    code: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def infera_cli(
+    standin_pythonpath: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., CliResult]:
+    """``infera_cli("workers", "--json")`` runs ``infera-run`` in this process (fast) with the
+    ``standin`` engine installed and no inherited ``INFERA_*`` settings; ``env=`` adds some."""
+    from infera_core.cli import main
+
+    monkeypatch.syspath_prepend(str(standin_pythonpath))
+    for key in [k for k in os.environ if k.startswith("INFERA_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("INFERA_LOAD_PLUGINS", "standin")
+
+    def run(*args: str, env: dict[str, str] | None = None) -> CliResult:
+        with monkeypatch.context() as patch:
+            for key, value in (env or {}).items():
+                patch.setenv(key, value)
+            capsys.readouterr()
+            try:
+                main(list(args))
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            out = capsys.readouterr()
+        return CliResult(code, out.out, out.err)
+
+    return run
 
 
 @pytest.fixture

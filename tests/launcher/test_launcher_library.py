@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -16,10 +15,12 @@ from infera_core.errors import ConfigError, DiscoveryError, EngineError
 from infera_core.facade import InferaHooks
 from infera_core.hookspecs import hookimpl
 from infera_core.launcher.address import advertise_host, is_loopback
+from infera_core.launcher.alias import main_for
 from infera_core.launcher.runtime import WorkerLauncher
 from infera_core.launcher.settings import WorkerSettings
 from infera_core.registry import EngineRegistry
 from infera_core.testing.fixtures import make_hooks
+from infera_core.testing.fleet import CliResult
 from infera_core.testing.standin_plugin import StandinAdapter
 from infera_core.worker import Role, Status
 
@@ -105,51 +106,47 @@ def test_advertise_host_defaults() -> None:
     assert not is_loopback(advertise_host("0.0.0.0")) or advertise_host("0.0.0.0") == "127.0.0.1"
 
 
-def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "infera_core", *args], env=env, capture_output=True, text=True, timeout=60
-    )
-
-
-def test_worker_help_names_env_vars_and_the_double_dash(standin_env: dict[str, str]) -> None:
-    out = run_cli(standin_env, "worker", "standin", "--help")
-    assert out.returncode == 0
+def test_worker_help_names_env_vars_and_the_double_dash(infera_cli: Callable[..., CliResult]) -> None:
+    out = infera_cli("worker", "standin", "--help")
+    assert out.code == 0
     text = " ".join(out.stdout.split())
     assert "Everything after -- is passed to the engine" in text
     for env_var in ("INFERA_MODEL", "INFERA_ETCD_ENDPOINT", "INFERA_DRAIN_TIMEOUT", "INFERA_DELAY"):
         assert env_var in text
 
 
-def test_unknown_engine_lists_the_installed_ones(standin_env: dict[str, str]) -> None:
-    out = run_cli(standin_env, "worker", "nosuch", "--model", "m")
-    assert out.returncode == 1
+def test_unknown_engine_lists_the_installed_ones(infera_cli: Callable[..., CliResult]) -> None:
+    out = infera_cli("worker", "nosuch", "--model", "m")
+    assert out.code == 1
     assert out.stderr.startswith("infera-run: error: unknown engine 'nosuch'; available:")
     assert "standin" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_missing_engine_binary_names_the_package_hint(standin_env: dict[str, str]) -> None:
-    out = run_cli(
-        standin_env,
-        "worker",
-        "standin",
-        "--model",
-        "m",
-        "--discovery",
-        "memory",
-        "--engine-binary",
-        "/no/such/bin",
+def test_bad_flags_are_one_clear_line(infera_cli: Callable[..., CliResult]) -> None:
+    out = infera_cli(
+        "worker", "standin", "--model", "m", "--discovery", "memory", "--engine-binary", "/no/such/bin"
     )
-    assert out.returncode == 1
+    assert out.code == 1
     (line,) = [ln for ln in out.stderr.splitlines() if ln.startswith("infera-run: error:")]
     assert "/no/such/bin is not installed" in line and "pip install" in line
-
-
-def test_python_dash_m_alias_is_infera_run_worker(standin_env: dict[str, str]) -> None:
-    code = "from infera_core.launcher.alias import main_for; main_for('standin')()"
-    out = subprocess.run(
-        [sys.executable, "-c", code, "--help"], env=standin_env, capture_output=True, text=True, timeout=60
+    out = infera_cli("worker", "standin", "--model", "m")
+    assert out.code == 1 and "--etcd-endpoint" in out.stderr and "--discovery" in out.stderr
+    out = infera_cli(
+        "worker", "standin", "--model", "m", "--discovery", "memory", env={"INFERA_LEASE_TTL": "-1"}
     )
-    assert out.returncode == 0 and "Run the standin engine as a fleet worker" in " ".join(out.stdout.split())
+    assert out.code == 1 and "--lease-ttl (env INFERA_LEASE_TTL)" in out.stderr
+    out = infera_cli("worker", "standin", "--model", "m", "--discovery", "static")
+    assert out.code == 1 and "read-only" in out.stderr
+
+
+def test_python_dash_m_alias_is_infera_run_worker(
+    infera_cli: Callable[..., CliResult], capsys: pytest.CaptureFixture[str]
+) -> None:
+    infera_cli()  # sets up the environment (standin installed)
+    with pytest.raises(SystemExit) as exit_:
+        main_for("standin")(["--help"])
+    assert exit_.value.code in (0, None)
+    assert "Run the standin engine as a fleet worker" in " ".join(capsys.readouterr().out.split())
 
 
 class _NoInFlightCount(StandinAdapter):
