@@ -4,13 +4,16 @@ subprocesses running real vLLM, etcd reads, KV event subscription and ``/metrics
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -31,7 +34,21 @@ REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv-vllm"
 ENGINE_ARGS = ["--max-model-len", "2048", "--enforce-eager", "--kv-cache-memory-bytes", "67108864"]
 BLOCK = 32
-START_TIMEOUT = 240.0
+START_TIMEOUT = 420.0
+"""vLLM starts in 20-60 s on an idle 2-core machine; much slower when the cores are shared."""
+
+
+def kv_aware_flags() -> list[str]:
+    """``infera-run serve`` flags for KV-aware routing of the tiny model."""
+    _, model = vllm_python()
+    return [
+        "--router-policy",
+        "kv-aware",
+        "--tokenizer",
+        f"tiny=hf:{model}",
+        "--kv-block-size",
+        f"tiny={BLOCK}",
+    ]
 
 
 def vllm_python() -> tuple[str, str]:
@@ -96,7 +113,21 @@ def vllm_worker(tmp_path: Path, etcd_server: EtcdServer) -> Iterator[Callable[..
 
     yield launch
     for proc in started:
-        proc.kill()
+        stop_launcher(proc)
+
+
+def stop_launcher(proc: LauncherProcess) -> None:
+    """Stop a launcher and make sure its engine is gone (vLLM ignores SIGTERM while it starts)."""
+    if proc.proc.poll() is None:
+        proc.signal(signal.SIGTERM)
+        proc.signal(signal.SIGTERM)  # a second signal skips the drain wait
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    for pid in re.findall(r"engine vllm started \(pid (\d+)\)", proc.output()):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(pid), signal.SIGKILL)
 
 
 class Server:
@@ -134,6 +165,31 @@ class Server:
                 return
             time.sleep(0.2)
         raise AssertionError(f"server never saw workers {ids}")
+
+    def post_completion(self, prompt: str, max_tokens: int = 4) -> httpx.Response:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        response = httpx.post(f"{self.url}/v1/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        return response
+
+    def cache_view(self, worker_id: str) -> dict[str, Any]:
+        response = httpx.get(f"{self.url}/v1/admin/cache-view/{worker_id}", timeout=5)
+        assert response.status_code == 200, response.text
+        view: dict[str, Any] = response.json()
+        return view
+
+    def wait_cached(self, worker_id: str, blocks: int, within: float = 15) -> dict[str, Any]:
+        """The router's view of ``worker_id`` once it mirrors at least ``blocks`` blocks."""
+        deadline = time.monotonic() + within
+        while True:
+            view = self.cache_view(worker_id)
+            if int(view.get("blocks", 0)) >= blocks:
+                return view
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"router mirrors {view.get('blocks')} < {blocks} blocks of {worker_id}: {view}"
+                )
+            time.sleep(0.2)
 
     def close(self) -> None:
         if self.proc.poll() is None:

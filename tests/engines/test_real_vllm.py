@@ -12,12 +12,21 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from real_vllm import BLOCK, KvSubscriber, Server, etcd_workers, long_prompt, prefix_cache, wait_registered
+from real_vllm import (
+    BLOCK,
+    KvSubscriber,
+    Server,
+    etcd_workers,
+    kv_aware_flags,
+    long_prompt,
+    prefix_cache,
+    wait_registered,
+)
 
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def completion(url: str, prompt: str, **extra: object) -> dict[str, object]:
@@ -51,13 +60,16 @@ def test_real_vllm_worker_registers_serves_publishes_and_drains(
         time.sleep(0.5)  # let the SUB connect before the first publish
         prompt = long_prompt("alpha")
         hits0, queries0 = prefix_cache(record.url)
-        server = serve()
+        server = serve(*kv_aware_flags())
         server.wait_workers({"vllm-a"})
         first = completion(server.url, prompt)
         assert first["model"] == "tiny"
         stored = sub.stored(within=10)
         assert stored, "no BlockStored event from vLLM after a 300-token prompt"
         assert all(e.block_size == BLOCK and len(e.token_ids) == BLOCK * len(e.block_hashes) for e in stored)
+        # the router's index fills from the same real events
+        view = server.wait_cached("vllm-a", blocks=sum(len(e.block_hashes) for e in stored))
+        assert not view.get("mismatch"), view
 
         # the same prefix again: vLLM's own prefix cache counts hits
         completion(server.url, prompt)
@@ -76,3 +88,33 @@ def test_real_vllm_worker_registers_serves_publishes_and_drains(
     assert "vllm-a" not in etcd_workers(etcd_server)
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{record.url}/health", timeout=2)
+
+
+def test_two_real_vllm_workers_kv_aware_routes_a_repeated_prefix_to_its_cache(
+    vllm_worker: Callable[..., LauncherProcess], etcd_server: EtcdServer, serve: Callable[..., Server]
+) -> None:
+    started = time.monotonic()
+    launchers = {wid: vllm_worker(wid) for wid in ("vllm-a", "vllm-b")}
+    records = {wid: wait_registered(etcd_server, proc, wid) for wid, proc in launchers.items()}
+    print(f"two real vLLM workers registered after {time.monotonic() - started:.1f}s")
+    server = serve(*kv_aware_flags())
+    server.wait_workers(set(records))
+
+    prompt = long_prompt("beta", words=400)
+    first = server.post_completion(prompt)
+    owner = first.headers["x-infera-worker"]
+    other = next(w for w in records if w != owner)
+    server.wait_cached(owner, blocks=8)
+    before = {w: prefix_cache(r.url) for w, r in records.items()}
+
+    picked = [server.post_completion(prompt).headers["x-infera-worker"] for _ in range(4)]
+    after = {w: prefix_cache(r.url) for w, r in records.items()}
+    gained = {w: after[w][0] - before[w][0] for w in records}
+    print(f"kv-aware picks for the repeated prefix: {picked}; prefix-cache hits gained: {gained}")
+    assert picked == [owner] * 4, f"the repeated prefix left the worker that cached it ({owner})"
+    assert gained[owner] >= 4 * 8 * BLOCK
+    assert after[other][1] == before[other][1], "the other worker saw prompt tokens it should not have"
+    for proc in launchers.values():
+        proc.signal(signal.SIGTERM)
+    for proc in launchers.values():
+        assert proc.wait(60) == 0, proc.output()[-2000:]
