@@ -22,6 +22,11 @@ GRPC_OPTIONS: dict[str, Any] = {
     "grpc.min_reconnect_backoff_ms": 100,
     "grpc.max_reconnect_backoff_ms": 1000,
     "grpc.enable_http_proxy": 0,
+    # notice a silently dead connection (no RST) within ~15 s; etcd allows pings every 5 s
+    "grpc.keepalive_time_ms": 10_000,
+    "grpc.keepalive_timeout_ms": 5_000,
+    "grpc.keepalive_permit_without_calls": 1,
+    "grpc.http2.max_pings_without_data": 0,
 }
 
 # What a failed etcd call can raise: aetcd's own errors, gRPC errors it did not wrap,
