@@ -14,9 +14,16 @@ BODY = {"prompt": "hello", "max_tokens": 2}
 
 
 def test_error_rate_and_slow_start() -> None:
-    with start_sim(
-        speedup="inf", fault_error_rate=0.5, fault_error_status=429, fault_slow_start=1.5, wait_healthy=False
-    ) as sim, httpx.Client(timeout=5) as client:
+    with (
+        start_sim(
+            speedup="inf",
+            fault_error_rate=0.5,
+            fault_error_status=429,
+            fault_slow_start=1.5,
+            wait_healthy=False,
+        ) as sim,
+        httpx.Client(timeout=5) as client,
+    ):
         deadline = time.monotonic() + 20
         while True:
             try:
