@@ -215,3 +215,11 @@ def test_approximate_prefix_follows_past_decisions_and_forgets_after_ttl() -> No
         "p2", "m", "/v1/chat/completions", {"messages": [{"role": "system", "content": system}]}
     )
     assert scorer.score(probe2, eps) == [0.0] * 4
+
+
+def test_a_repeated_prompt_stays_on_the_worker_that_cached_it() -> None:
+    fleet = Fleet(2, "kv-aware")
+    tokens = list(range(25 * BS))
+    picks = [fleet.route(tokens) for _ in range(6)]
+    assert len(set(picks)) == 1, picks
+    assert fleet.hits == 5 * 25

@@ -12,7 +12,7 @@ The ``kv-aware`` preset combines them. For each candidate worker *w* (after the
 * ``recent(w)`` — dispatches to *w*, decayed by half every 32 dispatches of this
   server (so paced traffic, which never builds up in-flight load, still spreads);
 * the **imbalance guard** first drops workers whose pressure
-  ``in_flight + recent`` exceeds ``1.2 × mean + 1``, or the least pressured worker's
+  ``in_flight + recent`` exceeds ``1.2 × mean + 4``, or the least pressured worker's
   pressure ``+ 8`` (so no worker idles while others share a hot prefix) — never all,
   so a prefix every request shares (one system prompt) cannot pull all traffic to
   one worker: once it is over the bar, the others get requests and cache it too.
@@ -209,14 +209,14 @@ class GuardParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     factor: float = Field(1.5, ge=1.0, description="Exclude workers above factor × mean pressure (+ slack).")
-    slack: float = Field(1.0, ge=0, description="Absolute headroom so low-load noise excludes nobody.")
+    slack: float = Field(4.0, ge=0, description="Absolute headroom so low-load noise excludes nobody.")
     gap: float = Field(
         8.0, gt=0, description="Also exclude workers this far above the least pressured one (no idle worker)."
     )
 
 
 class ImbalanceGuard(Filter):
-    """Drops workers whose pressure (in-flight + recent dispatches) is above factor × mean + slack."""
+    """Drops workers whose pressure (in-flight + recent dispatches) exceeds factor × mean + slack or min + gap."""
 
     name = "imbalance-guard"
     __slots__ = ("clock", "factor", "gap", "slack")
