@@ -63,11 +63,14 @@ def sim_record(
         pd = PdInfo(protocol=protocol, params=params)
     kv = None
     if handle.kv_events_endpoint:
+        from infera_sim.tokenizer import make_tokenizer
+
         kv = KvEventsInfo(
             endpoint=handle.kv_events_endpoint,
             format="vllm",
             block_size=block_size,
             replay_endpoint=handle.replay_endpoint,
+            fingerprint=make_tokenizer().fingerprint,
         )
     return WorkerRecord(
         worker_id=worker_id,
