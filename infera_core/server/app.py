@@ -66,6 +66,23 @@ class KvComponent(Protocol):
     async def stop(self) -> None: ...
 
 
+class InferaApp(FastAPI):
+    """FastAPI with a fast path: ``POST`` to a hot route goes straight to its raw ASGI
+    endpoint, skipping the middleware stack and route matching (measured: ~15% of the
+    router's CPU per proxied request). Everything else is plain FastAPI."""
+
+    hot_routes: dict[str, Any]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = self.hot_routes.get(scope["path"])
+            if endpoint is not None:
+                scope["app"] = self
+                await endpoint(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
 def make_discovery(settings: ServeSettings, hooks: InferaHooks) -> Discovery:
     factory = hooks.catalog().discovery.get(settings.discovery)
     return factory.create(
@@ -152,25 +169,17 @@ def create_app(
             app.state.fleet_view = view
             yield
 
-    app = FastAPI(title="Infera", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = InferaApp(title="Infera", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.core = core
     app.state.settings = settings
     limit = settings.max_body_bytes
-    app.router.routes.extend(
-        [
-            Route(
-                "/v1/chat/completions",
-                OpenAIProxy(core, "/v1/chat/completions", check_chat, limit),
-                methods=["POST"],
-            ),
-            Route(
-                "/v1/completions",
-                OpenAIProxy(core, "/v1/completions", check_completion, limit),
-                methods=["POST"],
-            ),
-            Route("/v1/messages", MessagesProxy(core, limit), methods=["POST"]),
-        ]
-    )
+    app.hot_routes = {
+        "/v1/chat/completions": OpenAIProxy(core, "/v1/chat/completions", check_chat, limit),
+        "/v1/completions": OpenAIProxy(core, "/v1/completions", check_completion, limit),
+        "/v1/messages": MessagesProxy(core, limit),
+    }
+    # the same endpoints through the ordinary router too (405 for other methods)
+    app.router.routes.extend(Route(path, ep, methods=["POST"]) for path, ep in app.hot_routes.items())
     _control_routes(app, core, kv)
     _error_handlers(app)
     return app

@@ -14,6 +14,7 @@ import asyncio
 import socket
 
 import aiohttp
+from yarl import URL
 
 from infera_core.scheduling.types import Endpoint
 
@@ -59,6 +60,7 @@ class Upstream:
         )
         self._max_connections = max_connections
         self.session: aiohttp.ClientSession | None = None
+        self._urls: dict[tuple[str, str], URL] = {}
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
@@ -86,9 +88,15 @@ class Upstream:
         """POST ``body`` to ``endpoint``; return the response once its headers arrived."""
         session = self.session
         assert session is not None, "Upstream.start() was not called"
+        key = (endpoint.record.url, path)
+        url = self._urls.get(key)
+        if url is None:
+            if len(self._urls) > 4096:
+                self._urls.clear()
+            url = self._urls[key] = URL(endpoint.record.url.rstrip("/") + path)
         try:
             async with asyncio.timeout(self.first_byte_timeout):
-                return await session.post(endpoint.url + path, data=body, headers=headers or JSON_HEADERS)
+                return await session.post(url, data=body, headers=headers or JSON_HEADERS)
         except TimeoutError:
             raise UpstreamError(endpoint, "no response before the first-byte timeout", timeout=True) from None
         except (aiohttp.ClientError, OSError) as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, cast
 
 _DATA = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok "}}]}\n\n'
 
@@ -23,9 +23,8 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self.up.connections.add(transport)
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self.up.connections.add(self.transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.transport is not None:

@@ -1,0 +1,282 @@
+"""Proxy overhead on loopback: direct vs Infera vs sglang-router, in one run.
+
+Two fast fake upstreams (``infera_core.testing.upstream.FakeUpstream`` on uvloop, in
+their own process) serve non-streaming JSON and 64-chunk SSE streams. The same
+closed-loop load (aiohttp client, uvloop, concurrency 1/16/64) goes
+
+* direct to the upstreams (round robin in the client),
+* through ``infera-run serve`` (static fleet, ``--router-policy round-robin``),
+* through ``sglang-router`` (``python -m sglang_router.launch_router --policy round_robin``),
+  when it is installed (``uv pip install sglang-router``).
+
+Reported per case: requests/s, p50/p99 latency, latency added over direct, and the
+router's CPU per request (utime+stime of the router process and its children from
+``/proc``, delta over the run / requests).
+
+    .venv/bin/python bench/proxy_overhead.py [--requests 2000] [--concurrency 1,16,64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import httpx
+import psutil
+import yaml
+
+from infera_core.testing.net import free_port
+
+MODEL = "fake-model"
+BODY = b'{"model": "fake-model", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 64}'
+STREAM_BODY = BODY[:-1] + b', "stream": true}'
+
+
+# -- the fake upstream process ---------------------------------------------------------
+def serve_upstreams(ports: list[int]) -> None:
+    import uvloop
+
+    from infera_core.testing.upstream import FakeUpstream
+
+    async def main() -> None:
+        ups = [FakeUpstream(f"up{i}", MODEL, chunks=64) for i in range(len(ports))]
+        for u, p in zip(ups, ports, strict=True):
+            await u.start(p)
+        print("ready", flush=True)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
+# -- helpers ---------------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """utime+stime of ``pid`` and all its live descendants (from /proc)."""
+    total = 0.0
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for p in procs:
+        try:
+            fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError):
+            pass
+    return total
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready after {timeout}s")
+
+
+@contextlib.contextmanager
+def process(argv: list[str], ready_url: str, timeout: float = 90) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        wait_http(ready_url, timeout, proc)
+        yield proc
+    except Exception:
+        if proc.poll() is not None and proc.stderr is not None:
+            sys.stderr.write(proc.stderr.read().decode(errors="replace")[-3000:])
+        raise
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+# -- the load generator ----------------------------------------------------------------
+@dataclass
+class Result:
+    rps: float
+    p50: float
+    p99: float
+    errors: int
+
+
+async def _load(urls: list[str], body: bytes, stream: bool, concurrency: int, total: int) -> Result:
+    connector = aiohttp.TCPConnector(limit=0)
+    lat: list[float] = []
+    errors = 0
+    counter = iter(range(total))
+    headers = {"Content-Type": "application/json"}
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def one(url: str) -> None:
+            nonlocal errors
+            t0 = time.perf_counter()
+            async with session.post(url, data=body, headers=headers) as resp:
+                if stream:
+                    async for _ in resp.content.iter_any():
+                        pass
+                else:
+                    await resp.read()
+                if resp.status != 200:
+                    errors += 1
+            lat.append(time.perf_counter() - t0)
+
+        async def worker(k: int) -> None:
+            for i in counter:
+                await one(urls[(i + k) % len(urls)])
+
+        # warm the connections
+        await asyncio.gather(*[one(urls[k % len(urls)]) for k in range(concurrency)])
+        lat.clear()
+        t0 = time.perf_counter()
+        await asyncio.gather(*[worker(k) for k in range(concurrency)])
+        elapsed = time.perf_counter() - t0
+    lat.sort()
+    return Result(
+        rps=len(lat) / elapsed,
+        p50=statistics.median(lat),
+        p99=lat[min(len(lat) - 1, int(len(lat) * 0.99))],
+        errors=errors,
+    )
+
+
+def run_load(urls: list[str], stream: bool, concurrency: int, total: int) -> Result:
+    import uvloop
+
+    body = STREAM_BODY if stream else BODY
+    return uvloop.run(_load(urls, body, stream, concurrency, total))
+
+
+# -- the benchmark ---------------------------------------------------------------------
+@dataclass
+class Row:
+    target: str
+    mode: str
+    concurrency: int
+    result: Result
+    cpu_us: float | None
+
+
+def measure(
+    target: str, urls: list[str], pid: int | None, concurrencies: list[int], total: int, rows: list[Row]
+) -> None:
+    for stream in (False, True):
+        for c in concurrencies:
+            n = total if not stream else max(total // 2, c * 4)
+            cpu0 = cpu_seconds(pid) if pid else 0.0
+            res = run_load(urls, stream, c, n)
+            cpu = (cpu_seconds(pid) - cpu0) / n * 1e6 if pid else None
+            rows.append(Row(target, "stream-64" if stream else "json", c, res, cpu))
+            print(
+                f"  {target:14s} {'stream' if stream else 'json':6s} c={c:<3d} {res.rps:8.0f} req/s "
+                f"p50 {res.p50 * 1e3:7.2f} ms p99 {res.p99 * 1e3:7.2f} ms"
+                + (f" cpu {cpu:6.0f} µs/req" if cpu is not None else "")
+                + (f" errors {res.errors}" if res.errors else ""),
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def table(rows: list[Row]) -> str:
+    direct = {(r.mode, r.concurrency): r.result for r in rows if r.target == "direct"}
+    out = [
+        "| target | mode | conc | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | router CPU µs/req |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        d = direct.get((r.mode, r.concurrency))
+        add50 = f"{(r.result.p50 - d.p50) * 1e3:+.2f}" if d and r.target != "direct" else "-"
+        add99 = f"{(r.result.p99 - d.p99) * 1e3:+.2f}" if d and r.target != "direct" else "-"
+        cpu = f"{r.cpu_us:.0f}" if r.cpu_us is not None else "-"
+        err = f" ({r.result.errors} errors)" if r.result.errors else ""
+        out.append(
+            f"| {r.target} | {r.mode} | {r.concurrency} | {r.result.rps:.0f}{err} | {r.result.p50 * 1e3:.2f} | "
+            f"{r.result.p99 * 1e3:.2f} | {add50} | {add99} | {cpu} |"
+        )
+    routers = {r.target for r in rows} - {"direct"}
+    if {"infera", "sglang-router"} <= routers:
+        inf = [r.cpu_us for r in rows if r.target == "infera" and r.cpu_us]
+        sgl = [r.cpu_us for r in rows if r.target == "sglang-router" and r.cpu_us]
+        if inf and sgl:
+            ratio = statistics.mean(inf) / statistics.mean(sgl)
+            out.append("")
+            out.append(f"Infera / sglang-router CPU per request (mean over cases): {ratio:.2f}×")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=2000, help="requests per case (streams: half)")
+    ap.add_argument("--concurrency", default="1,16,64")
+    ap.add_argument("--skip-sglang", action="store_true")
+    ap.add_argument("--serve-upstreams", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve_upstreams:
+        serve_upstreams([int(p) for p in args.serve_upstreams.split(",")])
+        return
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    ports = [free_port(), free_port()]
+    up_urls = [f"http://127.0.0.1:{p}" for p in ports]
+    rows: list[Row] = []
+    py = sys.executable
+    with (
+        process([py, __file__, "--serve-upstreams", ",".join(map(str, ports))], up_urls[0] + "/health"),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        print("direct", file=sys.stderr)
+        measure(
+            "direct", [u + "/v1/chat/completions" for u in up_urls], None, concurrencies, args.requests, rows
+        )
+
+        fleet = Path(tmp) / "fleet.yaml"
+        workers = [
+            {"worker_id": f"up{i}", "url": u, "model": MODEL, "engine": "fake"} for i, u in enumerate(up_urls)
+        ]
+        fleet.write_text(yaml.safe_dump({"workers": workers}))
+        port = free_port()
+        argv = [str(Path(py).with_name("infera-run")), "--log-level", "warning", "serve", "--port", str(port)]
+        argv += ["--discovery", "static", "--static-file", str(fleet), "--router-policy", "round-robin"]
+        with process(argv, f"http://127.0.0.1:{port}/health") as proc:
+            print("infera", file=sys.stderr)
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            measure("infera", [url], proc.pid, concurrencies, args.requests, rows)
+
+        if not args.skip_sglang and importlib.util.find_spec("sglang_router") is not None:
+            port = free_port()
+            argv = [py, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port)]
+            argv += ["--worker-urls", *up_urls, "--policy", "round_robin", "--log-level", "warn"]
+            with process(argv, f"http://127.0.0.1:{port}/health") as proc:
+                print("sglang-router", file=sys.stderr)
+                url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                measure("sglang-router", [url], proc.pid, concurrencies, args.requests, rows)
+        elif not args.skip_sglang:
+            print("sglang-router is not installed (uv pip install sglang-router): skipped", file=sys.stderr)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
