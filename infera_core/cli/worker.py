@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
 import click
@@ -17,11 +18,21 @@ from infera_core.engine import EngineAdapter, EngineOption
 from infera_core.facade import InferaHooks
 from infera_core.launcher.runtime import run_worker
 from infera_core.launcher.settings import WorkerSettings
-from infera_core.settings import click_options, resolve
+from infera_core.settings import click_options, read_config_file, resolve
 
 log = logging.getLogger("infera.launcher")
 
 OPT_PREFIX = "engine_opt_"
+
+CONFIG_OPTION = click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="YAML/JSON file of settings, engine options included (lower priority than flags and env). "
+    "[env: INFERA_CONFIG]",
+    envvar="INFERA_CONFIG",
+)
 
 ENGINE_HELP = """Run the {engine} engine as a fleet worker: start it, wait until it serves,
 register it for discovery, and drain it on SIGTERM/SIGINT (a second signal stops at once).
@@ -55,10 +66,18 @@ def _engine_option(opt: EngineOption) -> click.Option:
 
 def _engine_command(hooks: InferaHooks, adapter: EngineAdapter) -> click.Command:
     @click.pass_context
-    def callback(ctx: click.Context, /, engine_args: tuple[str, ...], **values: Any) -> None:
+    def callback(
+        ctx: click.Context, /, config_file: Path | None, engine_args: tuple[str, ...], **values: Any
+    ) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health check otherwise
-        settings = resolve(WorkerSettings, {k: v for k, v in values.items() if not k.startswith(OPT_PREFIX)})
-        options = {k[len(OPT_PREFIX) :]: v for k, v in values.items() if k.startswith(OPT_PREFIX)}
+        infera = {k: v for k, v in values.items() if not k.startswith(OPT_PREFIX)}
+        settings = resolve(WorkerSettings, infera, config_file)
+        file_data = read_config_file(config_file) if config_file else {}
+        options = {}
+        for key, value in values.items():
+            if key.startswith(OPT_PREFIX):
+                name = key[len(OPT_PREFIX) :]
+                options[name] = value if value is not None else file_data.get(name)
         code = asyncio.run(
             run_worker(hooks, adapter.name, settings, engine_args=list(engine_args), options=options)
         )
@@ -69,7 +88,7 @@ def _engine_command(hooks: InferaHooks, adapter: EngineAdapter) -> click.Command
         help=ENGINE_HELP.format(engine=adapter.name, description=adapter.description),
         short_help=adapter.description,
         context_settings={"max_content_width": 110},
-    )(click_options(WorkerSettings)(callback))
+    )(CONFIG_OPTION(click_options(WorkerSettings)(callback)))
     taken = {opt for p in command.params for opt in getattr(p, "opts", [])}
     for opt in adapter.options():
         if opt.flag in taken:

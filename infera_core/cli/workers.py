@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import click
 from pydantic import Field
@@ -58,12 +59,20 @@ def _age(started_at: float) -> str:
 
 
 @click.command("workers")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="YAML/JSON file of settings (lower priority than flags and env). [env: INFERA_CONFIG]",
+    envvar="INFERA_CONFIG",
+)
 @click_options(WorkersSettings)
 @click.option("--json", "as_json", is_flag=True, help="Print the worker records as JSON.")
 @click.pass_obj
-def workers_cmd(hooks: InferaHooks, /, as_json: bool, **values: object) -> None:
+def workers_cmd(hooks: InferaHooks, /, config_file: Path | None, as_json: bool, **values: object) -> None:
     """List the workers registered in the fleet (etcd, or a static file)."""
-    settings = resolve(WorkersSettings, values)
+    settings = resolve(WorkersSettings, values, config_file)
     records = asyncio.run(list_fleet(hooks, settings))
     if as_json:
         click.echo(json.dumps([r.model_dump(mode="json") for r in records], indent=2))

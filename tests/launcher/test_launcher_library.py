@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -215,3 +216,14 @@ async def test_mutation_hook_adjusts_the_launch_and_duplicate_ids_are_refused() 
     assert [r.url for r in store.records.values()] == [first.context.url if first.context else ""]
     await first.stop()
     assert await task == 0
+
+
+def test_config_file_feeds_infera_settings_and_engine_options(
+    tmp_path: Path, infera_cli: Callable[..., CliResult]
+) -> None:
+    config = tmp_path / "worker.yaml"
+    config.write_text("model: m\ndiscovery: memory\nengine_binary: /from/config/file\n")
+    out = infera_cli("worker", "standin", "--config", str(config))
+    assert out.code == 1 and "/from/config/file is not installed" in out.stderr
+    out = infera_cli("worker", "standin", "--config", str(config), "--engine-binary", "/from/flag")
+    assert out.code == 1 and "/from/flag is not installed" in out.stderr  # the flag wins
