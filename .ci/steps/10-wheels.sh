@@ -20,9 +20,10 @@ done
 
 echo "building ${#dists[@]} wheels"
 for d in "${dists[@]}"; do
-  if command -v uv >/dev/null 2>&1; then
-    uv build -q --wheel --out-dir "$WHEELS" "$d" || { echo "wheels: FAILED to build $d" >&2; exit 1; }
-  else
+  # uv builds in an isolated env (hatchling from PyPI); without PyPI, fall back to the
+  # dev venv's hatchling. Failing both is a packaging error.
+  if ! { command -v uv >/dev/null 2>&1 && uv build -q --wheel --out-dir "$WHEELS" "$d"; }; then
+    echo "wheels: isolated build of $d failed; retrying with the dev venv's hatchling" >&2
     .venv/bin/python -m build -q --wheel --no-isolation --outdir "$WHEELS" "$d" >/dev/null \
       || { echo "wheels: FAILED to build $d" >&2; exit 1; }
   fi
