@@ -234,12 +234,7 @@ class KvIndex:
                         view.unknown_parent += 1
                         return
             ph = found
-        tier = _MEDIUM_TIER.get(ev.medium)
-        if tier is None:
-            tier = medium_tier(ev.medium)
-        em = view.emap[tier]
-        rc = view.rcount[tier]
-        masks = self.masks[tier]
+        em, rc, masks = self._tier_maps(view, ev.medium)
         bit = view.bit
         toks = ev.token_ids
         bs = ev.block_size
@@ -262,15 +257,19 @@ class KvIndex:
             else:
                 rc[h] = c + 1
 
+    def _tier_maps(
+        self, view: WorkerView, medium: str | None
+    ) -> tuple[dict[BlockHash, int], dict[int, int], dict[int, int]]:
+        """(engine→router map, router-hash counts, global masks) of the medium's tier."""
+        tier = _MEDIUM_TIER.get(medium)
+        if tier is None:
+            tier = medium_tier(medium)
+        return view.emap[tier], view.rcount[tier], self.masks[tier]
+
     def _remove(self, view: WorkerView, ev: BlockRemoved) -> None:
         if ev.group_idx is not None and ev.group_idx in view.skipped_groups:
             return
-        tier = _MEDIUM_TIER.get(ev.medium)
-        if tier is None:
-            tier = medium_tier(ev.medium)
-        em = view.emap[tier]
-        rc = view.rcount[tier]
-        masks = self.masks[tier]
+        em, rc, masks = self._tier_maps(view, ev.medium)
         nbit = ~view.bit
         for eh in ev.block_hashes:
             rh = em.pop(eh, None)
