@@ -15,7 +15,7 @@ from infera_core.errors import ConfigError
 from infera_core.testing.fixtures import make_hooks
 from infera_core.tokenize.base import Tokenizer, TokenizerFactory
 
-MESSAGES = [
+MESSAGES: list[dict[str, Any]] = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": [{"type": "text", "text": "Hi, how are you?"}]},
 ]
