@@ -79,7 +79,8 @@ async def test_register_then_drain_on_sigterm(
     assert await worker.exited(within=15) == 0
     deleted_at = next(t for t, c in changes if c.kind is ChangeKind.DELETE)
     draining_at = next(t for t, c in changes if c.record is not None and c.record.status is Status.DRAINING)
-    assert sent_term <= draining_at < finished <= deleted_at + 0.3  # deleted only after the work finished
+    # deleted only after the work finished (a launcher ignoring in-flight work would delete ~1 s early)
+    assert sent_term <= draining_at < finished <= deleted_at + 0.5
 
 
 async def test_kill_9_record_expires_within_ttl(
