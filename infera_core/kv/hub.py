@@ -34,6 +34,8 @@ from infera_core.worker import WorkerRecord
 log = logging.getLogger("infera.kv.hub")
 
 END_SEQ = -1
+SILENCE_GRACE_S = 2.0
+"""A routed request gets this long (at most ``kv_silence_s``) to produce KV events."""
 
 
 def _with_port_offset(endpoint: str, offset: int) -> str:
@@ -159,6 +161,7 @@ class KvHub:
 
     def worker_removed(self, worker_id: str) -> None:
         self.records.pop(worker_id, None)
+        self.index.routed_at.pop(worker_id, None)
         self._unsubscribe(worker_id)
         self.index.drop_worker(worker_id)
 
@@ -335,17 +338,25 @@ class KvHub:
 
     # -- reporting --------------------------------------------------------------------
     def silent_workers(self, now: float | None = None) -> list[str]:
-        """Routable workers with KV events configured but no events for ``kv_silence_s``."""
+        """Routable workers with KV events configured, sent requests, yet no events for ``kv_silence_s``.
+
+        An idle engine publishes nothing, so only requests routed there (recorded in
+        ``index.routed_at`` by the KV scorers) more than ``SILENCE_GRACE_S`` after its
+        last event make its silence suspicious.
+        """
         now = time.time() if now is None else now
         limit = self.settings.kv_silence_s
+        routed_at = self.index.routed_at
         out = []
         for worker_id, subs in self.subs.items():
             rec = self.records.get(worker_id)
-            if rec is None or not rec.routable:
+            routed = routed_at.get(worker_id)
+            grace = min(SILENCE_GRACE_S, limit)
+            if rec is None or not rec.routable or routed is None or now - routed < grace:
                 continue
             for sub in subs:
                 since = sub.last_event_at if sub.last_event_at is not None else sub.connected_at
-                if now - since > limit:
+                if now - since > limit and routed > since:
                     out.append(worker_id)
                     break
         return out

@@ -120,6 +120,7 @@ class KvIndex:
         "_views_by_slot",
         "masks",
         "max_blocks",
+        "routed_at",
         "total_evicted",
         "untrusted",
     )
@@ -133,6 +134,8 @@ class KvIndex:
         self._next_slot = 0
         self.total_evicted = 0
         self._applies = 0
+        self.routed_at: dict[str, float] = {}
+        """worker_id → wall time a KV-scored request was last routed there (silence check)."""
         self.untrusted: set[str] = set()
         """Workers flagged by the agreement check: their views are not credited by scorers."""
 

@@ -12,7 +12,10 @@ class KvSettings(BaseModel):
         4_000_000, ge=0, description="Most blocks mirrored for all workers together (0: unbounded)."
     )
     kv_silence_s: float = Field(
-        60.0, gt=0, description="Warn (log + metric) when a worker with KV events sends none for this long."
+        60.0,
+        gt=0,
+        description="Warn (log + metric) when a worker with KV events was sent requests but published"
+        " no events for this long.",
     )
     kv_reconnect_max_s: float = Field(5.0, gt=0, description="Longest backoff between KV event reconnects.")
     kv_replay_timeout_s: float = Field(2.0, gt=0, description="How long to wait for a KV replay answer.")

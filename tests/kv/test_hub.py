@@ -149,6 +149,9 @@ async def test_silent_worker_is_reported() -> None:
     await hub.start()
     hub.worker_added(record)
     try:
+        await asyncio.sleep(0.2)
+        assert hub.silent_workers() == []  # idle: publishing nothing is fine
+        hub.index.routed_at["mute"] = time.time()  # a request went there
         assert await _until(lambda: hub.silent_workers() == ["mute"], within=2)
         assert registry.get_sample_value("infera_kv_silent_workers") == 1
         assert hub.cache_view("mute")["silent"] is True

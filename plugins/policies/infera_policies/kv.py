@@ -25,6 +25,7 @@ See ``docs/kv-routing.md``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -126,6 +127,10 @@ class KvOverlapScorer(Scorer):
             for (i, _), m in zip(members, matched, strict=True):
                 out[i] = m / n
         return out
+
+    def on_routed(self, ctx: RequestContext, endpoint: Endpoint) -> None:
+        if self.index is not None:
+            self.index.routed_at[endpoint.worker_id] = time.time()
 
 
 class LoadParams(BaseModel):
