@@ -66,10 +66,12 @@ class LeaseKeeper:
                 client = self._conn.client
                 call = client.leasestub.LeaseKeepAlive(metadata=client.metadata)
                 reader = asyncio.get_running_loop().create_task(self._read(call))
+                loop = asyncio.get_running_loop()
                 while self._leases:
+                    next_round = loop.time() + self.interval  # a fixed cadence, however long writing takes
                     for lease_id in list(self._leases):
                         await call.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
-                    await asyncio.wait({reader}, timeout=self.interval)
+                    await asyncio.wait({reader}, timeout=max(0.0, next_round - loop.time()))
                     if reader.done():
                         reader.result()  # raises what broke the stream
                         raise ConnectionError("etcd closed the keepalive stream")
