@@ -189,11 +189,15 @@ class PdDispatcher:
                 raise _prefill_failure(ptask)
             try:
                 resp = await dtask
-            except LegFailed:
+            except LegFailed as exc:
                 self.scheduler.finished(ctx, d, False)
                 if ptask.done() and isinstance(ptask.exception(), LegFailed):
                     raise _prefill_failure(ptask) from None
-                raise
+                message = (
+                    f"{exc.error.message} ({transport.name} pushes the KV to the decode worker chosen with "
+                    "the prefill, so the decode leg is not retried elsewhere)"
+                )
+                raise ApiError(502, message, code="pd_decode_failed", type="upstream_error") from None
         except BaseException:
             _abandon(dtask, d)
             raise
