@@ -5,7 +5,8 @@ Starts its own etcd (Debian ``etcd-server``) on a free loopback port, then:
 1. registers ``--workers`` workers through one :class:`EtcdDiscovery` (one lease and one
    keepalive task each, ``--concurrency`` registrations at a time) while a second
    connection watches the prefix; reports registration throughput and watch propagation
-   latency (from just before the put/txn is sent to the watcher receiving the event);
+   latency (from just before the put/txn is sent to a watcher in another process
+   receiving the event; wall clock, same machine);
 2. updates every record at ``--rate`` updates/s (what a drain looks like fleet-wide) and
    reports propagation latency p50/p99 again;
 3. idles for ``--window`` seconds with every lease kept alive and reports keepalive cost:
@@ -21,6 +22,7 @@ import argparse
 import asyncio
 import json
 import logging
+import sys
 import time
 from typing import Any
 
@@ -60,22 +62,50 @@ def etcd_counters(server: EtcdServer) -> tuple[float, float]:
     return started, received
 
 
-class Watcher:
-    """Follows the prefix; records propagation latency of every PUT carrying a ``sent`` label."""
+async def watch_child(url: str) -> None:
+    """``--watch-child URL``: print ``ready`` once watching, then one latency (s) per PUT."""
+    disc = EtcdDiscovery(DiscoverySettings(etcd_endpoints=[url], connect_timeout=10))
+    await disc.start()
+    async for change in disc.watch(sync_marker=True):
+        now = time.time()
+        if change.kind is ChangeKind.SYNCED:
+            print("ready", flush=True)
+        elif change.kind is ChangeKind.PUT and change.record is not None and "sent" in change.record.labels:
+            print(f"{now - float(change.record.labels['sent']):.6f}", flush=True)
+        else:
+            print("other", flush=True)
 
-    def __init__(self, discovery: EtcdDiscovery) -> None:
-        self.discovery = discovery
+
+class Watcher:
+    """A watcher in its own process (so the launcher side's load does not delay it);
+    collects the propagation latency of every PUT carrying a ``sent`` label."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
         self.latencies: list[float] = []
         self.seen = 0
         self.changed = asyncio.Event()
+        self.ready = asyncio.Event()
+        self.proc: asyncio.subprocess.Process | None = None
 
     async def run(self) -> None:
-        async for change in self.discovery.watch():
-            now = time.perf_counter()
-            if change.kind is ChangeKind.PUT and change.record is not None and "sent" in change.record.labels:
-                self.latencies.append(now - float(change.record.labels["sent"]))
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--watch-child", self.url, stdout=asyncio.subprocess.PIPE
+        )
+        assert self.proc.stdout is not None
+        async for raw in self.proc.stdout:
+            line = raw.decode().strip()
+            if line == "ready":
+                self.ready.set()
+                continue
+            if line != "other":
+                self.latencies.append(float(line))
             self.seen += 1
             self.changed.set()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
 
     async def wait_seen(self, n: int, within: float) -> None:
         async with asyncio.timeout(within):
@@ -89,12 +119,12 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     server.start()
     try:
         settings = DiscoverySettings(etcd_endpoints=[server.url], lease_ttl=args.ttl, connect_timeout=10)
-        launcher, router = EtcdDiscovery(settings), EtcdDiscovery(settings)
+        launcher = EtcdDiscovery(settings)
         await launcher.start()
-        await router.start()
-        watcher = Watcher(router)
+        watcher = Watcher(server.url)
         watch_task = asyncio.create_task(watcher.run())
-        await asyncio.sleep(0.2)
+        async with asyncio.timeout(30):
+            await watcher.ready.wait()
         out: dict[str, Any] = {"workers": args.workers, "lease_ttl_s": args.ttl}
 
         # 1. registration burst
@@ -103,7 +133,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
         async def register(i: int) -> None:
             async with gate:
-                regs.append(await launcher.register(record(i, time.perf_counter())))
+                regs.append(await launcher.register(record(i, time.time())))
 
         t0 = time.perf_counter()
         await asyncio.gather(*(register(i) for i in range(args.workers)))
@@ -123,7 +153,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             if delay > 0:
                 await asyncio.sleep(delay)
             i = int(reg.record.worker_id.rsplit("-", 1)[1])
-            await reg.update(record(i, time.perf_counter(), status="draining"))
+            await reg.update(record(i, time.time(), status="draining"))
         await watcher.wait_seen(seen_before + len(regs), within=60)
         paced = watcher.latencies[:]
         out["paced_rate_per_s"] = args.rate
@@ -158,9 +188,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         await asyncio.gather(*(r.deregister() for r in regs))
         out["deregister_s"] = time.perf_counter() - t0
+        watcher.stop()
         watch_task.cancel()
         await launcher.close()
-        await router.close()
         return out
     finally:
         server.close()
@@ -176,8 +206,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=200.0, help="paced updates per second")
     parser.add_argument("--window", type=float, default=15.0, help="seconds of idle keepalive measured")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--watch-child", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.watch_child:
+        asyncio.run(watch_child(args.watch_child))
+        return
     result = asyncio.run(bench(args))
     if args.json:
         print(json.dumps(result, indent=2))
