@@ -195,16 +195,32 @@ class KvIndex:
     def apply(self, view: WorkerView, batch: KvEventBatch, seq: int | None = None) -> int:
         """Apply one decoded batch to ``view``; returns the number of events applied."""
         n = 0
+        removed: list[BlockHash] = []
+        medium: str | None = None
         for ev in batch.events:
+            if type(ev) is BlockRemoved:
+                # vLLM sends one BlockRemoved per evicted block: batch consecutive ones
+                if ev.group_idx is not None and ev.group_idx in view.skipped_groups:
+                    continue
+                if removed and ev.medium != medium:
+                    self._remove(view, BlockRemoved(removed, medium))
+                    removed = []
+                medium = ev.medium
+                removed += ev.block_hashes
+                n += 1
+                continue
+            if removed:
+                self._remove(view, BlockRemoved(removed, medium))
+                removed = []
             if type(ev) is BlockStored:
                 self._store(view, ev)
-            elif type(ev) is BlockRemoved:
-                self._remove(view, ev)
             elif type(ev) is AllBlocksCleared:
                 self.clear_view(view)
             else:
                 continue
             n += 1
+        if removed:
+            self._remove(view, BlockRemoved(removed, medium))
         view.events_applied += n
         view.last_event_ts = time.time()
         if seq is not None:

@@ -70,8 +70,9 @@ def _hub(settings: KvSettings | None = None) -> tuple[KvHub, CollectorRegistry]:
     return KvHub(InferaHooks.load().catalog(), registry, settings), registry
 
 
-async def test_hub_mirrors_a_sim_and_drops_it_when_it_leaves() -> None:
-    with sim_testing.start_sim(speedup="inf", block_size=BS) as sim:
+@pytest.mark.parametrize("layout", ["map", "array"])
+async def test_hub_mirrors_a_sim_and_drops_it_when_it_leaves(layout: str) -> None:
+    with sim_testing.start_sim(speedup="inf", block_size=BS, kv_events_layout=layout) as sim:
         hub, registry = _hub()
         hub.worker_added(_record(sim))
         await hub.start()
