@@ -73,9 +73,7 @@ async def run_up(settings: UpSettings, hooks: InferaHooks, engine_args: list[str
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
     try:
-        err.print(
-            f"[dim]starting {settings.workers} {settings.engine} worker(s) and the server (policy {stack.policy})…"
-        )
+        err.print(f"[dim]starting {settings.fleet()} and the server (policy {stack.policy})…")
         starting = asyncio.ensure_future(stack.start())
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -89,7 +87,7 @@ async def run_up(settings: UpSettings, hooks: InferaHooks, engine_args: list[str
         stopping.cancel()
         starting.result()  # raises the start-up error (the stack is already stopped)
         print(
-            f"Infera ready: {stack.url}  ({settings.workers} {settings.engine} workers, policy {stack.policy})",
+            f"Infera ready: {stack.url}  ({settings.fleet()}, policy {stack.policy})",
             flush=True,
         )
         err.print(

@@ -14,6 +14,12 @@ class UpSettings(InferaSettings):
 
     workers: int = Field(4, ge=0, description="Number of engine workers to start (0: server only).")
     engine: str = Field("sim", description="Engine of every worker (see `infera-run engines`).")
+    prefill: int = Field(0, ge=0, description="Prefill workers to start (PD disaggregation, with --decode).")
+    decode: int = Field(0, ge=0, description="Decode workers to start (PD disaggregation, with --prefill).")
+    pd_protocol: str | None = Field(
+        None,
+        description="PD protocol of the prefill/decode workers, an engine option [default: the engine's].",
+    )
     model: str = Field("sim-model", description="Served model name (what clients send as `model`).")
     model_path: str | None = Field(None, description="Weights path or hub id [default: --model].")
     policy: str | None = Field(
@@ -37,3 +43,19 @@ class UpSettings(InferaSettings):
     demo: bool = Field(
         False, description="Send a short shared-prefix workload and show kv-aware vs round-robin hit rates."
     )
+
+    def roles(self) -> list[str]:
+        """The role of each worker to start: ``--workers`` mixed ones (none by default when
+        ``--prefill``/``--decode`` are given), then the prefill and decode ones."""
+        pd = self.prefill + self.decode
+        mixed = self.workers if "workers" in self.model_fields_set or not pd else 0
+        return ["mixed"] * mixed + ["prefill"] * self.prefill + ["decode"] * self.decode
+
+    def fleet(self) -> str:
+        """``4 sim workers`` or ``2 prefill + 2 decode sim workers`` (messages)."""
+        roles = self.roles()
+        parts = [f"{roles.count(r)} {r}" for r in ("prefill", "decode") if r in roles]
+        if not parts:
+            return f"{len(roles)} {self.engine} workers"
+        mixed = roles.count("mixed")
+        return " + ".join(([f"{mixed} mixed"] if mixed else []) + parts) + f" {self.engine} workers"

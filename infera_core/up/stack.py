@@ -182,15 +182,17 @@ class Stack:
                 raise InferaError(f"the server did not start: {exc or 'exited early'}")
             await asyncio.sleep(0.02)
 
-    def _worker_settings(self, index: int) -> WorkerSettings:
+    def _worker_settings(self, index: int, role: str = "mixed") -> WorkerSettings:
         s = self.settings
+        kind = "" if role == "mixed" else f"{role}-"
         return WorkerSettings(
             model=s.model,
             model_path=s.model_path,
             host="127.0.0.1" if s.host in ("127.0.0.1", "localhost") else s.host,
             discovery="etcd" if s.etcd_endpoint else "memory",
             etcd_endpoint=s.etcd_endpoint,
-            worker_id=f"{s.engine}-{index + 1}-{self.port}",
+            worker_id=f"{s.engine}-{kind}{index + 1}-{self.port}",
+            role=role,
             ready_timeout=s.ready_timeout,
             drain_timeout=s.drain_timeout,
             stop_timeout=5.0,
@@ -199,12 +201,14 @@ class Stack:
     async def _start_workers(self) -> None:
         s = self.settings
         echo = self._echo if self._echo is not None else (_stderr_echo if s.engine_logs else _no_echo)
-        for i in range(s.workers):
+        for i, role in enumerate(s.roles()):
+            pd = role != "mixed" and s.pd_protocol is not None
             lc = WorkerLauncher(
                 self.hooks,
                 s.engine,
-                self._worker_settings(i),
+                self._worker_settings(i, role),
                 engine_args=self.engine_args,
+                options={"pd_protocol": s.pd_protocol} if pd else None,
                 discovery=self.discovery,
                 echo=echo,
             )
