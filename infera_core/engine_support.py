@@ -159,7 +159,14 @@ def free_ports(ctx: LaunchContext, count: int = 1, *, consecutive: bool = False)
             return int(s.getsockname()[1])
 
     if not consecutive or count == 1:
-        return [one() for _ in range(count)]
+        ports: list[int] = []
+        for _ in range(count * 20):
+            port = one()
+            if port not in ports:
+                ports.append(port)
+            if len(ports) == count:
+                return ports
+        raise EngineError(f"could not find {count} distinct free ports")
     for _ in range(200):
         base = one()
         if base + count > 65535:
