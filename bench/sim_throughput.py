@@ -16,6 +16,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import random
+import socket
 import threading
 import time
 from typing import Any
@@ -50,10 +51,44 @@ async def _client(url: str, prompts: list[str], concurrency: int, max_tokens: in
     return ok
 
 
+async def _raw_client(url: str, prompts: list[str], concurrency: int, max_tokens: int, stream: bool) -> int:
+    """A minimal keep-alive HTTP/1.1 client (so the client is not what the bench measures)."""
+    host, port = url.removeprefix("http://").split(":")
+    it = iter(prompts)
+    ok = 0
+
+    async def worker() -> None:
+        nonlocal ok
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for prompt in it:
+            body = json.dumps(
+                {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
+            ).encode()
+            head = b"POST /v1/completions HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\n"
+            writer.write(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            headers = await reader.readuntil(b"\r\n\r\n")
+            ok += headers[9:12] == b"200"
+            lower = headers.lower()
+            if b"transfer-encoding: chunked" in lower:
+                while True:
+                    size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+                    await reader.readexactly(size + 2)
+                    if size == 0:
+                        break
+            else:
+                start = lower.index(b"content-length:") + 15
+                await reader.readexactly(int(lower[start : lower.index(b"\r\n", start)]))
+        writer.close()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return ok
+
+
 def _client_proc(
     url: str, prompts: list[str], concurrency: int, max_tokens: int, stream: bool, out: Any
 ) -> None:
-    out.put(asyncio.run(_client(url, prompts, concurrency, max_tokens, stream)))
+    out.put(asyncio.run(_raw_client(url, prompts, concurrency, max_tokens, stream)))
 
 
 def _drain_events(endpoint: str, stop: threading.Event, counts: list[int]) -> None:
@@ -72,12 +107,13 @@ def _drain_events(endpoint: str, stop: threading.Event, counts: list[int]) -> No
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=10000)
-    ap.add_argument("--concurrency", type=int, default=256, help="in flight per client process")
+    ap.add_argument("--concurrency", type=int, default=128, help="in flight per client process")
     ap.add_argument("--clients", type=int, default=1, help="client processes")
     ap.add_argument("--prefixes", type=int, default=8)
     ap.add_argument("--prefix-words", type=int, default=200)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--client", choices=("raw", "aiohttp"), default="raw", help="HTTP client of the bench")
     ap.add_argument("--cache-blocks", type=int, default=16384)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -97,7 +133,8 @@ def main() -> None:
         cpu0 = proc.cpu_times()
         start = time.perf_counter()
         if args.clients == 1:
-            ok = asyncio.run(_client(sim.url, prompts, args.concurrency, args.max_tokens, args.stream))
+            client = _raw_client if args.client == "raw" else _client
+            ok = asyncio.run(client(sim.url, prompts, args.concurrency, args.max_tokens, args.stream))
         else:
             queue: Any = mp.Queue()
             shards = [prompts[i :: args.clients] for i in range(args.clients)]

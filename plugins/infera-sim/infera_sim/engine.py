@@ -202,7 +202,8 @@ class SimEngine:
                 finished.append(r)
             else:
                 self._grow(r)
-            r.wake.set()
+            if r.stream:
+                r.wake.set()
         for r in finished:
             self.running.remove(r)
             self._release(r)
@@ -233,7 +234,8 @@ class SimEngine:
             self.metrics.generation_tokens += 1
             if tok == EOS_ID or (tok in r.stop_token_ids and len(ch.tokens) >= r.min_tokens):
                 ch.finish_reason = "stop"
-                r.output.append((ci, tok, "", "stop"))
+                if r.stream:
+                    r.output.append((ci, tok, "", "stop"))
                 continue
             piece = decode(tok)
             if r.stop and len(ch.tokens) >= r.min_tokens:
@@ -251,7 +253,8 @@ class SimEngine:
                 ch.text += piece
             if ch.finish_reason is None and len(ch.tokens) >= r.max_tokens:
                 ch.finish_reason = "length"
-            r.output.append((ci, tok, piece, ch.finish_reason))
+            if r.stream:
+                r.output.append((ci, tok, piece, ch.finish_reason))
             if ch.finish_reason is None:
                 all_done = False
         return all_done

@@ -52,6 +52,7 @@ class SimRequest:
         "reserved",
         "stop",
         "stop_token_ids",
+        "stream",
         "wake",
     )
 
@@ -92,6 +93,8 @@ class SimRequest:
         """(choice index, token id, text, finish reason) produced since the handler last looked."""
         self.done = False
         self.wake = asyncio.Event()
+        self.stream = True
+        """False: the handler only wants the finished request (no per-token wake-ups/output)."""
         self.pd: dict[str, Any] | None = None
         """PD state: received KV (decode side) or what to publish (prefill side)."""
 

@@ -31,6 +31,7 @@ from infera_sim.tokenizer import make_tokenizer
 
 log = logging.getLogger("infera_sim")
 _json = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
 SIM_KEY: web.AppKey[SimServer] = web.AppKey("sim", object)  # type: ignore[arg-type]
 
 
@@ -107,8 +108,8 @@ class SimServer:
     # -- handlers ------------------------------------------------------------------------
     async def _body(self, request: web.Request) -> dict[str, Any]:
         try:
-            body = json.loads(await request.read())
-        except ValueError as exc:
+            body = _decode(await request.read())
+        except msgspec.DecodeError as exc:
             raise ApiError(f"Invalid JSON body: {exc}", None) from None
         if not isinstance(body, dict):
             raise ApiError("The request body must be a JSON object", None)
@@ -158,6 +159,7 @@ class SimServer:
         wake = asyncio.Event()
         for r in reqs:
             r.wake = wake
+            r.stream = parsed.stream
             self.engine.add(r)
         created = int(time.time())
         rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
