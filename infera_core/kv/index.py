@@ -49,6 +49,7 @@ class WorkerView:
     """One worker's (one DP rank's) mirrored cache plus its ingestion counters."""
 
     __slots__ = (
+        "bad_block_size",
         "bit",
         "block_size",
         "blocks_evicted",
@@ -79,6 +80,8 @@ class WorkerView:
         self.unknown_parent = 0
         self.unknown_removed = 0
         self.blocks_evicted = 0
+        self.bad_block_size = 0
+        """Stored events whose block_size disagrees with the worker record's (not indexed)."""
         self.last_event_ts: float | None = None
         self.last_seq: int | None = None
         self.stale = False
@@ -106,6 +109,7 @@ class WorkerView:
             "unknown_parent": self.unknown_parent,
             "unknown_removed": self.unknown_removed,
             "evicted_for_memory": self.blocks_evicted,
+            "block_size_mismatches": self.bad_block_size,
         }
 
 
@@ -238,6 +242,17 @@ class KvIndex:
         if not indexed_kind(ev.kv_cache_spec_kind):
             if ev.group_idx is not None:
                 view.skipped_groups.add(ev.group_idx)
+            return
+        if ev.block_size != view.block_size:
+            # prompts are hashed at the record's block size: these blocks could never match
+            if not view.bad_block_size:
+                log.warning(
+                    "worker %s: KV events have block_size %d but its record says %d; not indexed",
+                    view.worker_id,
+                    ev.block_size,
+                    view.block_size,
+                )
+            view.bad_block_size += 1
             return
         parent = ev.parent_block_hash
         if parent is None:

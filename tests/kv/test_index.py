@@ -149,3 +149,10 @@ def test_memory_bound_evicts_oldest_entries_of_largest_view() -> None:
     assert index.match(index.hash_prompt(newest, BS), [v]) == [2.0]
     oldest = list(range(2 * BS))
     assert index.match(index.hash_prompt(oldest, BS), [v]) == [0.0]
+
+
+def test_events_with_another_block_size_than_the_record_are_counted_not_indexed() -> None:
+    index = KvIndex()
+    v = index.add_view("w", None, BS)
+    index.apply(v, KvEventBatch(0.0, [BlockStored([1, 2], None, list(range(32)), 16)]))
+    assert v.block_count() == 0 and v.summary()["block_size_mismatches"] == 1
