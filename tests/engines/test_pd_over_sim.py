@@ -1,0 +1,87 @@
+"""The PD transports' bodies, sent over real HTTP to infera-sim prefill/decode processes
+(which implement vllm-nixl and sglang-bootstrap per WIRE_FORMATS.md): the decode answers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+from infera_sglang.pd import SglangBootstrapTransport
+from infera_sim.testing import start_sim
+from infera_vllm.pd import VllmNixlTransport
+
+from infera_core.pd import PdContext, PdOrder
+from infera_core.worker import PdInfo, Role, WorkerRecord
+
+pytestmark = pytest.mark.slow
+
+BODY = {"model": "sim-model", "prompt": "one two three four five six seven eight " * 8, "max_tokens": 6}
+
+
+def record(wid: str, url: str, role: Role, protocol: str, **params: Any) -> WorkerRecord:
+    return WorkerRecord(
+        worker_id=wid,
+        url=url,
+        model="sim-model",
+        engine="sim",
+        role=role,
+        pd=PdInfo(protocol=protocol, params=params),
+    )
+
+
+def test_vllm_nixl_serial_flow_against_sims() -> None:
+    t = VllmNixlTransport()
+    with (
+        start_sim(role="prefill", pd_protocol="vllm-nixl", speedup=50) as p_sim,
+        start_sim(role="decode", pd_protocol="vllm-nixl", speedup=50) as d_sim,
+    ):
+        p = record("p", p_sim.url, Role.PREFILL, "vllm-nixl")
+        d = record("d", d_sim.url, Role.DECODE, "vllm-nixl")
+        ctx = PdContext(request_id="req-nixl-1", route="/v1/completions")
+        assert t.order is PdOrder.SERIAL
+        t.prepare(ctx, p, d)
+        pre = t.prefill_request(BODY, ctx, p, d)
+        first = httpx.post(p.url + ctx.route, json=pre.body, headers=pre.headers, timeout=30)
+        assert first.status_code == 200, first.text
+        assert first.json()["usage"]["completion_tokens"] == 1
+        dec = t.decode_request(BODY, ctx, p, d, first.json())
+        final = httpx.post(d.url + ctx.route, json=dec.body, headers=dec.headers, timeout=30)
+        assert final.status_code == 200, final.text
+        assert final.json()["usage"]["completion_tokens"] == BODY["max_tokens"]
+
+
+def test_sglang_bootstrap_concurrent_flow_against_sims() -> None:
+    t = SglangBootstrapTransport()
+    with (
+        start_sim(role="prefill", pd_protocol="sglang-bootstrap", bootstrap_port=0, speedup=50) as p_sim,
+        start_sim(role="decode", pd_protocol="sglang-bootstrap", speedup=50) as d_sim,
+    ):
+        assert p_sim.bootstrap_port is not None
+        p = record(
+            "p",
+            p_sim.url,
+            Role.PREFILL,
+            "sglang-bootstrap",
+            bootstrap_host="127.0.0.1",
+            bootstrap_port=p_sim.bootstrap_port,
+        )
+        d = record("d", d_sim.url, Role.DECODE, "sglang-bootstrap")
+        ctx = PdContext(request_id="req-sgl-1", route="/v1/completions")
+        assert t.order is PdOrder.CONCURRENT
+        t.prepare(ctx, p, d)
+        pre = t.prefill_request(BODY, ctx, p, d)
+        dec = t.decode_request(BODY, ctx, p, d, None)
+
+        async def both() -> tuple[httpx.Response, httpx.Response]:
+            async with httpx.AsyncClient(timeout=30) as client:
+                return await asyncio.gather(
+                    client.post(d.url + ctx.route, json=dec.body, headers=dec.headers),
+                    client.post(p.url + ctx.route, json=pre.body, headers=pre.headers),
+                )
+
+        final, first = asyncio.run(both())
+        assert first.status_code == 200, first.text
+        assert final.status_code == 200, final.text
+        assert final.json()["usage"]["completion_tokens"] == BODY["max_tokens"]
