@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 from infera_core.server.errors import ApiError
@@ -54,8 +54,44 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
             return b"".join(parts)
 
 
-def header_dict(scope: Scope) -> dict[str, str]:
-    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+class ScopeHeaders(Mapping[str, str]):
+    """The request headers as a read-only mapping, decoded only when first read."""
+
+    __slots__ = ("_d", "_raw")
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        self._raw = raw
+        self._d: dict[str, str] | None = None
+
+    def _dict(self) -> dict[str, str]:
+        d = self._d
+        if d is None:
+            d = self._d = {k.decode("latin-1"): v.decode("latin-1") for k, v in self._raw}
+        return d
+
+    def __getitem__(self, key: str) -> str:
+        return self._dict()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._dict().get(key, default)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._dict())
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+
+def header_dict(scope: Scope) -> ScopeHeaders:
+    return ScopeHeaders(scope["headers"])
+
+
+def raw_header(scope: Scope, name: bytes) -> str | None:
+    """One header (lower-case ``name``) without decoding the others."""
+    for k, v in scope["headers"]:
+        if k == name:
+            return str(v.decode("latin-1"))
+    return None
 
 
 async def send_bytes(

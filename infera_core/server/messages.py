@@ -18,6 +18,7 @@ from infera_core.server.asgi import (
     Scope,
     Send,
     header_dict,
+    raw_header,
     read_body,
     send_bytes,
     send_error,
@@ -49,7 +50,9 @@ class MessagesProxy:
             model = check_messages(body)
             chat = to_chat_request(body)
             headers = header_dict(scope)
-            ctx = RequestContext(core.request_id(headers.get("x-request-id")), model, ROUTE, chat, headers)
+            ctx = RequestContext(
+                core.request_id(raw_header(scope, b"x-request-id")), model, ROUTE, chat, headers
+            )
             task = asyncio.current_task()
             assert task is not None
             watcher = asyncio.ensure_future(watch_disconnect(receive, task, gone))

@@ -25,6 +25,7 @@ from infera_core.server.asgi import (
     Scope,
     Send,
     header_dict,
+    raw_header,
     read_body,
     send_error,
 )
@@ -59,7 +60,7 @@ class OpenAIProxy:
             model = self.check(body)
             headers = header_dict(scope)
             ctx = RequestContext(
-                core.request_id(headers.get("x-request-id")), model, self.route, body, headers
+                core.request_id(raw_header(scope, b"x-request-id")), model, self.route, body, headers
             )
             task = asyncio.current_task()
             assert task is not None

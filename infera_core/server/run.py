@@ -12,6 +12,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from infera_core.errors import InferaError
 from infera_core.facade import InferaHooks
 from infera_core.server.app import KvComponent, create_app, make_discovery
+from infera_core.server.coalesce import CoalescingTransport
 from infera_core.server.settings import ServeSettings
 from infera_core.server.transport import set_nodelay
 
@@ -19,11 +20,12 @@ log = logging.getLogger("infera.server")
 
 
 class NoDelayHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, with Nagle disabled on every accepted connection."""
+    """uvicorn's httptools protocol, with Nagle disabled on every accepted connection
+    and each response's header block sent together with its first body bytes."""
 
     def connection_made(self, transport: Any) -> None:
         set_nodelay(transport)
-        super().connection_made(transport)
+        super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
 
 
 def uvicorn_config(app: Any, settings: ServeSettings, log_level: str = "warning") -> uvicorn.Config:
