@@ -82,9 +82,9 @@ def corpus(rng: random.Random, sentences: int = 20000) -> list[str]:
 
 
 def main(out: str) -> None:
-    import torch
+    import torch  # type: ignore[import-not-found]  # runs in .venv-vllm only
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # type: ignore[import-not-found]
 
     rng = random.Random(0)
     torch.manual_seed(0)
