@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,16 +33,35 @@ def _cdf(ax: Any, values: Sequence[float], label: str) -> None:
     ax.plot(xs, [(i + 1) / n for i in range(n)], label=label, linewidth=1.6)
 
 
+def _upper(values: Sequence[float]) -> float | None:
+    """x-axis limit: the 99.5th percentile (in ms), so one outlier does not squash the curves."""
+    if not values:
+        return None
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, int(0.995 * len(xs)))] * 1000 * 1.05
+
+
 def latency_cdfs(runs: Sequence[RunResult], path: Path) -> None:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    limits: list[list[float]] = [[], [], []]
     for r in runs:
         ok = [x for x in r.results if x.ok]
-        _cdf(axes[0], [x.ttft for x in ok if x.ttft is not None], r.label)
-        _cdf(axes[1], [g for x in ok for g in x.itls], r.label)
-        _cdf(axes[2], [x.e2e for x in ok if x.e2e is not None], r.label)
-    for ax, title in zip(axes, ("TTFT", "inter-token latency", "end-to-end latency"), strict=True):
-        ax.set_title(title)
+        series = (
+            [x.ttft for x in ok if x.ttft is not None],
+            [g for x in ok for g in x.itls],
+            [x.e2e for x in ok if x.e2e is not None],
+        )
+        for k, (ax, values) in enumerate(zip(axes, series, strict=True)):
+            _cdf(ax, values, r.label)
+            up = _upper(values)
+            if up:
+                limits[k].append(up)
+    titles = ("TTFT", "inter-token latency", "end-to-end latency")
+    for ax, title, lim in zip(axes, titles, limits, strict=True):
+        if lim:
+            ax.set_xlim(0, max(lim))
+        ax.set_title(f"{title} (to p99.5)")
         ax.set_xlabel("ms")
         ax.set_ylabel("fraction of requests" if title != "inter-token latency" else "fraction of tokens")
         ax.grid(alpha=0.3)
@@ -87,35 +105,49 @@ def worker_load(runs: Sequence[RunResult], path: Path) -> bool:
     return True
 
 
+def _hit_series(
+    tl: Sequence[tuple[float, float, float]], window: float
+) -> tuple[list[float], list[float], list[float]]:
+    """(times, cumulative hit rate, hit rate over the trailing ``window`` seconds)."""
+    xs: list[float] = []
+    cum: list[float] = []
+    win: list[float] = []
+    j = 0
+    for t1, h1, q1 in tl:
+        if q1 <= 0:
+            continue
+        while j + 1 < len(tl) and tl[j + 1][0] <= t1 - window:
+            j += 1
+        _, h0, q0 = tl[j]
+        xs.append(t1)
+        cum.append(h1 / q1)
+        win.append((h1 - h0) / (q1 - q0) if q1 > q0 else float("nan"))
+    return xs, cum, win
+
+
 def hit_rate_over_time(runs: Sequence[RunResult], path: Path) -> bool:
     if not any(len(r.cache.timeline) > 1 for r in runs):
         return False
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.2))
+    window = max(1.0, max(r.duration for r in runs) / 25)
+    top = 0.0
     for r in runs:
-        tl = r.cache.timeline
-        xs: list[float] = []
-        cum: list[float] = []
-        win: list[float] = []
-        for (_, h0, q0), (t1, h1, q1) in pairwise(tl):
-            if q1 <= 0:
-                continue
-            xs.append(t1)
-            cum.append(h1 / q1)
-            win.append((h1 - h0) / (q1 - q0) if q1 > q0 else float("nan"))
+        xs, cum, win = _hit_series(r.cache.timeline, window)
         if not xs:
             continue
+        top = max([top, *(100 * v for v in cum), *(100 * v for v in win if v == v)])
         line = ax.plot(xs, [100 * c for c in cum], label=f"{r.label} (cumulative)", linewidth=1.8)
         ax.plot(
             xs,
             [100 * w for w in win],
             linestyle=":",
             color=line[0].get_color(),
-            label=f"{r.label} (per interval)",
+            label=f"{r.label} (last {window:.0f} s)",
         )
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("prefix-cache hit rate (%)")
-    ax.set_ylim(0, 100)
+    ax.set_ylim(0, min(100.0, max(20.0, top * 1.15)))
     ax.set_title("Prefix-cache hit rate over time (worker /metrics)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -85,9 +85,14 @@ def terminal_table(runs: Sequence[RunResult], title: str = "Infera bench", capti
     for r in runs:
         if r.router:
             for name in r.router:
-                table.add_row(f"router {name} mean", *(_router_cell(x, name) for x in runs))
+                table.add_row(_router_label(name), *(_router_cell(x, name) for x in runs))
             break
     return table
+
+
+def _router_label(name: str) -> str:
+    short = name.removeprefix("infera_").removesuffix("_seconds").replace("_", " ")
+    return f"{short} (router, mean)"
 
 
 def _router_cell(run: RunResult, name: str) -> str:
@@ -118,7 +123,7 @@ def markdown(runs: Sequence[RunResult], meta: dict[str, Any], plots: Sequence[st
         lines.append(f"| {label} | " + " | ".join(fmt(r.summary, path, kind) for r in runs) + " |")
     names = sorted({n for r in runs for n in r.router})
     for n in names:
-        lines.append(f"| router `{n}` mean | " + " | ".join(_router_cell(r, n) for r in runs) + " |")
+        lines.append(f"| {_router_label(n)} | " + " | ".join(_router_cell(r, n) for r in runs) + " |")
     for r in runs:
         per = r.cache.per_worker
         if not per:

@@ -196,6 +196,7 @@ class Stack:
             ready_timeout=s.ready_timeout,
             drain_timeout=s.drain_timeout,
             stop_timeout=5.0,
+            health_failures=5,  # a busy machine (benchmarks on few cores) is not a dead engine
         )
 
     async def _start_workers(self) -> None:
