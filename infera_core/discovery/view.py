@@ -108,7 +108,10 @@ class FleetView:
 
     # -- lifecycle ------------------------------------------------------------
     async def start(self, wait_synced: float | None = 10.0) -> None:
-        """Start following the discovery; wait (up to ``wait_synced`` s) for the initial fleet."""
+        """Start following the discovery; wait (up to ``wait_synced`` s) for the initial fleet.
+
+        ``TimeoutError`` when the fleet was not loaded in time (the view keeps trying).
+        """
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="fleet-view")
         if wait_synced:

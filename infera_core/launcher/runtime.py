@@ -78,6 +78,7 @@ class WorkerLauncher:
         self._registered = asyncio.Event()
         self._finished = asyncio.Event()
         self._signals = 0
+        self._running = False
         self.error: Exception | None = None
         """Why :meth:`run` failed, once it has."""
 
@@ -96,7 +97,8 @@ class WorkerLauncher:
         """Drain, then wait until the launcher has finished."""
         if not self._drain.is_set():
             self.request_drain()
-        await self._finished.wait()
+        if self._running:
+            await self._finished.wait()
 
     async def wait_registered(self, within: float) -> WorkerRecord:
         """The published record once the engine serves (``TimeoutError`` otherwise)."""
@@ -120,6 +122,7 @@ class WorkerLauncher:
     # -- the lifecycle ----------------------------------------------------------
     async def run(self) -> int:
         """Run until drained (returns 0) or the engine fails (raises :class:`EngineError`)."""
+        self._running = True
         try:
             adapter: EngineAdapter = self.hooks.require("engine", self.engine)
             ctx = self._context(adapter)
