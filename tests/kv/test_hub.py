@@ -177,3 +177,55 @@ async def test_unknown_decoder_format_is_logged_not_fatal(caplog: pytest.LogCapt
         assert hub.cache_view("odd")["publishers"] == []
     finally:
         await hub.close()
+
+
+def _port_pair() -> int:
+    """A free port P with P + 1 free too (SGLang DP attention publishes rank r on P + r)."""
+    import socket
+
+    from infera_core.testing.net import free_port
+
+    for _ in range(50):
+        p = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+            except OSError:
+                continue
+        return p
+    raise RuntimeError("no two consecutive free ports")
+
+
+async def test_one_view_per_dp_rank_with_a_publisher_per_rank() -> None:
+    pub, rep = _port_pair(), _port_pair()
+    common = {"speedup": "inf", "block_size": BS}
+    with (
+        sim_testing.start_sim(kv_events_port=pub, kv_replay_port=rep, dp_rank=0, **common) as rank0,
+        sim_testing.start_sim(kv_events_port=pub + 1, kv_replay_port=rep + 1, dp_rank=1, **common) as rank1,
+    ):
+        record = WorkerRecord(
+            worker_id="dp",
+            url=rank0.url,
+            model="sim-model",
+            engine="sglang",
+            dp_size=2,
+            kv_events=KvEventsInfo(
+                endpoint=f"tcp://127.0.0.1:{pub}",
+                replay_endpoint=f"tcp://127.0.0.1:{rep}",
+                format="sglang",
+                block_size=BS,
+                port_per_dp_rank=True,
+            ),
+        )
+        hub, _ = _hub()
+        await hub.start()
+        hub.worker_added(record)
+        try:
+            async with httpx.AsyncClient() as client:
+                await _complete(client, rank1.url, _prompt(7))
+            assert await _until(lambda: (v := hub.index.view("dp", 1)) is not None and v.block_count() > 0)
+            view0 = hub.index.view("dp", 0)
+            assert view0 is None or view0.block_count() == 0
+            assert [p["rank"] for p in hub.cache_view("dp")["publishers"]] == [0, 1]
+        finally:
+            await hub.close()
