@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -105,14 +106,22 @@ def test_vllm_nixl_decode_checks_the_engine_id(nixl_pair: tuple[SimHandle, SimHa
     assert "remote_engine_id" in resp.json()["error"]["message"]
 
 
-async def _concurrent(prefill: SimHandle, decode: SimHandle) -> tuple[dict[str, Any], float, float]:
+async def _concurrent(
+    prefill: SimHandle, decode: SimHandle, stream: bool
+) -> tuple[dict[str, Any], dict[str, Any], float, float]:
     transport_mod = pytest.importorskip("infera_sglang.pd")
     transport = transport_mod.SglangBootstrapTransport()
     p_rec = _record(prefill, Role.PREFILL, "sglang-bootstrap")
     d_rec = _record(decode, Role.DECODE, "sglang-bootstrap")
-    ctx = PdContext(request_id="pd-req-2", route="/v1/chat/completions")
+    ctx = PdContext(request_id=f"pd-req-{stream}", route="/v1/chat/completions")
     transport.prepare(ctx, p_rec, d_rec)
-    body = {"model": "pd-model", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
+    body: dict[str, Any] = {
+        "model": "pd-model",
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 4,
+    }
+    if stream:
+        body.update(stream=True, stream_options={"include_usage": True})
     leg_p = transport.prefill_request(body, ctx, p_rec, d_rec)
     leg_d = transport.decode_request(body, ctx, p_rec, d_rec, None)
     async with httpx.AsyncClient(timeout=20) as client:
@@ -128,8 +137,22 @@ async def _concurrent(prefill: SimHandle, decode: SimHandle) -> tuple[dict[str, 
         decode_done = time.perf_counter() - start
     assert prefill_resp.status_code == 200, prefill_resp.text
     assert decode_resp.status_code == 200, decode_resp.text
-    out: dict[str, Any] = decode_resp.json()
-    return out, prefill_done, decode_done
+    return _final(prefill_resp), _final(decode_resp), prefill_done, decode_done
+
+
+def _final(resp: httpx.Response) -> dict[str, Any]:
+    """The response body, or for a stream its text and usage gathered from the chunks."""
+    if not resp.headers["content-type"].startswith("text/event-stream"):
+        data: dict[str, Any] = resp.json()
+        return data
+    text, usage = "", dict[str, Any]()
+    for line in resp.text.splitlines():
+        if line.startswith("data: {"):
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk["choices"]:
+                text += choice["delta"].get("content") or ""
+    return {"usage": usage, "choices": [{"message": {"content": text}}]}
 
 
 def test_sglang_bootstrap_concurrent_transfer() -> None:
@@ -139,10 +162,13 @@ def test_sglang_bootstrap_concurrent_transfer() -> None:
         start_sim(role="decode", **common) as decode,
     ):
         assert prefill.bootstrap_port is not None
-        out, prefill_done, decode_done = asyncio.run(_concurrent(prefill, decode))
-        usage = out["usage"]
-        assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
-        assert out["choices"][0]["message"]["content"]
-        assert decode_done >= prefill_done * 0.9
+        for stream in (False, True):
+            first, out, prefill_done, decode_done = asyncio.run(_concurrent(prefill, decode, stream))
+            usage = out["usage"]
+            assert first["usage"]["completion_tokens"] == 1  # the prefill only computes the first token
+            assert usage["completion_tokens"] == 4
+            assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+            assert out["choices"][0]["message"]["content"]
+            assert decode_done >= prefill_done * 0.9
         blocks = httpx.get(decode.url + "/sim/cache").json()["block_hashes"]
         assert len(blocks) >= usage["prompt_tokens"] // 16

@@ -104,6 +104,7 @@ class PdManager:
             if params.get("do_remote_decode"):
                 for r in reqs:
                     r.pd = {"remote_decode": True}
+                    r.max_tokens = 1
             elif params.get("do_remote_prefill"):
                 await self._pull_nixl(params, reqs)
             return
@@ -114,8 +115,9 @@ class PdManager:
             if not isinstance(room, int) or isinstance(room, bool):
                 raise ApiError("bootstrap_room must be an integer", "bootstrap_room")
             if self.cfg.role == "prefill":
-                for r in reqs:
+                for r in reqs:  # the prefill computes the KV and the first token only
                     r.pd = {"room": room}
+                    r.max_tokens = 1
             else:
                 await self._pull_bootstrap(body, room, reqs)
 
