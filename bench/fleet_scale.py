@@ -198,6 +198,15 @@ async def _one_policy(
         await _stop_hosts(procs)
 
 
+def _bound(le: float | None) -> str:
+    """A histogram bucket bound as text: ``≤250 µs``, or ``>10 ms`` past the last bucket."""
+    if le is None:
+        return "-"
+    if le == float("inf"):
+        return ">10 ms"
+    return f"≤{le * 1e6:.0f} µs"
+
+
 def _row(policy: str, run: dict[str, Any]) -> str:
     s = run["summary"]
     rtr: dict[str, Any] = next(iter(run.get("router", {}).values()), {})
