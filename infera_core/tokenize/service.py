@@ -116,7 +116,7 @@ class RoutingTokenizers:
         if spec is not None:
             self._models[record.model] = _Entry(spec)
 
-    def tokenizer_for(self, model: str) -> Tokenizer | None:
+    def tokenizer_for(self, model: str, quiet: bool = False) -> Tokenizer | None:
         entry = self._models.get(model)
         if entry is None:
             spec = self.configured.get(model)
@@ -129,13 +129,14 @@ class RoutingTokenizers:
                 entry.tokenizer = self.factories.get(name).create(model, options)
             except (InferaError, UnknownNameError, OSError, ValueError) as exc:
                 entry.error = str(exc)
-                log.error("model %s: routing tokenizer %r unavailable: %s", model, name, exc)
+                if not quiet:
+                    log.error("model %s: routing tokenizer %r unavailable: %s", model, name, exc)
         return entry.tokenizer
 
     def check_all(self) -> None:
         """Build every configured tokenizer now (start-up): bad paths fail as ConfigError."""
         for model in self.configured:
-            if self.tokenizer_for(model) is None:
+            if self.tokenizer_for(model, quiet=True) is None:
                 err = self._models[model].error
                 raise ConfigError(f"--tokenizer {model}=…: {err}")
 
