@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -14,6 +15,8 @@ from collections.abc import Iterator
 import httpx
 import psutil
 import pytest
+
+from infera_core.testing.etcd import EtcdServer
 
 pytest.importorskip("infera_sim")
 
@@ -124,3 +127,41 @@ def test_busy_port_is_a_clear_error() -> None:
         )
     assert proc.returncode == 1
     assert f"--port {port}" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.etcd
+def test_up_with_real_etcd_registers_and_cleans_up(etcd_server: EtcdServer) -> None:
+    proc = _up("--workers", "2", "--quiet", "--etcd-endpoint", etcd_server.endpoint, "--", "--speedup", "20")
+    try:
+        url = _wait_ready(proc).group(1)
+        assert len(asyncio.run(_etcd_workers(etcd_server.endpoint))) == 2
+        r = httpx.post(
+            f"{url}/completions",
+            json={"model": "sim-model", "prompt": "one two", "max_tokens": 3},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert asyncio.run(_etcd_workers(etcd_server.endpoint)) == []  # deregistered on the way out
+
+
+async def _etcd_workers(endpoint: str) -> list[str]:
+    from infera_core.discovery.base import DiscoverySettings
+    from infera_core.facade import InferaHooks
+
+    disc = (
+        InferaHooks.load()
+        .require("discovery_backend", "etcd")
+        .create(DiscoverySettings(etcd_endpoints=[endpoint]))
+    )
+    await disc.start()
+    try:
+        return [w.worker_id for w in await disc.list_workers()]
+    finally:
+        await disc.close()
