@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from kv_recorded import RECORDINGS, frames
 
 from infera_core.kv.decode import MsgpackEventDecoder
 from infera_core.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KvDecodeError
-
-from .recorded import RECORDINGS, frames
 
 
 @pytest.mark.parametrize("name", RECORDINGS)

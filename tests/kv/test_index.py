@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from kv_recorded import frames
+
 from infera_core.kv.decode import MsgpackEventDecoder
 from infera_core.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch
 from infera_core.kv.index import KvIndex
-
-from .recorded import frames
 
 BS = 32
 
