@@ -2,84 +2,51 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
+from typing import Any
 
 import aiohttp
 
-from infera_core.scheduling.types import RequestContext
+from infera_core.scheduling.types import Endpoint, RequestContext
 from infera_core.server.anthropic import to_chat_request, to_message_response
 from infera_core.server.anthropic_stream import MessageStream
 from infera_core.server.asgi import (
     SSE_HEADERS,
-    ClientGone,
-    Receive,
     Scope,
     Send,
     header_dict,
     raw_header,
-    read_body,
     send_bytes,
     send_error,
 )
-from infera_core.server.core import RouterCore, watch_disconnect
+from infera_core.server.core import RouterCore
+from infera_core.server.endpoint import ProxyEndpoint
 from infera_core.server.errors import ApiError
-from infera_core.server.validate import check_messages, parse_object
+from infera_core.server.validate import check_messages
 
 ROUTE = "/v1/messages"
 CHAT_PATH = "/v1/chat/completions"
 
 
-class MessagesProxy:
+class MessagesProxy(ProxyEndpoint):
     """A raw ASGI endpoint translating Anthropic Messages to chat completions and back."""
 
-    def __init__(self, core: RouterCore, max_body: int) -> None:
-        self.core = core
-        self.max_body = max_body
+    anthropic = True
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        t0 = time.perf_counter()
-        core = self.core
-        model = "-"
-        status = 500
-        watcher: asyncio.Task[None] | None = None
-        gone: list[bool] = []
-        try:
-            body = parse_object(await read_body(scope, receive, self.max_body))
-            model = check_messages(body)
-            chat = to_chat_request(body)
-            headers = header_dict(scope)
-            ctx = RequestContext(
-                core.request_id(raw_header(scope, b"x-request-id")), model, ROUTE, chat, headers
-            )
-            task = asyncio.current_task()
-            assert task is not None
-            watcher = asyncio.ensure_future(watch_disconnect(receive, task, gone))
-            ep, resp = await core.dispatch(ctx, CHAT_PATH, json.dumps(chat).encode())
-            status = resp.status
-            ok = False
-            try:
-                ok = await self._relay(send, resp, model, body.get("stop_sequences"), ep.worker_id)
-            finally:
-                resp.release()
-                core.release(ctx, ep, ok)
-        except ApiError as err:
-            status = err.status
-            await send_error(send, err, anthropic=True)
-        except ClientGone:
-            status = 499
-        except asyncio.CancelledError:
-            if not gone:
-                raise
-            status = 499
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-        finally:
-            if watcher is not None and not watcher.done():
-                watcher.cancel()
-            core.metrics.request_done(ROUTE, model, status, time.perf_counter() - t0)
+    def __init__(self, core: RouterCore, max_body: int) -> None:
+        super().__init__(core, ROUTE, max_body)
+
+    def prepare(self, scope: Scope, raw: bytes, body: dict[str, Any]) -> tuple[RequestContext, str, bytes]:
+        model = check_messages(body)
+        chat = to_chat_request(body)
+        rid = self.core.request_id(raw_header(scope, b"x-request-id"))
+        ctx = RequestContext(rid, model, ROUTE, chat, header_dict(scope))
+        return ctx, CHAT_PATH, json.dumps(chat).encode()
+
+    async def relay(
+        self, send: Send, resp: aiohttp.ClientResponse, ctx: RequestContext, ep: Endpoint, t0: float
+    ) -> bool:
+        return await self._relay(send, resp, ctx.model, ctx.body.get("stop"), ep.worker_id)
 
     async def _relay(
         self, send: Send, resp: aiohttp.ClientResponse, model: str, stops: object, worker: str

@@ -9,7 +9,6 @@ client's stream with an SSE error event.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -17,80 +16,40 @@ from typing import Any
 
 import aiohttp
 
-from infera_core.scheduling.types import RequestContext
+from infera_core.scheduling.types import Endpoint, RequestContext
 from infera_core.server.asgi import (
     SSE_HEADERS,
-    ClientGone,
-    Receive,
     Scope,
     Send,
     header_dict,
     raw_header,
-    read_body,
     send_error,
 )
-from infera_core.server.core import RouterCore, usage_of, watch_disconnect
+from infera_core.server.core import RouterCore, usage_of
+from infera_core.server.endpoint import ProxyEndpoint
 from infera_core.server.errors import ApiError
-from infera_core.server.validate import parse_object
 
 log = logging.getLogger("infera.server.proxy")
 
 Checker = Callable[[dict[str, Any]], str]
 
 
-class OpenAIProxy:
-    """A raw ASGI endpoint forwarding one OpenAI route to the fleet."""
+class OpenAIProxy(ProxyEndpoint):
+    """A raw ASGI endpoint forwarding one OpenAI route to the fleet, bytes unchanged."""
 
     def __init__(self, core: RouterCore, route: str, check: Checker, max_body: int) -> None:
-        self.core = core
-        self.route = route
+        super().__init__(core, route, max_body)
         self.check = check
-        self.max_body = max_body
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        t0 = time.perf_counter()
-        core = self.core
-        model = "-"
-        status = 500
-        watcher: asyncio.Task[None] | None = None
-        gone: list[bool] = []
-        try:
-            raw = await read_body(scope, receive, self.max_body)
-            body = parse_object(raw)
-            model = self.check(body)
-            headers = header_dict(scope)
-            ctx = RequestContext(
-                core.request_id(raw_header(scope, b"x-request-id")), model, self.route, body, headers
-            )
-            task = asyncio.current_task()
-            assert task is not None
-            watcher = asyncio.ensure_future(watch_disconnect(receive, task, gone))
-            ep, resp = await core.dispatch(ctx, self.route, raw)
-            status = resp.status
-            ok = False
-            try:
-                ok = await self._relay(send, resp, model, t0, ep.worker_id)
-            finally:
-                resp.release()
-                core.release(ctx, ep, ok)
-        except ApiError as err:
-            status = err.status
-            if err.code == "model_not_found":
-                model = "-"
-            await send_error(send, err)
-        except ClientGone:
-            status = 499
-        except asyncio.CancelledError:
-            if not gone:
-                raise
-            status = 499
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-        finally:
-            if watcher is not None and not watcher.done():
-                watcher.cancel()
-            core.metrics.request_done(self.route, model, status, time.perf_counter() - t0)
+    def prepare(self, scope: Scope, raw: bytes, body: dict[str, Any]) -> tuple[RequestContext, str, bytes]:
+        model = self.check(body)
+        rid = self.core.request_id(raw_header(scope, b"x-request-id"))
+        return RequestContext(rid, model, self.route, body, header_dict(scope)), self.route, raw
+
+    async def relay(
+        self, send: Send, resp: aiohttp.ClientResponse, ctx: RequestContext, ep: Endpoint, t0: float
+    ) -> bool:
+        return await self._relay(send, resp, ctx.model, t0, ep.worker_id)
 
     async def _relay(
         self, send: Send, resp: aiohttp.ClientResponse, model: str, t0: float, worker: str
