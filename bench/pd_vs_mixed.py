@@ -1,7 +1,8 @@
 """Mixed fleet vs PD fleet of the same size on a long-prompt workload, with ``infera-run bench --compare``.
 
     .venv/bin/python bench/pd_vs_mixed.py [--workers 4] [--input-len 2000] [--output-len 64]
-        [--num-requests 160] [--concurrency 16] [--speedup 1] [--pd-protocol vllm-nixl] [--json out.json]
+        [--prefill 2] [--num-requests 160] [--concurrency 16] [--speedup 1] [--pd-protocol vllm-nixl]
+        [--json out.json]
 
 Starts ``infera-run up --workers N`` and ``infera-run up --prefill N/2 --decode N/2`` (sim engine,
 real-time timing model unless ``--speedup``), runs the same random long-prompt workload against
@@ -67,18 +68,21 @@ class Up:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workers", type=int, default=4, help="fleet size (PD: half prefill, half decode)")
+    ap.add_argument("--workers", type=int, default=4, help="fleet size (both fleets)")
+    ap.add_argument("--prefill", type=int, default=None, help="PD fleet: prefill workers [default: half]")
     ap.add_argument("--input-len", type=int, default=2000)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--num-requests", type=int, default=160)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--speedup", type=float, default=1.0, help="sim time runs this much faster")
     ap.add_argument("--pd-protocol", default="vllm-nixl")
-    ap.add_argument("--policy", default="least-load", help="mixed fleet's routing preset")
+    ap.add_argument("--policy", default="kv-aware", help="mixed fleet's routing preset")
     ap.add_argument("--json", default=None, help="write bench results here")
     a = ap.parse_args()
     engine = ["--", "--speedup", str(a.speedup), "--max-model-len", str(max(4096, 2 * a.input_len + 256))]
-    half = a.workers // 2
+    half = a.prefill if a.prefill is not None else a.workers // 2
+    if not 0 < half < a.workers:
+        raise SystemExit(f"--prefill must be between 1 and {a.workers - 1}")
     stacks = [
         Up("mixed", ["--workers", str(a.workers), "--policy", a.policy, *engine]),
         Up(
