@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from infera_core.server.errors import bad_request
@@ -23,19 +24,24 @@ STOP_REASONS = {
 }
 
 
-def _text_of(content: Any, where: str) -> str:
-    """Concatenated text of a string or a list of text blocks."""
-    if isinstance(content, str):
-        return content
+def _blocks(content: Any, where: str) -> Iterator[tuple[int, Any, dict[str, Any]]]:
+    """(index, type, block) of a content-block array; 400 for anything else."""
     if not isinstance(content, list):
         raise bad_request(f"'{where}' must be a string or an array of content blocks.", where, "invalid_type")
-    parts: list[str] = []
     for i, block in enumerate(content):
         if not isinstance(block, dict):
             raise bad_request(
                 f"'{where}[{i}]' must be a content block object.", f"{where}[{i}]", "invalid_type"
             )
-        kind = block.get("type")
+        yield i, block.get("type"), block
+
+
+def _text_of(content: Any, where: str) -> str:
+    """Concatenated text of a string or a list of text blocks."""
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for i, kind, block in _blocks(content, where):
         if kind == "text":
             text = block.get("text")
             if not isinstance(text, str):
@@ -65,15 +71,8 @@ def _user_message(content: Any, where: str, out: list[dict[str, Any]]) -> None:
     if isinstance(content, str):
         out.append({"role": "user", "content": content})
         return
-    if not isinstance(content, list):
-        raise bad_request(f"'{where}' must be a string or an array of content blocks.", where, "invalid_type")
     text: list[str] = []
-    for i, block in enumerate(content):
-        if not isinstance(block, dict):
-            raise bad_request(
-                f"'{where}[{i}]' must be a content block object.", f"{where}[{i}]", "invalid_type"
-            )
-        kind = block.get("type")
+    for i, kind, block in _blocks(content, where):
         if kind == "tool_result":
             tool_id = block.get("tool_use_id")
             if not isinstance(tool_id, str):
@@ -99,16 +98,12 @@ def _assistant_message(content: Any, where: str, out: list[dict[str, Any]]) -> N
     if isinstance(content, str):
         out.append({"role": "assistant", "content": content})
         return
-    if not isinstance(content, list):
-        raise bad_request(f"'{where}' must be a string or an array of content blocks.", where, "invalid_type")
     text: list[str] = []
     calls: list[dict[str, Any]] = []
-    for i, block in enumerate(content):
-        kind = block.get("type") if isinstance(block, dict) else None
+    for i, kind, block in _blocks(content, where):
         if kind == "text":
             text.append(_text_of([block], where))
         elif kind == "tool_use":
-            assert isinstance(block, dict)
             calls.append(
                 {
                     "id": str(block.get("id", "")),

@@ -10,7 +10,9 @@ the number of requests it answered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 _DATA = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok "}}]}\n\n'
@@ -153,3 +155,16 @@ def record_for(up: FakeUpstream, **extra: Any) -> Any:
     from infera_core.worker import WorkerRecord
 
     return WorkerRecord(worker_id=up.name, url=up.url, model=up.model, engine="fake", **extra)
+
+
+@contextlib.asynccontextmanager
+async def fake_upstreams(n: int, model: str = "fake-model") -> AsyncIterator[list[FakeUpstream]]:
+    """``n`` started upstreams named ``w0``…; stopped when the block exits."""
+    ups = [FakeUpstream(f"w{i}", model) for i in range(n)]
+    try:
+        for u in ups:
+            await u.start()
+        yield ups
+    finally:
+        for u in ups:
+            await u.stop()

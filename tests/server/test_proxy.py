@@ -13,19 +13,15 @@ import pytest
 
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import RunningServer, serving, settings_for, until
-from infera_core.testing.upstream import FakeUpstream, record_for
+from infera_core.testing.upstream import FakeUpstream, fake_upstreams, record_for
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 
 
 @pytest.fixture
 async def ups() -> AsyncIterator[list[FakeUpstream]]:
-    out = [FakeUpstream(f"w{i}") for i in range(2)]
-    for u in out:
-        await u.start()
-    yield out
-    for u in out:
-        await u.stop()
+    async with fake_upstreams(2) as out:
+        yield out
 
 
 async def _serve_with(ups: list[FakeUpstream], **settings: Any) -> Any:

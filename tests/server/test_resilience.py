@@ -11,7 +11,7 @@ import pytest
 
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import RunningServer, serving, settings_for, until
-from infera_core.testing.upstream import FakeUpstream, record_for
+from infera_core.testing.upstream import FakeUpstream, fake_upstreams, record_for
 from infera_core.worker import Status
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
@@ -19,12 +19,8 @@ CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 
 @pytest.fixture
 async def ups() -> AsyncIterator[list[FakeUpstream]]:
-    out = [FakeUpstream(f"w{i}") for i in range(2)]
-    for u in out:
-        await u.start()
-    yield out
-    for u in out:
-        await u.stop()
+    async with fake_upstreams(2) as out:
+        yield out
 
 
 class Stack:
@@ -209,3 +205,28 @@ async def test_metrics_cover_requests_streams_tokens_and_routing(ups: list[FakeU
     assert 'infera_worker_picks_total{model="fake-model",worker="w0"}' in text
     assert 'infera_worker_in_flight{worker="w1"} 0.0' in text
     assert 'infera_worker_breaker_state{worker="w0"} 0.0' in text
+
+
+async def test_first_byte_timeout_retries_then_504(ups: list[FakeUpstream]) -> None:
+    async with (
+        Stack(ups, first_byte_timeout=0.3) as srv,
+        httpx.AsyncClient(base_url=srv.url, timeout=10) as c,
+    ):
+        ups[0].delay = 5.0
+        r = await c.post("/v1/chat/completions", json=CHAT)
+        assert r.status_code == 200 and r.json()["worker"] == "w1"  # w0 timed out, retried on w1
+        ups[1].delay = 5.0
+        r = await c.post("/v1/chat/completions", json=CHAT)
+        assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
+
+
+async def test_idle_stream_timeout_ends_the_stream_with_an_error_event(ups: list[FakeUpstream]) -> None:
+    async with (
+        Stack(ups, stream_idle_timeout=0.3) as srv,
+        httpx.AsyncClient(base_url=srv.url, timeout=10) as c,
+    ):
+        for u in ups:
+            u.chunk_delay = 2.0
+        async with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+            lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+        assert len(lines) == 1 and '"error"' in lines[0]
