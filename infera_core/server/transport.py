@@ -55,8 +55,11 @@ class Upstream:
         max_connections: int,
     ) -> None:
         self.first_byte_timeout = first_byte_timeout
+        self.idle_timeout = idle_timeout
+        # sock_read bounds the wait for the response headers (the first byte); once they
+        # arrived, open() switches the connection's read timeout to the idle timeout.
         self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=connect_timeout, connect=connect_timeout, sock_read=idle_timeout
+            total=None, sock_connect=connect_timeout, connect=connect_timeout, sock_read=first_byte_timeout
         )
         self._max_connections = max_connections
         self.session: aiohttp.ClientSession | None = None
@@ -95,9 +98,16 @@ class Upstream:
                 self._urls.clear()
             url = self._urls[key] = URL(endpoint.record.url.rstrip("/") + path)
         try:
-            async with asyncio.timeout(self.first_byte_timeout):
-                return await session.post(url, data=body, headers=headers or JSON_HEADERS)
+            resp = await session.post(url, data=body, headers=headers or JSON_HEADERS)
         except TimeoutError:
             raise UpstreamError(endpoint, "no response before the first-byte timeout", timeout=True) from None
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError(endpoint, f"{type(exc).__name__}: {exc}") from None
+        if self.idle_timeout != self.first_byte_timeout and resp.connection is not None:
+            proto = resp.connection.protocol
+            if proto is not None:
+                proto.read_timeout = self.idle_timeout
+                reschedule = getattr(proto, "_reschedule_timeout", None)
+                if reschedule is not None:
+                    reschedule()  # the gap after the headers counts as idle too
+        return resp
