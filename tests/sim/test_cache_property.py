@@ -41,14 +41,17 @@ class Mirror:
         self.decoder = MsgpackEventDecoder("vllm")
         self.blocks: set[int | bytes] = set()
         self.removed = 0
+        self.errors: list[str] = []
 
     def __call__(self, ts: float, events: list[KvEvent]) -> None:
         for ev in self.decoder.decode(encode_batch(ts, events, 0, self.layout)).events:
             if isinstance(ev, BlockStored):
-                assert ev.parent_block_hash is None or ev.parent_block_hash in self.blocks
+                if ev.parent_block_hash is not None and ev.parent_block_hash not in self.blocks:
+                    self.errors.append(f"BlockStored with an unknown parent {ev.parent_block_hash!r}")
                 self.blocks.update(ev.block_hashes)
             elif isinstance(ev, BlockRemoved):
-                assert set(ev.block_hashes) <= self.blocks
+                if not set(ev.block_hashes) <= self.blocks:
+                    self.errors.append(f"BlockRemoved of unknown blocks {ev.block_hashes}")
                 self.removed += 1
                 self.blocks.difference_update(ev.block_hashes)
             elif isinstance(ev, AllBlocksCleared):
@@ -97,6 +100,7 @@ async def _run(
             await asyncio.sleep(0)
         assert not engine.running and not engine.waiting
         assert len(engine.cache.free) == cache_blocks and engine.cache.reserved == 0
+        assert mirror.errors == []
         assert mirror.blocks == engine.cache.contents()
         return mirror
     finally:

@@ -12,6 +12,7 @@ record simulated seconds.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections import deque
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from infera_sim.metrics import SimMetrics
 from infera_sim.request import SimRequest
 from infera_sim.tokenizer import EOS_ID, EngineTokenizer
 
+log = logging.getLogger("infera_sim.engine")
 Publish = Callable[[float, list[KvEvent]], object]
 
 
@@ -179,7 +181,7 @@ class SimEngine:
             i = len(hashes)
             hashes.append(chain_hash(hashes[-1] if hashes else None, tokens[i * bs : (i + 1) * bs]))
         parent = hashes[start - 1] if start else None
-        self.cache.commit(r.blocks[start:full], hashes[start:full], parent, tokens[start * bs : full * bs])
+        self.cache.commit(r.blocks, start, hashes[start:full], parent, tokens[start * bs : full * bs])
         r.committed = full
 
     def _execute(self, plan: list[tuple[SimRequest, int]], now: float) -> None:
@@ -282,7 +284,10 @@ class SimEngine:
         if events:
             self.cache.events = []
             if self.publish is not None:
-                self.publish(self.now(), events)
+                try:
+                    self.publish(self.now(), events)
+                except Exception:  # a publisher failure must not stop the engine
+                    log.exception("kv events: publishing a batch failed")
 
     # -- introspection ---------------------------------------------------------------------
     @property

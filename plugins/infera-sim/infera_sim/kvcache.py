@@ -124,30 +124,39 @@ class KvCache:
 
     def commit(
         self,
-        blocks: Sequence[Block],
+        blocks: list[Block],
+        start: int,
         hashes: Sequence[int],
         parent: int | None,
         token_ids: Sequence[int],
     ) -> None:
-        """Mark newly full blocks as cached: one ``BlockStored`` per run of new blocks.
+        """Cache ``blocks[start : start + len(hashes)]``, now full: one ``BlockStored`` per run.
 
-        ``token_ids`` are the tokens of exactly these blocks; ``parent`` is the hash of
-        the block before the first one (None at the start of a sequence).
+        ``token_ids`` are the tokens of exactly those blocks; ``parent`` is the hash of the
+        block before the first one (None at the start of a sequence). A block whose hash
+        is already cached (computed twice concurrently) is swapped for the cached copy,
+        which the request then holds, so its chain of cached parents stays intact.
         """
         bs = self.block_size
         run: list[BlockHash] = []
         run_start = 0
         run_parent = parent
         prev = parent
-        for i, (block, h) in enumerate(zip(blocks, hashes, strict=True)):
-            if h in self.cached:
-                # Computed twice concurrently: this copy stays private (vLLM does the same).
+        for i, h in enumerate(hashes):
+            existing = self.cached.get(h)
+            if existing is not None:
                 self._flush(run, run_parent, token_ids[run_start * bs : (run_start + len(run)) * bs])
                 run = []
+                own = blocks[start + i]
+                if existing is not own:
+                    self.acquire((existing,))
+                    blocks[start + i] = existing
+                    self.release((own,))
                 prev = h
                 continue
             if not run:
                 run_start, run_parent = i, prev
+            block = blocks[start + i]
             block.hash = h
             self.cached[h] = block
             run.append(h)

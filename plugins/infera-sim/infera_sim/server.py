@@ -80,7 +80,15 @@ class SimServer:
             self.publisher.start()
             self.engine.publish = self.publisher.publish
         await self.pd.start()
-        self._tasks.append(asyncio.get_running_loop().create_task(self.engine.run()))
+        task = asyncio.get_running_loop().create_task(self.engine.run())
+        task.add_done_callback(self._engine_stopped)
+        self._tasks.append(task)
+
+    def _engine_stopped(self, task: asyncio.Task[None]) -> None:
+        """Like a dead vLLM engine core: a failed step loop takes the process down."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("engine step loop died", exc_info=task.exception())
+            os._exit(70)
 
     async def stop(self, app: web.Application) -> None:
         for task in self._tasks:
