@@ -102,7 +102,7 @@ def vllm_worker(tmp_path: Path, etcd_server: EtcdServer) -> Iterator[Callable[..
             "--lease-ttl",
             "3",
             "--drain-timeout",
-            "10",
+            "120",
             *extra,
             "--",
             *ENGINE_ARGS,

@@ -6,12 +6,15 @@ engine takes ~1 GB of RAM and 20-60 s to start on 2 cores.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from infera_vllm.adapter import VllmAdapter
 from real_vllm import (
     BLOCK,
     KvSubscriber,
@@ -27,6 +30,11 @@ from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+async def in_flight(adapter: VllmAdapter, url: str) -> int | None:
+    async with httpx.AsyncClient(timeout=5) as client:
+        return await adapter.in_flight(client, url)
 
 
 def completion(url: str, prompt: str, **extra: object) -> dict[str, object]:
@@ -82,8 +90,24 @@ def test_real_vllm_worker_registers_serves_publishes_and_drains(
     finally:
         sub.close()
 
-    # SIGTERM drains, deregisters and stops vLLM
-    launcher.signal(signal.SIGTERM)
+    # the adapter reads vLLM's real load metrics
+    adapter = VllmAdapter()
+    assert asyncio.run(in_flight(adapter, record.url)) == 0
+
+    # SIGTERM drains: a running request finishes, then the worker deregisters and vLLM stops
+    long_body = {"model": "tiny", "prompt": "the", "max_tokens": 200, "ignore_eos": True, "temperature": 0}
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(httpx.post, f"{record.url}/v1/completions", json=long_body, timeout=120)
+        deadline = time.monotonic() + 30
+        while not asyncio.run(in_flight(adapter, record.url)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        launcher.signal(signal.SIGTERM)
+        try:
+            finished = running.result()
+        except httpx.HTTPError as exc:
+            raise AssertionError(f"drain cut a running request: {exc}\n{launcher.output()[-3000:]}") from exc
+    assert finished.status_code == 200, finished.text
+    assert finished.json()["usage"]["completion_tokens"] == 200
     assert launcher.wait(60) == 0, launcher.output()[-3000:]
     assert "vllm-a" not in etcd_workers(etcd_server)
     with pytest.raises(httpx.HTTPError):
