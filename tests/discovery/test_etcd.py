@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -148,7 +149,8 @@ async def test_malformed_record_is_skipped_and_logged(
             await client.put(
                 b"/infera/workers/no-url", b'{"worker_id": "no-url", "model": "m", "engine": "x"}'
             )
-            await client.put(b"/infera/workers/late", rec("late").to_json())
+            newer = {**rec("late").model_dump(mode="json"), "schema_version": 2, "added_later": {"x": 1}}
+            await client.put(b"/infera/workers/late", json.dumps(newer).encode())  # unknown fields: ignored
             await view.wait_for(lambda v: "late" in v.workers, within=2)
     assert set(view.workers) == {"good", "late"}
     logged = caplog.text
