@@ -199,6 +199,24 @@ class KvHub:
 
     # -- ingestion ------------------------------------------------------------------
     async def _run(self, sub: Subscription) -> None:
+        """Follow one publisher until cancelled; a broken socket is rebuilt with backoff."""
+        backoff = 0.1
+        while True:
+            try:
+                await self._follow(sub)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception(
+                    "worker %s: KV event subscription %s failed; retrying in %.1f s",
+                    sub.record.worker_id,
+                    sub.endpoint,
+                    backoff,
+                )
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.settings.kv_reconnect_max_s)
+
+    async def _follow(self, sub: Subscription) -> None:
         assert self._ctx is not None
         kv = sub.record.kv_events
         assert kv is not None
@@ -216,11 +234,12 @@ class KvHub:
                     sub.undecodable += 1
                     continue
                 seq = int.from_bytes(frames[-2], "big", signed=True)
-                await self._on_frame(sub, seq, frames[-1])
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("worker %s: KV event subscription %s failed", sub.record.worker_id, sub.endpoint)
+                try:
+                    await self._on_frame(sub, seq, frames[-1])
+                except (KvDecodeError, ValueError, TypeError, KeyError, IndexError) as exc:
+                    # a bad batch must not end the subscription
+                    sub.undecodable += 1
+                    log.warning("worker %s: KV batch seq %d not applied: %r", sub.record.worker_id, seq, exc)
         finally:
             sock.close(0)
 

@@ -229,3 +229,47 @@ async def test_one_view_per_dp_rank_with_a_publisher_per_rank() -> None:
             assert [p["rank"] for p in hub.cache_view("dp")["publishers"]] == [0, 1]
         finally:
             await hub.close()
+
+
+async def test_bad_and_empty_batches_are_counted_and_the_stream_goes_on() -> None:
+    import msgspec
+    import zmq
+
+    from infera_core.kv.events import BlockStored, KvEventBatch
+    from infera_core.testing.net import free_port
+
+    port = free_port()
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    record = WorkerRecord(
+        worker_id="raw",
+        url="http://127.0.0.1:9",
+        model="m",
+        engine="vllm",
+        kv_events=KvEventsInfo(endpoint=f"tcp://127.0.0.1:{port}", format="vllm", block_size=BS),
+    )
+    hub, registry = _hub()
+    await hub.start()
+    hub.worker_added(record)
+    good = msgspec.msgpack.encode(KvEventBatch(0.0, [BlockStored([1, 2], None, list(range(2 * BS)), BS)], 0))
+    frames = [b"\xc1not msgpack", msgspec.msgpack.encode([0.0, [], 0]), good]
+    try:
+        # the SUB joins asynchronously: resend the sequence until the good batch lands
+        for _ in range(100):
+            for seq, payload in enumerate(frames):
+                pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), payload])
+            view = hub.cache_view("raw")
+            p = view["publishers"][0]
+            if view["blocks"] == 2 and p["undecodable_batches"] and p["empty_batches"]:
+                break
+            await asyncio.sleep(0.05)
+        pubs = hub.cache_view("raw")["publishers"][0]
+        assert hub.cache_view("raw")["blocks"] == 2
+        assert pubs["undecodable_batches"] >= 1 and pubs["empty_batches"] >= 1
+        assert registry.get_sample_value("infera_kv_batches_undecodable_total", {"worker": "raw"}) >= 1
+    finally:
+        await hub.close()
+        pub.close(0)
+        ctx.term()
