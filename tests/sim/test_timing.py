@@ -47,7 +47,7 @@ def _ttft_stream(client: httpx.Client, url: str) -> tuple[float, dict[str, int]]
 
 def test_second_identical_prompt_hits_the_cache_and_starts_sooner() -> None:
     # one client: creating an httpx client costs ~0.1 s (TLS setup)
-    with start_sim(speedup=1, prefill_tokens_per_s=1500, itl_base_ms=1) as sim, httpx.Client() as client:
+    with start_sim(speedup=1, prefill_tokens_per_s=600, itl_base_ms=1) as sim, httpx.Client() as client:
         client.get(sim.url + "/health")
         ttft1, u1 = _ttft_stream(client, sim.url)
         ttft2, u2 = _ttft_stream(client, sim.url)
@@ -57,7 +57,7 @@ def test_second_identical_prompt_hits_the_cache_and_starts_sooner() -> None:
     full_blocks = (prompt - 1) // 16 * 16  # like vLLM, at least one token is always recomputed
     assert u2 == {"prompt": prompt, "cached": full_blocks}
     assert prompt - full_blocks <= 16
-    assert ttft2 < ttft1 / 3, (ttft1, ttft2)
+    assert ttft1 > 0.2 and ttft2 < ttft1 / 2, (ttft1, ttft2)  # ~0.25 s vs ~0.01 s simulated
     hits = parse_gauges(metrics, ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"))
     assert hits == {
         "vllm:prefix_cache_hits_total": full_blocks,
