@@ -156,3 +156,30 @@ def test_events_with_another_block_size_than_the_record_are_counted_not_indexed(
     v = index.add_view("w", None, BS)
     index.apply(v, KvEventBatch(0.0, [BlockStored([1, 2], None, list(range(32)), 16)]))
     assert v.block_count() == 0 and v.summary()["block_size_mismatches"] == 1
+
+
+def test_two_engine_hashes_for_the_same_tokens_keep_the_block_until_both_go() -> None:
+    index = KvIndex()
+    v = index.add_view("w", None, BS)
+    other = index.add_view("x", None, BS)
+    toks = list(range(2 * BS))
+    hashes = index.hash_prompt(toks, BS)
+    # e.g. the same text under two cache_salt values: distinct engine hashes, same tokens
+    index.apply(
+        v, KvEventBatch(0.0, [BlockStored([1, 2], None, toks, BS), BlockStored([7, 8], None, toks, BS)])
+    )
+    index.apply(other, KvEventBatch(0.0, [BlockStored([1, 2], None, toks, BS)]))
+    assert v.block_count() == 2 and index.match(hashes, [v, other]) == [2.0, 2.0]
+    index.apply(v, KvEventBatch(0.0, [BlockRemoved([1, 2]), BlockStored([1, 2], None, toks, BS)]))
+    index.apply(v, KvEventBatch(0.0, [BlockRemoved([2])]))
+    assert index.match(hashes, [v, other]) == [2.0, 2.0]  # [7, 8] still hold both blocks
+    index.apply(v, KvEventBatch(0.0, [BlockRemoved([8])]))
+    assert index.match(hashes, [v, other]) == [1.0, 2.0] and v.block_count() == 1
+    index.apply(v, KvEventBatch(0.0, [BlockRemoved([1, 7]), BlockRemoved([99])]))
+    assert index.match(hashes, [v, other]) == [0.0, 2.0] and v.block_count() == 0
+    assert v.unknown_removed == 1
+    index.apply(
+        v, KvEventBatch(0.0, [BlockStored([1, 2], None, toks, BS), BlockStored([1, 2], None, toks, BS)])
+    )
+    index.apply(v, KvEventBatch(0.0, [BlockRemoved([1, 2])]))  # a repeated store is not a second copy
+    assert v.block_count() == 0 and index.match(hashes, [v, other]) == [0.0, 2.0]
