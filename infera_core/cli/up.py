@@ -56,8 +56,9 @@ async def run_up(settings: UpSettings, hooks: InferaHooks, engine_args: list[str
     from infera_core.up.status import LiveStatus
 
     err = Console(stderr=True)
-    for noisy in ("httpx", "uvicorn.error"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    noisy = ["httpx", "uvicorn.error"] + ([] if settings.engine_logs else ["infera.launcher"])
+    for noisy_logger in noisy:
+        logging.getLogger(noisy_logger).setLevel(max(logging.WARNING, logging.getLogger().level))
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     stack = Stack(settings, hooks, engine_args=engine_args)
@@ -95,7 +96,7 @@ async def run_up(settings: UpSettings, hooks: InferaHooks, engine_args: list[str
             f'-d \'{{"model": "{settings.model}", "messages": [{{"role": "user", "content": "hi"}}]}}\''
         )
         if settings.demo:
-            await _demo(stack.url, stack.policy, settings.model, err)
+            await _demo(stack, err)
         return await _serve_until_stopped(stack, stop, settings, err, LiveStatus)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -130,9 +131,9 @@ async def _serve_until_stopped(
     return code
 
 
-async def _demo(url: str, policy: str, model: str, err: Console) -> None:
+async def _demo(stack: Any, err: Console) -> None:
     from infera_core.up.demo import print_demo, run_demo
 
-    err.print("[bold]demo:[/] the same shared-prefix workload, round-robin vs this router…")
-    rr, routed = await run_demo(url, policy, model, err)
+    err.print("[bold]demo:[/] the same shared-prefix workload through a round-robin router, then this one…")
+    rr, routed = await run_demo(stack, err)
     print_demo(rr, routed, Console())

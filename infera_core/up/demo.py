@@ -1,8 +1,9 @@
 """``infera-run up --demo``: what KV-aware routing does on a shared-prefix workload.
 
 The same workload runs twice on the same workers, each time from an empty prefix
-cache (``POST /reset_prefix_cache`` on every worker): once sent round-robin straight
-to the workers (what a cache-blind router gets), once through the stack's router.
+cache (``POST /reset_prefix_cache`` on every worker): once through a second,
+temporary router with the ``round-robin`` policy (what a cache-blind router gets),
+once through the stack's own router.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rich.table import Table
 from infera_core.bench.runner import BenchConfig, RunResult, run_bench
 from infera_core.bench.scrape import fetch_workers
 from infera_core.bench.workloads import shared_prefix_workload
+from infera_core.up.stack import Stack
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,26 +46,25 @@ async def reset_caches(urls: list[str]) -> None:
 
 
 async def run_demo(
-    url: str, policy: str, model: str, console: Console, w: DemoWorkload | None = None
+    stack: Stack, console: Console, w: DemoWorkload | None = None, baseline: str = "round-robin"
 ) -> tuple[RunResult, RunResult]:
-    """(round-robin straight to the workers, through the router) on the same workload."""
+    """(the ``baseline`` policy, the stack's policy) on the same workload and the same workers."""
     w = w or DemoWorkload()
-    root = url[:-3] if url.endswith("/v1") else url
     async with aiohttp.ClientSession() as session:
-        workers = await fetch_workers(session, root)
+        workers = await fetch_workers(session, stack.root)
     urls = sorted(workers.values())
     sessions = shared_prefix_workload(
         w.groups, w.prefix_len, w.questions_per_group, w.question_len, w.output_len, seed=7
     )
+    model = stack.settings.model
+    async with stack.side_server(baseline) as side_url:
+        await reset_caches(urls)
+        cfg = BenchConfig(url=side_url, model=model, concurrency=w.concurrency, label=baseline)
+        base = await run_bench(sessions, cfg, console)
     await reset_caches(urls)
-    rr_cfg = BenchConfig(
-        url=urls[0], model=model, concurrency=w.concurrency, spread=urls, label="round-robin", progress=True
-    )
-    rr = await run_bench(sessions, rr_cfg, console)
-    await reset_caches(urls)
-    via = BenchConfig(url=url, model=model, concurrency=w.concurrency, label=f"infera ({policy})")
-    routed = await run_bench(sessions, via, console)
-    return rr, routed
+    cfg = BenchConfig(url=stack.url, model=model, concurrency=w.concurrency, label=f"infera ({stack.policy})")
+    routed = await run_bench(sessions, cfg, console)
+    return base, routed
 
 
 def print_demo(rr: RunResult, routed: RunResult, console: Console, w: DemoWorkload | None = None) -> None:

@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
@@ -164,23 +164,46 @@ class Stack:
         )
 
     async def _start_server(self) -> None:
-        from infera_core.server.app import create_app
-
         ss = self._serve_settings()
         self.kv = _make_kv(ss, self.hooks)
-        app = create_app(ss, self.hooks, discovery=self.discovery, kv=self.kv, start_discovery=False)
+        assert self._sock is not None
+        self._server, self._server_task = await self._serve(ss, self.kv, self._sock)
+
+    async def _serve(self, ss: Any, kv: Any, sock: socket.socket) -> tuple[_Server, asyncio.Task[None]]:
+        """Build the app over this stack's discovery and serve it on ``sock`` in this event loop."""
+        from infera_core.server.app import create_app
         from infera_core.server.run import uvicorn_config
 
+        app = create_app(ss, self.hooks, discovery=self.discovery, kv=kv, start_discovery=False)
         config = uvicorn_config(app, ss)
         config.timeout_graceful_shutdown = 5
-        self._server = _Server(config)
-        assert self._sock is not None
-        self._server_task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
-        while not self._server.started:
-            if self._server_task.done():
-                exc = self._server_task.exception()
+        server = _Server(config)
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started:
+            if task.done():
+                exc = task.exception()
                 raise InferaError(f"the server did not start: {exc or 'exited early'}")
             await asyncio.sleep(0.02)
+        return server, task
+
+    @contextlib.asynccontextmanager
+    async def side_server(self, policy: str) -> AsyncIterator[str]:
+        """A second router over the same workers with another policy; yields its ``/v1`` URL.
+
+        Used to compare policies on one fleet (``up --demo``) without restarting engines.
+        """
+        ss = self._serve_settings().model_copy(update={"router_policy": policy, "router_config": None})
+        kv = _make_kv(ss, self.hooks)
+        sock = _bind(self.settings.host, 0)
+        port = int(sock.getsockname()[1])
+        server, task = await self._serve(ss, kv, sock)
+        try:
+            await self.wait_routable(len(self.launchers), self.settings.ready_timeout, port=port)
+            yield f"http://{self.settings.host}:{port}/v1"
+        finally:
+            server.should_exit = True
+            with contextlib.suppress(BaseException):
+                await task
 
     def _worker_settings(self, index: int, role: str = "mixed") -> WorkerSettings:
         s = self.settings
@@ -254,10 +277,11 @@ class Stack:
         """Until the server's fleet view holds every worker (memory: at once; etcd: a watch away)."""
         await self.wait_routable(len(self.launchers), within)
 
-    async def wait_routable(self, count: int, within: float) -> None:
-        """Until the server routes to at least ``count`` active workers."""
+    async def wait_routable(self, count: int, within: float, port: int | None = None) -> None:
+        """Until the server (or the side server on ``port``) routes to ``count`` active workers."""
         import httpx
 
+        root = f"http://{self.settings.host}:{port}" if port else self.root
         if count <= 0:
             return
 
@@ -266,7 +290,7 @@ class Stack:
         async with httpx.AsyncClient(timeout=2.0, trust_env=False) as client:
             while True:
                 try:
-                    r = await client.get(f"{self.root}/health")
+                    r = await client.get(f"{root}/health")
                     if r.status_code == 200 and r.json().get("active_workers", 0) >= count:
                         return
                 except (httpx.HTTPError, ValueError):

@@ -26,7 +26,7 @@ async def test_demo_kv_aware_beats_round_robin_and_stack_stops_clean() -> None:
             health = (await client.get(f"{stack.root}/health")).json()
         assert health["active_workers"] == 4
         w = DemoWorkload(groups=6, questions_per_group=5, prefix_len=400, question_len=12, output_len=4)
-        rr, routed = await run_demo(stack.url, stack.policy, "sim-model", Console(quiet=True), w)
+        rr, routed = await run_demo(stack, Console(quiet=True), w)
     assert rr.summary["completed"] == routed.summary["completed"] == 30
     rr_hit = rr.summary["prefix_cache_hit_rate"]
     kv_hit = routed.summary["prefix_cache_hit_rate"]
