@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -66,8 +65,6 @@ class BenchConfig:
     label: str = ""
     progress: bool = True
     extra_body: dict[str, Any] = field(default_factory=dict)
-    spread: list[str] = field(default_factory=list)
-    """Engine base URLs to send to directly in turn (client-side round-robin, no router)."""
 
 
 @dataclass(slots=True)
@@ -120,11 +117,9 @@ class _Runner:
         self.results: list[RequestResult] = []
         self.t0 = 0.0
         self.advance: Callable[[int], None] = lambda n: None
-        self._spread = itertools.cycle([api_root(u) for u in cfg.spread]) if cfg.spread else None
 
     def _url(self, api: str) -> str:
-        root = next(self._spread) if self._spread is not None else self.root
-        return f"{root}/v1/chat/completions" if api == "chat" else f"{root}/v1/completions"
+        return f"{self.root}/v1/chat/completions" if api == "chat" else f"{self.root}/v1/completions"
 
     async def run_session(self, s: Session) -> None:
         msgs: list[dict[str, str]] = []
@@ -257,8 +252,6 @@ async def run_bench(
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         model = cfg.model or await _default_model(session, root)
         workers = {u: u for u in cfg.metrics_urls} or await fetch_workers(session, root)
-        if not workers and cfg.spread:
-            workers = {api_root(u): api_root(u) for u in cfg.spread}
         interval = max(cfg.scrape_interval, len(workers) / 64)
         sampler = MetricsSampler(session, workers, interval)
         runner = _Runner(cfg, session, model, root)
