@@ -246,8 +246,8 @@ async def run_bench(
     """Run ``sessions`` against ``cfg.url``; prints a live progress bar on ``console``."""
     root = api_root(cfg.url)
     n_req = sum(s.num_requests for s in sessions)
-    limit = max(cfg.concurrency or 0, 64) * 2 + 16
-    connector = aiohttp.TCPConnector(limit=limit, force_close=False)
+    # no connection cap: open-loop arrivals must not queue inside the client (that would count as TTFT)
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         model = cfg.model or await _default_model(session, root)
