@@ -118,3 +118,12 @@ def sim_pd_fleet(
                 record = sim_record(wid, handle, role, protocol, block_size=int(common["block_size"]))
                 fleet.workers.append(SimWorker(wid, role, handle, record))
         yield fleet
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of the Prometheus samples in ``text`` whose line starts with ``name`` and has ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

@@ -12,6 +12,7 @@ import pytest
 
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.pd import SimPdFleet, sim_pd_fleet
+from infera_core.testing.pd import metric_sum as metric
 from infera_core.testing.server import RunningServer, serving, settings_for
 
 pytestmark = pytest.mark.slow
@@ -23,14 +24,6 @@ FAULT = {"fault_error_rate": 1}
 def prompt() -> str:
     tag = uuid.uuid4().hex[:8]
     return " ".join(f"{tag}w{i}" for i in range(120))
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 @pytest.fixture(scope="module", params=PROTOCOLS)

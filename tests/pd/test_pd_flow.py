@@ -12,6 +12,7 @@ from infera_core.kv.component import KvRouting
 from infera_core.kv.settings import KvSettings
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.pd import SimPdFleet, sim_pd_fleet
+from infera_core.testing.pd import metric_sum as metric
 from infera_core.testing.server import RunningServer, serving, settings_for, until
 from infera_core.worker import Role
 
@@ -41,14 +42,6 @@ async def srv(fleet: SimPdFleet) -> AsyncIterator[RunningServer]:
         await s.wait_workers(len(fleet.records))
         s.kv = kv  # type: ignore[attr-defined]
         yield s
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 async def prefill_counts(c: httpx.AsyncClient) -> dict[str, float]:
