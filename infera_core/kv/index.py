@@ -3,8 +3,9 @@
 Layout (chosen so one request is scored in one pass over its prompt blocks):
 
 * one :class:`WorkerView` per ``(worker_id, dp_rank)`` with a slot bit; per storage
-  tier (GPU, CPU, disk/external) it maps engine hash → router hash (``emap``) and
-  counts router hashes (``rcount``);
+  tier (GPU, CPU, disk/external) it maps engine hash → router hash (``emap``), counts
+  its blocks (``nblocks``) and, only for the rare router hash held under several engine
+  hashes, the extra copies (``dups``) — so the common store costs three dict operations;
 * global per-tier ``masks``: router hash → bitset (a Python int) of the slots holding it.
 
 Router hashes come from :mod:`infera_core.kv.hashing`: the engine's parent hash is
@@ -54,11 +55,12 @@ class WorkerView:
         "block_size",
         "blocks_evicted",
         "dp_rank",
+        "dups",
         "emap",
         "events_applied",
         "last_event_ts",
         "last_seq",
-        "rcount",
+        "nblocks",
         "skipped_groups",
         "slot",
         "stale",
@@ -74,7 +76,8 @@ class WorkerView:
         self.bit = 1 << slot
         self.block_size = block_size
         self.emap: tuple[dict[BlockHash, int], ...] = ({}, {}, {})
-        self.rcount: tuple[dict[int, int], ...] = ({}, {}, {})
+        self.dups: tuple[dict[int, int], ...] = ({}, {}, {})
+        self.nblocks = [0, 0, 0]
         self.skipped_groups: set[int] = set()
         self.events_applied = 0
         self.unknown_parent = 0
@@ -91,8 +94,12 @@ class WorkerView:
         return (self.worker_id, self.dp_rank)
 
     def block_count(self) -> int:
-        r = self.rcount
-        return len(r[0]) + len(r[1]) + len(r[2])
+        n = self.nblocks
+        return n[0] + n[1] + n[2]
+
+    def held(self, tier: int = 0) -> set[int]:
+        """The router hashes this view holds on ``tier``."""
+        return set(self.emap[tier].values())
 
     def summary(self) -> dict[str, object]:
         return {
@@ -100,7 +107,7 @@ class WorkerView:
             "dp_rank": self.dp_rank,
             "block_size": self.block_size,
             "blocks": self.block_count(),
-            "blocks_by_tier": {TIER_NAMES[t]: len(self.rcount[t]) for t in TIERS},
+            "blocks_by_tier": {TIER_NAMES[t]: self.nblocks[t] for t in TIERS},
             "events_applied": self.events_applied,
             "last_event_ts": self.last_event_ts,
             "last_event_age_s": None if self.last_event_ts is None else time.time() - self.last_event_ts,
@@ -186,14 +193,15 @@ class KvIndex:
         nbit = ~view.bit
         for tier in TIERS:
             masks = self.masks[tier]
-            for rh in view.rcount[tier]:
+            for rh in view.emap[tier].values():
                 m = masks.get(rh, 0) & nbit
                 if m:
                     masks[rh] = m
                 else:
                     masks.pop(rh, None)
-            view.rcount[tier].clear()
+            view.dups[tier].clear()
             view.emap[tier].clear()
+            view.nblocks[tier] = 0
 
     # -- ingestion --------------------------------------------------------------
     def apply(self, view: WorkerView, batch: KvEventBatch, seq: int | None = None) -> int:
@@ -268,58 +276,65 @@ class KvIndex:
                         view.unknown_parent += 1
                         return
             ph = found
-        em, rc, masks = self._tier_maps(view, ev.medium)
+        tier, em, dups, masks = self._tier_maps(view, ev.medium)
         bit = view.bit
         toks = ev.token_ids
         bs = ev.block_size
         h = ph
         i = 0
         n = len(toks)
+        added = 0
         for eh in ev.block_hashes:
             j = i + bs
             if j > n:
                 break  # only full blocks are hashed
             h = hash((h, *toks[i:j]))
             i = j
-            if eh in em:
-                continue
-            em[eh] = h
-            c = rc.get(h)
-            if c is None:
-                rc[h] = 1
-                masks[h] = masks.get(h, 0) | bit
+            if em.setdefault(eh, h) is not h:
+                continue  # this engine block is already mirrored
+            m = masks.get(h, 0)
+            if m & bit:  # same tokens under another engine hash (cache_salt, extra keys…)
+                dups[h] = dups.get(h, 0) + 1
             else:
-                rc[h] = c + 1
+                masks[h] = m | bit
+                added += 1
+        view.nblocks[tier] += added
 
     def _tier_maps(
         self, view: WorkerView, medium: str | None
-    ) -> tuple[dict[BlockHash, int], dict[int, int], dict[int, int]]:
-        """(engine→router map, router-hash counts, global masks) of the medium's tier."""
+    ) -> tuple[int, dict[BlockHash, int], dict[int, int], dict[int, int]]:
+        """(tier, engine→router map, duplicate counts, global masks) of the medium's tier."""
         tier = _MEDIUM_TIER.get(medium)
         if tier is None:
             tier = medium_tier(medium)
-        return view.emap[tier], view.rcount[tier], self.masks[tier]
+        return tier, view.emap[tier], view.dups[tier], self.masks[tier]
 
     def _remove(self, view: WorkerView, ev: BlockRemoved) -> None:
         if ev.group_idx is not None and ev.group_idx in view.skipped_groups:
             return
-        em, rc, masks = self._tier_maps(view, ev.medium)
+        tier, em, dups, masks = self._tier_maps(view, ev.medium)
         nbit = ~view.bit
+        removed = 0
         for eh in ev.block_hashes:
             rh = em.pop(eh, None)
             if rh is None:
                 view.unknown_removed += 1
                 continue
-            c = rc[rh] - 1
-            if c:
-                rc[rh] = c
-                continue
-            del rc[rh]
+            if dups:
+                c = dups.get(rh)
+                if c is not None:  # another engine hash still holds these tokens
+                    if c > 1:
+                        dups[rh] = c - 1
+                    else:
+                        del dups[rh]
+                    continue
             m = masks[rh] & nbit
             if m:
                 masks[rh] = m
             else:
                 del masks[rh]
+            removed += 1
+        view.nblocks[tier] -= removed
 
     def block_count(self) -> int:
         return sum(v.block_count() for v in self._views.values())
@@ -419,13 +434,13 @@ class KvIndex:
             out[i] = depth_of.get(b, 0) * w[0] - credit.get(b, 0.0)
         return out
 
-    def naive_match(self, hashes: Sequence[int], views: Sequence[WorkerView | None]) -> list[int]:
-        """Reference: per-view dict walk (GPU tier only). Used by tests and the benchmark."""
+    @staticmethod
+    def naive_match(hashes: Sequence[int], held_sets: Sequence[set[int] | None]) -> list[int]:
+        """Reference: walk each worker's own block set (``WorkerView.held()``). Tests and benches."""
         out = []
-        for v in views:
+        for held in held_sets:
             n = 0
-            if v is not None:
-                held = v.rcount[TIER_GPU]
+            if held is not None:
                 for h in hashes:
                     if h not in held:
                         break
