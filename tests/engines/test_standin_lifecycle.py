@@ -3,6 +3,7 @@ flags and serve through infera-sim; start-up failures and missing engines as a u
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -12,8 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 from engine_env import FakeEngineEnv, clean_environ, make_engine_env, standin_source
+from infera_sglang.pd import SglangBootstrapTransport
 from real_vllm import KvSubscriber, etcd_workers, wait_registered
 
+from infera_core.pd import PdContext, check_pair
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
 
@@ -158,3 +161,41 @@ def test_worker_vllm_help_documents_flags_and_pass_through() -> None:
         assert flag in text
     assert "Everything after -- is passed to the engine unchanged" in text
     assert "multiples of 32" in text
+
+
+def test_sglang_pd_pair_from_the_registry_serves_a_request(tmp_path: Path, etcd_server: EtcdServer) -> None:
+    """Prefill and decode launchers register their PD params; the transport built from those
+    records drives a real bootstrap exchange between the two (stand-in) engines."""
+    env = sglang_env(tmp_path)
+    common = ["--model", "qwen", "--engine-python", env.python, "--etcd-endpoint", etcd_server.endpoint]
+    procs = [
+        launch("sglang", "--worker-id", "pre", "--role", "prefill", *common),
+        launch("sglang", "--worker-id", "dec", "--role", "decode", *common),
+    ]
+    try:
+        prefill = wait_registered(etcd_server, procs[0], "pre")
+        decode = wait_registered(etcd_server, procs[1], "dec")
+        check_pair(prefill, decode)
+        assert prefill.pd is not None and prefill.pd.params["bootstrap_port"] > 0
+        t = SglangBootstrapTransport()
+        ctx = PdContext(request_id="pd-1", route="/v1/completions")
+        t.prepare(ctx, prefill, decode)
+        body = {"model": "qwen", "prompt": "alpha beta gamma " * 20, "max_tokens": 5}
+        pre = t.prefill_request(body, ctx, prefill, decode)
+        dec = t.decode_request(body, ctx, prefill, decode, None)
+
+        async def both() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=30) as client:
+                return list(
+                    await asyncio.gather(
+                        client.post(decode.url + ctx.route, json=dec.body, headers=dec.headers),
+                        client.post(prefill.url + ctx.route, json=pre.body, headers=pre.headers),
+                    )
+                )
+
+        final, first = asyncio.run(both())
+        assert first.status_code == 200 and final.status_code == 200, (first.text, final.text)
+        assert final.json()["usage"]["completion_tokens"] == 5
+    finally:
+        for proc in procs:
+            proc.kill()
