@@ -199,3 +199,34 @@ async def test_sglang_bootstrap_room_steers_the_dp_rank(ups: dict[str, FakeUpstr
             assert json.loads(ups["d"].last_body)["bootstrap_room"] == sent["bootstrap_room"]
             rooms.append(sent["bootstrap_room"] % 4)
         assert sorted(rooms) == [0, 1, 2, 3]
+
+
+async def test_anthropic_messages_go_through_a_pair(ups: dict[str, FakeUpstream]) -> None:
+    pd = PdInfo(protocol="sglang-bootstrap", params={"bootstrap_host": "127.0.0.1", "bootstrap_port": 9})
+    body = {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    async with serving(settings_for(), make_hooks()) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+        srv.store.put(fake(ups["p"], engine="sglang", role="prefill", pd=pd))
+        srv.store.put(fake(ups["d"], engine="sglang", role="decode", pd=PdInfo(protocol="sglang-bootstrap")))
+        await srv.wait_workers(2)
+        r = await c.post("/v1/messages", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["type"] == "message"
+        sent = json.loads(ups["p"].last_body)
+        assert ups["p"].last_path == ups["d"].last_path == "/v1/chat/completions"
+        assert sent["bootstrap_room"] == json.loads(ups["d"].last_body)["bootstrap_room"]
+
+
+async def test_serial_prefill_without_transfer_params_is_a_clear_502(ups: dict[str, FakeUpstream]) -> None:
+    body = {"model": MODEL, "prompt": "hi"}
+    async with serving(settings_for(), make_hooks()) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+        srv.store.put(fake(ups["p"], engine="vllm", role="prefill", pd=PdInfo(protocol="vllm-nixl")))
+        srv.store.put(fake(ups["d"], engine="vllm", role="decode", pd=PdInfo(protocol="vllm-nixl")))
+        await srv.wait_workers(2)
+        r = await c.post("/v1/completions", json=body)
+        assert r.status_code == 502
+        assert "returned no kv_transfer_params" in r.json()["error"]["message"]
+        assert ups["d"].requests == 0  # decode never saw a request it could not serve
+        sent = json.loads(ups["p"].last_body)
+        assert sent["max_tokens"] == 1 and sent["kv_transfer_params"]["do_remote_decode"] is True
+        text = (await c.get("/metrics")).text
+        assert 'infera_pd_failures_total{reason="prefill_no_transfer_params"} 1.0' in text
