@@ -91,6 +91,40 @@ def _client_proc(
     out.put(asyncio.run(_raw_client(url, prompts, concurrency, max_tokens, stream)))
 
 
+async def _in_process(prompts: list[str], max_tokens: int, cache_blocks: int) -> tuple[float, int]:
+    """The engine core alone (tokenize, schedule, cache, encode events): no HTTP."""
+    from infera_sim.config import SimConfig
+    from infera_sim.engine import SimEngine
+    from infera_sim.kv_publisher import encode_batch
+    from infera_sim.request import SimRequest
+    from infera_sim.tokenizer import SimTokenizer
+
+    cfg = SimConfig(speedup=float("inf"), cache_blocks=cache_blocks, max_num_seqs=1024)
+    tok = SimTokenizer()
+    batches = [0]
+
+    def publish(ts: float, events: list[Any]) -> None:
+        encode_batch(ts, events, 0, "map")
+        batches[0] += 1
+
+    engine = SimEngine(cfg, tok, publish)
+    task = asyncio.get_running_loop().create_task(engine.run())
+    start = time.perf_counter()
+    reqs = []
+    for i, prompt in enumerate(prompts):
+        r = SimRequest(str(i), tok.encode(prompt), max_tokens)
+        r.stream = False
+        reqs.append(r)
+        engine.add(r)
+    for r in reqs:
+        while not r.done:
+            await r.wake.wait()
+            r.wake.clear()
+    elapsed = time.perf_counter() - start
+    task.cancel()
+    return elapsed, batches[0]
+
+
 def _drain_events(endpoint: str, stop: threading.Event, counts: list[int]) -> None:
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
@@ -116,9 +150,16 @@ def main() -> None:
     ap.add_argument("--client", choices=("raw", "aiohttp"), default="raw", help="HTTP client of the bench")
     ap.add_argument("--cache-blocks", type=int, default=16384)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--in-process", action="store_true", help="the engine core alone, no HTTP")
     args = ap.parse_args()
 
     prompts = _prompts(args.requests, args.prefixes, args.prefix_words, seed=1)
+    if args.in_process:
+        elapsed, batches = asyncio.run(_in_process(prompts, args.max_tokens, args.cache_blocks))
+        result = {"mode": "in-process engine core", "requests": args.requests, "seconds": round(elapsed, 3)}
+        result.update(requests_per_s=round(args.requests / elapsed, 1), kv_event_batches=batches)
+        print(json.dumps(result) if args.json else "\n".join(f"{k:>24}: {v}" for k, v in result.items()))
+        return
     flags: dict[str, Any] = {"model": "bench", "speedup": "inf", "cache_blocks": args.cache_blocks}
     flags["max_num_seqs"] = 1024
     with start_sim(**flags) as sim:

@@ -25,10 +25,8 @@ _blake2b = hashlib.blake2b
 
 def chain_hash(parent: int | None, token_ids: Sequence[int]) -> int:
     """Hash of one full block: blake2b(parent u64 ‖ token ids as u32) → low 64 bits."""
-    h = hashlib.blake2b(digest_size=8)
-    h.update((parent if parent is not None else _MASK64).to_bytes(8, "little"))
-    h.update(array("I", token_ids).tobytes())
-    return int.from_bytes(h.digest(), "little")
+    data = (parent if parent is not None else _MASK64).to_bytes(8, "little") + array("I", token_ids).tobytes()
+    return int.from_bytes(_blake2b(data, digest_size=8).digest(), "little")
 
 
 def block_hashes(
@@ -36,9 +34,12 @@ def block_hashes(
 ) -> list[int]:
     """Chained hashes of the full blocks of ``token_ids`` from block index ``start``."""
     out: list[int] = []
+    raw = array("I", token_ids).tobytes()
+    step = 4 * block_size
+    prev = (parent if parent is not None else _MASK64).to_bytes(8, "little")
     for i in range(start, len(token_ids) // block_size):
-        parent = chain_hash(parent, token_ids[i * block_size : (i + 1) * block_size])
-        out.append(parent)
+        prev = _blake2b(prev + raw[i * step : (i + 1) * step], digest_size=8).digest()
+        out.append(int.from_bytes(prev, "little"))
     return out
 
 

@@ -68,13 +68,14 @@ class _PieceIds(dict[str, int]):
 class SimTokenizer:
     """Deterministic built-in tokenizer: pieces → ids by a fixed hash (no files needed)."""
 
-    __slots__ = ("_ids", "_words", "vocab_size")
+    __slots__ = ("_chunks", "_ids", "_words", "vocab_size")
 
     def __init__(self, vocab_size: int = 32000) -> None:
         if vocab_size < 64:
             raise ConfigError(f"--vocab-size must be at least 64, got {vocab_size}")
         self.vocab_size = vocab_size
         self._ids = _PieceIds(vocab_size - N_SPECIAL)
+        self._chunks: dict[str, list[int]] = {}
         words: dict[int, str] = {}
         i = 0
         while len(words) < min(OUTPUT_WORDS, (vocab_size - N_SPECIAL) // 2):
@@ -89,7 +90,17 @@ class SimTokenizer:
         return f"infera-sim-v1:vocab={self.vocab_size}"
 
     def _pieces(self, text: str) -> list[int]:
-        return list(map(self._ids.__getitem__, _PIECE.findall(text)))
+        if len(text) < 256:
+            return list(map(self._ids.__getitem__, _PIECE.findall(text)))
+        # long chunks (system prompts, shared documents) repeat across requests: remember them
+        chunks = self._chunks
+        ids = chunks.get(text)
+        if ids is None:
+            ids = list(map(self._ids.__getitem__, _PIECE.findall(text)))
+            if len(chunks) >= 4096:
+                chunks.clear()
+            chunks[text] = ids
+        return ids
 
     def _encode_with_specials(self, text: str) -> list[int]:
         ids: list[int] = []
