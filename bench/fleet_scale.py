@@ -220,9 +220,7 @@ def _row(policy: str, run: dict[str, Any]) -> str:
 
     dec = "-"
     if rtr:
-        dec = (
-            f"{rtr['mean_s'] * 1e6:.0f} µs (p50≤{rtr['p50_le_s'] * 1e6:.0f}, p99≤{rtr['p99_le_s'] * 1e6:.0f})"
-        )
+        dec = f"{rtr['mean_s'] * 1e6:.0f} µs (p50 {_bound(rtr['p50_le_s'])}, p99 {_bound(rtr['p99_le_s'])})"
     cells = [
         policy,
         f"{s['completed']}/{s['requests']}",
