@@ -17,30 +17,12 @@ from infera_core.bench.workloads import multi_turn_workload
 pytest.importorskip("infera_sim")
 
 
-def _start_sim(*flags: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "infera_sim.server", "--port", "0", *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("INFERA_SIM_READY "):
-            port = json.loads(line.split(" ", 1)[1])["port"]
-            return proc, f"http://127.0.0.1:{port}"
-    proc.wait(5)
-    raise RuntimeError("sim did not start")
-
-
 @pytest.fixture
 def sim() -> Iterator[str]:
-    proc, url = _start_sim("--speedup", "50", "--max-model-len", "8192")
-    try:
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    from infera_sim.testing import start_sim
+
+    with start_sim(speedup=50, max_model_len=8192) as handle:
+        yield handle.url
 
 
 @pytest.mark.slow
