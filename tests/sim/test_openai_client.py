@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from infera_sim.testing import SimHandle, start_sim
@@ -108,3 +109,20 @@ def test_bad_requests_are_openai_shaped(client: openai.OpenAI) -> None:
         client.completions.create(model="other-model", prompt="x", max_tokens=1)
     models = client.models.list()
     assert [m.id for m in models.data] == ["sim-test"]
+
+
+def test_bad_json_and_bad_fields(sim: SimHandle) -> None:
+    with httpx.Client(base_url=sim.url) as http:
+        broken = http.post(
+            "/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
+        )
+        n_bad = http.post("/v1/completions", json={"prompt": "x", "n": "two"})
+        too_many = http.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6}
+        )
+        ok = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1, "some_new_field": {"a": 1}})
+    for resp, param in ((broken, None), (n_bad, "n"), (too_many, "max_tokens")):
+        assert resp.status_code == 400
+        error = resp.json()["error"]
+        assert error["type"] == "BadRequestError" and error["code"] == 400 and error["param"] == param
+    assert ok.status_code == 200
