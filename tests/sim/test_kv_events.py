@@ -88,6 +88,11 @@ def test_array_layout_decodes_with_the_same_decoder() -> None:
         assert (
             isinstance(first, BlockStored) and first.block_hashes == [7, 8] and first.parent_block_hash == 3
         )
+    recorded = {e["type"]: list(e) for e in _recorded_events("evict-and-clear")}
+    raw_map = msgspec.msgpack.decode(encode_batch(1.5, events, 0, "map"))[1]
+    assert [list(e) for e in raw_map] == [
+        recorded[k] for k in ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+    ]
     raw = msgspec.msgpack.decode(encode_batch(1.5, events, 0, "array"))[1]
     assert raw[0][0] == "BlockStored" and raw[1] == ["BlockRemoved", [7], "GPU"]
 
