@@ -18,7 +18,7 @@ class ServeSettings(InferaSettings, KvSettings):
     port: int = Field(8000, ge=0, le=65535, description="Port to listen on.")
     discovery: str = Field("etcd", description="Discovery backend (etcd, memory, static…).")
     etcd_endpoint: list[str] = Field(
-        default_factory=lambda: ["127.0.0.1:2379"],
+        ["127.0.0.1:2379"],
         description="etcd endpoint host:port (repeatable).",
         json_schema_extra={"flag": "--etcd-endpoint"},
     )
