@@ -130,6 +130,35 @@ def test_dp_attention_prefill_gets_every_rank_in_turn() -> None:
     assert sorted(r for r in ranks if r is not None) == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
+def test_dp_rank_follows_the_rank_holding_the_prompt_prefix() -> None:
+    from infera_core.kv.events import BlockStored, KvEventBatch
+    from infera_core.kv.index import KvIndex
+
+    index = KvIndex()
+    tokens = list(range(1, 65))  # 4 blocks of 16
+    for rank in range(4):
+        index.add_view("p", rank, 16)
+    stored = BlockStored(
+        block_hashes=[101, 102, 103, 104], parent_block_hash=None, token_ids=tokens, block_size=16
+    )
+    view = index.view("p", 2)
+    assert view is not None
+    index.apply(view, KvEventBatch(ts=0.0, events=[stored], dp_rank=2))
+    catalog = make_hooks().catalog()
+    table = EndpointTable()
+    table.put(rec("p", Role.PREFILL, "sglang", dp_size=4))
+    table.put(rec("d", Role.DECODE, "sglang"))
+    sched, _ = build_pd_scheduler(
+        table, None, catalog.policies, SchedulerDeps(kv_index=index), catalog.pd_transports
+    )
+    for _ in range(3):
+        c = RequestContext("r", MODEL, "/v1/completions", {}, token_ids=[*tokens, 7, 8, 9])
+        assert sched.pick_pair(c).prefill_rank == 2
+    cold = RequestContext("r", MODEL, "/v1/completions", {}, token_ids=list(range(500, 600)))
+    cold_ranks = [sched.pick_pair(cold).prefill_rank for _ in range(4)]
+    assert sorted(r for r in cold_ranks if r is not None) == [0, 1, 2, 3]  # no cached prefix: in turn
+
+
 # -- over HTTP ---------------------------------------------------------------------------------
 
 
