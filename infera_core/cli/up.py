@@ -93,7 +93,8 @@ async def run_up(settings: UpSettings, hooks: InferaHooks, engine_args: list[str
         )
         err.print(
             f"[dim]try: curl {stack.url}/chat/completions -H 'Content-Type: application/json' "
-            f'-d \'{{"model": "{settings.model}", "messages": [{{"role": "user", "content": "hi"}}]}}\''
+            f'-d \'{{"model": "{settings.model}", "messages": [{{"role": "user", "content": "hi"}}]}}\'',
+            soft_wrap=True,
         )
         if settings.demo:
             await _demo(stack, err)

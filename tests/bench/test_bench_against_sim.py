@@ -113,3 +113,37 @@ async def test_trace_replay_shares_blocks_between_rows(sim: str, tmp_path: Path)
     assert (by_len[1100].cached_tokens or 0) >= 1024  # hash ids 1 and 2: two 512-token blocks
     assert (by_len[600].cached_tokens or 0) == 0
     assert max(r.start for r in run.results) >= 0.15  # arrivals follow the (scaled) timestamps
+
+
+async def test_compare_two_targets_side_by_side(tmp_path: Path) -> None:
+    from infera_sim.testing import start_sim
+    from rich.console import Console
+
+    from infera_core.bench.compare import run_targets
+    from infera_core.bench.config import BenchSettings
+    from infera_core.bench.report import write_report
+
+    # the second engine prefills far slower (≈0.5 s per prompt): the comparison must show it
+    with (
+        start_sim(speedup=20) as fast,
+        start_sim(speedup=2, prefill_tokens_per_s=200) as slow,
+    ):
+        settings = BenchSettings(
+            url=[f"{fast.url}/v1", f"{slow.url}/v1"],
+            compare=True,
+            workload="random",
+            num_requests=12,
+            input_len=200,
+            output_len=4,
+            concurrency=2,
+            metrics_url=[],
+            quiet=True,
+        )
+        runs = await run_targets(settings, Console(quiet=True))
+        md = write_report(runs, tmp_path, {"workload": "random"})
+    assert [r.label for r in runs] == [fast.url.split("://")[1], slow.url.split("://")[1]]
+    assert all(r.summary["completed"] == 12 for r in runs)
+    assert runs[1].summary["ttft_s"]["p50"] > 2 * runs[0].summary["ttft_s"]["p50"]
+    text = md.read_text()
+    assert runs[0].label in text and runs[1].label in text
+    assert (tmp_path / "latency_cdf.png").stat().st_size > 5000
