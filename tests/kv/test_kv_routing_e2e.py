@@ -1,6 +1,6 @@
 """End to end: server + KvRouting + 4 real sim engines (ZMQ KV events), kv-aware vs round-robin.
 
-Shared-prefix workload (16 groups × 10 questions, prefix ≫ question) under cache pressure; the
+Shared-prefix workload (16 groups × 12 questions, prefix ≫ question) under cache pressure; the
 sims report prefix-cache hits on their own ``/metrics`` and the client measures TTFT.
 """
 
@@ -47,8 +47,9 @@ def _record(i: int, sim: Any) -> WorkerRecord:
 
 @pytest.fixture
 def sims() -> Iterator[list[Any]]:
-    # each sim holds ~8 of the workload's 16 prefixes: round robin (every prefix everywhere) thrashes
-    flags = {"block_size": BS, "cache_blocks": 8 * 22, "prefill_tokens_per_s": 4000}
+    # each sim holds ~5 of the workload's 16 prefixes: round robin (every prefix everywhere) thrashes;
+    # prefill is slow enough (a miss ≈ 0.2 s) that TTFT reflects cache hits, not CPU contention
+    flags = {"block_size": BS, "cache_blocks": 5 * 22, "prefill_tokens_per_s": 1500}
     with ExitStack() as stack:
         yield [stack.enter_context(sim_testing.start_sim(**flags)) for _ in range(4)]
 
@@ -120,7 +121,7 @@ async def _run(policy: str, sims: list[Any], prompts: list[str], concurrency: in
 
 @pytest.mark.slow
 async def test_kv_aware_beats_round_robin_with_real_sims(sims: list[Any]) -> None:
-    prompts = _workload(16, 10)
+    prompts = _workload(16, 12)  # cold misses 16/192 < 10%: kv-aware's p90 is a cache hit
     rr = await _run("round-robin", sims, prompts)
     async with httpx.AsyncClient(timeout=5) as client:  # fresh caches for the second run
         for sim in sims:
