@@ -252,6 +252,7 @@ class PdScheduler:
             try:
                 d = self._pick(plan.decode, ctx, compatible, "decode")
             except (NoWorkerError, OverloadedError) as exc:
+                plan.prefill.finished(ctx, p, False)  # picked (on_routed) but never sent
                 decode_error = exc
                 skip.append(p.worker_id)
                 continue

@@ -13,7 +13,7 @@ import pytest
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.pd import SimPdFleet, sim_pd_fleet
 from infera_core.testing.pd import metric_sum as metric
-from infera_core.testing.server import RunningServer, serving, settings_for
+from infera_core.testing.server import RunningServer, serving, settings_for, until
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +33,12 @@ def bad_prefill(request: pytest.FixtureRequest) -> Iterator[SimPdFleet]:
         request.param, prefill=2, decode=1, per_worker={"p0": FAULT, "d0": {"speedup": 1}}
     ) as f:
         yield f
+
+
+async def settled(srv: RunningServer) -> None:
+    """Every leg released: no request or prompt tokens left counted on any worker."""
+    eps = list(srv.core.table.by_id.values())
+    await until(lambda: all(ep.in_flight == 0 and ep.in_flight_prompt_tokens == 0 for ep in eps), within=10)
 
 
 async def _serve(fleet: SimPdFleet, **settings: Any) -> AsyncIterator[RunningServer]:
@@ -62,6 +68,7 @@ async def test_prefill_500_is_retried_on_another_pair_and_trips_its_breaker(srv:
         assert metric(text, "infera_pd_pairs_total", prefill="p1") == 6
         workers = {w["worker_id"]: w for w in (await c.get("/v1/workers")).json()["data"]}
         assert workers["p0"]["breaker"] == "open" and workers["p1"]["breaker"] == "closed"
+    await settled(srv)
 
 
 async def _running(c: httpx.AsyncClient, fleet: SimPdFleet, worker: str) -> float:
@@ -82,6 +89,7 @@ async def test_client_disconnect_cancels_the_decode_leg(srv: RunningServer, bad_
         async with asyncio.timeout(5):
             while await _running(c, bad_prefill, "d0"):  # noqa: ASYNC110 (polling another process)
                 await asyncio.sleep(0.05)
+    await settled(srv)
 
 
 async def test_decode_killed_mid_stream_ends_the_stream_with_an_error_event(
@@ -135,3 +143,4 @@ async def test_decode_500_before_first_byte(bad_decode: SimPdFleet) -> None:
             err = results[0].json()["error"]
             assert "Decode worker d0 answered 500" in err["message"]
             assert "not retried elsewhere" in err["message"]
+        await settled(s)

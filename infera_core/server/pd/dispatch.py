@@ -134,8 +134,9 @@ class PdDispatcher:
         t0 = time.perf_counter()
         try:
             reply = await self.legs.prefill(p, leg, path)
-        except LegFailed:
+        except BaseException:
             self.scheduler.finished(ctx, p, False)
+            self.scheduler.finished(ctx, d, False)
             raise
         t1 = time.perf_counter()
         self.scheduler.finished(ctx, p, True)
@@ -144,11 +145,11 @@ class PdDispatcher:
         while True:
             try:
                 dleg = transport.decode_request(body, pctx, p.record, d.record, reply)
+                resp = await self.legs.open_decode(d, dleg, path)
             except PdLegError as exc:
+                self.scheduler.finished(ctx, d, False)
                 err = ApiError(502, str(exc), code="pd_protocol_error")
                 raise self.legs.fail("prefill", p, "no_transfer_params", err) from None
-            try:
-                resp = await self.legs.open_decode(d, dleg, path)
             except LegFailed as exc:
                 self.scheduler.finished(ctx, d, False)
                 tried.append(d.worker_id)
@@ -160,6 +161,9 @@ class PdDispatcher:
                     raise exc from None
                 self.core.metrics.retried(ctx.model)
                 continue
+            except BaseException:
+                self.scheduler.finished(ctx, d, False)
+                raise
             t2 = time.perf_counter()
             self.metrics.phase(ctx.model, "transfer", t2 - t1)
             self.metrics.phase(ctx.model, "decode_wait", t2 - t1)
@@ -183,6 +187,7 @@ class PdDispatcher:
         self._background.add(ptask)
         ptask.add_done_callback(self._forget)
         dtask = asyncio.ensure_future(self.legs.open_decode(d, dleg, path))
+        decode_finished = False
         try:
             await asyncio.wait((ptask, dtask), return_when=asyncio.FIRST_COMPLETED)
             if not dtask.done() and ptask.exception() is not None:
@@ -191,6 +196,7 @@ class PdDispatcher:
                 resp = await dtask
             except LegFailed as exc:
                 self.scheduler.finished(ctx, d, False)
+                decode_finished = True
                 if ptask.done() and isinstance(ptask.exception(), LegFailed):
                     raise _prefill_failure(ptask) from None
                 message = (
@@ -200,6 +206,8 @@ class PdDispatcher:
                 raise ApiError(502, message, code="pd_decode_failed", type="upstream_error") from None
         except BaseException:
             _abandon(dtask, d)
+            if not decode_finished:
+                self.scheduler.finished(ctx, d, False)
             raise
         t2 = time.perf_counter()
         self.metrics.phase(ctx.model, "decode_wait", t2 - t0)
