@@ -115,6 +115,7 @@ async def test_trace_replay_shares_blocks_between_rows(sim: str, tmp_path: Path)
     assert max(r.start for r in run.results) >= 0.15  # arrivals follow the (scaled) timestamps
 
 
+@pytest.mark.slow
 async def test_compare_two_targets_side_by_side(tmp_path: Path) -> None:
     from infera_sim.testing import start_sim
     from rich.console import Console

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -165,3 +166,21 @@ async def _etcd_workers(endpoint: str) -> list[str]:
         return [w.worker_id for w in await disc.list_workers()]
     finally:
         await disc.close()
+
+
+@pytest.mark.slow
+def test_engine_dying_later_stops_up_with_its_error() -> None:
+    proc = _up("--workers", "1", "--quiet", "--", "--speedup", "20", "--fault-crash-after", "1")
+    try:
+        url = _wait_ready(proc).group(1)
+        body = {"model": "sim-model", "prompt": "a b c", "max_tokens": 2}
+        for _ in range(2):  # the sim crashes on the request after the first
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(f"{url}/completions", json=body, timeout=30)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 1
+    assert "engine sim" in err and "exited with code" in err
