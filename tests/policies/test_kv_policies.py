@@ -6,7 +6,7 @@ import random
 from collections import Counter
 
 from infera_policies.approx_prefix import register_approx_prefix
-from infera_policies.kv import register_kv
+from infera_policies.kv import LoadScorer, register_kv
 
 from infera_core.builtin.policies import register_defaults
 from infera_core.kv.events import BlockHash, BlockRemoved, BlockStored, KvEventBatch
@@ -223,3 +223,18 @@ def test_a_repeated_prompt_stays_on_the_worker_that_cached_it() -> None:
     picks = [fleet.route(tokens) for _ in range(6)]
     assert len(set(picks)) == 1, picks
     assert fleet.hits == 5 * 25
+
+
+def test_load_accounting_returns_to_zero_when_both_pd_legs_finish() -> None:
+    scorer = LoadScorer()
+    a, b = (Endpoint(WorkerRecord(worker_id=w, url=f"http://{w}", model="m", engine="sim")) for w in "ab")
+    ctx = RequestContext("r", "m", "/v1/completions", {}, token_ids=list(range(100)))
+    scorer.on_routed(ctx, a)
+    scorer.on_routed(ctx, b)  # same request, second leg
+    assert (a.in_flight_prompt_tokens, b.in_flight_prompt_tokens) == (100, 100)
+    first = scorer.score(ctx, [a, b])
+    assert first[0] == first[1]
+    scorer.on_finished(ctx, a, True)
+    assert scorer.score(ctx, [a, b]) == [1.0, 0.0]
+    scorer.on_finished(ctx, b, True)
+    assert (a.in_flight_prompt_tokens, b.in_flight_prompt_tokens) == (0, 0)

@@ -154,7 +154,8 @@ class LoadScorer(Scorer):
         p = params or LoadParams()
         self.unit = p.tokens_per_request
         self.engine_stats = p.engine_stats
-        self._pending: dict[str, int] = {}
+        self._pending: dict[tuple[str, str], int] = {}
+        """(request id, worker id) → prompt tokens added to that endpoint's accounting."""
 
     def load(self, ep: Endpoint) -> float:
         value = ep.in_flight + ep.in_flight_prompt_tokens / self.unit
@@ -167,11 +168,12 @@ class LoadScorer(Scorer):
 
     def on_routed(self, ctx: RequestContext, endpoint: Endpoint) -> None:
         n = len(ctx.token_ids) if ctx.token_ids else _estimate_tokens(ctx.body)
-        endpoint.in_flight_prompt_tokens += n
-        self._pending[ctx.request_id] = n
+        key = (ctx.request_id, endpoint.worker_id)
+        endpoint.in_flight_prompt_tokens += n - self._pending.get(key, 0)
+        self._pending[key] = n
 
     def on_finished(self, ctx: RequestContext, endpoint: Endpoint, ok: bool) -> None:
-        n = self._pending.pop(ctx.request_id, 0)
+        n = self._pending.pop((ctx.request_id, endpoint.worker_id), 0)
         endpoint.in_flight_prompt_tokens = max(0, endpoint.in_flight_prompt_tokens - n)
 
 
