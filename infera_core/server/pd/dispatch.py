@@ -45,6 +45,28 @@ def _api_error(exc: SchedulingError) -> ApiError:
     return ApiError(503, f"No worker available: {exc}", code="no_worker_available")
 
 
+class _Request:
+    """One PD attempt: the client's request, the pair and the transport."""
+
+    __slots__ = ("body", "ctx", "pair", "path", "pctx", "transport")
+
+    def __init__(
+        self,
+        ctx: RequestContext,
+        body: dict[str, Any],
+        pctx: PdContext,
+        transport: PdTransport,
+        pair: Pair,
+        path: str,
+    ) -> None:
+        self.ctx = ctx
+        self.body = body
+        self.pctx = pctx
+        self.transport = transport
+        self.pair = pair
+        self.path = path
+
+
 class PdDispatcher:
     """The server's PD path (one per app)."""
 
@@ -106,9 +128,10 @@ class PdDispatcher:
                 ) from None
             self.metrics.paired(p.worker_id, pair.decode.worker_id)
             try:
+                req = _Request(ctx, client_body, pctx, transport, pair, path)
                 if transport.order is PdOrder.SERIAL:
-                    return await self._serial(ctx, client_body, pctx, transport, pair, path)
-                return await self._concurrent(ctx, client_body, pctx, transport, pair, path)
+                    return await self._serial(req)
+                return await self._concurrent(req)
             except LegFailed as exc:
                 if exc.side != "prefill":
                     raise exc.error from None
@@ -120,16 +143,9 @@ class PdDispatcher:
         raise last
 
     # -- serial pull ------------------------------------------------------------------------
-    async def _serial(
-        self,
-        ctx: RequestContext,
-        body: dict[str, Any],
-        pctx: PdContext,
-        transport: PdTransport,
-        pair: Pair,
-        path: str,
-    ) -> Routed:
-        p, d = pair.prefill, pair.decode
+    async def _serial(self, req: _Request) -> Routed:
+        ctx, body, pctx, transport, path = req.ctx, req.body, req.pctx, req.transport, req.path
+        p, d = req.pair.prefill, req.pair.decode
         leg = transport.prefill_request(body, pctx, p.record, d.record)
         t0 = time.perf_counter()
         try:
@@ -170,16 +186,9 @@ class PdDispatcher:
             return d, resp
 
     # -- concurrent push ----------------------------------------------------------------------
-    async def _concurrent(
-        self,
-        ctx: RequestContext,
-        body: dict[str, Any],
-        pctx: PdContext,
-        transport: PdTransport,
-        pair: Pair,
-        path: str,
-    ) -> Routed:
-        p, d = pair.prefill, pair.decode
+    async def _concurrent(self, req: _Request) -> Routed:
+        ctx, body, pctx, transport, path = req.ctx, req.body, req.pctx, req.transport, req.path
+        p, d = req.pair.prefill, req.pair.decode
         pleg = transport.prefill_request(body, pctx, p.record, d.record)
         dleg = transport.decode_request(body, pctx, p.record, d.record, None)
         t0 = time.perf_counter()
