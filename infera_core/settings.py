@@ -23,7 +23,7 @@ import click
 import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from infera_core.errors import ConfigError
 
@@ -175,6 +175,10 @@ def resolve(
         return model(**given, _config_file_data=file_data)
     except ValidationError as exc:
         raise ConfigError(_explain(model, exc)) from None
+    except SettingsError as exc:  # an env var a list/dict field cannot parse (it wants JSON)
+        raise ConfigError(
+            f'{exc} (list settings take JSON in the environment, e.g. \'["a", "b"]\')'
+        ) from None
 
 
 def _explain(model: type[BaseModel], exc: ValidationError) -> str:

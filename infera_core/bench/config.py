@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
 
 from infera_core.settings import InferaSettings
 
@@ -15,7 +16,7 @@ Workload = Literal["random", "shared-prefix", "multi-turn", "trace"]
 class BenchSettings(InferaSettings):
     """What to send, how fast, and where the results go."""
 
-    url: list[str] = Field(
+    url: Annotated[list[str], NoDecode] = Field(
         default=[],
         description="OpenAI-compatible base URL (repeat to compare targets), e.g. http://127.0.0.1:8000/v1",
     )
@@ -61,7 +62,7 @@ class BenchSettings(InferaSettings):
         True, description="Send ignore_eos so every request generates --output-len tokens"
     )
     slo: str | None = Field(None, description="Goodput targets, e.g. ttft=500ms,itl=50ms[,e2e=5s]")
-    metrics_url: list[str] = Field(
+    metrics_url: Annotated[list[str], NoDecode] = Field(
         default=[],
         description="Worker /metrics URLs for the cache hit rate (default: from the router's GET /v1/workers)",
     )
@@ -85,3 +86,11 @@ class BenchSettings(InferaSettings):
     seed: int = Field(0, description="Random seed for workload generation")
     timeout: float = Field(300.0, gt=0, description="Seconds before one request counts as timed out")
     quiet: bool = Field(False, description="No progress bar")
+
+    @field_validator("url", "metrics_url", mode="before")
+    @classmethod
+    def _comma_list(cls, value: object) -> object:
+        """``INFERA_URL=http://a/v1,http://b/v1`` (env vars hold one string)."""
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value

@@ -40,3 +40,11 @@ def test_cli_unreachable_url_is_one_line() -> None:
     assert out.returncode == 1
     assert "--url http://127.0.0.1:9: cannot reach" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_url_list_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infera_core.settings import resolve
+
+    monkeypatch.setenv("INFERA_URL", "http://a:1/v1, http://b:2/v1")
+    assert resolve(BenchSettings, {}).url == ["http://a:1/v1", "http://b:2/v1"]
+    assert resolve(BenchSettings, {"url": ("http://c:3/v1",)}).url == ["http://c:3/v1"]  # flag wins
