@@ -68,7 +68,7 @@ def _check_running(engine: SimEngine) -> None:
 
 async def _run(
     workload: list[list[tuple[int, list[int], int]] | str], cache_blocks: int, layout: str
-) -> Mirror:
+) -> tuple[Mirror, SimEngine]:
     cfg = SimConfig(speedup=float("inf"), cache_blocks=cache_blocks, block_size=8, max_num_batched_tokens=64)
     mirror = Mirror(layout)
     engine = SimEngine(cfg, SimTokenizer(1000), mirror)
@@ -80,6 +80,7 @@ async def _run(
 
     engine._execute = checked  # type: ignore[method-assign]
     task = asyncio.get_running_loop().create_task(engine.run())
+    done: list[SimRequest] = []
     try:
         for wave in workload:
             if isinstance(wave, str):
@@ -92,17 +93,25 @@ async def _run(
                     continue
                 r = SimRequest(f"r{n}", prompt, max_tokens, seed=n)
                 reqs.append(r)
+                done.append(r)
                 engine.add(r)
             for r in reqs:
                 while not r.done:
-                    await r.wake.wait()
+                    waiter = asyncio.ensure_future(r.wake.wait())
+                    await asyncio.wait({waiter, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+                    waiter.cancel()
+                    if task.done():
+                        task.result()  # the step loop died: raise its error
+                        raise AssertionError("the step loop stopped")
+                    assert waiter.done() or r.done, "no progress for 30 s"
                     r.wake.clear()
             await asyncio.sleep(0)
         assert not engine.running and not engine.waiting
-        assert len(engine.cache.free) == cache_blocks and engine.cache.reserved == 0
+        assert len(engine.cache.free) == cache_blocks
+        assert all(len(r.choices[0].tokens) == r.max_tokens for r in done)
         assert mirror.errors == []
         assert mirror.blocks == engine.cache.contents()
-        return mirror
+        return mirror, engine
     finally:
         task.cancel()
 
@@ -120,5 +129,14 @@ def test_eviction_happens_when_the_cache_is_full() -> None:
     workload: list[list[tuple[int, list[int], int]] | str] = [
         [(i % 4, list(range(5, 5 + 8 * i)), 4)] for i in range(1, 8)
     ]
-    mirror = asyncio.run(_run(workload, 14, "map"))
+    mirror, _ = asyncio.run(_run(workload, 14, "map"))
     assert mirror.removed > 0 and mirror.blocks
+
+
+def test_preemption_when_decodes_outgrow_the_cache() -> None:
+    """Lazy block allocation: more requests run than could finish together; some are preempted
+    (blocks freed, recomputed later) and every one still produces all its tokens."""
+    wave = [(i, list(range(100 + 7 * i, 104 + 7 * i)), 40) for i in range(4)]
+    mirror, engine = asyncio.run(_run([wave], 22, "map"))
+    assert engine.metrics.preemptions > 0
+    assert mirror.removed > 0

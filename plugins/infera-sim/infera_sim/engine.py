@@ -117,8 +117,8 @@ class SimEngine:
         for r in self.running:
             if budget <= 0:
                 break
-            if r.num_computed < len(r.prompt):
-                chunk = min(len(r.prompt) - r.num_computed, budget)
+            if r.num_computed < r.target:
+                chunk = min(r.target - r.num_computed, budget)
                 prefill_tokens += chunk
             else:
                 chunk = 1
@@ -132,7 +132,7 @@ class SimEngine:
                 break
             waiting.popleft()
             self.running.append(r)
-            chunk = min(len(r.prompt) - r.num_computed, budget)
+            chunk = min(r.target - r.num_computed, budget)
             budget -= chunk
             prefill_tokens += chunk
             plan.append((r, chunk))
@@ -142,28 +142,30 @@ class SimEngine:
         return plan, duration
 
     def _admit(self, r: SimRequest) -> bool:
+        """Give ``r`` the blocks for what it must compute now (its prompt, or after a
+        preemption its prompt and output so far), reusing the cached prefix."""
         cache = self.cache
         bs = cache.block_size
-        prompt = r.prompt
-        hashes = block_hashes(prompt, bs)
-        hits = cache.match(hashes, (len(prompt) - 1) // bs)
-        received = int(r.pd.get("received", 0)) if r.pd else 0
-        computed = max(len(hits) * bs, min(received, len(prompt) - 1))
-        prompt_blocks = -(-len(prompt) // bs)
-        need_now = prompt_blocks - len(hits)
-        future = self.blocks_needed(len(prompt), r.max_tokens) - prompt_blocks
-        if cache.available(hits) < need_now + future:
+        resumed = r.num_generated > 0
+        tokens = r.all_tokens() if resumed else r.prompt
+        hashes = block_hashes(tokens, bs)
+        hits = cache.match(hashes, (len(tokens) - 1) // bs)
+        received = int(r.pd.get("received", 0)) if r.pd and not resumed else 0
+        computed = max(len(hits) * bs, min(received, len(tokens) - 1))
+        need_now = -(-len(tokens) // bs) - len(hits)
+        if cache.available(hits) < need_now:
             return False
         cache.acquire(hits)
         r.blocks = hits + cache.allocate(need_now)
-        r.reserved = future
-        cache.reserved += future
         r.hashes = hashes
         r.committed = len(hits)
-        r.num_computed = r.num_cached = computed
-        self.metrics.prefix_queries += len(prompt)
+        r.target = len(tokens)
+        r.num_computed = computed
+        self.metrics.prefix_queries += len(tokens)
         self.metrics.prefix_hits += len(hits) * bs
-        self.metrics.prompt_tokens += len(prompt)
+        if not resumed:
+            r.num_cached = computed
+            self.metrics.prompt_tokens += len(tokens)
         if computed > len(hits) * bs:
             self._commit(r, computed)
         return True
@@ -186,36 +188,39 @@ class SimEngine:
 
     def _execute(self, plan: list[tuple[SimRequest, int]], now: float) -> None:
         metrics = self.metrics
-        finished: list[SimRequest] = []
         for r, chunk in plan:
-            if r.done:
+            if r.done or not r.blocks:  # finished, aborted or preempted during this step
                 continue
-            if r.num_computed < len(r.prompt):
+            if r.num_computed < r.target:
                 r.num_computed += chunk
                 self._commit(r, r.num_computed)
-                if r.num_computed < len(r.prompt):
+                if r.num_computed < r.target:
                     continue
-                r.first_token_at = now
-                metrics.ttft.observe(now - r.arrival)
+                if r.first_token_at is None:
+                    r.first_token_at = now
+                    metrics.ttft.observe(now - r.arrival)
+                else:  # recomputed after a preemption
+                    metrics.itl.observe(now - r.last_token_at)
             else:
                 metrics.itl.observe(now - r.last_token_at)
             r.last_token_at = now
             if self._generate(r):
-                finished.append(r)
+                self._finish(r, now)
             else:
                 self._grow(r)
-            if r.stream:
-                r.wake.set()
-        for r in finished:
-            self.running.remove(r)
-            self._release(r)
-            r.done = True
-            metrics.e2e.observe(now - r.arrival)
-            reason = r.choices[0].finish_reason or "length"
-            metrics.success[reason] = metrics.success.get(reason, 0) + 1
-            r.wake.set()
-        if finished:
-            self._work.set()
+                if r.stream:
+                    r.wake.set()
+
+    def _finish(self, r: SimRequest, now: float) -> None:
+        """Done: free its blocks at once (a later request of this step may need them)."""
+        self.running.remove(r)
+        self._release(r)
+        r.done = True
+        metrics = self.metrics
+        metrics.e2e.observe(now - r.arrival)
+        reason = r.choices[0].finish_reason or "length"
+        metrics.success[reason] = metrics.success.get(reason, 0) + 1
+        r.wake.set()
 
     def _generate(self, r: SimRequest) -> bool:
         """One token for every unfinished choice; True when the request is finished."""
@@ -262,20 +267,37 @@ class SimEngine:
         return all_done
 
     def _grow(self, r: SimRequest) -> None:
-        """Give ``r`` a block for its next token when the last one is full; cache full blocks."""
+        """Give ``r`` a block for its next token when the last one is full; cache full blocks.
+
+        With no free block, the most recently admitted other request is preempted (its
+        blocks freed, recomputed later, as vLLM's recompute preemption); ``r`` itself
+        when it is the only candidate.
+        """
+        cache = self.cache
         total = len(r.prompt) + r.num_generated
-        if total >= len(r.blocks) * self.cache.block_size and r.reserved > 0:
-            r.reserved -= 1
-            self.cache.reserved -= 1
-            r.blocks.extend(self.cache.allocate(1))
+        if total >= len(r.blocks) * cache.block_size:
+            while not cache.free:
+                victim = next((v for v in reversed(self.running) if v is not r), r)
+                self._preempt(victim)
+                if victim is r:
+                    return
+            r.blocks.extend(cache.allocate(1))
         self._commit(r, total)
+
+    def _preempt(self, r: SimRequest) -> None:
+        self.running.remove(r)
+        self.cache.release(r.blocks)
+        r.blocks = []
+        r.hashes = []
+        r.committed = 0
+        r.num_computed = 0
+        self.waiting.appendleft(r)
+        self.metrics.preemptions += 1
 
     def _release(self, r: SimRequest) -> None:
         if r.pd is not None and r.pd.get("remote_decode"):
             r.pd["block_ids"] = [b.block_id for b in r.blocks]
         self.cache.release(r.blocks)
-        self.cache.reserved -= r.reserved
-        r.reserved = 0
         r.blocks = []
         self._work.set()
 

@@ -57,7 +57,7 @@ class Block:
 class KvCache:
     """A block pool with prefix caching and LRU eviction; collects events in :attr:`events`."""
 
-    __slots__ = ("block_size", "blocks", "cached", "events", "free", "medium", "num_blocks", "reserved")
+    __slots__ = ("block_size", "blocks", "cached", "events", "free", "medium", "num_blocks")
 
     def __init__(self, num_blocks: int, block_size: int = 16, medium: str = "GPU") -> None:
         self.block_size = block_size
@@ -68,8 +68,6 @@ class KvCache:
         """Unreferenced blocks, eviction order first (uncached ones at the front)."""
         self.cached: dict[int, Block] = {}
         self.events: list[KvEvent] = []
-        self.reserved = 0
-        """Blocks promised to running requests for tokens they have not produced yet."""
 
     # -- queries -------------------------------------------------------------------------
     def match(self, hashes: Sequence[int], max_blocks: int) -> list[Block]:
@@ -86,7 +84,7 @@ class KvCache:
     def available(self, hits: Sequence[Block] = ()) -> int:
         """Blocks a new request could still get, if it takes ``hits`` from the free queue."""
         in_free = sum(1 for b in hits if b.ref == 0)
-        return len(self.free) - in_free - self.reserved
+        return len(self.free) - in_free
 
     @property
     def used(self) -> int:

@@ -45,6 +45,7 @@ class SimMetrics:
         "generation_tokens",
         "itl",
         "labels",
+        "preemptions",
         "prefix_hits",
         "prefix_queries",
         "prompt_tokens",
@@ -58,6 +59,7 @@ class SimMetrics:
         self.generation_tokens = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.preemptions = 0
         self.success: dict[str, int] = {}
         self.ttft = Histogram(
             "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS

@@ -49,10 +49,10 @@ class SimRequest:
         "pd",
         "prompt",
         "request_id",
-        "reserved",
         "stop",
         "stop_token_ids",
         "stream",
+        "target",
         "wake",
     )
 
@@ -85,7 +85,8 @@ class SimRequest:
         """How many of :attr:`blocks` are cached (hashed and announced)."""
         self.num_cached = 0
         self.num_computed = 0
-        self.reserved = 0
+        self.target = len(prompt)
+        """Tokens to compute before generating: the prompt, or prompt + output after a preemption."""
         self.arrival = 0.0
         self.first_token_at: float | None = None
         self.last_token_at = 0.0
@@ -100,7 +101,7 @@ class SimRequest:
 
     @property
     def prefilling(self) -> bool:
-        return self.num_computed < len(self.prompt)
+        return self.num_computed < self.target
 
     @property
     def num_generated(self) -> int:
