@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 
 from rich.console import Console
@@ -19,9 +20,13 @@ def _label(url: str, all_urls: list[str]) -> str:
 
 
 async def run_targets(
-    s: BenchSettings, console: Console, hooks: InferaHooks | None = None
+    s: BenchSettings, console: Console, hooks: InferaHooks | None = None, stop: asyncio.Event | None = None
 ) -> list[RunResult]:
-    """One :class:`RunResult` per target, in order (same sessions for each)."""
+    """One :class:`RunResult` per target, in order (same sessions for each).
+
+    Once ``stop`` is set the current run ends early (requests in flight finish) and no
+    further target is started.
+    """
     runs: list[RunResult] = []
     if s.policies:
         import logging
@@ -32,6 +37,8 @@ async def run_targets(
         for noisy in ("infera.launcher", "httpx"):
             logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
         for policy in [p.strip() for p in s.policies.split(",") if p.strip()]:
+            if stop is not None and stop.is_set():
+                break
             up = UpSettings(
                 workers=s.workers,
                 engine=s.engine,
@@ -42,8 +49,12 @@ async def run_targets(
             )
             async with Stack(up, hooks, engine_args=shlex.split(s.engine_args or "")) as stack:
                 console.print(f"[dim]stack up: {stack.url} ({s.workers} {s.engine} workers, policy {policy})")
-                runs.append(await run_bench(make_sessions(s), run_config(s, stack.url, policy), console))
+                runs.append(
+                    await run_bench(make_sessions(s), run_config(s, stack.url, policy, stop), console)
+                )
         return runs
     for url in s.url:
-        runs.append(await run_bench(make_sessions(s), run_config(s, url, _label(url, s.url)), console))
+        if stop is not None and stop.is_set():
+            break
+        runs.append(await run_bench(make_sessions(s), run_config(s, url, _label(url, s.url), stop), console))
     return runs

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from infera_core.bench.config import BenchSettings
 from infera_core.bench.runner import BenchConfig
 from infera_core.bench.stats import parse_slo
@@ -71,7 +73,7 @@ def make_sessions(s: BenchSettings) -> list[Session]:
     return sessions
 
 
-def run_config(s: BenchSettings, url: str, label: str = "") -> BenchConfig:
+def run_config(s: BenchSettings, url: str, label: str = "", stop: asyncio.Event | None = None) -> BenchConfig:
     open_loop = s.rate is not None or (s.workload == "trace" and not s.ignore_timestamps)
     return BenchConfig(
         url=url,
@@ -83,6 +85,7 @@ def run_config(s: BenchSettings, url: str, label: str = "") -> BenchConfig:
         metrics_urls=list(s.metrics_url),
         label=label or url,
         progress=not s.quiet,
+        stop=stop,
     )
 
 

@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from infera_core.bench.client import RequestResult, build_body, send
 from infera_core.bench.scrape import (
+    QUERIES,
     MetricsSampler,
     by_label,
     fetch_text,
@@ -65,6 +66,8 @@ class BenchConfig:
     label: str = ""
     progress: bool = True
     extra_body: dict[str, Any] = field(default_factory=dict)
+    stop: asyncio.Event | None = None
+    """Set it to stop sending new sessions; requests in flight finish and the run is summarized."""
 
 
 @dataclass(slots=True)
@@ -161,6 +164,8 @@ class _Runner:
 
         async def worker() -> None:
             for s in it:
+                if self._stopped():
+                    return
                 await self.run_session(s)
 
         await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
@@ -176,12 +181,22 @@ class _Runner:
             async with sem:
                 await self.run_session(s)
 
+        stop = self.cfg.stop
         for s in sessions:
             delay = (s.at or 0.0) - (time.perf_counter() - self.t0)
             if delay > 0:
-                await asyncio.sleep(delay)
+                if stop is None:
+                    await asyncio.sleep(delay)
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), delay)
+            if self._stopped():
+                break
             tasks.append(asyncio.create_task(one(s)))
         await asyncio.gather(*tasks)
+
+    def _stopped(self) -> bool:
+        return self.cfg.stop is not None and self.cfg.stop.is_set()
 
 
 def _live_text(runner: _Runner, sampler: MetricsSampler) -> str:
@@ -252,6 +267,8 @@ async def run_bench(
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         model = cfg.model or await _default_model(session, root)
         workers = {u: u for u in cfg.metrics_urls} or await fetch_workers(session, root)
+        if not workers and QUERIES in (await fetch_text(session, f"{root}/metrics") or ""):
+            workers = {root: root}  # the target is an engine itself (vLLM-style /metrics)
         interval = max(cfg.scrape_interval, len(workers) / 64)
         sampler = MetricsSampler(session, workers, interval)
         runner = _Runner(cfg, session, model, root)

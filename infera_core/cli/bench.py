@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +34,18 @@ def bench_cmd(hooks: InferaHooks, /, config_file: Path | None, **values: Any) ->
       infera-run bench --compare --policies round-robin,kv-aware --workload shared-prefix
     """
     settings = resolve(BenchSettings, values, config_file)
-    asyncio.run(_main(settings, hooks))
+    try:
+        asyncio.run(_main(settings, hooks))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        click.echo("infera-run bench: aborted", err=True)
+        sys.exit(130)
 
 
 async def _main(s: BenchSettings, hooks: InferaHooks) -> None:
     from infera_core.bench.compare import run_targets
     from infera_core.bench.plan import describe
     from infera_core.bench.report import print_table, write_json, write_report
+    from infera_core.bench.runner import BenchError
 
     if s.policies and s.url:
         raise ConfigError("--policies starts its own stacks; drop --url (or drop --policies)")
@@ -47,7 +54,25 @@ async def _main(s: BenchSettings, hooks: InferaHooks) -> None:
     if s.compare and not s.policies and len(s.url) < 2:
         raise ConfigError("--compare needs several --url targets or --policies a,b")
     console = Console()
-    runs = await run_targets(s, Console(stderr=True), hooks)
+    err = Console(stderr=True)
+    stop = asyncio.Event()
+    main = asyncio.current_task()
+
+    def on_sigint() -> None:
+        if stop.is_set() and main is not None:
+            main.cancel()  # second Ctrl-C: abort without a summary
+            return
+        stop.set()
+        err.print("stopping: waiting for requests in flight, then the summary (Ctrl-C again to abort)")
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    try:
+        runs = await run_targets(s, err, hooks, stop)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    if not runs:
+        raise BenchError("stopped before any run finished")
     meta: dict[str, Any] = describe(s)
     caption = ", ".join(f"{k}={v}" for k, v in meta.items() if k != "seed")
     print_table(runs, console, caption=caption)

@@ -8,9 +8,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from infera_core.bench.runner import BenchConfig, run_bench
+from infera_core.bench.scrape import PROMPT_TOKENS, parse_metrics
 from infera_core.bench.trace import trace_workload
 from infera_core.bench.workloads import multi_turn_workload
 
@@ -148,3 +150,31 @@ async def test_compare_two_targets_side_by_side(tmp_path: Path) -> None:
     text = md.read_text()
     assert runs[0].label in text and runs[1].label in text
     assert (tmp_path / "latency_cdf.png").stat().st_size > 5000
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_sending_and_still_reports(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    from infera_sim.testing import start_sim
+
+    with start_sim(speedup=1) as engine:
+        argv = [sys.executable, "-m", "infera_core", "bench", "--url", f"{engine.url}/v1"]
+        argv += ["--num-requests", "5000", "--input-len", "16", "--output-len", "32", "--concurrency", "2"]
+        argv += ["--quiet", "--json", str(tmp_path / "r.json")]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # Ctrl-C once requests are flowing
+            text = httpx.get(f"{engine.url}/metrics", timeout=5).text
+            if parse_metrics(text, [PROMPT_TOKENS]).get(PROMPT_TOKENS, 0) > 200:
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "waiting for requests in flight" in err
+    s = json.loads((tmp_path / "r.json").read_text())["runs"][0]["summary"]
+    assert 0 < s["completed"] == s["requests"] < 5000  # stopped early, nothing cut mid-request
+    assert s["prefix_cache_hit_rate"] is not None  # a bare engine's own /metrics is read
+    assert "TTFT p50" in out
