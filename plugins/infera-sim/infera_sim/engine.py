@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections import deque
 from collections.abc import Callable
 
@@ -322,8 +321,3 @@ class SimEngine:
 
     def render_metrics(self) -> str:
         return self.metrics.render(self.num_running, self.num_waiting, self.cache.usage)
-
-
-def speedup_sleep(cfg: SimConfig, seconds: float) -> float:
-    """Wall-clock seconds to sleep for ``seconds`` of simulated time."""
-    return 0.0 if not math.isfinite(cfg.speedup) else seconds / cfg.speedup
