@@ -137,3 +137,16 @@ def test_replay_recovers_missed_batches(faults: dict[str, Any]) -> None:
             assert mirror.blocks == set(state["block_hashes"])
         finally:
             mirror.close()
+
+
+def test_array_layout_flag() -> None:
+    with start_sim(speedup="inf", kv_events_layout="array") as sim:
+        assert sim.kv_events_endpoint is not None
+        mirror = KvMirror(sim.kv_events_endpoint, sim.replay_endpoint)
+        try:
+            _complete(sim, list(range(5, 40)))
+            mirror.sync(_cache(sim)["next_seq"])
+            assert mirror.blocks == set(_cache(sim)["block_hashes"]) and len(mirror.blocks) == 2
+            assert mirror.decoder.slow_batches > 0  # arrays take the decoder's tolerant path
+        finally:
+            mirror.close()

@@ -63,6 +63,8 @@ def test_second_identical_prompt_hits_the_cache_and_starts_sooner() -> None:
         "vllm:prefix_cache_hits_total": full_blocks,
         "vllm:prefix_cache_queries_total": 2 * prompt,
     }
+    names = ("vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count")
+    assert parse_gauges(metrics, names) == {names[0]: 2, names[1]: 4}
 
 
 async def _run_engine(cfg: SimConfig, reqs: list[SimRequest]) -> None:
