@@ -63,6 +63,7 @@ class Subscription:
         "replays",
         "replays_failed",
         "stale_since",
+        "synced_through",
         "task",
         "undecodable",
         "views",
@@ -76,6 +77,8 @@ class Subscription:
         self.decoder: KvEventDecoder | None = None
         self.task: asyncio.Task[None] | None = None
         self.last_seq: int | None = None
+        self.synced_through: int | None = None
+        """Highest seq loaded by the initial replay; live frames up to it are duplicates."""
         self.batches = 0
         self.undecodable = 0
         self.empty_batches = 0
@@ -228,6 +231,8 @@ class KvHub:
         sock.setsockopt(zmq.SUBSCRIBE, kv.topic.encode())
         try:
             sock.connect(sub.endpoint)
+            if sub.last_seq is None and sub.replay_endpoint:
+                await self._initial_sync(sub)
             while True:
                 frames = await sock.recv_multipart()
                 if len(frames) < 3:
@@ -243,7 +248,22 @@ class KvHub:
         finally:
             sock.close(0)
 
+    async def _initial_sync(self, sub: Subscription) -> None:
+        """Load what the publisher still buffers, so a worker that went quiet before we
+        subscribed (or before a router restart) is known at once, not at its next event."""
+        got = await self._replay(sub, 0, 1 << 62)
+        if not got:
+            return
+        sub.replays += 1
+        for seq, payload in got:
+            self._apply(sub, seq, payload)
+        sub.synced_through = sub.last_seq
+
     async def _on_frame(self, sub: Subscription, seq: int, payload: bytes) -> None:
+        if sub.synced_through is not None:
+            if seq <= sub.synced_through:
+                return  # already applied by the initial sync
+            sub.synced_through = None
         last = sub.last_seq
         if last is not None:
             if seq <= last:

@@ -274,3 +274,24 @@ async def test_bad_and_empty_batches_are_counted_and_the_stream_goes_on() -> Non
         await hub.close()
         pub.close(0)
         ctx.term()
+
+
+async def test_a_quiet_worker_is_known_from_its_replay_buffer_when_the_router_joins_late() -> None:
+    """Events published before the router subscribed (router restart, late join) are not lost
+    even if the worker never publishes again."""
+    with sim_testing.start_sim(speedup="inf", block_size=BS) as sim:
+        async with httpx.AsyncClient() as client:
+            for i in range(2):
+                await _complete(client, sim.url, _prompt(i))
+        hub, _ = _hub()
+        await hub.start()
+        hub.worker_added(_record(sim))
+        try:
+            assert await _until(lambda: all(_matched(hub, "sim-0", _prompt(i)) == 0 for i in range(2)))
+            assert _matched(hub, "sim-0", _prompt(7)) < 0
+            async with httpx.AsyncClient() as client:
+                await _complete(client, sim.url, _prompt(3))  # live events still follow the replayed ones
+            assert await _until(lambda: _matched(hub, "sim-0", _prompt(3)) == 0)
+            assert hub.cache_view("sim-0")["publishers"][0]["gaps"] == 0
+        finally:
+            await hub.close()
