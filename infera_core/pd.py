@@ -132,3 +132,16 @@ def one_token_prefill_body(body: dict[str, Any], kv_transfer_params: dict[str, A
 
 class PdLegError(RuntimeError):
     """A leg's reply lacks what the protocol needs (e.g. no ``kv_transfer_params``): a 502."""
+
+
+def prefill_transfer_params(
+    prefill_response: dict[str, Any] | None, prefill: WorkerRecord, hint: str
+) -> dict[str, Any]:
+    """The top-level ``kv_transfer_params`` of a serial prefill reply, or :class:`PdLegError`.
+
+    ``hint`` says how that engine must be started to return them.
+    """
+    params = (prefill_response or {}).get("kv_transfer_params")
+    if not isinstance(params, dict):
+        raise PdLegError(f"prefill worker {prefill.worker_id} returned no kv_transfer_params ({hint})")
+    return params

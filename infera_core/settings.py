@@ -188,3 +188,15 @@ def _explain(model: type[BaseModel], exc: ValidationError) -> str:
     info = model.model_fields.get(name)
     flag = _flag_name(name, info) if info is not None else name
     return f"{flag} (env {env_name(name)}): {err.get('msg', 'invalid value')} (got {err.get('input')!r})"
+
+
+def config_option(fn: F) -> F:
+    """The ``--config FILE`` option every settings-driven command takes (parameter ``config_file``)."""
+    return click.option(
+        "--config",
+        "config_file",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="YAML/JSON file of settings (lower priority than flags and env). [env: INFERA_CONFIG]",
+        envvar="INFERA_CONFIG",
+    )(fn)

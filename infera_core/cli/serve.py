@@ -9,18 +9,11 @@ import click
 
 from infera_core.facade import InferaHooks
 from infera_core.server.settings import ServeSettings
-from infera_core.settings import click_options, resolve
+from infera_core.settings import click_options, config_option, resolve
 
 
 @click.command("serve")
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="YAML/JSON file of settings (lower priority than flags and env). [env: INFERA_CONFIG]",
-    envvar="INFERA_CONFIG",
-)
+@config_option
 @click_options(ServeSettings)
 @click.pass_obj
 def serve_cmd(hooks: InferaHooks, /, config_file: Path | None, **values: Any) -> None:

@@ -15,19 +15,12 @@ from rich.console import Console
 
 from infera_core.errors import InferaError
 from infera_core.facade import InferaHooks
-from infera_core.settings import click_options, resolve
+from infera_core.settings import click_options, config_option, resolve
 from infera_core.up.settings import UpSettings
 
 
 @click.command("up", context_settings={"allow_interspersed_args": False})
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="YAML/JSON file of settings (lower priority than flags and env). [env: INFERA_CONFIG]",
-    envvar="INFERA_CONFIG",
-)
+@config_option
 @click_options(UpSettings)
 @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_obj

@@ -15,7 +15,7 @@ from rich.table import Table
 from infera_core.discovery.base import DiscoverySettings
 from infera_core.errors import ConfigError
 from infera_core.facade import InferaHooks
-from infera_core.settings import InferaSettings, click_options, resolve
+from infera_core.settings import InferaSettings, click_options, config_option, resolve
 from infera_core.worker import DEFAULT_PREFIX, WorkerRecord
 
 
@@ -59,14 +59,7 @@ def _age(started_at: float) -> str:
 
 
 @click.command("workers")
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="YAML/JSON file of settings (lower priority than flags and env). [env: INFERA_CONFIG]",
-    envvar="INFERA_CONFIG",
-)
+@config_option
 @click_options(WorkersSettings)
 @click.option("--json", "as_json", is_flag=True, help="Print the worker records as JSON.")
 @click.pass_obj

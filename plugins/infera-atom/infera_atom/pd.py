@@ -14,10 +14,10 @@ from urllib.parse import urlsplit
 from infera_core.pd import (
     LegRequest,
     PdContext,
-    PdLegError,
     PdOrder,
     PdUnsupported,
     one_token_prefill_body,
+    prefill_transfer_params,
 )
 from infera_core.worker import WorkerRecord
 
@@ -75,12 +75,9 @@ class AtomMooncakeTransport:
         decode: WorkerRecord,
         prefill_response: dict[str, Any] | None,
     ) -> LegRequest:
-        reply = (prefill_response or {}).get("kv_transfer_params")
-        if not isinstance(reply, dict):
-            raise PdLegError(
-                f"prefill worker {prefill.worker_id} returned no kv_transfer_params "
-                "(is it an ATOM server started with a mooncake --kv-transfer-config?)"
-            )
+        reply = prefill_transfer_params(
+            prefill_response, prefill, "is it an ATOM server started with a mooncake --kv-transfer-config?"
+        )
         params: dict[str, Any] = {"do_remote_decode": False, "do_remote_prefill": True, **_remote(prefill)}
         params.update(reply)
         params["do_remote_decode"] = False

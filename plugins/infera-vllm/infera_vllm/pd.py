@@ -16,6 +16,7 @@ from infera_core.pd import (
     PdOrder,
     PdUnsupported,
     one_token_prefill_body,
+    prefill_transfer_params,
 )
 from infera_core.worker import WorkerRecord
 
@@ -62,12 +63,9 @@ class VllmNixlTransport:
         decode: WorkerRecord,
         prefill_response: dict[str, Any] | None,
     ) -> LegRequest:
-        params = (prefill_response or {}).get("kv_transfer_params")
-        if not isinstance(params, dict):
-            raise PdLegError(
-                f"prefill worker {prefill.worker_id} returned no kv_transfer_params "
-                "(is it running with --kv-transfer-config NixlConnector?)"
-            )
+        params = prefill_transfer_params(
+            prefill_response, prefill, "is it running with --kv-transfer-config NixlConnector?"
+        )
         out = dict(body)
         out["kv_transfer_params"] = params
         return LegRequest(body=out, headers=_request_id_header(ctx))
