@@ -45,7 +45,7 @@ from infera_core.server.metrics import ServerMetrics
 from infera_core.server.pd import build_pd
 from infera_core.server.proxy import OpenAIProxy
 from infera_core.server.settings import ServeSettings
-from infera_core.server.transport import Upstream
+from infera_core.server.transport import make_upstream
 from infera_core.server.validate import check_chat, check_completion
 from infera_core.worker import WorkerRecord
 
@@ -134,7 +134,8 @@ def create_app(
     )
     breakers = Breakers(settings.breaker_failures, settings.breaker_cooldown)
     metrics.watch_fleet(lambda: list(table.by_id.values()), breakers.state)
-    upstream = Upstream(
+    upstream = make_upstream(
+        settings.upstream_transport,
         connect_timeout=settings.connect_timeout,
         first_byte_timeout=settings.first_byte_timeout,
         idle_timeout=settings.stream_idle_timeout,

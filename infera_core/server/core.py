@@ -16,8 +16,6 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-import aiohttp
-
 from infera_core.scheduling.scheduler import (
     NoWorkerError,
     OverloadedError,
@@ -29,7 +27,7 @@ from infera_core.server.breaker import Breakers
 from infera_core.server.errors import ApiError
 from infera_core.server.fleet import EndpointTable
 from infera_core.server.metrics import ServerMetrics
-from infera_core.server.transport import Upstream, UpstreamError
+from infera_core.server.transport import READ_ERRORS, Upstream, UpstreamError, UpstreamResponse
 from infera_core.worker import Role
 
 if TYPE_CHECKING:
@@ -98,7 +96,7 @@ class RouterCore:
 
     async def dispatch(
         self, ctx: RequestContext, path: str, body: bytes
-    ) -> tuple[Endpoint, aiohttp.ClientResponse]:
+    ) -> tuple[Endpoint, UpstreamResponse]:
         if self.pd is not None and self.pd.applies(ctx):
             return await self.pd.dispatch(ctx, path, body)
         tried: list[str] = []
@@ -137,13 +135,13 @@ class RouterCore:
                     return ep, resp
                 try:
                     detail = (await resp.read())[:300].decode("utf-8", "replace")
-                except (aiohttp.ClientError, OSError, TimeoutError):
+                except READ_ERRORS:
                     detail = ""
                 finally:
                     resp.release()
                 self._failed(ctx, ep, worker_fault=status >= 500)
                 log.warning("request %s: worker %s answered %d", ctx.request_id, ep.worker_id, status)
-                extra = {"Retry-After": resp.headers.get("Retry-After", "1")} if status == 429 else None
+                extra = {"Retry-After": resp.header("Retry-After") or "1"} if status == 429 else None
                 last = ApiError(
                     status,
                     f"Worker {ep.worker_id} answered {status}: {detail}",

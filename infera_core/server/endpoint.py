@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-import aiohttp
-
 from infera_core.scheduling.types import Endpoint, RequestContext
 from infera_core.server.asgi import ClientGone, Receive, Scope, Send, read_body, send_error
 from infera_core.server.core import RouterCore, watch_disconnect
 from infera_core.server.errors import ApiError
+from infera_core.server.transport import UpstreamResponse
 from infera_core.server.validate import parse_object
 
 
@@ -36,7 +35,7 @@ class ProxyEndpoint:
         raise NotImplementedError
 
     async def relay(
-        self, send: Send, resp: aiohttp.ClientResponse, ctx: RequestContext, ep: Endpoint, t0: float
+        self, send: Send, resp: UpstreamResponse, ctx: RequestContext, ep: Endpoint, t0: float
     ) -> bool:
         """Send the worker's response to the client; True when it completed normally."""
         raise NotImplementedError

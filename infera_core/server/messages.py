@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import aiohttp
-
 from infera_core.scheduling.types import Endpoint, RequestContext
 from infera_core.server.anthropic import to_chat_request, to_message_response
 from infera_core.server.anthropic_stream import MessageStream
@@ -22,9 +20,11 @@ from infera_core.server.asgi import (
 from infera_core.server.core import RouterCore
 from infera_core.server.endpoint import ProxyEndpoint
 from infera_core.server.errors import ApiError
+from infera_core.server.transport import READ_ERRORS, UpstreamResponse
 from infera_core.server.validate import check_messages
 
 ROUTE = "/v1/messages"
+_BAD_REPLY: tuple[type[BaseException], ...] = (ValueError, *READ_ERRORS)
 CHAT_PATH = "/v1/chat/completions"
 
 
@@ -44,14 +44,14 @@ class MessagesProxy(ProxyEndpoint):
         return ctx, CHAT_PATH, json.dumps(chat).encode()
 
     async def relay(
-        self, send: Send, resp: aiohttp.ClientResponse, ctx: RequestContext, ep: Endpoint, t0: float
+        self, send: Send, resp: UpstreamResponse, ctx: RequestContext, ep: Endpoint, t0: float
     ) -> bool:
         return await self._relay(send, resp, ctx.model, ctx.body.get("stop"), ep.worker_id)
 
     async def _relay(
-        self, send: Send, resp: aiohttp.ClientResponse, model: str, stops: object, worker: str
+        self, send: Send, resp: UpstreamResponse, model: str, stops: object, worker: str
     ) -> bool:
-        ctype = resp.headers.get("Content-Type", "")
+        ctype = resp.content_type
         if resp.status >= 400:
             data = await resp.read()
             try:
@@ -63,7 +63,7 @@ class MessagesProxy(ProxyEndpoint):
         if not ctype.startswith("text/event-stream"):
             try:
                 chat = json.loads(await resp.read())
-            except (ValueError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            except _BAD_REPLY as exc:
                 await send_error(
                     send, ApiError(502, f"Worker {worker} sent a bad response: {exc}"), anthropic=True
                 )
@@ -76,11 +76,11 @@ class MessagesProxy(ProxyEndpoint):
         await send({"type": "http.response.start", "status": 200, "headers": list(SSE_HEADERS)})
         stream = MessageStream(model, stops)
         try:
-            async for chunk in resp.content.iter_any():
+            async for chunk in resp:
                 out_bytes = stream.feed(chunk)
                 if out_bytes:
                     await send({"type": "http.response.body", "body": out_bytes, "more_body": True})
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except READ_ERRORS as exc:
             tail = stream.error(f"Worker {worker} failed mid-stream: {exc!r}")
             await send({"type": "http.response.body", "body": tail, "more_body": False})
             return False

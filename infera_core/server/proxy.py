@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
-
 from infera_core.scheduling.types import Endpoint, RequestContext
 from infera_core.server.asgi import (
     SSE_HEADERS,
@@ -28,6 +26,7 @@ from infera_core.server.asgi import (
 from infera_core.server.core import RouterCore, usage_of
 from infera_core.server.endpoint import ProxyEndpoint
 from infera_core.server.errors import ApiError
+from infera_core.server.transport import READ_ERRORS, UpstreamResponse
 
 log = logging.getLogger("infera.server.proxy")
 
@@ -47,19 +46,17 @@ class OpenAIProxy(ProxyEndpoint):
         return RequestContext(rid, model, self.route, body, header_dict(scope)), self.route, raw
 
     async def relay(
-        self, send: Send, resp: aiohttp.ClientResponse, ctx: RequestContext, ep: Endpoint, t0: float
+        self, send: Send, resp: UpstreamResponse, ctx: RequestContext, ep: Endpoint, t0: float
     ) -> bool:
         return await self._relay(send, resp, ctx.model, t0, ep.worker_id)
 
-    async def _relay(
-        self, send: Send, resp: aiohttp.ClientResponse, model: str, t0: float, worker: str
-    ) -> bool:
-        ctype = resp.headers.get("Content-Type", "application/json")
+    async def _relay(self, send: Send, resp: UpstreamResponse, model: str, t0: float, worker: str) -> bool:
+        ctype = resp.content_type or "application/json"
         metrics = self.core.metrics
         if not ctype.startswith("text/event-stream"):
             try:
                 data = await resp.read()
-            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            except READ_ERRORS as exc:
                 await send_error(send, ApiError(502, f"Worker {worker} failed while responding: {exc!r}"))
                 return False
             headers = [
@@ -84,14 +81,14 @@ class OpenAIProxy(ProxyEndpoint):
         events = 0
         prev = tail = b""
         try:
-            async for chunk in resp.content.iter_any():
+            async for chunk in resp:
                 last = time.perf_counter()
                 if not first:
                     first = last
                 events += chunk.count(b"data: ")
                 prev, tail = tail, chunk
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except READ_ERRORS as exc:
             log.warning("worker %s failed mid-stream: %r", worker, exc)
             err = ApiError(502, f"Worker {worker} failed mid-stream: {exc!r}", code="upstream_stream_error")
             await send({"type": "http.response.body", "body": err.sse_event(), "more_body": False})

@@ -51,6 +51,10 @@ class ServeSettings(InferaSettings, KvSettings):
     breaker_cooldown: float = Field(
         5.0, gt=0, description="Seconds an open breaker waits before a half-open probe."
     )
+    upstream_transport: Literal["native", "aiohttp"] = Field(
+        "native",
+        description="Client for the hop to workers: native (asyncio + httptools, leaner) or aiohttp.",
+    )
     upstream_connections: int = Field(
         4096, ge=1, description="Most concurrent connections to workers (all together)."
     )

@@ -1,24 +1,34 @@
-"""The upstream hop: one ``aiohttp.ClientSession`` per process, TCP_NODELAY on every socket.
+"""The upstream hop: what every transport to workers provides, and which one a server uses.
 
-aiohttp sets TCP_NODELAY on each client connection it makes (``BaseProtocol.connection_made``);
-:func:`set_nodelay` does the same for the server's accepted sockets (see ``server.run``).
+Two implementations, chosen with ``--upstream-transport``:
 
-:meth:`Upstream.open` sends the client's bytes unchanged and returns once the
-worker's response headers arrived (the "first byte"); everything before that is
-retryable, everything after is not.
+* ``native`` (:mod:`infera_core.server.upstream_native`): asyncio protocols parsing with
+  ``httptools``, a keep-alive pool per worker, each request written as one buffer;
+* ``aiohttp`` (:mod:`infera_core.server.upstream_aiohttp`): one ``aiohttp.ClientSession``
+  per process.
+
+Both set TCP_NODELAY on every connection (:func:`set_nodelay` does the same for the
+server's accepted sockets, see ``server.run``). :meth:`Upstream.open` sends the client's
+bytes unchanged and returns once the worker's response headers arrived (the "first
+byte"); everything before that is retryable (:class:`UpstreamError`), everything after is
+not. Reading the body raises one of :data:`READ_ERRORS`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import AsyncIterator
+from typing import Literal, Protocol
 
 import aiohttp
-from yarl import URL
 
 from infera_core.scheduling.types import Endpoint
 
-JSON_HEADERS = {"Content-Type": "application/json"}
+TransportKind = Literal["native", "aiohttp"]
+
+READ_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, OSError, TimeoutError)
+"""What reading a response body may raise when the worker fails or goes quiet."""
 
 
 def set_nodelay(transport: asyncio.BaseTransport | None) -> None:
@@ -43,71 +53,67 @@ class UpstreamError(Exception):
         self.timeout = timeout
 
 
-class Upstream:
-    """The process-wide client session to workers."""
+class UpstreamResponse(Protocol):
+    """A worker's response whose headers arrived; the body is read once, whole or in chunks."""
 
-    def __init__(
-        self,
-        *,
-        connect_timeout: float,
-        first_byte_timeout: float,
-        idle_timeout: float,
-        max_connections: int,
-    ) -> None:
-        self.first_byte_timeout = first_byte_timeout
-        self.idle_timeout = idle_timeout
-        # sock_read bounds the wait for the response headers (the first byte); once they
-        # arrived, open() switches the connection's read timeout to the idle timeout.
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=connect_timeout, connect=connect_timeout, sock_read=first_byte_timeout
-        )
-        self._max_connections = max_connections
-        self.session: aiohttp.ClientSession | None = None
-        self._urls: dict[tuple[str, str], URL] = {}
+    @property
+    def status(self) -> int: ...
 
-    async def start(self) -> None:
-        connector = aiohttp.TCPConnector(
-            limit=self._max_connections,
-            limit_per_host=0,
-            ttl_dns_cache=300,
-            keepalive_timeout=30,
-            enable_cleanup_closed=False,
-        )
-        self.session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=self._timeout,
-            auto_decompress=False,
-            skip_auto_headers=("Accept-Encoding", "User-Agent"),
-        )
+    @property
+    def content_type(self) -> str:
+        """The Content-Type header ("" when absent)."""
+        ...
 
-    async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
-            self.session = None
+    def header(self, name: str, default: str | None = None) -> str | None: ...
+
+    async def read(self) -> bytes: ...
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        """The body as it arrives (chunked transfer decoded)."""
+        ...
+
+    def release(self) -> None:
+        """Done with the response (an unfinished body closes the connection)."""
+
+    def close(self) -> None: ...
+
+
+class Upstream(Protocol):
+    """The process-wide client to workers."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
 
     async def open(
         self, endpoint: Endpoint, path: str, body: bytes, headers: dict[str, str] | None = None
-    ) -> aiohttp.ClientResponse:
-        """POST ``body`` to ``endpoint``; return the response once its headers arrived."""
-        session = self.session
-        assert session is not None, "Upstream.start() was not called"
-        key = (endpoint.record.url, path)
-        url = self._urls.get(key)
-        if url is None:
-            if len(self._urls) > 4096:
-                self._urls.clear()
-            url = self._urls[key] = URL(endpoint.record.url.rstrip("/") + path)
-        try:
-            resp = await session.post(url, data=body, headers=headers or JSON_HEADERS)
-        except TimeoutError:
-            raise UpstreamError(endpoint, "no response before the first-byte timeout", timeout=True) from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamError(endpoint, f"{type(exc).__name__}: {exc}") from None
-        if self.idle_timeout != self.first_byte_timeout and resp.connection is not None:
-            proto = resp.connection.protocol
-            if proto is not None:
-                proto.read_timeout = self.idle_timeout
-                reschedule = getattr(proto, "_reschedule_timeout", None)
-                if reschedule is not None:
-                    reschedule()  # the gap after the headers counts as idle too
-        return resp
+    ) -> UpstreamResponse:
+        """POST ``body`` to ``endpoint``; the response once its headers arrived."""
+        ...
+
+
+def make_upstream(
+    kind: TransportKind,
+    *,
+    connect_timeout: float,
+    first_byte_timeout: float,
+    idle_timeout: float,
+    max_connections: int,
+) -> Upstream:
+    if kind == "aiohttp":
+        from infera_core.server.upstream_aiohttp import AiohttpUpstream
+
+        return AiohttpUpstream(
+            connect_timeout=connect_timeout,
+            first_byte_timeout=first_byte_timeout,
+            idle_timeout=idle_timeout,
+            max_connections=max_connections,
+        )
+    from infera_core.server.upstream_native import NativeUpstream
+
+    return NativeUpstream(
+        connect_timeout=connect_timeout,
+        first_byte_timeout=first_byte_timeout,
+        idle_timeout=idle_timeout,
+        max_connections=max_connections,
+    )

@@ -25,8 +25,6 @@ import json
 import time
 from typing import Any
 
-import aiohttp
-
 from infera_core.pd import PdContext, PdLegError, PdOrder, PdTransport, PdUnsupported
 from infera_core.registry import PdTransportRegistry
 from infera_core.scheduling.pd import Pair, PdConfig, PdScheduler
@@ -35,8 +33,9 @@ from infera_core.scheduling.types import Endpoint, RequestContext
 from infera_core.server.errors import ApiError
 from infera_core.server.pd.legs import LegFailed, Legs
 from infera_core.server.pd.metrics import PdMetrics
+from infera_core.server.transport import UpstreamResponse
 
-Routed = tuple[Endpoint, aiohttp.ClientResponse]
+Routed = tuple[Endpoint, UpstreamResponse]
 
 
 def _api_error(exc: SchedulingError) -> ApiError:
@@ -241,10 +240,10 @@ class PdDispatcher:
             task.exception()  # retrieved: counted by Legs already
 
 
-def _abandon(dtask: asyncio.Future[aiohttp.ClientResponse], ep: Endpoint) -> None:
+def _abandon(dtask: asyncio.Future[UpstreamResponse], ep: Endpoint) -> None:
     """Cancel a decode leg; if it already answered, close that response and release ``ep``."""
 
-    def close(fut: asyncio.Future[aiohttp.ClientResponse]) -> None:
+    def close(fut: asyncio.Future[UpstreamResponse]) -> None:
         if fut.cancelled() or fut.exception() is not None:
             return  # open_decode released ep itself
         with contextlib.suppress(Exception):

@@ -12,19 +12,17 @@ import json
 import logging
 from typing import Any
 
-import aiohttp
-
 from infera_core.pd import LegRequest
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.breaker import Breakers
 from infera_core.server.errors import ApiError
 from infera_core.server.metrics import ServerMetrics
 from infera_core.server.pd.metrics import PdMetrics
-from infera_core.server.transport import Upstream, UpstreamError
+from infera_core.server.transport import READ_ERRORS, Upstream, UpstreamError, UpstreamResponse
 
 log = logging.getLogger("infera.server.pd")
 
-_READ_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+_READ_ERRORS = READ_ERRORS
 
 
 class LegFailed(Exception):
@@ -74,7 +72,7 @@ class Legs:
         log.warning("pd %s leg on worker %s failed (%s): %s", side, ep.worker_id, reason, error.message)
         return LegFailed(side, ep, f"{side}_{reason}", error)
 
-    async def _open(self, side: str, ep: Endpoint, leg: LegRequest, path: str) -> aiohttp.ClientResponse:
+    async def _open(self, side: str, ep: Endpoint, leg: LegRequest, path: str) -> UpstreamResponse:
         headers = {"Content-Type": "application/json", **leg.headers}
         self.breakers.picked(ep)
         try:
@@ -135,7 +133,7 @@ class Legs:
         self.breakers.success(ep)
         return reply
 
-    async def open_decode(self, ep: Endpoint, leg: LegRequest, path: str) -> aiohttp.ClientResponse:
+    async def open_decode(self, ep: Endpoint, leg: LegRequest, path: str) -> UpstreamResponse:
         """Open the decode leg; on return the caller owns ``ep.in_flight`` (``RouterCore.release``)."""
         ep.in_flight += 1
         try:

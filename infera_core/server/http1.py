@@ -1,0 +1,355 @@
+"""One HTTP/1.1 client connection to a worker (an asyncio Protocol + ``httptools``) and its response.
+
+A connection carries one request at a time (no pipelining). :meth:`Http1Connection.request`
+writes the pre-built request bytes in one ``write`` and returns an :class:`Http1Response`
+once the status line and headers arrived; the body then arrives into the response
+(content-length, chunked — decoded by the parser — or read until the worker closes).
+
+Timeouts: one timer per request, first for the response headers (``first_byte``), then,
+once they arrived, for the gap between two reads (``idle``), re-armed lazily (a read only
+stamps the time). When the response completes with keep-alive, the connection goes back
+to its pool; a response released before its end closes the connection (that is how a
+client disconnect reaches the worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import httptools
+
+from infera_core.server.transport import set_nodelay
+
+HIGH_WATER = 256 * 1024
+"""Buffered body bytes not yet taken by the relay above which reading from the worker pauses."""
+
+
+class UpstreamClosed(ConnectionError):
+    """The worker closed the connection (or sent something that is not HTTP/1.1) mid-request."""
+
+    def __init__(self, message: str, stale: bool = False) -> None:
+        super().__init__(message)
+        self.stale = stale
+        """True when a reused keep-alive connection was found closed before any byte came back."""
+
+
+class Http1Response:
+    """A worker's response: ``status``, ``content_type``, :meth:`header`, then the body by
+    ``await read()`` or ``async for chunk in response``. Call :meth:`release` when done."""
+
+    __slots__ = (
+        "_buffered",
+        "_chunks",
+        "_conn",
+        "_exc",
+        "_waiter",
+        "content_type",
+        "done",
+        "headers",
+        "status",
+    )
+
+    def __init__(self, conn: Http1Connection) -> None:
+        self._conn: Http1Connection | None = conn
+        self.status = 0
+        self.content_type = ""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self.done = False
+        self._exc: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def header(self, name: str, default: str | None = None) -> str | None:
+        """A response header by case-insensitive name."""
+        key = name.lower().encode("latin-1")
+        for k, v in self.headers:
+            if k.lower() == key:
+                return v.decode("latin-1")
+        return default
+
+    # -- fed by the connection -----------------------------------------------------
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None:
+            self._waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.done or self._exc is not None:
+            return
+        self._exc = exc
+        w = self._waiter
+        if w is not None:
+            self._waiter = None
+            if not w.done():
+                w.set_exception(exc)
+
+    # -- read by the relay ---------------------------------------------------------
+    async def _wait(self) -> None:
+        conn = self._conn
+        if conn is not None and conn.paused:
+            conn.resume()
+        w = self._waiter = asyncio.get_running_loop().create_future()
+        await w
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        while not self.done:
+            if self._exc is not None:
+                raise self._exc
+            await self._wait()
+        chunks = self._chunks
+        self._chunks = []
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def __aiter__(self) -> Http1Response:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunks = self._chunks
+        while not chunks:
+            if self.done:
+                raise StopAsyncIteration
+            if self._exc is not None:
+                raise self._exc
+            await self._wait()
+            chunks = self._chunks
+        self._chunks = []
+        self._buffered = 0
+        conn = self._conn
+        if conn is not None and conn.paused:
+            conn.resume()
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def release(self) -> None:
+        """Done with this response; a body not fully received closes the connection."""
+        conn = self._conn
+        if conn is not None:
+            self._conn = None
+            conn.abandon()
+        self._chunks = []
+
+    close = release
+
+
+class Http1Connection(asyncio.Protocol):
+    """A keep-alive connection; ``on_idle(conn)`` gets it back after a complete response."""
+
+    __slots__ = (
+        "_eof_body",
+        "_got",
+        "_last",
+        "_timer",
+        "closed",
+        "idle_since",
+        "idle_timeout",
+        "loop",
+        "on_idle",
+        "on_lost",
+        "parser",
+        "paused",
+        "resp",
+        "transport",
+        "used",
+    )
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        on_idle: Callable[[Http1Connection], None],
+        on_lost: Callable[[Http1Connection], None],
+    ) -> None:
+        self.loop = loop
+        self.on_idle = on_idle
+        self.on_lost = on_lost
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.resp: Http1Response | None = None
+        self.closed = False
+        self.paused = False
+        self.used = 0
+        """Requests this connection completed (a reused connection may turn out stale)."""
+        self.idle_since = 0.0
+        self.idle_timeout = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._last = 0.0
+        self._got = False
+        self._eof_body = False
+
+    # -- the request ---------------------------------------------------------------
+    async def request(
+        self, data: bytes | tuple[bytes, bytes], first_byte: float, idle: float
+    ) -> Http1Response:
+        """Send ``data``; the response once its headers arrived. Raises :class:`UpstreamClosed`,
+        ``TimeoutError`` (first byte) or ``ConnectionError``; cancelling closes the connection."""
+        transport = self.transport
+        if transport is None or self.closed or transport.is_closing():
+            raise UpstreamClosed("the connection to the worker was closed", stale=self.used > 0)
+        resp = self.resp = Http1Response(self)
+        self._got = False
+        self.idle_timeout = idle
+        loop = self.loop
+        waiter = resp._waiter = loop.create_future()
+        self._timer = loop.call_at(loop.time() + first_byte, self._first_byte_expired)
+        if isinstance(data, bytes):
+            transport.write(data)
+        else:
+            transport.writelines(data)
+        try:
+            await waiter
+        except BaseException:
+            resp.release()
+            raise
+        return resp
+
+    def _first_byte_expired(self) -> None:
+        self._timer = None
+        resp = self.resp
+        if resp is not None and not resp.status:
+            resp._fail(TimeoutError("no response before the first-byte timeout"))
+            self.abort()
+
+    def _idle_check(self) -> None:
+        self._timer = None
+        resp = self.resp
+        if resp is None:
+            return
+        now = self.loop.time()
+        if self.paused:  # a paused read waits on the client, not on the worker
+            self._timer = self.loop.call_at(now + self.idle_timeout, self._idle_check)
+            return
+        deadline = self._last + self.idle_timeout
+        if now < deadline:
+            self._timer = self.loop.call_at(deadline, self._idle_check)
+            return
+        resp._fail(TimeoutError(f"no data from the worker for {self.idle_timeout:g} s"))
+        self.abort()
+
+    # -- flow control and closing --------------------------------------------------
+    def resume(self) -> None:
+        self.paused = False
+        self._last = self.loop.time()
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def abandon(self) -> None:
+        """The response was released: reuse the connection if its message is complete."""
+        if self.resp is not None:
+            self.resp = None
+            self.abort()
+
+    def abort(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self.closed and self.transport is not None:
+            self.closed = True
+            self.transport.abort()
+
+    # -- asyncio.Protocol ----------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's are not subclasses
+        set_nodelay(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        resp = self.resp
+        self.resp = None
+        if resp is not None and not resp.done:
+            if self._eof_body and resp.status:
+                self._complete(resp, keep=False)  # a body delimited by the end of the connection
+            elif not resp.status:
+                stale = self.used > 0 and not self._got
+                resp._fail(UpstreamClosed("the worker closed the connection before responding", stale))
+            else:
+                resp._fail(UpstreamClosed("the worker closed the connection mid-response"))
+        self.on_lost(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.resp is None:
+            self.abort()  # bytes nobody asked for: the connection is not reusable
+            return
+        self._got = True
+        self._last = self.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            resp = self.resp
+            if resp is not None:
+                resp._fail(UpstreamClosed(f"the worker sent an invalid HTTP response: {exc}"))
+            self.abort()
+
+    def eof_received(self) -> bool:
+        return False
+
+    # -- httptools callbacks -------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        resp = self.resp
+        if resp is not None:
+            resp.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        resp = self.resp
+        if resp is None:
+            return
+        status = self.parser.get_status_code()
+        if status < 200:  # an interim response (100 Continue): wait for the real one
+            resp.headers = []
+            return
+        resp.status = status
+        length = chunked = False
+        for k, v in resp.headers:
+            lk = k.lower()
+            if lk == b"content-type":
+                resp.content_type = v.decode("latin-1")
+            elif lk == b"content-length":
+                length = True
+            elif lk == b"transfer-encoding":
+                chunked = True
+        self._eof_body = not (length or chunked or status in (204, 304))
+        loop = self.loop
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(self._last + self.idle_timeout, self._idle_check)
+        resp._wake()
+
+    def on_body(self, body: bytes) -> None:
+        resp = self.resp
+        if resp is None:
+            return
+        resp._chunks.append(body)
+        resp._buffered += len(body)
+        if resp._waiter is not None:
+            resp._wake()
+        elif resp._buffered > HIGH_WATER and not self.paused:
+            self.paused = True
+            assert self.transport is not None
+            self.transport.pause_reading()
+
+    def on_message_complete(self) -> None:
+        resp = self.resp
+        if resp is None or not resp.status:
+            return  # the end of an interim response
+        self._complete(resp, self.parser.should_keep_alive() and not self._eof_body)
+
+    def _complete(self, resp: Http1Response, keep: bool) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.resp = None
+        resp._conn = None
+        resp.done = True
+        resp._wake()
+        self.used += 1
+        if keep and not self.closed:
+            if self.paused:
+                self.resume()
+            self.on_idle(self)
+        else:
+            self.abort()
