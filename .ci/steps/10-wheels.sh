@@ -71,6 +71,11 @@ for name, dist in [("core", "infera-core"), ("vllm", "infera-vllm"), ("example_p
         problems.append(f"plugin {name!r} not found; got {sorted(rows)}")
     elif row["status"] != "ok" or row["distribution"] != dist:
         problems.append(f"plugin {name!r}: status {row['status']} distribution {row['distribution']} {row.get('error', '')}")
+import infera_kv_native
+from infera_core.kv import accel
+
+if not infera_kv_native.available or accel.ops.name != "native":
+    problems.append("infera-kv-native wheel has no C extension (KV ingest would run pure Python)")
 if "presets" not in rows.get("example_policy", {}).get("provides", {}):
     problems.append("example_policy provides no presets from the installed wheel")
 if problems:

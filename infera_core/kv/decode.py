@@ -7,6 +7,10 @@ Payload: msgpack ``[ts, events, dp_rank]``. Events come in two layouts:
 * array, tagged by the first element (older vLLM/SGLang):
   ``["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium, …]``.
 
+For the index, :meth:`MsgpackEventDecoder.decode_raw` leaves each stored block's
+``token_ids`` packed (:class:`~infera_core.kv.events.BlockStoredRaw`): the index hashes
+them natively; :func:`tokens_from_packed` is the tolerant way back to a list.
+
 Anything the fast path rejects goes through a tolerant slow path that also
 normalizes signed int64 hashes to u64, takes the first id of EAGLE bigram token
 pairs, and ignores extra fields (``cache_salt``, ``session_id``, ``lora_name``…).
@@ -23,9 +27,12 @@ from infera_core.kv.events import (
     BlockHash,
     BlockRemoved,
     BlockStored,
+    BlockStoredRaw,
+    IndexBatch,
     KvDecodeError,
     KvEvent,
     KvEventBatch,
+    RawKvEventBatch,
 )
 
 _U64 = (1 << 64) - 1
@@ -120,10 +127,20 @@ def _from_array(ev: list[Any]) -> KvEvent | None:
     return None
 
 
+def tokens_from_packed(packed: msgspec.Raw) -> list[int]:
+    """The token ids of a :class:`BlockStoredRaw`, normalized like the slow path (bigrams…)."""
+    try:
+        return _norm_tokens(msgspec.msgpack.decode(packed))
+    except msgspec.DecodeError as exc:
+        raise KvDecodeError(f"token_ids: {exc}") from None
+    except (TypeError, ValueError, IndexError) as exc:
+        raise KvDecodeError(f"malformed token_ids: {exc}") from None
+
+
 class MsgpackEventDecoder:
     """Decodes vLLM-style payloads (both layouts). ``unknown_events`` counts skipped events."""
 
-    __slots__ = ("_fast", "_loose", "name", "signed_hashes", "slow_batches", "unknown_events")
+    __slots__ = ("_fast", "_loose", "_raw", "name", "signed_hashes", "slow_batches", "unknown_events")
 
     def __init__(self, name: str = "vllm", signed_hashes: bool = False) -> None:
         self.name = name
@@ -131,12 +148,23 @@ class MsgpackEventDecoder:
         """True when the engine may send int64 hashes (SGLang): negatives become u64."""
         self._fast = msgspec.msgpack.Decoder(KvEventBatch)
         self._loose = msgspec.msgpack.Decoder(_LooseBatch)
+        self._raw = msgspec.msgpack.Decoder(RawKvEventBatch)
         self.unknown_events = 0
         self.slow_batches = 0
 
     def decode(self, payload: bytes) -> KvEventBatch:
         try:
             batch = self._fast.decode(payload)
+        except msgspec.DecodeError:
+            return self._decode_slow(payload)
+        if self.signed_hashes:
+            _fix_signed(batch)
+        return batch
+
+    def decode_raw(self, payload: bytes) -> IndexBatch:
+        """Like :meth:`decode`, leaving stored token ids packed (what the event hub ingests)."""
+        try:
+            batch = self._raw.decode(payload)
         except msgspec.DecodeError:
             return self._decode_slow(payload)
         if self.signed_hashes:
@@ -169,9 +197,9 @@ class MsgpackEventDecoder:
         return KvEventBatch(loose.ts, events, loose.dp_rank)
 
 
-def _fix_signed(batch: KvEventBatch) -> None:
+def _fix_signed(batch: IndexBatch) -> None:
     for ev in batch.events:
-        if isinstance(ev, BlockStored):
+        if isinstance(ev, BlockStored | BlockStoredRaw):
             ev.block_hashes = [h & _U64 if isinstance(h, int) and h < 0 else h for h in ev.block_hashes]
             p = ev.parent_block_hash
             if isinstance(p, int) and p < 0:

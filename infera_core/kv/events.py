@@ -33,6 +33,20 @@ class BlockStored(msgspec.Struct, tag=True, tag_field="type", gc=False):
     group_idx: int | None = None
 
 
+class BlockStoredRaw(msgspec.Struct, tag="BlockStored", tag_field="type", gc=False):
+    """:class:`BlockStored` as the index ingests it: ``token_ids`` left as the raw msgpack
+    array, hashed without creating a Python int per token (see ``kv.hashing``)."""
+
+    block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None
+    token_ids: msgspec.Raw
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    kv_cache_spec_kind: str | None = None
+    group_idx: int | None = None
+
+
 class BlockRemoved(msgspec.Struct, tag=True, tag_field="type", gc=False):
     block_hashes: list[BlockHash]
     medium: str | None = None
@@ -54,6 +68,18 @@ class KvEventBatch(msgspec.Struct, array_like=True, gc=False):
     dp_rank: int | None = None
 
 
+class RawKvEventBatch(msgspec.Struct, array_like=True, gc=False):
+    """:class:`KvEventBatch` with stored blocks as :class:`BlockStoredRaw` (the ingest path)."""
+
+    ts: float
+    events: list[BlockStoredRaw | BlockRemoved | AllBlocksCleared] = msgspec.field(default_factory=list)
+    dp_rank: int | None = None
+
+
+IndexBatch = KvEventBatch | RawKvEventBatch
+"""What :meth:`infera_core.kv.index.KvIndex.apply` takes."""
+
+
 class KvDecodeError(ValueError):
     """A payload could not be decoded (counted and logged by the event hub)."""
 
@@ -67,4 +93,13 @@ class KvEventDecoder(Protocol):
 
     def decode(self, payload: bytes) -> KvEventBatch:
         """Decode one msgpack payload; raise :class:`KvDecodeError` when it is not valid."""
+        ...
+
+
+@runtime_checkable
+class RawKvEventDecoder(KvEventDecoder, Protocol):
+    """A decoder that can also leave token ids packed for the index (the event hub prefers it)."""
+
+    def decode_raw(self, payload: bytes) -> IndexBatch:
+        """Like ``decode``; stored blocks may come back as :class:`BlockStoredRaw`."""
         ...

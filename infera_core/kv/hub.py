@@ -19,13 +19,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from infera_core.errors import UnknownNameError
-from infera_core.kv.events import KvDecodeError, KvEventBatch, KvEventDecoder
+from infera_core.kv.events import IndexBatch, KvDecodeError, KvEventDecoder, RawKvEventDecoder
 from infera_core.kv.index import KvIndex, WorkerView
 from infera_core.kv.metrics import KvMetrics
 from infera_core.kv.settings import KvSettings
@@ -51,6 +52,7 @@ class Subscription:
     __slots__ = (
         "batches",
         "connected_at",
+        "decode",
         "decoder",
         "empty_batches",
         "endpoint",
@@ -75,6 +77,8 @@ class Subscription:
         self.endpoint = endpoint
         self.replay_endpoint = replay
         self.decoder: KvEventDecoder | None = None
+        self.decode: Callable[[bytes], IndexBatch] | None = None
+        """``decoder.decode_raw`` when it has one (token ids stay packed for the index)."""
         self.task: asyncio.Task[None] | None = None
         self.last_seq: int | None = None
         self.synced_through: int | None = None
@@ -191,6 +195,7 @@ class KvHub:
             replay = _with_port_offset(kv.replay_endpoint, off) if kv.replay_endpoint else None
             sub = Subscription(record, r, _with_port_offset(kv.endpoint, off), replay)
             sub.decoder = decoder
+            sub.decode = decoder.decode_raw if isinstance(decoder, RawKvEventDecoder) else decoder.decode
             sub.task = asyncio.create_task(self._run(sub), name=f"kv-sub-{record.worker_id}-{r}")
             subs.append(sub)
         self.subs[record.worker_id] = subs
@@ -284,20 +289,19 @@ class KvHub:
     def _apply(self, sub: Subscription, seq: int, payload: bytes) -> None:
         sub.last_seq = seq
         sub.batches += 1
-        decoder = sub.decoder
-        assert decoder is not None
+        decode = sub.decode
+        assert decode is not None
         try:
-            batch = decoder.decode(payload)
+            batch = decode(payload)
+            if not batch.events:
+                sub.empty_batches += 1
+                log.warning("worker %s: KV batch seq %d decoded to no events", sub.record.worker_id, seq)
+                return
+            self.index.apply(self._view(sub, batch), batch, seq)
         except KvDecodeError as exc:
             sub.undecodable += 1
             log.warning("worker %s: undecodable KV batch seq %d: %s", sub.record.worker_id, seq, exc)
             return
-        if not batch.events:
-            sub.empty_batches += 1
-            log.warning("worker %s: KV batch seq %d decoded to no events", sub.record.worker_id, seq)
-            return
-        view = self._view(sub, batch)
-        self.index.apply(view, batch, seq)
         now = time.time()
         sub.last_event_at = now
         if sub.stale_since is not None and now - sub.stale_since >= self.settings.kv_refill_s:
@@ -305,7 +309,7 @@ class KvHub:
             for v in sub.views.values():
                 v.stale = False
 
-    def _view(self, sub: Subscription, batch: KvEventBatch) -> WorkerView:
+    def _view(self, sub: Subscription, batch: IndexBatch) -> WorkerView:
         rec = sub.record
         rank = sub.rank if sub.rank is not None else (batch.dp_rank if rec.dp_size > 1 else rec.dp_rank)
         view = sub.views.get(rank)

@@ -20,8 +20,17 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 
-from infera_core.kv.events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, KvEventBatch
-from infera_core.kv.hashing import prompt_hashes, root_hash
+from infera_core.kv import accel
+from infera_core.kv.decode import tokens_from_packed
+from infera_core.kv.events import (
+    AllBlocksCleared,
+    BlockHash,
+    BlockRemoved,
+    BlockStored,
+    BlockStoredRaw,
+    IndexBatch,
+)
+from infera_core.kv.hashing import root_hash
 
 log = logging.getLogger("infera.kv.index")
 
@@ -204,35 +213,41 @@ class KvIndex:
             view.nblocks[tier] = 0
 
     # -- ingestion --------------------------------------------------------------
-    def apply(self, view: WorkerView, batch: KvEventBatch, seq: int | None = None) -> int:
-        """Apply one decoded batch to ``view``; returns the number of events applied."""
-        n = 0
+    def apply(self, view: WorkerView, batch: IndexBatch, seq: int | None = None) -> int:
+        """Apply one decoded batch to ``view``; returns the number of events applied.
+
+        Raises :class:`~infera_core.kv.events.KvDecodeError` when a stored block's packed
+        ``token_ids`` are not ints (the events before it stay applied).
+        """
+        events = batch.events
+        skipped = 0  # events not applied: removals in skipped groups, unknown kinds
         removed: list[BlockHash] = []
         medium: str | None = None
-        for ev in batch.events:
+        skipped_groups = view.skipped_groups
+        for ev in events:
             if type(ev) is BlockRemoved:
                 # vLLM sends one BlockRemoved per evicted block: batch consecutive ones
-                if ev.group_idx is not None and ev.group_idx in view.skipped_groups:
+                if skipped_groups and ev.group_idx in skipped_groups:
+                    skipped += 1
                     continue
                 if removed and ev.medium != medium:
-                    self._remove(view, BlockRemoved(removed, medium))
+                    self._drop(view, removed, medium)
                     removed = []
                 medium = ev.medium
                 removed += ev.block_hashes
-                n += 1
                 continue
             if removed:
-                self._remove(view, BlockRemoved(removed, medium))
+                self._drop(view, removed, medium)
                 removed = []
-            if type(ev) is BlockStored:
+            if type(ev) is BlockStoredRaw or type(ev) is BlockStored:
                 self._store(view, ev)
             elif type(ev) is AllBlocksCleared:
                 self.clear_view(view)
             else:
-                continue
-            n += 1
+                skipped += 1
         if removed:
-            self._remove(view, BlockRemoved(removed, medium))
+            self._drop(view, removed, medium)
+        n = len(events) - skipped
         view.events_applied += n
         view.last_event_ts = time.time()
         if seq is not None:
@@ -246,7 +261,7 @@ class KvIndex:
             self._enforce_bound()
         return n
 
-    def _store(self, view: WorkerView, ev: BlockStored) -> None:
+    def _store(self, view: WorkerView, ev: BlockStored | BlockStoredRaw) -> None:
         if not indexed_kind(ev.kv_cache_spec_kind):
             if ev.group_idx is not None:
                 view.skipped_groups.add(ev.group_idx)
@@ -277,27 +292,16 @@ class KvIndex:
                         return
             ph = found
         tier, em, dups, masks = self._tier_maps(view, ev.medium)
-        bit = view.bit
+        ops = accel.ops
         toks = ev.token_ids
-        bs = ev.block_size
-        h = ph
-        i = 0
-        n = len(toks)
-        added = 0
-        for eh in ev.block_hashes:
-            j = i + bs
-            if j > n:
-                break  # only full blocks are hashed
-            h = hash((h, *toks[i:j]))
-            i = j
-            if em.setdefault(eh, h) is not h:
-                continue  # this engine block is already mirrored
-            m = masks.get(h, 0)
-            if m & bit:  # same tokens under another engine hash (cache_salt, extra keys…)
-                dups[h] = dups.get(h, 0) + 1
-            else:
-                masks[h] = m | bit
-                added += 1
+        if isinstance(toks, list):
+            hashes = ops.chain_hashes(toks, ev.block_size, ph)
+        else:
+            try:
+                hashes = ops.chain_hashes_msgpack(toks, ev.block_size, ph)
+            except ValueError:  # not plain ints (e.g. EAGLE bigram pairs): the tolerant way
+                hashes = ops.chain_hashes(tokens_from_packed(toks), ev.block_size, ph)
+        added = ops.store_blocks(em, masks, dups, ev.block_hashes, hashes, view.bit)
         view.nblocks[tier] += added
 
     def _tier_maps(
@@ -309,31 +313,11 @@ class KvIndex:
             tier = medium_tier(medium)
         return tier, view.emap[tier], view.dups[tier], self.masks[tier]
 
-    def _remove(self, view: WorkerView, ev: BlockRemoved) -> None:
-        if ev.group_idx is not None and ev.group_idx in view.skipped_groups:
-            return
-        tier, em, dups, masks = self._tier_maps(view, ev.medium)
-        nbit = ~view.bit
-        removed = 0
-        for eh in ev.block_hashes:
-            rh = em.pop(eh, None)
-            if rh is None:
-                view.unknown_removed += 1
-                continue
-            if dups:
-                c = dups.get(rh)
-                if c is not None:  # another engine hash still holds these tokens
-                    if c > 1:
-                        dups[rh] = c - 1
-                    else:
-                        del dups[rh]
-                    continue
-            m = masks[rh] & nbit
-            if m:
-                masks[rh] = m
-            else:
-                del masks[rh]
-            removed += 1
+    def _drop(self, view: WorkerView, block_hashes: list[BlockHash], medium: str | None) -> None:
+        """Forget ``block_hashes`` held on ``medium``'s tier."""
+        tier, em, dups, masks = self._tier_maps(view, medium)
+        removed, unknown = accel.ops.remove_blocks(em, masks, dups, block_hashes, ~view.bit)
+        view.unknown_removed += unknown
         view.nblocks[tier] -= removed
 
     def block_count(self) -> int:
@@ -364,7 +348,7 @@ class KvIndex:
                 victims.append(eh)
             if victims:
                 before = view.block_count()
-                self._remove(view, BlockRemoved(victims, TIER_NAMES[tier].upper()))
+                self._drop(view, victims, TIER_NAMES[tier].upper())
                 removed += before - view.block_count()
             if removed >= count:
                 break
@@ -374,7 +358,7 @@ class KvIndex:
     @staticmethod
     def hash_prompt(token_ids: list[int], block_size: int) -> list[int]:
         """Router hashes of a prompt's full blocks (base model)."""
-        return prompt_hashes(token_ids, block_size)
+        return accel.ops.chain_hashes(token_ids, block_size, root_hash())
 
     def match(
         self,
@@ -455,4 +439,5 @@ class KvIndex:
             "max_blocks": self.max_blocks,
             "evicted_for_memory": self.total_evicted,
             "unique_router_hashes": sum(len(m) for m in self.masks),
+            "hot_loops": accel.ops.name,
         }
