@@ -74,7 +74,10 @@ class LaunchContext:
 
     @property
     def url(self) -> str:
-        return f"http://{self.advertise_host}:{self.port}"
+        host = self.advertise_host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"  # an IPv6 literal
+        return f"http://{host}:{self.port}"
 
     @property
     def served_path(self) -> str:

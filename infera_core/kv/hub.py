@@ -229,6 +229,7 @@ class KvHub:
         kv = sub.record.kv_events
         assert kv is not None
         sock = self._ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.IPV6, 1)  # tcp://[v6]:port endpoints; IPv4 ones work as before
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.settings.kv_reconnect_max_s * 1000))
@@ -350,6 +351,7 @@ class KvHub:
     async def _replay(self, sub: Subscription, start: int, until: int) -> list[tuple[int, bytes]] | None:
         assert self._ctx is not None and sub.replay_endpoint is not None
         sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IPV6, 1)
         sock.setsockopt(zmq.LINGER, 0)
         out: list[tuple[int, bytes]] = []
         deadline = time.monotonic() + self.settings.kv_replay_timeout_s

@@ -21,7 +21,12 @@ from infera_core.testing.net import free_port
 from infera_core.worker import Role
 
 
-def _ctx(role: Role = Role.MIXED, engine_args: list[str] | None = None, **options: Any) -> LaunchContext:
+def _ctx(
+    role: Role = Role.MIXED,
+    engine_args: list[str] | None = None,
+    advertise: str = "127.0.0.1",
+    **options: Any,
+) -> LaunchContext:
     return LaunchContext(
         worker_id="w-1",
         model="m",
@@ -29,11 +34,19 @@ def _ctx(role: Role = Role.MIXED, engine_args: list[str] | None = None, **option
         role=role,
         host="127.0.0.1",
         port=8123,
-        advertise_host="127.0.0.1",
+        advertise_host=advertise,
         engine_args=engine_args or [],
         options=options,
         free_port=free_port,
     )
+
+
+def test_an_ipv6_advertise_host_is_bracketed_in_every_url() -> None:
+    ctx = _ctx(advertise="fd00::7")
+    assert ctx.url == "http://[fd00::7]:8123"
+    kv = SimAdapter().record_fields(ctx).kv_events
+    assert kv is not None and kv.endpoint.startswith("tcp://[fd00::7]:")
+    assert kv.replay_endpoint is None or kv.replay_endpoint.startswith("tcp://[fd00::7]:")
 
 
 def test_argv_and_record_agree() -> None:

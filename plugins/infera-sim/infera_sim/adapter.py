@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import httpx
 
 from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields
+from infera_core.engine_support import bracket_host
 from infera_core.errors import EngineError
 from infera_core.worker import KvEventsInfo, PdInfo
 from infera_sim import __version__
@@ -105,7 +106,7 @@ class SimAdapter:
 
     def record_fields(self, ctx: LaunchContext) -> RecordFields:
         cfg = self.effective_config(ctx)
-        host = ctx.advertise_host
+        host = bracket_host(ctx.advertise_host)
         kv_events = KvEventsInfo(
             endpoint=f"tcp://{host}:{cfg.kv_events_port}",
             format="vllm",
