@@ -5,15 +5,18 @@ their own process) serve non-streaming JSON and 64-chunk SSE streams. The same
 closed-loop load (aiohttp client, uvloop, concurrency 1/16/64) goes
 
 * direct to the upstreams (round robin in the client),
-* through ``infera-run serve`` (static fleet, ``--router-policy round-robin``),
+* through ``infera-run serve`` (static fleet, ``--router-policy round-robin``), once per
+  ``--upstream-transport`` (``infera`` = native, ``infera-aiohttp`` = aiohttp; ``--transports``),
 * through ``sglang-router`` (``python -m sglang_router.launch_router --policy round_robin``),
   when it is installed (``uv pip install sglang-router``).
 
 Reported per case: requests/s, p50/p99 latency, latency added over direct, and the
 router's CPU per request (utime+stime of the router process and its children from
-``/proc``, delta over the run / requests).
+``/proc``, delta over the run / requests), and per case each Infera variant's CPU per
+request over sglang-router's.
 
     .venv/bin/python bench/proxy_overhead.py [--requests 2000] [--concurrency 1,16,64] [--router-nice -10]
+        [--transports native,aiohttp] [--skip-sglang]
 
 On a shared machine, latency at low concurrency is dominated by how soon the router
 process gets a core after each wake-up; ``--router-nice`` gives both routers the same
@@ -221,15 +224,30 @@ def table(rows: list[Row]) -> str:
             f"| {r.target} | {r.mode} | {r.concurrency} | {r.result.rps:.0f}{err} | {r.result.p50 * 1e3:.2f} | "
             f"{r.result.p99 * 1e3:.2f} | {add50} | {add99} | {cpu} |"
         )
-    routers = {r.target for r in rows} - {"direct"}
-    if {"infera", "sglang-router"} <= routers:
-        inf = [r.cpu_us for r in rows if r.target == "infera" and r.cpu_us]
-        sgl = [r.cpu_us for r in rows if r.target == "sglang-router" and r.cpu_us]
-        if inf and sgl:
-            ratio = statistics.mean(inf) / statistics.mean(sgl)
-            out.append("")
-            out.append(f"Infera / sglang-router CPU per request (mean over cases): {ratio:.2f}×")
+    out.extend(cpu_ratios(rows))
     return "\n".join(out)
+
+
+def cpu_ratios(rows: list[Row]) -> list[str]:
+    """Per case: each Infera variant's router CPU per request over sglang-router's."""
+    sgl = {(r.mode, r.concurrency): r.cpu_us for r in rows if r.target == "sglang-router" and r.cpu_us}
+    variants = sorted({r.target for r in rows if r.target.startswith("infera")})
+    if not sgl or not variants:
+        return []
+    cases = list(sgl)
+    out = [
+        "",
+        "| CPU µs/req vs sglang-router | " + " | ".join(f"{m} c{c}" for m, c in cases) + " |",
+        "|---|" + "---:|" * len(cases),
+    ]
+    for v in variants:
+        mine = {(r.mode, r.concurrency): r.cpu_us for r in rows if r.target == v}
+        cells = []
+        for case in cases:
+            m, s = mine.get(case), sgl[case]
+            cells.append(f"{m:.0f} / {s:.0f} = {m / s:.2f}×" if m and s else "-")
+        out.append(f"| {v} | " + " | ".join(cells) + " |")
+    return out
 
 
 def main() -> None:
@@ -237,6 +255,11 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2000, help="requests per case (streams: half)")
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--skip-sglang", action="store_true")
+    ap.add_argument(
+        "--transports",
+        default="native,aiohttp",
+        help="Infera's --upstream-transport values to measure, in order (comma list)",
+    )
     ap.add_argument(
         "--router-nice",
         type=int,
@@ -268,21 +291,25 @@ def main() -> None:
             {"worker_id": f"up{i}", "url": u, "model": MODEL, "engine": "fake"} for i, u in enumerate(up_urls)
         ]
         fleet.write_text(yaml.safe_dump({"workers": workers}))
-        port = free_port()
-        argv = [
-            *nice,
-            str(Path(py).with_name("infera-run")),
-            "--log-level",
-            "warning",
-            "serve",
-            "--port",
-            str(port),
-        ]
-        argv += ["--discovery", "static", "--static-file", str(fleet), "--router-policy", "round-robin"]
-        with process(argv, f"http://127.0.0.1:{port}/health") as proc:
-            print("infera", file=sys.stderr)
-            url = f"http://127.0.0.1:{port}/v1/chat/completions"
-            measure("infera", [url], proc.pid, concurrencies, args.requests, rows)
+        for transport in args.transports.split(","):
+            target = "infera" if transport == "native" else f"infera-{transport}"
+            port = free_port()
+            argv = [
+                *nice,
+                str(Path(py).with_name("infera-run")),
+                "--log-level",
+                "warning",
+                "serve",
+                "--port",
+                str(port),
+                "--upstream-transport",
+                transport,
+            ]
+            argv += ["--discovery", "static", "--static-file", str(fleet), "--router-policy", "round-robin"]
+            with process(argv, f"http://127.0.0.1:{port}/health") as proc:
+                print(target, file=sys.stderr)
+                url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                measure(target, [url], proc.pid, concurrencies, args.requests, rows)
 
         if not args.skip_sglang and importlib.util.find_spec("sglang_router") is not None:
             port = free_port()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 _DATA = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok "}}]}\n\n'
@@ -168,3 +168,63 @@ async def fake_upstreams(n: int, model: str = "fake-model") -> AsyncIterator[lis
     finally:
         for u in ups:
             await u.stop()
+
+
+# what the scripted server answers: bytes, or None to close the connection without a byte
+Answer = Callable[[int, int], bytes | None]
+
+
+class ScriptedUpstream:
+    """A raw HTTP/1.1 server on loopback for transport edge cases: ``answer(connection_no,
+    request_no_on_that_connection)`` returns the reply bytes, or None to close the connection
+    without a byte; ``close_after_reply`` closes after every reply. ``async with`` starts it."""
+
+    def __init__(self, answer: Answer, close_after_reply: bool = False) -> None:
+        self.answer = answer
+        self.close_after_reply = close_after_reply
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.connections = 0
+        self.requests = 0
+        self.bodies: list[bytes] = []
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn_no = self.connections
+        self.connections += 1
+        self.writers.add(writer)
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            for req_no in range(1_000_000):
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                self.bodies.append(await reader.readexactly(length))
+                self.requests += 1
+                reply = self.answer(conn_no, req_no)
+                if reply is None:
+                    break
+                writer.write(reply)
+                await writer.drain()
+                if self.close_after_reply:
+                    break
+        writer.close()
+        self.writers.discard(writer)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> ScriptedUpstream:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for w in list(self.writers):
+            w.close()
+        await asyncio.sleep(0.01)

@@ -1,0 +1,131 @@
+"""The router end to end with each ``--upstream-transport``: same behaviour from both."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from infera_core.testing.fixtures import make_hooks
+from infera_core.testing.server import RunningServer, serving, settings_for, until
+from infera_core.testing.upstream import FakeUpstream, ScriptedUpstream, fake_upstreams, record_for
+from infera_core.worker import WorkerRecord
+
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture(params=["native", "aiohttp"])
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def ups() -> AsyncIterator[list[FakeUpstream]]:
+    async with fake_upstreams(2) as out:
+        yield out
+
+
+@pytest.fixture
+async def srv(transport: str, ups: list[FakeUpstream]) -> AsyncIterator[RunningServer]:
+    async with serving(settings_for(upstream_transport=transport), make_hooks()) as s:
+        for u in ups:
+            s.store.put(record_for(u))
+        await s.wait_workers(2)
+        yield s
+
+
+def _idle(srv: RunningServer) -> bool:
+    return not sum(ep.in_flight for ep in srv.core.table.by_id.values())
+
+
+async def test_json_and_stream_pass_through(srv: RunningServer, ups: list[FakeUpstream]) -> None:
+    async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+        for _ in range(4):
+            r = await c.post("/v1/chat/completions", json=CHAT)
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "hi"
+        async with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+            lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+    assert len(lines) == 65 and lines[-1] == "data: [DONE]"
+    assert [len(u.connections) for u in ups] == [1, 1]  # keep-alive: one connection per worker
+    assert _idle(srv)
+
+
+async def test_a_worker_dying_before_the_first_byte_is_retried_elsewhere(
+    srv: RunningServer, ups: list[FakeUpstream]
+) -> None:
+    async with ScriptedUpstream(lambda conn, req: None) as dying:
+        srv.store.put(WorkerRecord(worker_id="dying", url=dying.url, model="fake-model", engine="fake"))
+        await srv.wait_workers(3)
+        async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+            workers = [(await c.post("/v1/chat/completions", json=CHAT)).json()["worker"] for _ in range(6)]
+            text = (await c.get("/metrics")).text
+    assert dying.requests >= 1  # it was picked, took the request, and closed without a byte
+    assert set(workers) <= {"w0", "w1"} and len(workers) == 6
+    assert 'infera_retries_total{model="fake-model"}' in text
+    assert _idle(srv)
+
+
+async def test_midstream_death_ends_the_stream_with_an_error_and_is_not_retried(
+    srv: RunningServer, ups: list[FakeUpstream]
+) -> None:
+    for u in ups:
+        u.die_after_chunks = 5
+    async with (
+        httpx.AsyncClient(base_url=srv.url, timeout=10) as c,
+        c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r,
+    ):
+        lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+    assert len(lines) == 6
+    assert json.loads(lines[-1][6:])["error"]["code"] == "upstream_stream_error"
+    assert sum(u.requests for u in ups) == 1
+    await until(lambda: _idle(srv))
+
+
+async def test_client_disconnect_closes_the_upstream_connection(
+    srv: RunningServer, ups: list[FakeUpstream]
+) -> None:
+    for u in ups:
+        u.chunk_delay = 0.05
+    async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+        async with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+            async for _ in r.aiter_bytes():
+                break
+        await until(lambda: _idle(srv) and not any(u.connections for u in ups))
+        # and the router still serves the next request (a fresh upstream connection)
+        for u in ups:
+            u.chunk_delay = 0.0
+        r = await c.post("/v1/chat/completions", json=CHAT)
+        assert r.status_code == 200
+
+
+async def test_client_disconnect_while_waiting_for_the_first_byte(
+    srv: RunningServer, ups: list[FakeUpstream]
+) -> None:
+    for u in ups:
+        u.delay = 5.0
+    async with httpx.AsyncClient(base_url=srv.url, timeout=0.3) as c:
+        with pytest.raises(httpx.ReadTimeout):
+            await c.post("/v1/chat/completions", json=CHAT)
+    await until(lambda: _idle(srv) and not any(u.connections for u in ups))
+    assert sum(u.requests for u in ups) == 1  # cancelled, not retried
+
+
+async def test_the_idle_timeout_applies_after_the_headers(transport: str, ups: list[FakeUpstream]) -> None:
+    settings = settings_for(upstream_transport=transport, stream_idle_timeout=0.3, first_byte_timeout=10)
+    for u in ups:
+        u.chunk_delay = 2.0
+    async with serving(settings, make_hooks()) as s:
+        for u in ups:
+            s.store.put(record_for(u))
+        await s.wait_workers(2)
+        async with (
+            httpx.AsyncClient(base_url=s.url, timeout=10) as c,
+            c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r,
+        ):
+            assert r.status_code == 200
+            lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+        assert len(lines) == 1 and '"error"' in lines[0]
+        await asyncio.wait_for(until(lambda: _idle(s)), 5)
