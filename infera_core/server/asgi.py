@@ -13,6 +13,11 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
+ON_DISCONNECT = "infera.on_disconnect"
+"""Scope key a server sets (to None) when it calls ``scope[ON_DISCONNECT]()`` on a client
+disconnect before the response completed (``server.run``'s protocol does); without it the
+endpoint watches ``receive()`` for ``http.disconnect`` in a task of its own."""
+
 JSON_CT = (b"content-type", b"application/json")
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 

@@ -13,7 +13,7 @@ import asyncio
 import time
 
 from infera_core.scheduling.types import Endpoint, RequestContext
-from infera_core.server.asgi import ClientGone, Receive, Scope, Send, read_body, send_error
+from infera_core.server.asgi import ON_DISCONNECT, ClientGone, Receive, Scope, Send, read_body, send_error
 from infera_core.server.core import RouterCore, watch_disconnect
 from infera_core.server.errors import ApiError
 from infera_core.server.transport import UpstreamResponse
@@ -53,7 +53,10 @@ class ProxyEndpoint:
             model = ctx.model
             task = asyncio.current_task()
             assert task is not None
-            watcher = asyncio.ensure_future(watch_disconnect(receive, task, gone))
+            if ON_DISCONNECT in scope:
+                scope[ON_DISCONNECT] = _Canceller(task, gone)
+            else:
+                watcher = asyncio.ensure_future(watch_disconnect(receive, task, gone))
             ep, resp = await core.dispatch(ctx, path, upstream_body)
             status = resp.status
             ok = False
@@ -79,4 +82,20 @@ class ProxyEndpoint:
         finally:
             if watcher is not None and not watcher.done():
                 watcher.cancel()
+            scope[ON_DISCONNECT] = None
             core.metrics.request_done(self.route, model, status, time.perf_counter() - t0)
+
+
+class _Canceller:
+    """Called by the server when the client goes away: cancel the request's task."""
+
+    __slots__ = ("gone", "task")
+
+    def __init__(self, task: asyncio.Task[object], gone: list[bool]) -> None:
+        self.task = task
+        self.gone = gone
+
+    def __call__(self) -> None:
+        if not self.task.done():
+            self.gone.append(True)
+            self.task.cancel()
