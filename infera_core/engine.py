@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
-
-import httpx
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from infera_core.worker import KvEventsInfo, PdInfo, Role
+
+if TYPE_CHECKING:  # httpx costs ~0.4 s to import: only the launcher's probes need it
+    import httpx
 
 
 @dataclass(frozen=True, slots=True)

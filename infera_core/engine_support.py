@@ -20,11 +20,13 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import httpx
+from typing import TYPE_CHECKING
 
 from infera_core.engine import LaunchContext
 from infera_core.errors import EngineError
+
+if TYPE_CHECKING:  # imported where used: plugins load this module at every CLI start
+    import httpx
 
 ENGINE_PYTHON_ENV = "INFERA_ENGINE_PYTHON"
 
@@ -191,6 +193,8 @@ def reject_managed_flags(engine_args: Iterable[str], managed: dict[str, str]) ->
 
 async def http_ok(client: httpx.AsyncClient, url: str) -> bool:
     """True when ``GET url`` answers 200."""
+    import httpx
+
     try:
         response = await client.get(url)
     except httpx.HTTPError:
@@ -225,6 +229,8 @@ def metrics_sum(text: str, names: Sequence[str]) -> float | None:
 
 async def metrics_in_flight(client: httpx.AsyncClient, base_url: str, names: Sequence[str]) -> int | None:
     """Running + waiting requests from the engine's ``/metrics`` (None when unknown)."""
+    import httpx
+
     try:
         response = await client.get(f"{base_url}/metrics")
     except httpx.HTTPError:

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields
 from infera_core.engine_support import free_ports, http_ok, locate_engine, reject_managed_flags
 from infera_core.errors import EngineError
 from infera_core.worker import PdInfo, Role
+
+if TYPE_CHECKING:  # httpx is slow to import; the launcher passes the client in
+    import httpx
 
 SERVER_MODULE = "atom.entrypoints.openai_server"
 REQUIRED_DISCOVERY = "etcd"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-
-import httpx
+from typing import TYPE_CHECKING
 
 from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields
 from infera_core.engine_support import bracket_host
@@ -15,6 +14,9 @@ from infera_sim import __version__
 from infera_sim.config import KV_LAYOUTS, PD_PROTOCOLS, SimConfig, build_parser
 from infera_sim.metrics import parse_gauges
 from infera_sim.tokenizer import make_tokenizer
+
+if TYPE_CHECKING:  # httpx is slow to import; the launcher passes the client in
+    import httpx
 
 _INFLIGHT = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
@@ -131,12 +133,16 @@ class SimAdapter:
         )
 
     async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
+        import httpx
+
         try:
             return (await client.get(base_url + "/health", timeout=2.0)).status_code == 200
         except httpx.HTTPError:
             return False
 
     async def in_flight(self, client: httpx.AsyncClient, base_url: str) -> int | None:
+        import httpx
+
         try:
             resp = await client.get(base_url + "/metrics", timeout=2.0)
         except httpx.HTTPError:

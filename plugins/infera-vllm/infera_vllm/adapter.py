@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields
 from infera_core.engine_support import (
@@ -27,6 +25,9 @@ from infera_core.engine_support import (
 )
 from infera_core.errors import EngineError
 from infera_core.worker import KvEventsInfo, PdInfo, Role
+
+if TYPE_CHECKING:  # httpx is slow to import; the launcher passes the client in
+    import httpx
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 KV_TOPIC = "kv-events"
