@@ -1,6 +1,7 @@
 """Prometheus metrics of one server (a private ``CollectorRegistry`` per app).
 
-Per-request series use cached label children (``labels()`` is slow); per-worker
+Per-request series are lean (:mod:`infera_core.server.series`: no lock, no label lookup
+through ``prometheus_client`` per request); per-worker
 gauges (in-flight, picks, breaker state) are read from the endpoint table at scrape
 time, so the hot path never touches them.
 """
@@ -10,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from infera_core.scheduling.types import Endpoint
+from infera_core.server.series import LeanCollector, LeanCounter, LeanHistogram
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -49,76 +51,70 @@ class _FleetCollector(Collector):
 
 
 class ServerMetrics:
-    """All series of one server. Hot-path methods take plain values."""
+    """All series of one server. Hot-path methods take plain values; the per-request
+    series are :mod:`infera_core.server.series` (plain numbers, exported at scrape time)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter(
-            "infera_requests", "Requests by route, model and status", ["route", "model", "status"], registry=r
+        self.requests = LeanCounter(
+            "infera_requests", "Requests by route, model and status", ["route", "model", "status"]
         )
-        self.ttft = Histogram(
+        self.ttft = LeanHistogram(
             "infera_time_to_first_token_seconds",
             "Time to the first streamed chunk, at the router",
             ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            LATENCY_BUCKETS,
         )
-        self.itl = Histogram(
+        self.itl = LeanHistogram(
             "infera_inter_token_latency_seconds",
             "Mean gap between streamed chunks of one request, at the router",
             ["model"],
-            buckets=ITL_BUCKETS,
-            registry=r,
+            ITL_BUCKETS,
         )
-        self.e2e = Histogram(
+        self.e2e = LeanHistogram(
             "infera_request_duration_seconds",
             "End-to-end request latency (streams: until the last byte)",
             ["route", "model"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            LATENCY_BUCKETS,
         )
-        self.tokens = Counter("infera_tokens", "Tokens from usage reports", ["model", "kind"], registry=r)
-        self.retries = Counter("infera_retries", "Requests retried on another worker", ["model"], registry=r)
-        self.decision = Histogram(
+        self.tokens = LeanCounter("infera_tokens", "Tokens from usage reports", ["model", "kind"])
+        self.retries = LeanCounter("infera_retries", "Requests retried on another worker", ["model"])
+        self.decision = LeanHistogram(
             "infera_routing_decision_seconds",
             "Time to choose a worker, per policy",
             ["policy"],
-            buckets=DECISION_BUCKETS,
-            registry=r,
+            DECISION_BUCKETS,
+        )
+        r.register(
+            LeanCollector(
+                [self.requests, self.ttft, self.itl, self.e2e, self.tokens, self.retries, self.decision]
+            )
         )
         self.breaker_opened = Counter("infera_breaker_opened", "Circuit breakers opened", registry=r)
-        self._cache: dict[tuple[Any, ...], Any] = {}
 
     def watch_fleet(
         self, endpoints: Callable[[], Iterable[Endpoint]], breaker_state: Callable[[Endpoint], str]
     ) -> None:
         self.registry.register(_FleetCollector(endpoints, breaker_state))
 
-    def _child(self, metric: Any, *labels: str) -> Any:
-        key = (id(metric), *labels)
-        child = self._cache.get(key)
-        if child is None:
-            child = self._cache[key] = metric.labels(*labels)
-        return child
-
     def request_done(self, route: str, model: str, status: int, seconds: float) -> None:
-        self._child(self.requests, route, model, str(status)).inc()
-        self._child(self.e2e, route, model).observe(seconds)
+        self.requests.child((route, model, str(status))).value += 1.0
+        self.e2e.child((route, model)).observe(seconds)
 
     def stream_timing(self, model: str, ttft: float, mean_itl: float | None) -> None:
-        self._child(self.ttft, model).observe(ttft)
+        self.ttft.child((model,)).observe(ttft)
         if mean_itl is not None:
-            self._child(self.itl, model).observe(mean_itl)
+            self.itl.child((model,)).observe(mean_itl)
 
     def usage(self, model: str, prompt: int, completion: int) -> None:
         if prompt:
-            self._child(self.tokens, model, "prompt").inc(prompt)
+            self.tokens.child((model, "prompt")).value += prompt
         if completion:
-            self._child(self.tokens, model, "completion").inc(completion)
+            self.tokens.child((model, "completion")).value += completion
 
     def retried(self, model: str) -> None:
-        self._child(self.retries, model).inc()
+        self.retries.child((model,)).value += 1.0
 
     def decided(self, policy: str, seconds: float) -> None:
-        self._child(self.decision, policy).observe(seconds)
+        self.decision.child((policy,)).observe(seconds)
