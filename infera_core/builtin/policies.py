@@ -48,17 +48,11 @@ class HealthFilter(Filter):
         self._clock = clock if callable(clock) else time.monotonic
 
     def filter(self, ctx: RequestContext, candidates: list[Endpoint]) -> list[Endpoint]:
-        now = -1.0
-        out: list[Endpoint] = []
-        for ep in candidates:
-            if ep.record.status is not Status.ACTIVE:
-                continue
-            if ep.breaker_open:
-                if now < 0:
-                    now = self._clock()
-                if now < ep.breaker_retry_at:
-                    continue
-            out.append(ep)
+        active = Status.ACTIVE
+        out = [ep for ep in candidates if ep.record.status is active]
+        if any(ep.breaker_open for ep in out):
+            now = self._clock()
+            out = [ep for ep in out if not ep.breaker_open or now >= ep.breaker_retry_at]
         return out
 
 

@@ -181,6 +181,11 @@ class KvIndex:
     def view(self, worker_id: str, dp_rank: int | None = None) -> WorkerView | None:
         return self._views.get((worker_id, dp_rank))
 
+    @property
+    def views_by_key(self) -> dict[ViewKey, WorkerView]:
+        """``(worker_id, dp_rank)`` → view, read-only (scorers look many up per request)."""
+        return self._views
+
     def views(self) -> list[WorkerView]:
         return list(self._views.values())
 
@@ -401,11 +406,12 @@ class KvIndex:
             else:
                 m = gm & alive
             if m != alive:
-                dropped = alive & ~m
-                while dropped:
-                    b = dropped & -dropped
-                    depth_of[b] = depth
-                    dropped ^= b
+                if depth:  # views dropped at depth 0 keep the default 0: no per-view work
+                    dropped = alive & ~m
+                    while dropped:
+                        b = dropped & -dropped
+                        depth_of[b] = depth
+                        dropped ^= b
                 alive = m
                 if not alive:
                     break
@@ -414,8 +420,11 @@ class KvIndex:
             b = alive & -alive
             depth_of[b] = depth
             alive ^= b
-        for b, i in bit_index.items():
-            out[i] = depth_of.get(b, 0) * w[0] - credit.get(b, 0.0)
+        w0 = w[0]
+        for b, d in depth_of.items():
+            out[bit_index[b]] = d * w0
+        for b, c in credit.items():
+            out[bit_index[b]] -= c
         return out
 
     @staticmethod

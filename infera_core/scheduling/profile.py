@@ -55,14 +55,19 @@ class Profile:
         scores: list[float]
         if not self.scorers:
             scores = []
-        elif len(self.scorers) == 1:
-            w = self.weights[0]
-            scores = [_clamp(s) * w for s in self.scorers[0].score(ctx, candidates)]
         else:
-            scores = [0.0] * len(candidates)
-            for scorer, w in zip(self.scorers, self.weights, strict=True):
-                for i, s in enumerate(scorer.score(ctx, candidates)):
-                    scores[i] += _clamp(s) * w
+            # weighted sum of clamped scores, inlined: this runs per candidate per request
+            scorers, weights = self.scorers, self.weights
+            w = weights[0]
+            scores = [
+                (0.0 if s < 0.0 else w if s > 1.0 else s * w) for s in scorers[0].score(ctx, candidates)
+            ]
+            for k in range(1, len(scorers)):
+                w = weights[k]
+                scores = [
+                    a + (0.0 if s < 0.0 else w if s > 1.0 else s * w)
+                    for a, s in zip(scores, scorers[k].score(ctx, candidates), strict=True)
+                ]
         chosen = self.picker.pick(ctx, candidates, scores)
         for scorer in self.scorers:
             scorer.on_routed(ctx, chosen)
@@ -71,10 +76,6 @@ class Profile:
     def finished(self, ctx: RequestContext, endpoint: Endpoint, ok: bool) -> None:
         for scorer in self.scorers:
             scorer.on_finished(ctx, endpoint, ok)
-
-
-def _clamp(x: float) -> float:
-    return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
 
 
 def _build(

@@ -64,6 +64,11 @@ class DispatchClock:
         age = self.n - ep.recent_dispatch_ts
         return ep.recent_dispatch * self.factor**age if age else ep.recent_dispatch
 
+    def recent_all(self, endpoints: Sequence[Endpoint]) -> list[float]:
+        """:meth:`recent` of each endpoint (one pass; the scorer and the guard call it per request)."""
+        n, f = self.n, self.factor
+        return [ep.recent_dispatch * f ** (n - ep.recent_dispatch_ts) for ep in endpoints]
+
     def dispatched(self, ep: Endpoint) -> None:
         ep.recent_dispatch = self.recent(ep) + 1.0
         self.n += 1
@@ -111,13 +116,15 @@ class KvOverlapScorer(Scorer):
         if index is None or not ctx.token_ids:
             return out
         untrusted = index.untrusted
+        views = index.views_by_key
         groups: dict[int, list[tuple[int, Any]]] = {}
         for i, ep in enumerate(candidates):
-            if ep.worker_id in untrusted:
-                continue
-            view = index.view(ep.worker_id, ep.dp_rank)
-            if view is not None:
-                groups.setdefault(view.block_size, []).append((i, view))
+            view = views.get((ep.worker_id, ep.dp_rank))
+            if view is not None and (not untrusted or ep.worker_id not in untrusted):
+                members = groups.get(view.block_size)
+                if members is None:
+                    members = groups[view.block_size] = []
+                members.append((i, view))
         for bs, members in groups.items():
             hashes = ctx.cached_block_hashes(bs, index.hash_prompt)
             if not hashes:
@@ -205,8 +212,7 @@ class RecentDispatchScorer(Scorer):
         self.clock = clock
 
     def score(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
-        recent = self.clock.recent
-        return _relative_inverse([recent(ep) for ep in candidates])
+        return _relative_inverse(self.clock.recent_all(candidates))
 
     def on_routed(self, ctx: RequestContext, endpoint: Endpoint) -> None:
         self.clock.dispatched(endpoint)
@@ -238,8 +244,9 @@ class ImbalanceGuard(Filter):
     def filter(self, ctx: RequestContext, candidates: list[Endpoint]) -> list[Endpoint]:
         if len(candidates) < 2:
             return candidates
-        recent = self.clock.recent
-        pressure = [ep.in_flight + recent(ep) for ep in candidates]
+        pressure = [
+            ep.in_flight + r for ep, r in zip(candidates, self.clock.recent_all(candidates), strict=True)
+        ]
         bar = min(self.factor * (sum(pressure) / len(pressure)) + self.slack, min(pressure) + self.gap)
         kept = [ep for ep, p in zip(candidates, pressure, strict=True) if p <= bar]
         return kept or candidates
