@@ -31,16 +31,15 @@ _ONE_WRITE_MAX = 64 * 1024
 class _Target:
     """Where one (worker URL, path) goes: the pool key, the address and the request head."""
 
-    __slots__ = ("head", "host", "key", "port", "server_hostname", "ssl")
+    __slots__ = ("head", "host", "key", "port", "server_hostname", "tls")
 
     def __init__(self, url: str, path: str) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"unsupported worker URL {url!r} (expected http:// or https://)")
-        tls = parts.scheme == "https"
+        tls = self.tls = parts.scheme == "https"
         self.host = parts.hostname
         self.port = parts.port or (443 if tls else 80)
-        self.ssl: ssl.SSLContext | None = ssl.create_default_context() if tls else None
         self.server_hostname = self.host if tls else None
         self.key = f"{parts.scheme}://{parts.netloc}"
         netloc = parts.netloc.rpartition("@")[2]
@@ -79,6 +78,7 @@ class NativeUpstream:
         self._connecting = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._ssl: ssl.SSLContext | None = None
 
     @property
     def open_connections(self) -> int:
@@ -165,6 +165,8 @@ class NativeUpstream:
         conn = Http1Connection(
             loop, functools.partial(self._put_back, key), functools.partial(self._lost, key)
         )
+        if target.tls and self._ssl is None:
+            self._ssl = ssl.create_default_context()
         self._connecting += 1
         try:
             async with asyncio.timeout(self.connect_timeout):
@@ -172,7 +174,7 @@ class NativeUpstream:
                     lambda: conn,
                     target.host,
                     target.port,
-                    ssl=target.ssl,
+                    ssl=self._ssl if target.tls else None,
                     server_hostname=target.server_hostname,
                 )
         except TimeoutError:
