@@ -8,7 +8,10 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+import uvicorn
 
+from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
+from infera_core.server.app import create_app
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import RunningServer, serving, settings_for, until
 from infera_core.testing.upstream import FakeUpstream, ScriptedUpstream, fake_upstreams, record_for
@@ -129,3 +132,37 @@ async def test_the_idle_timeout_applies_after_the_headers(transport: str, ups: l
             lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
         assert len(lines) == 1 and '"error"' in lines[0]
         await asyncio.wait_for(until(lambda: _idle(s)), 5)
+
+
+async def test_disconnect_cancels_upstream_under_a_plain_uvicorn_protocol(ups: list[FakeUpstream]) -> None:
+    """Without Infera's protocol (no disconnect callback in the scope) the endpoint
+    watches ``receive()`` itself: a client going away still closes the upstream request."""
+    settings = settings_for()
+    store = MemoryStore()
+    app = create_app(settings, make_hooks(), discovery=MemoryDiscovery(store), start_discovery=True)
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, http="httptools", loop="none", log_level="error"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.ensure_future(server.serve())
+    try:
+        await until(lambda: server.started, within=10)
+        for u in ups:
+            store.put(record_for(u))
+            u.chunk_delay = 0.05
+        core = app.state.core
+        await until(lambda: len(core.table.by_id) == 2)
+        url = f"http://{settings.host}:{settings.port}/v1/chat/completions"
+        async with httpx.AsyncClient(timeout=10) as c:
+            async with c.stream("POST", url, json={**CHAT, "stream": True}) as r:
+                async for _ in r.aiter_bytes():
+                    break
+            await until(
+                lambda: (
+                    not sum(ep.in_flight for ep in core.table.by_id.values())
+                    and not any(u.connections for u in ups)
+                )
+            )
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
