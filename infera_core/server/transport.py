@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import aiohttp
 
@@ -100,20 +100,15 @@ def make_upstream(
     idle_timeout: float,
     max_connections: int,
 ) -> Upstream:
+    cls: type[Any]
     if kind == "aiohttp":
-        from infera_core.server.upstream_aiohttp import AiohttpUpstream
-
-        return AiohttpUpstream(
-            connect_timeout=connect_timeout,
-            first_byte_timeout=first_byte_timeout,
-            idle_timeout=idle_timeout,
-            max_connections=max_connections,
-        )
-    from infera_core.server.upstream_native import NativeUpstream
-
-    return NativeUpstream(
+        from infera_core.server.upstream_aiohttp import AiohttpUpstream as cls
+    else:
+        from infera_core.server.upstream_native import NativeUpstream as cls
+    upstream: Upstream = cls(
         connect_timeout=connect_timeout,
         first_byte_timeout=first_byte_timeout,
         idle_timeout=idle_timeout,
         max_connections=max_connections,
     )
+    return upstream
