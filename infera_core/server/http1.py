@@ -236,7 +236,7 @@ class Http1Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def abandon(self) -> None:
-        """The response was released: reuse the connection if its message is complete."""
+        """The response was released before its end: the connection cannot be reused."""
         if self.resp is not None:
             self.resp = None
             self.abort()
