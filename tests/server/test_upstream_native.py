@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -143,6 +144,30 @@ async def test_nothing_listening_is_an_upstream_error() -> None:
         with pytest.raises(UpstreamError) as info:
             await client.open(endpoint(f"http://127.0.0.1:{free_port()}"), "/v1/completions", JSON)
     assert not info.value.timeout
+
+
+async def test_connect_timeout_when_the_worker_accepts_nothing() -> None:
+    # a listener whose accept queue is full: the kernel drops further SYNs, connect hangs
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    port = srv.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(4):
+            s = socket.socket()
+            s.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                s.connect(("127.0.0.1", port))
+            fillers.append(s)
+        async with native(connect_timeout=0.3) as client:
+            with pytest.raises(UpstreamError) as info:
+                await client.open(endpoint(f"http://127.0.0.1:{port}"), "/v1/completions", JSON)
+            assert client.open_connections == 0
+    finally:
+        for s in [*fillers, srv]:
+            s.close()
+    assert info.value.timeout and "could not connect" in info.value.reason
 
 
 async def test_first_byte_timeout(ups: list[FakeUpstream]) -> None:
