@@ -11,11 +11,12 @@ replaced by a fresh one once; every other failure before the response headers is
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
 import ssl
 from collections import deque
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.http1 import Http1Connection, Http1Response, UpstreamClosed
@@ -44,7 +45,11 @@ class _Target:
         self.key = f"{parts.scheme}://{parts.netloc}"
         netloc = parts.netloc.rpartition("@")[2]
         target = parts.path.rstrip("/") + path
-        self.head = f"POST {target} HTTP/1.1\r\nHost: {netloc}\r\n".encode("latin-1")
+        auth = ""
+        if parts.username is not None:  # http://user:pass@host: basic auth, as aiohttp does
+            cred = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+            auth = f"Authorization: Basic {base64.b64encode(cred).decode()}\r\n"
+        self.head = f"POST {target} HTTP/1.1\r\nHost: {netloc}\r\n{auth}".encode("latin-1")
 
 
 def _header_block(headers: dict[str, str], length: int) -> bytes:

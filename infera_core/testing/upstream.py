@@ -186,6 +186,8 @@ class ScriptedUpstream:
         self.connections = 0
         self.requests = 0
         self.bodies: list[bytes] = []
+        self.heads: list[bytes] = []
+        """Each request's request line and headers, as received."""
         self.server: asyncio.Server | None = None
         self.port = 0
 
@@ -196,6 +198,7 @@ class ScriptedUpstream:
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
             for req_no in range(1_000_000):
                 head = await reader.readuntil(b"\r\n\r\n")
+                self.heads.append(head)
                 length = next(
                     int(line.split(b":", 1)[1])
                     for line in head.split(b"\r\n")

@@ -257,6 +257,19 @@ async def test_headers_are_sent_and_hostile_values_cannot_split_the_request() ->
         resp = await client.open(endpoint(srv.url), "/v1/completions", JSON)
         assert await resp.read() == OK
     assert srv.requests == 2 and srv.bodies == [JSON, JSON]
+    assert b"X-Request-Id: a  X-Evil: 1\r\n" in srv.heads[0]
+    assert srv.heads[0].startswith(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:")
+
+
+async def test_a_worker_url_with_a_path_and_credentials() -> None:
+    async with ScriptedUpstream(lambda conn, req: ok()) as srv, native() as client:
+        url = f"http://user:s%40cret@127.0.0.1:{srv.port}/engine/"
+        resp = await client.open(endpoint(url), "/v1/completions", JSON)
+        assert await resp.read() == OK
+    head = srv.heads[0]
+    assert head.startswith(b"POST /engine/v1/completions HTTP/1.1\r\n")
+    assert b"\r\nHost: 127.0.0.1:%d\r\n" % srv.port in head
+    assert b"\r\nAuthorization: Basic dXNlcjpzQGNyZXQ=\r\n" in head  # user:s@cret
 
 
 async def _until(predicate: Callable[[], bool]) -> None:
