@@ -421,10 +421,10 @@ class KvIndex:
             depth_of[b] = depth
             alive ^= b
         w0 = w[0]
-        for b, d in depth_of.items():
-            out[bit_index[b]] = d * w0
-        for b, c in credit.items():
-            out[bit_index[b]] -= c
+        for b, blocks in depth_of.items():
+            out[bit_index[b]] = blocks * w0
+        for b, lower_tiers in credit.items():
+            out[bit_index[b]] -= lower_tiers
         return out
 
     @staticmethod

@@ -183,19 +183,10 @@ PyDoc_STRVAR(chain_hashes_doc,
              "Chained hashes of the full blocks of a sequence of ints: for each full block,\n"
              "``h = hash((h, *token_ids[i:i+block_size]))`` starting from ``h = parent``.");
 
-static PyObject *chain_hashes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* Chained hashes of the full blocks of any sequence of objects (their hash() is the lane). */
+static PyObject *chain_seq(PyObject *tokens, Py_ssize_t bs, int64_t h)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "chain_hashes(token_ids, block_size, parent)");
-        return NULL;
-    }
-    Py_ssize_t bs = PyLong_AsSsize_t(args[1]);
-    if (bs == -1 && PyErr_Occurred())
-        return NULL;
-    int64_t h;
-    if (check_block_size(bs) < 0 || parse_parent(args[2], &h) < 0)
-        return NULL;
-    PyObject *seq = PySequence_Fast(args[0], "token_ids must be a sequence");
+    PyObject *seq = PySequence_Fast(tokens, "token_ids must be a sequence");
     if (seq == NULL)
         return NULL;
     Py_ssize_t nblocks = PySequence_Fast_GET_SIZE(seq) / bs;
@@ -225,25 +216,11 @@ done:
     return out;
 }
 
-PyDoc_STRVAR(chain_hashes_msgpack_doc,
-             "chain_hashes_msgpack(packed, block_size, parent, /)\n--\n\n"
-             "Like chain_hashes, for a msgpack-encoded array of ints (any bytes-like object,\n"
-             "e.g. msgspec.Raw). Raises ValueError when it is not an array of ints.");
-
-static PyObject *chain_hashes_msgpack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* Chained hashes from a msgpack array of ints in any bytes-like object; ValueError if not one. */
+static PyObject *chain_packed(PyObject *packed, Py_ssize_t bs, int64_t h)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "chain_hashes_msgpack(packed, block_size, parent)");
-        return NULL;
-    }
-    Py_ssize_t bs = PyLong_AsSsize_t(args[1]);
-    if (bs == -1 && PyErr_Occurred())
-        return NULL;
-    int64_t h;
-    if (check_block_size(bs) < 0 || parse_parent(args[2], &h) < 0)
-        return NULL;
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+    if (PyObject_GetBuffer(packed, &view, PyBUF_SIMPLE) < 0)
         return NULL;
     reader r = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len};
     PyObject *out = NULL;
@@ -287,6 +264,42 @@ done:
     return out;
 }
 
+/* Parse (token_ids, block_size, parent) arguments. */
+static int chain_args(const char *sig, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t *bs, int64_t *h)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, sig);
+        return -1;
+    }
+    *bs = PyLong_AsSsize_t(args[1]);
+    if (*bs == -1 && PyErr_Occurred())
+        return -1;
+    return check_block_size(*bs) < 0 || parse_parent(args[2], h) < 0 ? -1 : 0;
+}
+
+static PyObject *chain_hashes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t bs;
+    int64_t h;
+    if (chain_args("chain_hashes(token_ids, block_size, parent)", args, nargs, &bs, &h) < 0)
+        return NULL;
+    return chain_seq(args[0], bs, h);
+}
+
+PyDoc_STRVAR(chain_hashes_msgpack_doc,
+             "chain_hashes_msgpack(packed, block_size, parent, /)\n--\n\n"
+             "Like chain_hashes, for a msgpack-encoded array of ints (any bytes-like object,\n"
+             "e.g. msgspec.Raw). Raises ValueError when it is not an array of ints.");
+
+static PyObject *chain_hashes_msgpack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t bs;
+    int64_t h;
+    if (chain_args("chain_hashes_msgpack(packed, block_size, parent)", args, nargs, &bs, &h) < 0)
+        return NULL;
+    return chain_packed(args[0], bs, h);
+}
+
 /* -- index maintenance: the per-block dict work of KvIndex._store / _remove ----------- */
 
 PyDoc_STRVAR(store_blocks_doc,
@@ -294,15 +307,10 @@ PyDoc_STRVAR(store_blocks_doc,
              "Mirror stored blocks: the native twin of infera_core.kv.accel.py_store_blocks.\n"
              "Returns how many router hashes became newly held.");
 
-static PyObject *store_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* The loop of store_blocks; -1 with an exception set on error. */
+static int do_store(PyObject *em, PyObject *masks, PyObject *dups, PyObject *ehs, PyObject *hs, PyObject *bit,
+                    Py_ssize_t *added_out)
 {
-    if (nargs != 6 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2]) ||
-        !PyList_Check(args[3]) || !PyList_Check(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "store_blocks(dict, dict, dict, list, list, int)");
-        return NULL;
-    }
-    PyObject *em = args[0], *masks = args[1], *dups = args[2], *ehs = args[3], *hs = args[4];
-    PyObject *bit = args[5];
     Py_ssize_t n = PyList_GET_SIZE(ehs);
     if (PyList_GET_SIZE(hs) < n)
         n = PyList_GET_SIZE(hs);
@@ -311,49 +319,63 @@ static PyObject *store_blocks(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyObject *eh = PyList_GET_ITEM(ehs, i), *h = PyList_GET_ITEM(hs, i);
         PyObject *cur = PyDict_SetDefault(em, eh, h); /* borrowed */
         if (cur == NULL)
-            return NULL;
+            return -1;
         if (cur != h)
             continue; /* this engine block is already mirrored */
         Py_ssize_t before = PyDict_GET_SIZE(masks);
         PyObject *m = PyDict_SetDefault(masks, h, bit); /* one lookup when h is new */
         if (m == NULL)
-            return NULL;
+            return -1;
         if (PyDict_GET_SIZE(masks) != before) {
             added++;
             continue;
         }
         PyObject *both = PyNumber_And(m, bit);
         if (both == NULL)
-            return NULL;
+            return -1;
         int held = PyObject_IsTrue(both);
         Py_DECREF(both);
         if (held < 0)
-            return NULL;
+            return -1;
         if (held) { /* same tokens under another engine hash */
             PyObject *c = PyDict_GetItemWithError(dups, h);
             if (c == NULL && PyErr_Occurred())
-                return NULL;
+                return -1;
             long cv = c == NULL ? 0 : PyLong_AsLong(c);
             if (cv == -1 && PyErr_Occurred())
-                return NULL;
+                return -1;
             PyObject *c1 = PyLong_FromLong(cv + 1);
             if (c1 == NULL)
-                return NULL;
+                return -1;
             int rc = PyDict_SetItem(dups, h, c1);
             Py_DECREF(c1);
             if (rc < 0)
-                return NULL;
+                return -1;
         } else {
             PyObject *m1 = PyNumber_Or(m, bit);
             if (m1 == NULL)
-                return NULL;
+                return -1;
             int rc = PyDict_SetItem(masks, h, m1);
             Py_DECREF(m1);
             if (rc < 0)
-                return NULL;
+                return -1;
             added++;
         }
     }
+    *added_out = added;
+    return 0;
+}
+
+static PyObject *store_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2]) ||
+        !PyList_Check(args[3]) || !PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "store_blocks(dict, dict, dict, list, list, int)");
+        return NULL;
+    }
+    Py_ssize_t added;
+    if (do_store(args[0], args[1], args[2], args[3], args[4], args[5], &added) < 0)
+        return NULL;
     return PyLong_FromSsize_t(added);
 }
 
@@ -378,21 +400,17 @@ PyDoc_STRVAR(remove_blocks_doc,
              "Forget removed blocks: the native twin of infera_core.kv.accel.py_remove_blocks.\n"
              "Returns (router hashes no longer held, engine hashes not mirrored).");
 
-static PyObject *remove_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* The loop of remove_blocks; -1 with an exception set on error. */
+static int do_remove(PyObject *em, PyObject *masks, PyObject *dups, PyObject *ehs, PyObject *nbit,
+                     Py_ssize_t *removed_out, Py_ssize_t *unknown_out)
 {
-    if (nargs != 5 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2]) ||
-        !PyList_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "remove_blocks(dict, dict, dict, list, int)");
-        return NULL;
-    }
-    PyObject *em = args[0], *masks = args[1], *dups = args[2], *ehs = args[3], *nbit = args[4];
     Py_ssize_t removed = 0, unknown = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ehs); i++) {
         PyObject *eh = PyList_GET_ITEM(ehs, i);
         PyObject *rh = dict_pop(em, eh); /* new reference */
         if (rh == NULL) {
             if (PyErr_Occurred())
-                return NULL;
+                return -1;
             unknown++;
             continue;
         }
@@ -414,7 +432,7 @@ static PyObject *remove_blocks(PyObject *self, PyObject *const *args, Py_ssize_t
                 }
                 Py_DECREF(rh);
                 if (rc < 0)
-                    return NULL;
+                    return -1;
                 continue;
             }
         }
@@ -436,8 +454,23 @@ static PyObject *remove_blocks(PyObject *self, PyObject *const *args, Py_ssize_t
         }
         Py_DECREF(rh);
         if (rc < 0)
-            return NULL;
+            return -1;
     }
+    *removed_out = removed;
+    *unknown_out = unknown;
+    return 0;
+}
+
+static PyObject *remove_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2]) ||
+        !PyList_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "remove_blocks(dict, dict, dict, list, int)");
+        return NULL;
+    }
+    Py_ssize_t removed, unknown;
+    if (do_remove(args[0], args[1], args[2], args[3], args[4], &removed, &unknown) < 0)
+        return NULL;
     return Py_BuildValue("(nn)", removed, unknown);
 }
 
