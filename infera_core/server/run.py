@@ -36,7 +36,7 @@ class NoDelayHttpToolsProtocol(HttpToolsProtocol):
         self.scope[ON_DISCONNECT] = None  # type: ignore[literal-required]
 
     def connection_lost(self, exc: Exception | None) -> None:
-        cycle = self.cycle
+        cycle = getattr(self, "cycle", None)  # uvicorn's attribute; tolerate a rename
         if cycle is not None and not cycle.response_complete:
             hook: Callable[[], None] | None = cycle.scope.get(ON_DISCONNECT)  # type: ignore[assignment]
             if hook is not None:
