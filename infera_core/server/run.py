@@ -38,7 +38,7 @@ class NoDelayHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         cycle = getattr(self, "cycle", None)  # uvicorn's attribute; tolerate a rename
         if cycle is not None and not cycle.response_complete:
-            hook: Callable[[], None] | None = cycle.scope.get(ON_DISCONNECT)  # type: ignore[assignment]
+            hook: Callable[[], None] | None = cycle.scope.get(ON_DISCONNECT)
             if hook is not None:
                 hook()
         super().connection_lost(exc)
