@@ -51,7 +51,7 @@ class KvRouting:
 
     async def start(self) -> None:
         if accel.ops.name == "native":
-            log.info("KV index hot loops: native (infera-kv-native)")
+            log.debug("KV index hot loops: native (infera-kv-native)")
         else:
             log.warning(
                 "KV index hot loops: pure Python (%s): KV event ingest runs at about a third of the speed",
