@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
+import shutil
 import signal
 import sys
 from collections import deque
@@ -14,18 +14,22 @@ from collections.abc import Callable
 
 from infera_core.engine import LaunchSpec
 from infera_core.errors import EngineError
+from infera_core.launcher.pdeathsig import PARENT_ENV
 
 log = logging.getLogger("infera.launcher")
 
 TAIL_LINES = 50
-_PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """Linux: the engine gets SIGTERM when the launcher dies (even ``kill -9``)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _check_runnable(program: str, path: str | None, cwd: str | None) -> str | None:
+    """Why ``program`` cannot be run (None when it can): checked here because the engine
+    starts behind :mod:`infera_core.launcher.pdeathsig`, whose exec error would come late."""
+    if os.sep in program:
+        full = program if os.path.isabs(program) or cwd is None else os.path.join(cwd, program)
+        if not os.path.exists(full):
+            return "not installed"
+        return None if os.access(full, os.X_OK) and not os.path.isdir(full) else "not executable"
+    return None if shutil.which(program, path=path) else "not installed"
 
 
 def _write_stderr(line: str) -> None:
@@ -67,23 +71,27 @@ class EngineProcess:
         if not self.spec.argv:
             raise EngineError(f"engine {self.engine}: the adapter built an empty command line")
         env = {**os.environ, **self.spec.env}
-        try:
-            self.proc = await asyncio.create_subprocess_exec(
-                *self.spec.argv,
-                env=env,
-                cwd=self.spec.cwd,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-                limit=1 << 20,
-            )
-        except FileNotFoundError:
+        program = self.spec.argv[0]
+        problem = _check_runnable(program, env.get("PATH"), self.spec.cwd)
+        if problem == "not installed":
             hint = f"; install it: {self.package_hint}" if self.package_hint else ""
-            raise EngineError(f"engine {self.engine}: {self.spec.argv[0]} is not installed{hint}") from None
-        except PermissionError:
-            raise EngineError(f"engine {self.engine}: {self.spec.argv[0]} is not executable") from None
+            raise EngineError(f"engine {self.engine}: {program} is not installed{hint}")
+        if problem:
+            raise EngineError(f"engine {self.engine}: {program} is not executable")
+        env[PARENT_ENV] = str(os.getpid())
+        # no Python between fork and exec (this process has gRPC threads): the wrapper
+        # arms the parent-death signal, then execs the engine under the same pid
+        argv = [sys.executable, "-m", "infera_core.launcher.pdeathsig", *self.spec.argv]
+        self.proc = await asyncio.create_subprocess_exec(
+            *argv,
+            env=env,
+            cwd=self.spec.cwd,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            limit=1 << 20,
+        )
         log.info("engine %s started (pid %d): %s", self.engine, self.proc.pid, " ".join(self.spec.argv))
         self._reader = asyncio.get_running_loop().create_task(
             self._pump(), name=f"engine-output-{self.engine}"
