@@ -14,15 +14,12 @@ without creating a Python int per token; :mod:`infera_core.kv.accel` picks one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import msgspec
 
 ROUTER_HASH_SEED = 0x1FE8A5EED
 """Fixed root of every chain (LoRA adapters fold their id into it)."""
-
-ChainFn = Callable[[Sequence[int], int, int], list[int]]
-PackedChainFn = Callable[[bytes, int, int], list[int]]
 
 
 def root_hash(lora_id: int | None = None) -> int:

@@ -26,7 +26,7 @@ import zmq
 import zmq.asyncio
 
 from infera_core.errors import UnknownNameError
-from infera_core.kv.events import IndexBatch, KvDecodeError, KvEventDecoder, RawKvEventDecoder
+from infera_core.kv.events import IndexBatch, KvDecodeError, RawKvEventDecoder
 from infera_core.kv.index import KvIndex, WorkerView
 from infera_core.kv.metrics import KvMetrics
 from infera_core.kv.settings import KvSettings
@@ -53,7 +53,6 @@ class Subscription:
         "batches",
         "connected_at",
         "decode",
-        "decoder",
         "empty_batches",
         "endpoint",
         "gaps",
@@ -76,9 +75,9 @@ class Subscription:
         self.rank = rank
         self.endpoint = endpoint
         self.replay_endpoint = replay
-        self.decoder: KvEventDecoder | None = None
         self.decode: Callable[[bytes], IndexBatch] | None = None
-        """``decoder.decode_raw`` when it has one (token ids stay packed for the index)."""
+        """The decoder's ``decode_raw`` when it has one (token ids stay packed for the
+        index), else its ``decode``."""
         self.task: asyncio.Task[None] | None = None
         self.last_seq: int | None = None
         self.synced_through: int | None = None
@@ -187,6 +186,7 @@ class KvHub:
         except UnknownNameError as exc:
             log.error("worker %s: KV events not followed: %s", record.worker_id, exc)
             return
+        decode = decoder.decode_raw if isinstance(decoder, RawKvEventDecoder) else decoder.decode
         per_rank = kv.port_per_dp_rank and record.dp_size > 1
         ranks: list[int | None] = list(range(record.dp_size)) if per_rank else [None]
         subs = []
@@ -194,8 +194,7 @@ class KvHub:
             off = r or 0
             replay = _with_port_offset(kv.replay_endpoint, off) if kv.replay_endpoint else None
             sub = Subscription(record, r, _with_port_offset(kv.endpoint, off), replay)
-            sub.decoder = decoder
-            sub.decode = decoder.decode_raw if isinstance(decoder, RawKvEventDecoder) else decoder.decode
+            sub.decode = decode
             sub.task = asyncio.create_task(self._run(sub), name=f"kv-sub-{record.worker_id}-{r}")
             subs.append(sub)
         self.subs[record.worker_id] = subs
