@@ -54,7 +54,7 @@ class KvRouting:
             log.debug("KV index hot loops: native (infera-kv-native)")
         else:
             log.warning(
-                "KV index hot loops: pure Python (%s): KV event ingest runs at about a third of the speed",
+                "KV index hot loops: pure Python (%s): KV event ingest runs about five times slower",
                 "INFERA_KV_NATIVE=0"
                 if accel.native_ops()
                 else "infera-kv-native was built without a C compiler",

@@ -26,6 +26,7 @@ import zmq
 import zmq.asyncio
 
 from infera_core.errors import UnknownNameError
+from infera_core.kv.decode import MsgpackEventDecoder
 from infera_core.kv.events import IndexBatch, KvDecodeError, RawKvEventDecoder
 from infera_core.kv.index import KvIndex, WorkerView
 from infera_core.kv.metrics import KvMetrics
@@ -58,6 +59,8 @@ class Subscription:
         "gaps",
         "last_event_at",
         "last_seq",
+        "native",
+        "native_batches",
         "rank",
         "record",
         "replay_endpoint",
@@ -78,11 +81,16 @@ class Subscription:
         self.decode: Callable[[bytes], IndexBatch] | None = None
         """The decoder's ``decode_raw`` when it has one (token ids stay packed for the
         index), else its ``decode``."""
+        self.native = False
+        """Payloads go straight to the index's native parser (the stock msgpack decoder's
+        formats, on the native store); batches it hands back go through ``decode``."""
         self.task: asyncio.Task[None] | None = None
         self.last_seq: int | None = None
         self.synced_through: int | None = None
         """Highest seq loaded by the initial replay; live frames up to it are duplicates."""
         self.batches = 0
+        self.native_batches = 0
+        """Batches the index's native parser applied (the rest went through ``decode``)."""
         self.undecodable = 0
         self.empty_batches = 0
         self.gaps = 0
@@ -100,6 +108,7 @@ class Subscription:
             "rank": self.rank,
             "last_seq": self.last_seq,
             "batches": self.batches,
+            "native_batches": self.native_batches,
             "undecodable_batches": self.undecodable,
             "empty_batches": self.empty_batches,
             "gaps": self.gaps,
@@ -195,6 +204,7 @@ class KvHub:
             replay = _with_port_offset(kv.replay_endpoint, off) if kv.replay_endpoint else None
             sub = Subscription(record, r, _with_port_offset(kv.endpoint, off), replay)
             sub.decode = decode
+            sub.native = self.index.ingests_payloads and type(decoder) is MsgpackEventDecoder
             sub.task = asyncio.create_task(self._run(sub), name=f"kv-sub-{record.worker_id}-{r}")
             subs.append(sub)
         self.subs[record.worker_id] = subs
@@ -292,12 +302,16 @@ class KvHub:
         decode = sub.decode
         assert decode is not None
         try:
-            batch = decode(payload)
-            if not batch.events:
+            n = self._apply_native(sub, seq, payload) if sub.native else None
+            if n is None:
+                batch = decode(payload)
+                n = len(batch.events)
+                if n:
+                    self.index.apply(self._view(sub, batch.dp_rank), batch, seq)
+            if not n:
                 sub.empty_batches += 1
                 log.warning("worker %s: KV batch seq %d decoded to no events", sub.record.worker_id, seq)
                 return
-            self.index.apply(self._view(sub, batch), batch, seq)
         except KvDecodeError as exc:
             sub.undecodable += 1
             log.warning("worker %s: undecodable KV batch seq %d: %s", sub.record.worker_id, seq, exc)
@@ -309,9 +323,23 @@ class KvHub:
             for v in sub.views.values():
                 v.stale = False
 
-    def _view(self, sub: Subscription, batch: IndexBatch) -> WorkerView:
+    def _apply_native(self, sub: Subscription, seq: int, payload: bytes) -> int | None:
+        """Events in the batch, applied by the index's parser; None when it needs ``decode``."""
+        batch_rank = None
+        if sub.rank is None and sub.record.dp_size > 1:
+            try:
+                batch_rank = self.index.payload_dp_rank(payload)
+            except ValueError:
+                return None
+        n = self.index.apply_payload(self._view(sub, batch_rank), payload, seq)
+        if n is not None:
+            sub.native_batches += 1
+        return n
+
+    def _view(self, sub: Subscription, batch_rank: int | None) -> WorkerView:
+        """The view a batch applies to: its publisher's rank, else the batch's own ``dp_rank``."""
         rec = sub.record
-        rank = sub.rank if sub.rank is not None else (batch.dp_rank if rec.dp_size > 1 else rec.dp_rank)
+        rank = sub.rank if sub.rank is not None else (batch_rank if rec.dp_size > 1 else rec.dp_rank)
         view = sub.views.get(rank)
         if view is None:
             kv = rec.kv_events

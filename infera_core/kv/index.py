@@ -1,12 +1,10 @@
 """The router's mirror of every worker's KV cache, and the longest-prefix match.
 
-Layout (chosen so one request is scored in one pass over its prompt blocks):
-
-* one :class:`WorkerView` per ``(worker_id, dp_rank)`` with a slot bit; per storage
-  tier (GPU, CPU, disk/external) it maps engine hash → router hash (``emap``), counts
-  its blocks (``nblocks``) and, only for the rare router hash held under several engine
-  hashes, the extra copies (``dups``) — so the common store costs three dict operations;
-* global per-tier ``masks``: router hash → bitset (a Python int) of the slots holding it.
+One :class:`WorkerView` per ``(worker_id, dp_rank)`` with a slot in the block store
+(:mod:`infera_core.kv.store`: engine hash → router hash per slot and tier, and per tier
+a router hash → bitset of slots, so one request is scored in one pass over its prompt
+blocks). The store is the ``infera-kv-native`` C tables when installed, else the
+pure-Python specification (:mod:`infera_core.kv.accel`).
 
 Router hashes come from :mod:`infera_core.kv.hashing`: the engine's parent hash is
 looked up in the view to continue the chain; an unknown parent is counted, never
@@ -18,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from infera_core.kv import accel
 from infera_core.kv.decode import tokens_from_packed
@@ -31,6 +29,7 @@ from infera_core.kv.events import (
     IndexBatch,
 )
 from infera_core.kv.hashing import root_hash
+from infera_core.kv.store import BlockStore
 
 log = logging.getLogger("infera.kv.index")
 
@@ -39,6 +38,8 @@ TIERS = (TIER_GPU, TIER_CPU, TIER_DISK)
 TIER_NAMES = ("gpu", "cpu", "disk")
 _MEDIUM_TIER = {None: 0, "GPU": 0, "HBM": 0, "CPU": 1, "CPU_PINNED": 1, "DISK": 2, "EXTERNAL": 2}
 ViewKey = tuple[str, int | None]
+ApplyPayload = Callable[[int, bytes, int, set[int]], tuple[int, int, int, int, int, int] | None]
+"""A store's native batch ingestion (``infera_kv_native.Index.apply_payload``)."""
 
 
 def medium_tier(medium: str | None) -> int:
@@ -50,6 +51,11 @@ def medium_tier(medium: str | None) -> int:
     return tier
 
 
+def _tier(medium: str | None) -> int:
+    tier = _MEDIUM_TIER.get(medium)
+    return medium_tier(medium) if tier is None else tier
+
+
 def indexed_kind(kind: str | None) -> bool:
     """Only full-attention and MLA groups share prefixes the way prompts do."""
     return kind is None or kind == "full_attention" or kind.startswith("mla")
@@ -59,17 +65,14 @@ class WorkerView:
     """One worker's (one DP rank's) mirrored cache plus its ingestion counters."""
 
     __slots__ = (
+        "_blocks",
         "bad_block_size",
-        "bit",
         "block_size",
         "blocks_evicted",
         "dp_rank",
-        "dups",
-        "emap",
         "events_applied",
         "last_event_ts",
         "last_seq",
-        "nblocks",
         "skipped_groups",
         "slot",
         "stale",
@@ -78,15 +81,14 @@ class WorkerView:
         "worker_id",
     )
 
-    def __init__(self, worker_id: str, dp_rank: int | None, slot: int, block_size: int) -> None:
+    def __init__(
+        self, worker_id: str, dp_rank: int | None, slot: int, block_size: int, blocks: BlockStore
+    ) -> None:
         self.worker_id = worker_id
         self.dp_rank = dp_rank
         self.slot = slot
-        self.bit = 1 << slot
         self.block_size = block_size
-        self.emap: tuple[dict[BlockHash, int], ...] = ({}, {}, {})
-        self.dups: tuple[dict[int, int], ...] = ({}, {}, {})
-        self.nblocks = [0, 0, 0]
+        self._blocks = blocks
         self.skipped_groups: set[int] = set()
         self.events_applied = 0
         self.unknown_parent = 0
@@ -102,13 +104,17 @@ class WorkerView:
     def key(self) -> ViewKey:
         return (self.worker_id, self.dp_rank)
 
+    @property
+    def nblocks(self) -> tuple[int, int, int]:
+        """Blocks held per tier (GPU, CPU, disk)."""
+        return self._blocks.nblocks(self.slot)
+
     def block_count(self) -> int:
-        n = self.nblocks
-        return n[0] + n[1] + n[2]
+        return sum(self._blocks.nblocks(self.slot))
 
     def held(self, tier: int = 0) -> set[int]:
         """The router hashes this view holds on ``tier``."""
-        return set(self.emap[tier].values())
+        return self._blocks.held(self.slot, tier)
 
     def summary(self) -> dict[str, object]:
         return {
@@ -116,7 +122,7 @@ class WorkerView:
             "dp_rank": self.dp_rank,
             "block_size": self.block_size,
             "blocks": self.block_count(),
-            "blocks_by_tier": {TIER_NAMES[t]: self.nblocks[t] for t in TIERS},
+            "blocks_by_tier": dict(zip(TIER_NAMES, self.nblocks, strict=True)),
             "events_applied": self.events_applied,
             "last_event_ts": self.last_event_ts,
             "last_event_age_s": None if self.last_event_ts is None else time.time() - self.last_event_ts,
@@ -134,11 +140,13 @@ class KvIndex:
 
     __slots__ = (
         "_applies",
+        "_apply_payload",
+        "_batch_dp_rank",
+        "_blocks",
         "_free_slots",
         "_next_slot",
         "_views",
         "_views_by_slot",
-        "masks",
         "max_blocks",
         "routed_at",
         "total_evicted",
@@ -147,7 +155,9 @@ class KvIndex:
 
     def __init__(self, max_blocks: int = 4_000_000) -> None:
         self.max_blocks = max_blocks
-        self.masks: tuple[dict[int, int], ...] = ({}, {}, {})
+        self._blocks: BlockStore = accel.ops.new_store()
+        self._apply_payload: ApplyPayload | None = getattr(self._blocks, "apply_payload", None)
+        self._batch_dp_rank = accel.ops.batch_dp_rank
         self._views: dict[ViewKey, WorkerView] = {}
         self._views_by_slot: dict[int, WorkerView] = {}
         self._free_slots: list[int] = []
@@ -173,7 +183,7 @@ class KvIndex:
         else:
             slot = self._next_slot
             self._next_slot += 1
-        view = WorkerView(worker_id, dp_rank, slot, block_size)
+        view = WorkerView(worker_id, dp_rank, slot, block_size, self._blocks)
         self._views[view.key] = view
         self._views_by_slot[slot] = view
         return view
@@ -204,18 +214,12 @@ class KvIndex:
 
     def clear_view(self, view: WorkerView) -> None:
         """Empty one view (AllBlocksCleared, or a replay gap we cannot fill)."""
-        nbit = ~view.bit
-        for tier in TIERS:
-            masks = self.masks[tier]
-            for rh in view.emap[tier].values():
-                m = masks.get(rh, 0) & nbit
-                if m:
-                    masks[rh] = m
-                else:
-                    masks.pop(rh, None)
-            view.dups[tier].clear()
-            view.emap[tier].clear()
-            view.nblocks[tier] = 0
+        self._blocks.clear(view.slot)
+
+    @property
+    def blocks(self) -> BlockStore:
+        """The block tables (read-only use: tests and diagnostics)."""
+        return self._blocks
 
     # -- ingestion --------------------------------------------------------------
     def apply(self, view: WorkerView, batch: IndexBatch, seq: int | None = None) -> int:
@@ -253,6 +257,41 @@ class KvIndex:
         if removed:
             self._drop(view, removed, medium)
         n = len(events) - skipped
+        self._applied(view, n, seq)
+        return n
+
+    @property
+    def ingests_payloads(self) -> bool:
+        """Whether :meth:`apply_payload` can apply msgpack batches without a decoder."""
+        return self._apply_payload is not None
+
+    def apply_payload(self, view: WorkerView, payload: bytes, seq: int | None = None) -> int | None:
+        """Parse and apply one vLLM-style msgpack batch natively; returns how many events it
+        had, or None, having changed nothing, when it needs a Python decoder (array layout,
+        unknown event tags, non-int token ids…) or the store cannot ingest payloads."""
+        fast = self._apply_payload
+        if fast is None:
+            return None
+        out = fast(view.slot, payload, view.block_size, view.skipped_groups)
+        if out is None:
+            return None
+        events, applied, unknown_parent, unknown_removed, bad_bs, bad_bs_value = out
+        if not events:
+            return 0
+        view.unknown_parent += unknown_parent
+        view.unknown_removed += unknown_removed
+        if bad_bs:
+            self._bad_block_size(view, bad_bs_value, bad_bs)
+        self._applied(view, applied, seq)
+        return events
+
+    def payload_dp_rank(self, payload: bytes) -> int | None:
+        """The ``dp_rank`` of a msgpack batch (ValueError when it is not one, or no parser)."""
+        if self._batch_dp_rank is None:
+            raise ValueError("this index does not parse payloads")
+        return self._batch_dp_rank(payload)
+
+    def _applied(self, view: WorkerView, n: int, seq: int | None) -> None:
         view.events_applied += n
         view.last_event_ts = time.time()
         if seq is not None:
@@ -264,7 +303,18 @@ class KvIndex:
             and self.block_count() > self.max_blocks
         ):
             self._enforce_bound()
-        return n
+
+    @staticmethod
+    def _bad_block_size(view: WorkerView, block_size: int, events: int = 1) -> None:
+        """Stored blocks at another block size than the record's: prompts could never match them."""
+        if not view.bad_block_size:
+            log.warning(
+                "worker %s: KV events have block_size %d but its record says %d; not indexed",
+                view.worker_id,
+                block_size,
+                view.block_size,
+            )
+        view.bad_block_size += events
 
     def _store(self, view: WorkerView, ev: BlockStored | BlockStoredRaw) -> None:
         if not indexed_kind(ev.kv_cache_spec_kind):
@@ -272,31 +322,17 @@ class KvIndex:
                 view.skipped_groups.add(ev.group_idx)
             return
         if ev.block_size != view.block_size:
-            # prompts are hashed at the record's block size: these blocks could never match
-            if not view.bad_block_size:
-                log.warning(
-                    "worker %s: KV events have block_size %d but its record says %d; not indexed",
-                    view.worker_id,
-                    ev.block_size,
-                    view.block_size,
-                )
-            view.bad_block_size += 1
+            self._bad_block_size(view, ev.block_size)
             return
         parent = ev.parent_block_hash
         if parent is None:
             ph = root_hash(ev.lora_id)
         else:
-            e = view.emap
-            found = e[0].get(parent)
+            found = self._blocks.lookup(view.slot, parent)
             if found is None:
-                found = e[1].get(parent)
-                if found is None:
-                    found = e[2].get(parent)
-                    if found is None:
-                        view.unknown_parent += 1
-                        return
+                view.unknown_parent += 1
+                return
             ph = found
-        tier, em, dups, masks = self._tier_maps(view, ev.medium)
         ops = accel.ops
         toks = ev.token_ids
         if isinstance(toks, list):
@@ -306,24 +342,11 @@ class KvIndex:
                 hashes = ops.chain_hashes_msgpack(toks, ev.block_size, ph)
             except ValueError:  # not plain ints (e.g. EAGLE bigram pairs): the tolerant way
                 hashes = ops.chain_hashes(tokens_from_packed(toks), ev.block_size, ph)
-        added = ops.store_blocks(em, masks, dups, ev.block_hashes, hashes, view.bit)
-        view.nblocks[tier] += added
-
-    def _tier_maps(
-        self, view: WorkerView, medium: str | None
-    ) -> tuple[int, dict[BlockHash, int], dict[int, int], dict[int, int]]:
-        """(tier, engine→router map, duplicate counts, global masks) of the medium's tier."""
-        tier = _MEDIUM_TIER.get(medium)
-        if tier is None:
-            tier = medium_tier(medium)
-        return tier, view.emap[tier], view.dups[tier], self.masks[tier]
+        self._blocks.store(view.slot, _tier(ev.medium), ev.block_hashes, hashes)
 
     def _drop(self, view: WorkerView, block_hashes: list[BlockHash], medium: str | None) -> None:
         """Forget ``block_hashes`` held on ``medium``'s tier."""
-        tier, em, dups, masks = self._tier_maps(view, medium)
-        removed, unknown = accel.ops.remove_blocks(em, masks, dups, block_hashes, ~view.bit)
-        view.unknown_removed += unknown
-        view.nblocks[tier] -= removed
+        view.unknown_removed += self._blocks.remove(view.slot, _tier(medium), block_hashes)[1]
 
     def block_count(self) -> int:
         return sum(v.block_count() for v in self._views.values())
@@ -343,21 +366,7 @@ class KvIndex:
         log.warning("KV index over --kv-index-max-blocks=%d: evicted oldest entries", self.max_blocks)
 
     def _evict_oldest(self, view: WorkerView, count: int) -> int:
-        removed = 0
-        for tier in (TIER_DISK, TIER_CPU, TIER_GPU):
-            em = view.emap[tier]
-            victims: list[BlockHash] = []
-            for eh in em:
-                if removed + len(victims) >= count:
-                    break
-                victims.append(eh)
-            if victims:
-                before = view.block_count()
-                self._drop(view, victims, TIER_NAMES[tier].upper())
-                removed += before - view.block_count()
-            if removed >= count:
-                break
-        return removed
+        return self._blocks.evict_oldest(view.slot, count)
 
     # -- scoring ------------------------------------------------------------------
     @staticmethod
@@ -377,55 +386,10 @@ class KvIndex:
         views whose prefix still matches; the walk stops when it is empty. A block held on
         a lower tier only counts ``tier_weights[tier]``.
         """
-        bit_index: dict[int, int] = {}
-        alive = 0
-        for i, v in enumerate(views):
-            if v is not None:
-                bit_index[v.bit] = i
-                alive |= v.bit
-        out = [0.0] * len(views)
-        if not alive or not hashes:
-            return out
-        g, c, d = self.masks
-        lower = bool(c) or bool(d)
-        depth_of: dict[int, int] = {}
-        credit: dict[int, float] = {}
-        w = tuple(tier_weights)
-        depth = 0
-        for h in hashes:
-            gm = g.get(h, 0)
-            if lower:
-                cm = c.get(h, 0) & ~gm
-                dm = d.get(h, 0) & ~gm & ~cm
-                m = (gm | cm | dm) & alive
-                low = (cm | dm) & m
-                while low:
-                    b = low & -low
-                    credit[b] = credit.get(b, 0.0) + (w[0] - (w[1] if cm & b else w[2]))
-                    low ^= b
-            else:
-                m = gm & alive
-            if m != alive:
-                if depth:  # views dropped at depth 0 keep the default 0: no per-view work
-                    dropped = alive & ~m
-                    while dropped:
-                        b = dropped & -dropped
-                        depth_of[b] = depth
-                        dropped ^= b
-                alive = m
-                if not alive:
-                    break
-            depth += 1
-        while alive:
-            b = alive & -alive
-            depth_of[b] = depth
-            alive ^= b
-        w0 = w[0]
-        for b, blocks in depth_of.items():
-            out[bit_index[b]] = blocks * w0
-        for b, lower_tiers in credit.items():
-            out[bit_index[b]] -= lower_tiers
-        return out
+        if type(hashes) is not list:
+            hashes = list(hashes)
+        w0, w1, w2 = tier_weights
+        return self._blocks.match(hashes, [-1 if v is None else v.slot for v in views], (w0, w1, w2))
 
     @staticmethod
     def naive_match(hashes: Sequence[int], held_sets: Sequence[set[int] | None]) -> list[int]:
@@ -447,6 +411,7 @@ class KvIndex:
             "blocks": self.block_count(),
             "max_blocks": self.max_blocks,
             "evicted_for_memory": self.total_evicted,
-            "unique_router_hashes": sum(len(m) for m in self.masks),
+            "unique_router_hashes": self._blocks.unique_hashes(),
+            "memory_bytes": self._blocks.memory_bytes(),
             "hot_loops": accel.ops.name,
         }

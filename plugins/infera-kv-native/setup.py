@@ -7,7 +7,8 @@ setup(
     ext_modules=[
         Extension(
             "infera_kv_native._chain",
-            sources=["src/chain.c"],
+            sources=["src/chain.c", "src/index.c"],
+            depends=["src/kvcommon.h", "src/index.h", "src/msgpack.h", "src/tables.h"],
             extra_compile_args=["-O3", "-std=c11"],
             optional=True,
         )

@@ -8,12 +8,14 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kv_stores import dumps
 
 from infera_core.kv import accel
 from infera_core.kv.decode import MsgpackEventDecoder
-from infera_core.kv.events import BlockHash, BlockRemoved, BlockStored, KvDecodeError, KvEventBatch
+from infera_core.kv.events import BlockRemoved, BlockStored, KvDecodeError, KvEventBatch
 from infera_core.kv.hashing import ROUTER_HASH_SEED, py_chain_hashes, py_chain_hashes_msgpack, root_hash
 from infera_core.kv.index import KvIndex
+from infera_core.kv.store import TIERS
 
 NATIVE = accel.native_ops()
 I64 = st.integers(-(2**63), 2**63 - 1)
@@ -87,43 +89,15 @@ def test_bad_arguments_are_type_and_value_errors_not_crashes() -> None:
         native().chain_hashes([1, 2], 0, 0)
     with pytest.raises(TypeError):
         native().chain_hashes(5, 1, 0)  # type: ignore[arg-type]
+    store = native().new_store()
     with pytest.raises(TypeError):
-        native().store_blocks({}, {}, {}, (1,), [2], 1)  # type: ignore[arg-type]
-
-
-def _random_ops(seed: int) -> list[tuple[str, list[BlockHash], list[int], int]]:
-    """Store/remove steps over 3 views with a small hash space, so duplicates and reuse occur."""
-    rng = random.Random(seed)
-    out: list[tuple[str, list[BlockHash], list[int], int]] = []
-    for _ in range(400):
-        bit = 1 << rng.randrange(3)
-        n = rng.randrange(1, 6)
-        ehs: list[BlockHash] = [
-            rng.randrange(40) if rng.random() < 0.8 else bytes([rng.randrange(5)]) for _ in range(n)
-        ]
-        if rng.random() < 0.55:
-            out.append(("store", ehs, [rng.randrange(25) for _ in range(n)], bit))
-        else:
-            out.append(("remove", ehs, [], bit))
-    return out
-
-
-@pytest.mark.parametrize("seed", range(8))
-def test_store_and_remove_blocks_match_the_python_specification(seed: int) -> None:
-    states = []
-    for ops in (accel.PYTHON, native()):
-        views: dict[int, tuple[dict[BlockHash, int], dict[int, int]]] = {}
-        masks: dict[int, int] = {}
-        results: list[int | tuple[int, int]] = []
-        for kind, ehs, hs, bit in _random_ops(seed):
-            em, dups = views.setdefault(bit, ({}, {}))
-            if kind == "store":
-                results.append(ops.store_blocks(em, masks, dups, ehs, hs, bit))
-            else:
-                results.append(ops.remove_blocks(em, masks, dups, ehs, ~bit))
-        states.append((results, masks, views))
-    assert states[0] == states[1]
-    assert any(dups for _, dups in states[1][2].values())  # the duplicate path was exercised
+        store.store(0, 0, (1,), [2])  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        store.store(0, 0, [1.5], [2])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="tier"):
+        store.remove(0, 3, [1])
+    with pytest.raises(ValueError, match="slot"):
+        store.lookup(-1, 1)
 
 
 @pytest.mark.parametrize("impl", ["native", "python"])
@@ -143,7 +117,7 @@ def test_bigram_token_ids_from_the_fast_decoder_index_like_plain_ids(impl: str) 
         view = index.add_view("w", None, 32)
         index.apply(view, dec.decode_raw(payload), 0)
         assert index.match(index.hash_prompt(toks, 32), [view]) == [2.0]
-        assert set(view.emap[0]) == {2**64 - 5, 6}
+        assert {k for k, _ in index.blocks.dump(view.slot, 0)[0]} == {2**64 - 5, 6}
         garbage = msgspec.msgpack.encode(
             [0.0, [{"type": "BlockStored", "block_hashes": [7], "parent_block_hash": None,
                     "token_ids": ["x"] * 32, "block_size": 32}], None]
@@ -173,7 +147,7 @@ def test_index_built_natively_equals_the_python_one() -> None:
         live += hashes
         batches.append(msgspec.msgpack.encode(KvEventBatch(0.0, list(events))))
     built = []
-    for ops in (accel.PYTHON, native()):
+    for ops, whole in ((accel.PYTHON, False), (native(), False), (native(), True)):
         before = accel.ops
         accel.ops = ops
         try:
@@ -181,10 +155,17 @@ def test_index_built_natively_equals_the_python_one() -> None:
             views = [index.add_view(w, None, 16) for w in ("a", "b")]
             dec = MsgpackEventDecoder()
             for k, payload in enumerate(batches):
-                index.apply(views[k % 2], dec.decode_raw(payload), k)
+                if whole:  # the event hub's way: the native parser applies the payload
+                    assert index.apply_payload(views[k % 2], payload, k) is not None
+                else:
+                    index.apply(views[k % 2], dec.decode_raw(payload), k)
         finally:
             accel.ops = before
-        built.append((index.masks, [(v.emap, v.dups, v.nblocks, v.unknown_parent) for v in views]))
-    assert built[0] == built[1]
+        b = index.blocks
+        masks = [b.masks(t) for t in TIERS]
+        built.append(
+            (masks, [(dumps(b, v.slot), v.nblocks, v.unknown_parent, v.events_applied) for v in views])
+        )
+    assert built[0] == built[1] == built[2]
     assert sum(len(m) for m in built[1][0]) > 100
-    assert all(v[3] == 0 for v in built[1][1])  # every parent was known
+    assert all(v[2] == 0 for v in built[1][1])  # every parent was known

@@ -85,6 +85,9 @@ async def test_hub_mirrors_a_sim_and_drops_it_when_it_leaves(layout: str) -> Non
             assert _matched(hub, "sim-0", _prompt(99)) < 0  # never sent: not cached
             view = hub.cache_view("sim-0")
             assert view["blocks"] > 0 and view["stale"] is False and view["last_event_at"] is not None
+            pub = view["publishers"][0]
+            # map-layout batches go straight to the native parser; array layout via the decoder
+            assert pub["native_batches"] == (pub["batches"] if layout == "map" else 0)
             applied = registry.get_sample_value("infera_kv_events_applied_total", {"worker": "sim-0"})
             assert applied is not None and applied > 0
             hub.worker_removed("sim-0")
@@ -229,6 +232,53 @@ async def test_one_view_per_dp_rank_with_a_publisher_per_rank() -> None:
             assert [p["rank"] for p in hub.cache_view("dp")["publishers"]] == [0, 1]
         finally:
             await hub.close()
+
+
+async def test_ranks_sharing_one_publisher_get_a_view_each() -> None:
+    """DP ranks on one socket: each batch's own dp_rank picks the view (read natively)."""
+    import msgspec
+    import zmq
+
+    from infera_core.kv.events import BlockStored, KvEventBatch
+    from infera_core.testing.net import free_port
+
+    port = free_port()
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    record = WorkerRecord(
+        worker_id="dp",
+        url="http://127.0.0.1:9",
+        model="m",
+        engine="vllm",
+        dp_size=2,
+        kv_events=KvEventsInfo(endpoint=f"tcp://127.0.0.1:{port}", format="vllm", block_size=BS),
+    )
+    hub, _ = _hub()
+    await hub.start()
+    hub.worker_added(record)
+    frames = [
+        msgspec.msgpack.encode(KvEventBatch(0.0, [BlockStored([1], None, list(range(BS)), BS)], 0)),
+        msgspec.msgpack.encode(KvEventBatch(0.0, [BlockStored([2, 3], None, list(range(2 * BS)), BS)], 1)),
+    ]
+    try:
+        for _ in range(100):  # the SUB joins asynchronously: resend until both landed
+            for seq, payload in enumerate(frames):
+                pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), payload])
+            v0, v1 = hub.index.view("dp", 0), hub.index.view("dp", 1)
+            if v0 is not None and v1 is not None and v0.block_count() and v1.block_count():
+                break
+            await asyncio.sleep(0.05)
+        v0, v1 = hub.index.view("dp", 0), hub.index.view("dp", 1)
+        assert v0 is not None and v1 is not None
+        assert (v0.block_count(), v1.block_count()) == (1, 2)
+        p = hub.cache_view("dp")["publishers"][0]
+        assert p["native_batches"] == p["batches"] > 0
+    finally:
+        await hub.close()
+        pub.close(0)
+        ctx.term()
 
 
 async def test_bad_and_empty_batches_are_counted_and_the_stream_goes_on() -> None:

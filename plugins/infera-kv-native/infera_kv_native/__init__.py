@@ -7,10 +7,10 @@ infera-core then runs its pure-Python implementation, with identical results.
 from __future__ import annotations
 
 try:
-    from infera_kv_native._chain import chain_hashes, chain_hashes_msgpack, remove_blocks, store_blocks
+    from infera_kv_native._chain import Index, batch_dp_rank, chain_hashes, chain_hashes_msgpack, fold_key
 except ImportError:  # built without a compiler
     available = False
 else:
     available = True
 
-__all__ = ["available", "chain_hashes", "chain_hashes_msgpack", "remove_blocks", "store_blocks"]
+__all__ = ["Index", "available", "batch_dp_rank", "chain_hashes", "chain_hashes_msgpack", "fold_key"]
