@@ -1,4 +1,11 @@
-"""The engine subprocess: its own process group, prefixed output, the last log lines kept."""
+"""The engine subprocess: its own process group, prefixed output, the last log lines kept.
+
+Engines are spawned with :class:`subprocess.Popen` (``vfork`` + ``exec``: no code runs in
+the child before the exec), not with the event loop's subprocess support: uvloop spawns
+with a plain ``fork`` and runs Python's after-fork hooks in the child, which in a process
+with gRPC threads (etcd) crashed sims with SIGSEGV now and then. The loop only reads the
+engine's output pipe and learns of its exit through a pidfd.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 from collections import deque
 from collections.abc import Callable
@@ -56,8 +64,9 @@ class EngineProcess:
         self.package_hint = package_hint
         self.echo = echo
         self.tail: deque[str] = deque(maxlen=tail_lines)
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._exit: asyncio.Task[int] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -65,7 +74,7 @@ class EngineProcess:
 
     @property
     def returncode(self) -> int | None:
-        return self.proc.returncode if self.proc else None
+        return self.proc.poll() if self.proc else None
 
     async def start(self) -> None:
         if not self.spec.argv:
@@ -82,24 +91,26 @@ class EngineProcess:
         # no Python between fork and exec (this process has gRPC threads): the wrapper
         # arms the parent-death signal, then execs the engine under the same pid
         argv = [sys.executable, "-m", "infera_core.launcher.pdeathsig", *self.spec.argv]
-        self.proc = await asyncio.create_subprocess_exec(
-            *argv,
+        self.proc = subprocess.Popen(  # noqa: ASYNC220 - vfork+exec returns at once; see the module doc
+            argv,
             env=env,
             cwd=self.spec.cwd,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-            limit=1 << 20,
         )
         log.info("engine %s started (pid %d): %s", self.engine, self.proc.pid, " ".join(self.spec.argv))
-        self._reader = asyncio.get_running_loop().create_task(
-            self._pump(), name=f"engine-output-{self.engine}"
+        loop = asyncio.get_running_loop()
+        assert self.proc.stdout is not None
+        stream = asyncio.StreamReader(limit=1 << 20, loop=loop)
+        await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(stream, loop=loop), self.proc.stdout
         )
+        self._reader = loop.create_task(self._pump(stream), name=f"engine-output-{self.engine}")
+        self._exit = loop.create_task(_exit_code(self.proc), name=f"engine-exit-{self.engine}")
 
-    async def _pump(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        stream = self.proc.stdout
+    async def _pump(self, stream: asyncio.StreamReader) -> None:
         while True:
             try:
                 raw = await stream.readline()
@@ -113,15 +124,15 @@ class EngineProcess:
 
     async def wait(self) -> int:
         """Wait for the process to exit and its output to be read; its exit code."""
-        assert self.proc is not None
-        code = await self.proc.wait()
+        assert self._exit is not None
+        code = await asyncio.shield(self._exit)
         if self._reader is not None:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._reader), 2.0)
         return code
 
     def _signal_group(self, sig: signal.Signals) -> None:
-        if self.proc is None or self.proc.returncode is not None:
+        if self.proc is None or self.proc.poll() is not None:
             return
         try:
             os.killpg(self.proc.pid, sig)
@@ -133,16 +144,16 @@ class EngineProcess:
 
     async def stop(self, grace: float) -> int | None:
         """SIGTERM the process group; SIGKILL after ``grace`` seconds. The exit code."""
-        if self.proc is None:
+        if self.proc is None or self._exit is None:
             return None
-        if self.proc.returncode is None:
+        if self.proc.poll() is None:
             self._signal_group(signal.SIGTERM)
             try:
-                await asyncio.wait_for(self.proc.wait(), grace)
+                await asyncio.wait_for(asyncio.shield(self._exit), grace)
             except TimeoutError:
                 log.warning("engine %s did not exit %gs after SIGTERM; sending SIGKILL", self.engine, grace)
                 self._signal_group(signal.SIGKILL)
-                await self.proc.wait()
+                await asyncio.shield(self._exit)
         # children of the engine (workers it forked) go down with its group
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -155,3 +166,26 @@ class EngineProcess:
     def last_lines(self, n: int = 20) -> str:
         lines = list(self.tail)[-n:]
         return "\n".join(f"  {line}" for line in lines) if lines else "  (no output)"
+
+
+async def _exit_code(proc: subprocess.Popen[bytes]) -> int:
+    """Wait for ``proc`` to exit without blocking the loop: a pidfd turns readable then (Linux
+    5.3+); elsewhere a thread waits."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        return await asyncio.to_thread(proc.wait)
+    loop = asyncio.get_running_loop()
+    exited: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        await exited
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    return proc.wait()
