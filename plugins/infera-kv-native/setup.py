@@ -7,8 +7,8 @@ setup(
     ext_modules=[
         Extension(
             "infera_kv_native._chain",
-            sources=["src/chain.c", "src/index.c"],
-            depends=["src/kvcommon.h", "src/index.h", "src/msgpack.h", "src/tables.h"],
+            sources=["src/chain.c", "src/index.c", "src/batch.c"],
+            depends=["src/kvcommon.h", "src/index.h", "src/msgpack.h", "src/store.h", "src/tables.h"],
             extra_compile_args=["-O3", "-std=c11"],
             optional=True,
         )

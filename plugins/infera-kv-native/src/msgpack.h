@@ -19,7 +19,7 @@ typedef struct {
 
 /* Whether p[0..n) is valid UTF-8 (RFC 3629: no overlongs, surrogates or code points past
  * U+10FFFF), as msgpack str items must be for Python to decode them. */
-static int utf8_ok(const unsigned char *p, size_t n)
+static inline int utf8_ok(const unsigned char *p, size_t n)
 {
     size_t i = 0;
     while (i < n) {
@@ -57,7 +57,7 @@ static int utf8_ok(const unsigned char *p, size_t n)
 }
 
 /* Read one item header (and step over a str/bin/ext payload); -1 when malformed. */
-static int mp_read(reader *r, mpitem *it)
+static inline int mp_read(reader *r, mpitem *it)
 {
     if (r->p >= r->end)
         return -1;
@@ -134,7 +134,7 @@ payload:
 }
 
 /* Step over one whole item; -1 when malformed or nested deeper than 32. */
-static int mp_skip(reader *r, int depth)
+static inline int mp_skip(reader *r, int depth)
 {
     mpitem it;
     if (depth > 32 || mp_read(r, &it) < 0)

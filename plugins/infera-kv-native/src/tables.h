@@ -258,8 +258,8 @@ static inline int em_add(emap *m, uint64_t k, uint64_t v)
         if (m->nents < m->cap)
             goto put;
     }
-    uint32_t cap = m->cap ? m->cap : 8;
-    if (m->live >= cap / 2) /* else compacting the dead entries away makes room */
+    uint32_t cap = 8; /* room for twice the live entries: grows, or compacts (and shrinks) */
+    while (cap < 2 * (m->live + 1))
         cap *= 2;
     if (em_rebuild(m, cap) < 0)
         return -1;
