@@ -34,14 +34,26 @@ from infera_core.kv.decode import MsgpackEventDecoder
 from infera_core.kv.events import BlockRemoved, BlockStored, KvEventBatch
 from infera_core.kv.index import KvIndex
 
+Payloads = list[tuple[int, bytes]]
+"""(worker, payload) in arrival order."""
+
 
 def make_payloads(
-    batches: int, blocks_per_store: int, bs: int, capacity: int, seed: int = 0
+    batches: int, blocks_per_store: int, bs: int, capacity: int, workers: int = 1
+) -> tuple[Payloads, int]:
+    """``batches`` in all, round-robin over ``workers`` that each fill a ``capacity`` cache."""
+    per = [_worker_payloads(batches // workers, blocks_per_store, bs, capacity, w) for w in range(workers)]
+    out = [(w, per[w][0][i]) for i in range(batches // workers) for w in range(workers)]
+    return out, sum(n for _, n in per)
+
+
+def _worker_payloads(
+    batches: int, blocks_per_store: int, bs: int, capacity: int, seed: int
 ) -> tuple[list[bytes], int]:
     rng = random.Random(seed)
     enc = msgspec.msgpack.Encoder()
     live: list[int | bytes] = []
-    next_hash = 1 << 40
+    next_hash = (1 << 40) + (seed << 32)
     out: list[bytes] = []
     blocks = 0
     for _ in range(batches):
@@ -61,28 +73,28 @@ def make_payloads(
     return out, blocks
 
 
-def run_infera(payloads: list[bytes], block_size: int) -> float:
+def run_infera(payloads: Payloads, block_size: int) -> float:
     index = KvIndex()
-    view = index.add_view("w0", None, block_size)
+    views = [index.add_view(f"w{i}", None, block_size) for i in range(1 + max(w for w, _ in payloads))]
     apply = index.apply_payload
     t0 = time.process_time()
-    for i, p in enumerate(payloads):
-        if apply(view, p, i) is None:
+    for i, (w, p) in enumerate(payloads):
+        if apply(views[w], p, i) is None:
             raise SystemExit("the native parser handed a batch back")
     return time.process_time() - t0
 
 
-def run_decoded(payloads: list[bytes], block_size: int) -> float:
+def run_decoded(payloads: Payloads, block_size: int) -> float:
     dec = MsgpackEventDecoder()
     index = KvIndex()
-    view = index.add_view("w0", None, block_size)
+    views = [index.add_view(f"w{i}", None, block_size) for i in range(1 + max(w for w, _ in payloads))]
     t0 = time.process_time()
-    for i, p in enumerate(payloads):
-        index.apply(view, dec.decode_raw(p), i)
+    for i, (w, p) in enumerate(payloads):
+        index.apply(views[w], dec.decode_raw(p), i)
     return time.process_time() - t0
 
 
-def run_python(payloads: list[bytes], block_size: int) -> float:
+def run_python(payloads: Payloads, block_size: int) -> float:
     before = accel.ops
     accel.use_native(False)
     try:
@@ -91,10 +103,10 @@ def run_python(payloads: list[bytes], block_size: int) -> float:
         accel.ops = before
 
 
-def run_naive(payloads: list[bytes], block_size: int) -> float:
-    held: dict[Any, bytes] = {}
+def run_naive(payloads: Payloads, block_size: int) -> float:
+    held: dict[Any, bytes] = {}  # hashes are distinct across workers here: one dict will do
     t0 = time.process_time()
-    for p in payloads:
+    for _, p in payloads:
         _ts, events, _rank = msgspec.msgpack.decode(p)
         for ev in events:
             if ev["type"] == "BlockStored":
@@ -118,11 +130,15 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=20000)
     ap.add_argument("--blocks-per-store", type=int, default=16)
     ap.add_argument("--block-size", type=int, default=32)
-    ap.add_argument("--capacity", type=int, default=50000, help="simulated cache size in blocks")
+    ap.add_argument("--capacity", type=int, default=50000, help="simulated cache size in blocks, per worker")
+    ap.add_argument("--workers", type=int, default=1, help="publishers, batches round-robin")
     a = ap.parse_args()
-    payloads, blocks = make_payloads(a.batches, a.blocks_per_store, a.block_size, a.capacity)
-    mb = sum(map(len, payloads)) / 1e6
-    print(f"{len(payloads)} batches, {blocks} block events ({mb:.1f} MB), block size {a.block_size}")
+    payloads, blocks = make_payloads(a.batches, a.blocks_per_store, a.block_size, a.capacity, a.workers)
+    mb = sum(len(p) for _, p in payloads) / 1e6
+    print(
+        f"{len(payloads)} batches from {a.workers} worker(s), {blocks} block events ({mb:.1f} MB),"
+        f" block size {a.block_size}, {a.capacity} blocks cached per worker"
+    )
     if accel.native_ops() is None:
         raise SystemExit("infera-kv-native is not built: nothing native to measure")
     runs = (
@@ -145,7 +161,7 @@ def main() -> None:
         d = float("inf")
         for _ in range(3):
             t0 = time.process_time()
-            for p in payloads:
+            for _, p in payloads:
                 fn(p)
             d = min(d, time.process_time() - t0)
         print(f"{label:42s} {blocks / d / 1e6:6.2f} M blocks/s")
