@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import httpx
+import msgspec
 import pytest
+import zmq
 from prometheus_client import CollectorRegistry
 
 from infera_core.facade import InferaHooks
+from infera_core.kv.events import BlockStored, KvEventBatch
 from infera_core.kv.hub import KvHub
 from infera_core.kv.settings import KvSettings
+from infera_core.testing.net import free_port
 from infera_core.worker import KvEventsInfo, WorkerRecord
 
 sim_testing = pytest.importorskip("infera_sim.testing")
 sim_tokenizer = pytest.importorskip("infera_sim.tokenizer")
+
+Send = Callable[[list[bytes]], None]
 
 BS = 16
 
@@ -186,8 +193,6 @@ def _port_pair() -> int:
     """A free port P with P + 1 free too (SGLang DP attention publishes rank r on P + r)."""
     import socket
 
-    from infera_core.testing.net import free_port
-
     for _ in range(50):
         p = free_port()
         with socket.socket() as s:
@@ -234,82 +239,68 @@ async def test_one_view_per_dp_rank_with_a_publisher_per_rank() -> None:
             await hub.close()
 
 
-async def test_ranks_sharing_one_publisher_get_a_view_each() -> None:
-    """DP ranks on one socket: each batch's own dp_rank picks the view (read natively)."""
-    import msgspec
-    import zmq
-
-    from infera_core.kv.events import BlockStored, KvEventBatch
-    from infera_core.testing.net import free_port
-
+@contextlib.asynccontextmanager
+async def _raw_publisher(
+    worker_id: str, dp_size: int = 1
+) -> AsyncIterator[tuple[KvHub, CollectorRegistry, Send]]:
+    """A hub following a bare ZMQ PUB socket; ``send(frames)`` publishes them as seq 0, 1, …"""
     port = free_port()
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)
     pub.bind(f"tcp://127.0.0.1:{port}")
     record = WorkerRecord(
-        worker_id="dp",
+        worker_id=worker_id,
         url="http://127.0.0.1:9",
         model="m",
         engine="vllm",
-        dp_size=2,
+        dp_size=dp_size,
         kv_events=KvEventsInfo(endpoint=f"tcp://127.0.0.1:{port}", format="vllm", block_size=BS),
     )
-    hub, _ = _hub()
+    hub, registry = _hub()
     await hub.start()
     hub.worker_added(record)
-    frames = [
-        msgspec.msgpack.encode(KvEventBatch(0.0, [BlockStored([1], None, list(range(BS)), BS)], 0)),
-        msgspec.msgpack.encode(KvEventBatch(0.0, [BlockStored([2, 3], None, list(range(2 * BS)), BS)], 1)),
-    ]
+
+    def send(frames: list[bytes]) -> None:
+        for seq, payload in enumerate(frames):
+            pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), payload])
+
     try:
-        for _ in range(100):  # the SUB joins asynchronously: resend until both landed
-            for seq, payload in enumerate(frames):
-                pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), payload])
-            v0, v1 = hub.index.view("dp", 0), hub.index.view("dp", 1)
-            if v0 is not None and v1 is not None and v0.block_count() and v1.block_count():
-                break
-            await asyncio.sleep(0.05)
-        v0, v1 = hub.index.view("dp", 0), hub.index.view("dp", 1)
-        assert v0 is not None and v1 is not None
-        assert (v0.block_count(), v1.block_count()) == (1, 2)
-        p = hub.cache_view("dp")["publishers"][0]
-        assert p["native_batches"] == p["batches"] > 0
+        yield hub, registry, send
     finally:
         await hub.close()
         pub.close(0)
         ctx.term()
 
 
+async def test_ranks_sharing_one_publisher_get_a_view_each() -> None:
+    """DP ranks on one socket: each batch's own dp_rank picks the view (read natively)."""
+    frames = [
+        msgspec.msgpack.encode(KvEventBatch(0.0, [BlockStored([1], None, list(range(BS)), BS)], 0)),
+        msgspec.msgpack.encode(KvEventBatch(0.0, [BlockStored([2, 3], None, list(range(2 * BS)), BS)], 1)),
+    ]
+
+    def counts() -> list[int]:
+        return [v.block_count() if (v := hub.index.view("dp", r)) else 0 for r in (0, 1)]
+
+    async with _raw_publisher("dp", dp_size=2) as (hub, _, send):
+        for _ in range(100):  # the SUB joins asynchronously: resend until both landed
+            send(frames)
+            if all(counts()):
+                break
+            await asyncio.sleep(0.05)
+        assert counts() == [1, 2]
+        p = hub.cache_view("dp")["publishers"][0]
+        assert p["native_batches"] == p["batches"] > 0
+
+
 async def test_bad_and_empty_batches_are_counted_and_the_stream_goes_on() -> None:
-    import msgspec
-    import zmq
-
-    from infera_core.kv.events import BlockStored, KvEventBatch
-    from infera_core.testing.net import free_port
-
-    port = free_port()
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 0)
-    pub.bind(f"tcp://127.0.0.1:{port}")
-    record = WorkerRecord(
-        worker_id="raw",
-        url="http://127.0.0.1:9",
-        model="m",
-        engine="vllm",
-        kv_events=KvEventsInfo(endpoint=f"tcp://127.0.0.1:{port}", format="vllm", block_size=BS),
-    )
-    hub, registry = _hub()
-    await hub.start()
-    hub.worker_added(record)
     good = msgspec.msgpack.encode(KvEventBatch(0.0, [BlockStored([1, 2], None, list(range(2 * BS)), BS)], 0))
     frames = [b"\xc1not msgpack", msgspec.msgpack.encode([0.0, [], 0]), good]
-    try:
+    async with _raw_publisher("raw") as (hub, registry, send):
         # the SUB joins asynchronously: resend the sequence until the good batch lands
         for _ in range(100):
-            for seq, payload in enumerate(frames):
-                pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), payload])
+            send(frames)
             view = hub.cache_view("raw")
             p = view["publishers"][0]
             if view["blocks"] == 2 and p["undecodable_batches"] and p["empty_batches"]:
@@ -320,10 +311,6 @@ async def test_bad_and_empty_batches_are_counted_and_the_stream_goes_on() -> Non
         assert pubs["undecodable_batches"] >= 1 and pubs["empty_batches"] >= 1
         bad = registry.get_sample_value("infera_kv_batches_undecodable_total", {"worker": "raw"})
         assert bad is not None and bad >= 1
-    finally:
-        await hub.close()
-        pub.close(0)
-        ctx.term()
 
 
 async def test_a_quiet_worker_is_known_from_its_replay_buffer_when_the_router_joins_late() -> None:

@@ -6,6 +6,7 @@
  */
 #include "store.h"
 
+/* hash((ROUTER_HASH_SEED, 0x10AA, lora_id)): infera_core.kv.hashing.root_hash */
 static int64_t lora_root(int64_t lora)
 {
     uint64_t acc = XXPRIME_5;

@@ -7,6 +7,7 @@
 
 /* -- keys ------------------------------------------------------------------------------ */
 
+/* The key of an engine block hash given as a Python object; -1 with an exception set. */
 static int key_of(PyObject *o, uint64_t *k)
 {
     if (PyLong_Check(o)) {
@@ -40,7 +41,6 @@ static int key_of(PyObject *o, uint64_t *k)
     return -1;
 }
 
-/* The key of a msgpack block hash (int or bin); -1 for any other item. */
 const char fold_key_doc[] = "fold_key(block_hash, /)\n--\n\n"
                             "The 64-bit key the native index files an engine block hash (int or bytes) under.";
 
@@ -54,7 +54,6 @@ PyObject *fold_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return key_of(args[0], &k) < 0 ? NULL : PyLong_FromUnsignedLongLong(k);
 }
 
-/* hash((ROUTER_HASH_SEED, 0x10AA, lora_id)): infera_core.kv.hashing.root_hash */
 /* -- per-event methods (decoded batches from any decoder) ------------------------------ */
 
 static PyObject *Index_lookup(IndexObject *x, PyObject *const *args, Py_ssize_t nargs)

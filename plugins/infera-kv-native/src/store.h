@@ -54,7 +54,7 @@ static inline uint64_t fold_bytes(const unsigned char *p, size_t n)
     return fmix(h);
 }
 
-/* The key of an engine block hash given as a Python object; -1 with an exception set. */
+/* The key of a msgpack block hash (int or bin); -1 for any other item. */
 static inline int read_key(reader *r, uint64_t *k)
 {
     mpitem it;
