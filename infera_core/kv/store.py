@@ -16,6 +16,7 @@ Layout (one request is scored in one pass over its prompt blocks):
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Protocol
 
 from infera_core.kv.events import BlockHash
@@ -30,7 +31,7 @@ class BlockStore(Protocol):
         """The router hash of an engine block the slot holds on any tier (GPU first)."""
         ...
 
-    def store(self, slot: int, tier: int, block_hashes: list[BlockHash], hashes: list[int], /) -> int:
+    def store(self, slot: int, tier: int, block_hashes: Sequence[BlockHash], hashes: Sequence[int], /) -> int:
         """Mirror stored blocks (engine hash → router hash); returns how many became newly held.
 
         An engine hash already mirrored is left alone; a router hash the slot already holds
@@ -38,7 +39,7 @@ class BlockStore(Protocol):
         """
         ...
 
-    def remove(self, slot: int, tier: int, block_hashes: list[BlockHash], /) -> tuple[int, int]:
+    def remove(self, slot: int, tier: int, block_hashes: Sequence[BlockHash], /) -> tuple[int, int]:
         """Forget removed blocks; returns (router hashes no longer held, engine hashes unknown)."""
         ...
 
@@ -107,7 +108,7 @@ class PyBlockStore:
                 found = e[2].get(block_hash)
         return found
 
-    def store(self, slot: int, tier: int, block_hashes: list[BlockHash], hashes: list[int], /) -> int:
+    def store(self, slot: int, tier: int, block_hashes: Sequence[BlockHash], hashes: Sequence[int], /) -> int:
         s = self._slot(slot)
         emap, dups, masks = s.emap[tier], s.dups[tier], self._masks[tier]
         bit = 1 << slot
@@ -124,7 +125,7 @@ class PyBlockStore:
         s.nblocks[tier] += added
         return added
 
-    def remove(self, slot: int, tier: int, block_hashes: list[BlockHash], /) -> tuple[int, int]:
+    def remove(self, slot: int, tier: int, block_hashes: Sequence[BlockHash], /) -> tuple[int, int]:
         s = self._slots.get(slot)
         if s is None:
             return 0, len(block_hashes)

@@ -91,7 +91,7 @@ def test_bad_arguments_are_type_and_value_errors_not_crashes() -> None:
         native().chain_hashes(5, 1, 0)  # type: ignore[arg-type]
     store = native().new_store()
     with pytest.raises(TypeError):
-        store.store(0, 0, (1,), [2])  # type: ignore[arg-type]
+        store.store(0, 0, 5, [2])  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         store.store(0, 0, [1.5], [2])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="tier"):

@@ -76,29 +76,34 @@ static PyObject *Index_store(IndexObject *x, PyObject *const *args, Py_ssize_t n
     if (nargs_is(nargs, 4, "store(slot, tier, block_hashes, hashes)") < 0 || arg_slot(args[0], &slot) < 0 ||
         arg_tier(args[1], &tier) < 0)
         return NULL;
-    if (!PyList_Check(args[2]) || !PyList_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "store: block_hashes and hashes must be lists");
-        return NULL;
-    }
     view_t *v = view_at(x, slot);
     if (v == NULL)
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(args[2]);
-    if (PyList_GET_SIZE(args[3]) < n)
-        n = PyList_GET_SIZE(args[3]);
+    PyObject *ehs = PySequence_Fast(args[2], "store: block_hashes must be a sequence");
+    PyObject *hs = ehs == NULL ? NULL : PySequence_Fast(args[3], "store: hashes must be a sequence");
+    PyObject *out = NULL;
+    if (hs == NULL)
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ehs);
+    if (PySequence_Fast_GET_SIZE(hs) < n)
+        n = PySequence_Fast_GET_SIZE(hs);
     for (Py_ssize_t i = 0; i < n; i++) {
         uint64_t ek;
-        if (key_of(PyList_GET_ITEM(args[2], i), &ek) < 0)
-            return NULL;
-        long long rh = PyLong_AsLongLong(PyList_GET_ITEM(args[3], i));
+        if (key_of(PySequence_Fast_GET_ITEM(ehs, i), &ek) < 0)
+            goto done;
+        long long rh = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(hs, i));
         if (rh == -1 && PyErr_Occurred())
-            return NULL;
+            goto done;
         int r = store_one(x, v, slot, tier, ek, (uint64_t)rh);
         if (r < 0)
-            return NULL;
+            goto done;
         added += r;
     }
-    return PyLong_FromSsize_t(added);
+    out = PyLong_FromSsize_t(added);
+done:
+    Py_XDECREF(ehs);
+    Py_XDECREF(hs);
+    return out;
 }
 
 static PyObject *Index_remove(IndexObject *x, PyObject *const *args, Py_ssize_t nargs)
@@ -108,20 +113,22 @@ static PyObject *Index_remove(IndexObject *x, PyObject *const *args, Py_ssize_t 
     if (nargs_is(nargs, 3, "remove(slot, tier, block_hashes)") < 0 || arg_slot(args[0], &slot) < 0 ||
         arg_tier(args[1], &tier) < 0)
         return NULL;
-    if (!PyList_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "remove: block_hashes must be a list");
+    PyObject *ehs = PySequence_Fast(args[2], "remove: block_hashes must be a sequence");
+    if (ehs == NULL)
         return NULL;
-    }
     view_t *v = peek_view(x, slot);
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(args[2]); i++) {
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(ehs); i++) {
         uint64_t ek;
-        if (key_of(PyList_GET_ITEM(args[2], i), &ek) < 0)
+        if (key_of(PySequence_Fast_GET_ITEM(ehs, i), &ek) < 0) {
+            Py_DECREF(ehs);
             return NULL;
+        }
         if (v == NULL)
             unknown++;
         else
             remove_one(x, v, slot, tier, ek, &removed, &unknown);
     }
+    Py_DECREF(ehs);
     return Py_BuildValue("(nn)", removed, unknown);
 }
 
