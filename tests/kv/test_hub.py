@@ -14,6 +14,7 @@ import zmq
 from prometheus_client import CollectorRegistry
 
 from infera_core.facade import InferaHooks
+from infera_core.kv import accel
 from infera_core.kv.events import BlockStored, KvEventBatch
 from infera_core.kv.hub import KvHub
 from infera_core.kv.settings import KvSettings
@@ -77,8 +78,12 @@ def _hub(settings: KvSettings | None = None) -> tuple[KvHub, CollectorRegistry]:
     return KvHub(InferaHooks.load().catalog(), registry, settings), registry
 
 
-@pytest.mark.parametrize("layout", ["map", "array"])
-async def test_hub_mirrors_a_sim_and_drops_it_when_it_leaves(layout: str) -> None:
+@pytest.mark.parametrize(("layout", "store"), [("map", "native"), ("array", "native"), ("map", "python")])
+async def test_hub_mirrors_a_sim_and_drops_it_when_it_leaves(
+    layout: str, store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if store == "python":  # INFERA_KV_NATIVE=0: dict tables, every batch through the decoder
+        monkeypatch.setattr(accel, "ops", accel.PYTHON)
     with sim_testing.start_sim(speedup="inf", block_size=BS, kv_events_layout=layout) as sim:
         hub, registry = _hub()
         hub.worker_added(_record(sim))
@@ -94,7 +99,7 @@ async def test_hub_mirrors_a_sim_and_drops_it_when_it_leaves(layout: str) -> Non
             assert view["blocks"] > 0 and view["stale"] is False and view["last_event_at"] is not None
             pub = view["publishers"][0]
             # map-layout batches go straight to the native parser; array layout via the decoder
-            assert pub["native_batches"] == (pub["batches"] if layout == "map" else 0)
+            assert pub["native_batches"] == (pub["batches"] if (layout, store) == ("map", "native") else 0)
             applied = registry.get_sample_value("infera_kv_events_applied_total", {"worker": "sim-0"})
             assert applied is not None and applied > 0
             hub.worker_removed("sim-0")
