@@ -76,6 +76,11 @@ class KvMetrics(Collector):
         yield GaugeMetricFamily(
             "infera_kv_index_blocks_total", "Blocks in the KV index", value=hub.index.block_count()
         )
+        yield GaugeMetricFamily(
+            "infera_kv_index_memory_bytes",
+            "Bytes held by the KV index's block tables",
+            value=hub.index.blocks.memory_bytes(),
+        )
         yield CounterMetricFamily(
             "infera_kv_index_evicted_for_memory",
             "Blocks dropped to stay under --kv-index-max-blocks",

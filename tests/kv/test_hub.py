@@ -102,6 +102,8 @@ async def test_hub_mirrors_a_sim_and_drops_it_when_it_leaves(
             assert pub["native_batches"] == (pub["batches"] if (layout, store) == ("map", "native") else 0)
             applied = registry.get_sample_value("infera_kv_events_applied_total", {"worker": "sim-0"})
             assert applied is not None and applied > 0
+            memory = registry.get_sample_value("infera_kv_index_memory_bytes")
+            assert memory is not None and memory > 0
             hub.worker_removed("sim-0")
             assert hub.index.views_of("sim-0") == [] and hub.cache_view("sim-0")["blocks"] == 0
         finally:
