@@ -15,11 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from infera_core.scheduling.types import Endpoint
+from infera_core.server.series import LeanCollector, LeanCounter, LeanHistogram
 
 PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -52,37 +53,26 @@ class _RoleCollector(Collector):
 
 
 class PdMetrics:
-    """PD series; hot-path methods take plain values and cache label children."""
+    """PD series; the hot-path methods update lean series (:mod:`infera_core.server.series`)."""
 
     def __init__(self, registry: CollectorRegistry, endpoints: Callable[[], Iterable[Endpoint]]) -> None:
-        r = registry
-        self.pairs = Counter(
-            "infera_pd_pairs", "Prefill/decode pairs chosen", ["prefill", "decode"], registry=r
-        )
-        self.failures = Counter("infera_pd_failures", "PD failures by reason", ["reason"], registry=r)
-        self.phases = Histogram(
+        self.pairs = LeanCounter("infera_pd_pairs", "Prefill/decode pairs chosen", ["prefill", "decode"])
+        self.failures = LeanCounter("infera_pd_failures", "PD failures by reason", ["reason"])
+        self.phases = LeanHistogram(
             "infera_pd_phase_seconds",
             "Time-to-first-token phases of PD requests",
             ["model", "phase"],
-            buckets=PHASE_BUCKETS,
-            registry=r,
+            PHASE_BUCKETS,
         )
-        r.register(_RoleCollector(endpoints))
-        self._cache: dict[tuple[Any, ...], Any] = {}
-
-    def _child(self, metric: Any, *labels: str) -> Any:
-        key = (id(metric), *labels)
-        child = self._cache.get(key)
-        if child is None:
-            child = self._cache[key] = metric.labels(*labels)
-        return child
+        registry.register(LeanCollector([self.pairs, self.failures, self.phases]))
+        registry.register(_RoleCollector(endpoints))
 
     def paired(self, prefill: str, decode: str) -> None:
-        self._child(self.pairs, prefill, decode).inc()
+        self.pairs.child((prefill, decode)).inc()
 
     def failed(self, reason: str) -> None:
-        self._child(self.failures, reason).inc()
+        self.failures.child((reason,)).inc()
 
     def phase(self, model: str, phase: str, seconds: float) -> None:
         if seconds >= 0:
-            self._child(self.phases, model, phase).observe(seconds)
+            self.phases.child((model, phase)).observe(seconds)
