@@ -11,7 +11,8 @@ Both set TCP_NODELAY on every connection (:func:`set_nodelay` does the same for 
 server's accepted sockets, see ``server.run``). :meth:`Upstream.open` sends the client's
 bytes unchanged and returns once the worker's response headers arrived (the "first
 byte"); everything before that is retryable (:class:`UpstreamError`), everything after is
-not. Reading the body raises one of :data:`READ_ERRORS`.
+not. Reading the body raises one of :data:`READ_ERRORS` (each transport turns its client
+library's errors into :class:`UpstreamReadError`, so aiohttp loads only when selected).
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any, Literal, Protocol
 
-import aiohttp
-
 from infera_core.scheduling.types import Endpoint
 
 TransportKind = Literal["native", "aiohttp"]
 
-READ_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, OSError, TimeoutError)
+
+class UpstreamReadError(OSError):
+    """Reading a worker's response body failed (the connection broke, the body was malformed)."""
+
+
+READ_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError)
 """What reading a response body may raise when the worker fails or goes quiet."""
 
 

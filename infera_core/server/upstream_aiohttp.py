@@ -11,7 +11,7 @@ import aiohttp
 from yarl import URL
 
 from infera_core.scheduling.types import Endpoint
-from infera_core.server.transport import UpstreamError
+from infera_core.server.transport import UpstreamError, UpstreamReadError
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -30,10 +30,20 @@ class AiohttpResponse:
         return self._r.headers.get(name, default)
 
     async def read(self) -> bytes:
-        return await self._r.read()
+        try:
+            return await self._r.read()
+        except aiohttp.ClientError as exc:
+            raise UpstreamReadError(f"{type(exc).__name__}: {exc}") from exc
 
     def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._r.content.iter_any().__aiter__()
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._r.content.iter_any():
+                yield chunk
+        except aiohttp.ClientError as exc:
+            raise UpstreamReadError(f"{type(exc).__name__}: {exc}") from exc
 
     def release(self) -> None:
         self._r.release()
