@@ -112,27 +112,26 @@ class KvOverlapScorer(Scorer):
 
     def score(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
         index = self.index
-        out = [0.0] * len(candidates)
         if index is None or not ctx.token_ids:
-            return out
+            return [0.0] * len(candidates)
+        get = index.views_by_key.get
+        views = [get((ep.worker_id, ep.dp_rank)) for ep in candidates]
         untrusted = index.untrusted
-        views = index.views_by_key
-        groups: dict[int, list[tuple[int, Any]]] = {}
-        for i, ep in enumerate(candidates):
-            view = views.get((ep.worker_id, ep.dp_rank))
-            if view is not None and (not untrusted or ep.worker_id not in untrusted):
-                members = groups.get(view.block_size)
-                if members is None:
-                    members = groups[view.block_size] = []
-                members.append((i, view))
-        for bs, members in groups.items():
+        if untrusted:
+            views = [None if v is None or v.worker_id in untrusted else v for v in views]
+        sizes = {v.block_size for v in views if v is not None}
+        out = [0.0] * len(candidates)
+        for bs in sizes:  # almost always one block size for the whole fleet
             hashes = ctx.cached_block_hashes(bs, index.hash_prompt)
             if not hashes:
                 continue
-            matched = index.match(hashes, [v for _, v in members], self.weights)
             n = len(hashes)
-            for (i, _), m in zip(members, matched, strict=True):
-                out[i] = m / n
+            if len(sizes) == 1:  # views that are None match 0.0
+                return [m / n for m in index.match(hashes, views, self.weights)]
+            group = [v if v is not None and v.block_size == bs else None for v in views]
+            for i, m in enumerate(index.match(hashes, group, self.weights)):
+                if group[i] is not None:
+                    out[i] = m / n
         return out
 
     def on_routed(self, ctx: RequestContext, endpoint: Endpoint) -> None:
@@ -171,7 +170,17 @@ class LoadScorer(Scorer):
         return value
 
     def score(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
-        return _relative_inverse([self.load(ep) for ep in candidates])
+        unit = self.unit  # load() inlined: this runs per candidate per request
+        if self.engine_stats:
+            return _relative_inverse(
+                [
+                    ep.in_flight
+                    + ep.in_flight_prompt_tokens / unit
+                    + (ep.stats.get("waiting", 0.0) if ep.stats else 0.0)
+                    for ep in candidates
+                ]
+            )
+        return _relative_inverse([ep.in_flight + ep.in_flight_prompt_tokens / unit for ep in candidates])
 
     def on_routed(self, ctx: RequestContext, endpoint: Endpoint) -> None:
         n = len(ctx.token_ids) if ctx.token_ids else _estimate_tokens(ctx.body)
