@@ -3,7 +3,7 @@
 The launcher starts every engine through this tiny program instead of running Python
 code between ``fork`` and ``exec`` (``preexec_fn``): the launcher has other threads
 (gRPC's, for etcd), and a forked child of a threaded process may only run
-async-signal-safe code — ``preexec_fn`` there crashed sims with SIGSEGV now and then.
+async-signal-safe code (see :mod:`infera_core.launcher.process` for how it spawns).
 
 On Linux it asks for SIGTERM when the parent (the launcher) dies, even by ``kill -9``,
 and exits at once if the parent is already gone (``INFERA_LAUNCHER_PID`` names it).
