@@ -267,8 +267,8 @@ class KvIndex:
 
     def apply_payload(self, view: WorkerView, payload: bytes, seq: int | None = None) -> int | None:
         """Parse and apply one vLLM-style msgpack batch natively; returns how many events it
-        had, or None, having changed nothing, when it needs a Python decoder (array layout,
-        unknown event tags, non-int token ids…) or the store cannot ingest payloads."""
+        had, or None, having changed nothing, when it needs a Python decoder (unknown event
+        tags, non-int token ids…) or the store cannot ingest payloads."""
         fast = self._apply_payload
         if fast is None:
             return None

@@ -98,8 +98,8 @@ async def test_hub_mirrors_a_sim_and_drops_it_when_it_leaves(
             view = hub.cache_view("sim-0")
             assert view["blocks"] > 0 and view["stale"] is False and view["last_event_at"] is not None
             pub = view["publishers"][0]
-            # map-layout batches go straight to the native parser; array layout via the decoder
-            assert pub["native_batches"] == (pub["batches"] if (layout, store) == ("map", "native") else 0)
+            # both layouts go straight to the native parser; the Python store decodes them all
+            assert pub["native_batches"] == (pub["batches"] if store == "native" else 0)
             applied = registry.get_sample_value("infera_kv_events_applied_total", {"worker": "sim-0"})
             assert applied is not None and applied > 0
             memory = registry.get_sample_value("infera_kv_index_memory_bytes")

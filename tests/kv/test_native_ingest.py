@@ -114,9 +114,30 @@ class _Gen:
             self.maybe(ev, "group_idx", [None, 0, 1, 2])
         self.maybe(ev, "lora_name", ["adapter", None])  # fields the router ignores
         self.maybe(ev, "extra_keys", [[["salt", 1], {"k": b"v"}], None])
+        if self.rng.random() < 0.2:
+            return self.as_array(ev)  # the older layout, positional
         items = list(ev.items())
         rng.shuffle(items)  # the tag need not come first
         return dict(items)
+
+    def as_array(self, ev: dict[str, Any]) -> list[Any]:
+        kind = ev["type"]
+        if kind == "BlockStored":
+            fields = ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"]
+            ev.setdefault("lora_id", None)
+            ev.setdefault("medium", None)
+            ev.pop("kv_cache_spec_kind", None)  # not in this layout
+            ev.pop("group_idx", None)
+        elif kind == "BlockRemoved":
+            fields = ["block_hashes", "medium"]
+            ev.setdefault("medium", None)
+            ev.pop("group_idx", None)
+        else:
+            fields = []
+        out = [kind, *(ev[f] for f in fields)]
+        if kind == "BlockStored" and out[-1] is None and self.rng.random() < 0.5:
+            out.pop()  # trailing optional fields may be left out
+        return out + ([None, "extra"] if self.rng.random() < 0.2 else [])
 
     def payload(self) -> bytes:
         events = [self.event() for _ in range(self.rng.randrange(1, 7))]
@@ -167,7 +188,9 @@ def _batch(*events: Any, top: list[Any] | None = None) -> bytes:
 STORED = {"type": "BlockStored", "block_hashes": [9], "parent_block_hash": None, "token_ids": [1] * BS,
           "block_size": BS}  # fmt: skip
 HANDED_BACK = {
-    "array layout": _batch(["BlockStored", [9], None, [1] * BS, BS]),
+    "array layout, unknown tag": _batch(["BlockMoved", [9]]),
+    "array layout, short": _batch(["BlockStored", [9], None, [1] * BS]),
+    "array layout, str lora_id": _batch(["BlockStored", [9], None, [1] * BS, BS, "a"]),
     "unknown event tag": _batch(STORED, {"type": "BlockMoved", "block_hashes": [9]}),
     "bigram token ids": _batch({**STORED, "token_ids": [[1, 2]] * BS}),
     "str block hash": _batch({**STORED, "block_hashes": ["9"]}),

@@ -1,8 +1,8 @@
 /*
- * apply_payload(): parse a vLLM-style msgpack batch (map layout) and apply it without
- * creating Python objects per event. The whole batch is validated first; anything it does
- * not handle (array layout, unknown event tags, non-int token ids, odd types, invalid
- * UTF-8…) returns None, having changed nothing, and the caller decodes it in Python.
+ * apply_payload(): parse a vLLM-style msgpack batch (map or array layout) and apply it
+ * without creating Python objects per event. The whole batch is validated first; anything
+ * it does not handle (unknown event tags, non-int token ids, odd types, invalid UTF-8…)
+ * returns None, having changed nothing, and the caller decodes it in Python.
  */
 #include "store.h"
 
@@ -135,14 +135,86 @@ bad:
     return -1;
 }
 
-/* One map-layout event; 0 ok, -1 unsupported. */
+/* A medium field (nil or str) as a tier into ev; -1 unsupported. */
+static int medium_field(reader *r, evdesc *ev)
+{
+    mpitem v;
+    if (mp_read(r, &v) < 0 || (v.type != MP_NIL && v.type != MP_STR))
+        return -1;
+    return (ev->tier = tier_of_medium(&v)) < 0 ? -1 : 0;
+}
+
+/* The rest of an array-layout event (older vLLM and SGLang), its n items after the tag:
+ * ["BlockStored", hashes, parent, token_ids, block_size, lora_id?, medium?, ...],
+ * ["BlockRemoved", hashes, medium?, ...], ["AllBlocksCleared", ...]. 0 ok, -1 unsupported. */
+static int parse_array_event(reader *r, uint64_t n, evdesc *ev)
+{
+    mpitem tag;
+    if (n == 0 || mp_read(r, &tag) < 0)
+        return -1;
+    uint64_t i = 1;
+    if (mp_str_is(&tag, "AllBlocksCleared")) {
+        ev->kind = EV_CLEARED;
+    } else if (mp_str_is(&tag, "BlockRemoved")) {
+        ev->kind = EV_REMOVED;
+        if (n < 2 || scan_hashes(r, &ev->hashes, &ev->nhashes) < 0 || (n > 2 && medium_field(r, ev) < 0))
+            return -1;
+        i = n > 2 ? 3 : 2;
+    } else if (mp_str_is(&tag, "BlockStored")) {
+        ev->kind = EV_STORED;
+        ev->indexed = 1; /* the array layout has no kv_cache_spec_kind */
+        if (n < 5 || scan_hashes(r, &ev->hashes, &ev->nhashes) < 0)
+            return -1;
+        const unsigned char *parent = r->p;
+        mpitem v;
+        if (mp_read(r, &v) < 0)
+            return -1;
+        if (v.type == MP_NIL) {
+            ev->parent_nil = 1;
+        } else {
+            reader pr = {parent, r->end};
+            if (read_key(&pr, &ev->parent) < 0)
+                return -1;
+            r->p = pr.p;
+        }
+        if (scan_tokens(r, &ev->tokens, &ev->ntokens) < 0 || int_field(r->p, r->end, 0, &ev->block_size) < 0 ||
+            mp_skip(r, 0) < 0)
+            return -1;
+        i = 5;
+        if (n > 5) {
+            int rc = int_field(r->p, r->end, 1, &ev->lora);
+            if (rc < 0 || mp_skip(r, 0) < 0)
+                return -1;
+            ev->has_lora = rc == 0;
+            i = 6;
+        }
+        if (n > 6) {
+            if (medium_field(r, ev) < 0)
+                return -1;
+            i = 7;
+        }
+    } else {
+        return -1; /* an unknown tag: the Python decoder counts it */
+    }
+    for (; i < n; i++)
+        if (mp_skip(r, 0) < 0)
+            return -1;
+    ev->end = r->p;
+    return 0;
+}
+
+/* One event, map layout (tagged by "type") or array layout; 0 ok, -1 unsupported. */
 static int parse_event(reader *r, evdesc *ev)
 {
     const unsigned char *at[NFIELDS] = {0};
     mpitem it;
-    if (mp_read(r, &it) < 0 || it.type != MP_MAP)
-        return -1;
     memset(ev, 0, sizeof *ev);
+    if (mp_read(r, &it) < 0)
+        return -1;
+    if (it.type == MP_ARRAY)
+        return parse_array_event(r, it.u, ev);
+    if (it.type != MP_MAP)
+        return -1;
     for (uint64_t i = 0; i < it.u; i++) {
         mpitem key;
         if (mp_read(r, &key) < 0 || key.type != MP_STR)
@@ -396,7 +468,7 @@ static void prefetch_removals(IndexObject *x, view_t *v, Py_ssize_t slot, const 
 
 const char apply_payload_doc[] =
              "apply_payload(slot, payload, block_size, skipped_groups, /)\n--\n\n"
-             "Parse and apply one vLLM-style msgpack batch (map layout) to a slot. Returns\n"
+             "Parse and apply one vLLM-style msgpack batch (map or array layout) to a slot. Returns\n"
              "(events, applied, unknown_parent, unknown_removed, bad_block_size, bad_block_size_value),\n"
              "or None, having changed nothing, when the batch needs the Python decoder.";
 
