@@ -51,11 +51,6 @@ def medium_tier(medium: str | None) -> int:
     return tier
 
 
-def _tier(medium: str | None) -> int:
-    tier = _MEDIUM_TIER.get(medium)
-    return medium_tier(medium) if tier is None else tier
-
-
 def indexed_kind(kind: str | None) -> bool:
     """Only full-attention and MLA groups share prefixes the way prompts do."""
     return kind is None or kind == "full_attention" or kind.startswith("mla")
@@ -342,11 +337,11 @@ class KvIndex:
                 hashes = ops.chain_hashes_msgpack(toks, ev.block_size, ph)
             except ValueError:  # not plain ints (e.g. EAGLE bigram pairs): the tolerant way
                 hashes = ops.chain_hashes(tokens_from_packed(toks), ev.block_size, ph)
-        self._blocks.store(view.slot, _tier(ev.medium), ev.block_hashes, hashes)
+        self._blocks.store(view.slot, medium_tier(ev.medium), ev.block_hashes, hashes)
 
     def _drop(self, view: WorkerView, block_hashes: list[BlockHash], medium: str | None) -> None:
         """Forget ``block_hashes`` held on ``medium``'s tier."""
-        view.unknown_removed += self._blocks.remove(view.slot, _tier(medium), block_hashes)[1]
+        view.unknown_removed += self._blocks.remove(view.slot, medium_tier(medium), block_hashes)[1]
 
     def block_count(self) -> int:
         return sum(v.block_count() for v in self._views.values())

@@ -163,14 +163,8 @@ class LoadScorer(Scorer):
         self._pending: dict[tuple[str, str], int] = {}
         """(request id, worker id) → prompt tokens added to that endpoint's accounting."""
 
-    def load(self, ep: Endpoint) -> float:
-        value = ep.in_flight + ep.in_flight_prompt_tokens / self.unit
-        if self.engine_stats and ep.stats:
-            value += ep.stats.get("waiting", 0.0)
-        return value
-
     def score(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
-        unit = self.unit  # load() inlined: this runs per candidate per request
+        unit = self.unit  # one comprehension: this runs per candidate per request
         if self.engine_stats:
             return _relative_inverse(
                 [
