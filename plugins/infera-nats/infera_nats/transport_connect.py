@@ -1,0 +1,99 @@
+"""One NATS connection for a transport component (router upstream, responder, KV relay or consumer).
+
+Connects within ``connect_timeout`` (else :class:`NatsUnreachableError`, one clear line),
+then reconnects forever with a short wait; the callbacks say when the connection drops
+and comes back. Connection errors during reconnects are logged once per outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import nats
+from nats.aio.client import Client
+from nats.errors import SlowConsumerError
+
+log = logging.getLogger("infera.nats")
+
+RECONNECT_WAIT_S = 0.25
+
+
+class NatsUnreachableError(ConnectionError):
+    """No NATS server answered within the connect timeout."""
+
+
+def split_servers(urls: str | list[str]) -> list[str]:
+    """``nats://a:4222,nats://b:4222`` (or a list of such strings) as a list of URLs."""
+    items = urls if isinstance(urls, list) else [urls]
+    return [u.strip() for item in items for u in item.split(",") if u.strip()]
+
+
+async def connect_nats(
+    servers: str | list[str],
+    name: str,
+    connect_timeout: float,
+    *,
+    on_disconnect: Callable[[], None] | None = None,
+    on_reconnect: Callable[[], None] | None = None,
+    on_slow_consumer: Callable[[SlowConsumerError], None] | None = None,
+    pending_size: int = 8 * 1024 * 1024,
+) -> Client:
+    urls = split_servers(servers)
+    if not urls:
+        raise NatsUnreachableError("no NATS server URL given (--nats-url, env INFERA_NATS_URL)")
+    outage = [False]
+
+    async def error_cb(exc: Exception) -> None:
+        if isinstance(exc, SlowConsumerError):
+            if on_slow_consumer is not None:
+                on_slow_consumer(exc)
+            return
+        if not outage[0]:
+            outage[0] = True
+            log.warning("%s: NATS connection error: %s", name, exc or type(exc).__name__)
+
+    async def disconnected_cb() -> None:
+        if on_disconnect is not None:
+            on_disconnect()
+
+    async def reconnected_cb() -> None:
+        outage[0] = False
+        log.info("%s: NATS reconnected", name)
+        if on_reconnect is not None:
+            on_reconnect()
+
+    nc = Client()
+    try:
+        async with asyncio.timeout(connect_timeout):
+            await nc.connect(
+                servers=urls,
+                name=name,
+                connect_timeout=max(1, int(connect_timeout)),
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=RECONNECT_WAIT_S,  # type: ignore[arg-type]  # seconds, float works
+                error_cb=error_cb,
+                disconnected_cb=disconnected_cb,
+                reconnected_cb=reconnected_cb,
+                pending_size=pending_size,
+            )
+    except (TimeoutError, OSError, nats.errors.Error) as exc:
+        with contextlib.suppress(Exception):
+            await nc.close()
+        shown = ", ".join(urls)
+        raise NatsUnreachableError(
+            f"NATS at {shown} did not answer within {connect_timeout:g} s ({type(exc).__name__})"
+        ) from None
+    outage[0] = False
+    return nc
+
+
+async def close_quietly(nc: Client | None, drain: Callable[[Client], Awaitable[None]] | None = None) -> None:
+    if nc is None or nc.is_closed:
+        return
+    with contextlib.suppress(Exception):
+        if drain is not None:
+            await drain(nc)
+        await nc.close()

@@ -1,0 +1,141 @@
+"""The NATS request transport: router client ⇄ real nats-server ⇄ responder ⇄ a real HTTP upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from infera_nats.responder import Responder
+from infera_nats.transport import NatsUpstream
+
+from infera_core.scheduling.types import Endpoint
+from infera_core.server.transport import UpstreamError, UpstreamReadError
+from infera_core.testing.nats import NatsServer
+from infera_core.testing.server import until
+from infera_core.testing.upstream import FakeUpstream, record_for
+
+STREAM = json.dumps({"model": "fake-model", "stream": True}).encode()
+PLAIN = json.dumps({"model": "fake-model"}).encode()
+
+
+@dataclass
+class Hop:
+    up: FakeUpstream
+    responder: Responder
+    client: NatsUpstream
+    endpoint: Endpoint
+
+
+async def make_client(nats: NatsServer, **kw: float) -> NatsUpstream:
+    opts = {"connect_timeout": 2.0, "first_byte_timeout": 5.0, "idle_timeout": 5.0, **kw}
+    client = NatsUpstream(nats.url, **opts)  # type: ignore[arg-type]
+    await client.start()
+    return client
+
+
+@pytest.fixture
+async def hop(nats_server: NatsServer) -> AsyncIterator[Hop]:
+    up = FakeUpstream("w0", chunks=16)
+    await up.start()
+    responder = Responder("w0", up.url, nats_server.url, connect_timeout=2.0)
+    await responder.start()
+    client = await make_client(nats_server)
+    try:
+        yield Hop(up, responder, client, Endpoint(record_for(up)))
+    finally:
+        await client.close()
+        await responder.close(grace=1.0)
+        await up.stop()
+
+
+async def test_json_response_arrives_whole_with_status_and_headers(hop: Hop) -> None:
+    resp = await hop.client.open(hop.endpoint, "/v1/chat/completions", PLAIN, {"X-Request-Id": "r-1"})
+    assert resp.status == 200
+    assert resp.content_type == "application/json"
+    assert resp.header("CONTENT-TYPE") == "application/json"
+    body = json.loads(await resp.read())
+    resp.release()
+    assert body["worker"] == "w0"
+    assert hop.up.last_path == "/v1/chat/completions"
+    assert hop.up.last_body == PLAIN
+
+
+async def test_stream_arrives_in_order_and_ends(hop: Hop) -> None:
+    resp = await hop.client.open(hop.endpoint, "/v1/chat/completions", STREAM)
+    assert resp.status == 200 and resp.content_type.startswith("text/event-stream")
+    data = b"".join([chunk async for chunk in resp])
+    resp.release()
+    assert data.count(b"data: ") == 17 and data.endswith(b"data: [DONE]\n\n")
+
+
+async def test_error_status_and_retry_after_pass_through(hop: Hop) -> None:
+    hop.up.status = 429
+    resp = await hop.client.open(hop.endpoint, "/v1/chat/completions", PLAIN)
+    assert resp.status == 429
+    assert b"fails with 429" in await resp.read()
+    resp.release()
+
+
+async def test_release_mid_stream_cancels_the_engine_request(hop: Hop) -> None:
+    hop.up.chunks = 1000
+    hop.up.chunk_delay = 0.01
+    resp = await hop.client.open(hop.endpoint, "/v1/chat/completions", STREAM)
+    it = aiter(resp)
+    assert (await anext(it)).startswith(b"data: ")
+    assert len(hop.up.connections) == 1
+    resp.release()
+    await until(lambda: hop.responder.cancelled == 1 and not hop.responder.inflight, within=5)
+    # the engine's connection was closed, as when an HTTP client goes away
+    await until(lambda: not hop.up.connections, within=5)
+
+
+async def test_first_byte_timeout_is_a_retryable_timeout_and_cancels(
+    hop: Hop, nats_server: NatsServer
+) -> None:
+    client = await make_client(nats_server, first_byte_timeout=0.3)
+    hop.up.delay = 3.0
+    try:
+        with pytest.raises(UpstreamError) as err:
+            await client.open(hop.endpoint, "/v1/chat/completions", PLAIN)
+        assert err.value.timeout
+        await until(lambda: hop.responder.cancelled == 1, within=5)
+    finally:
+        await client.close()
+
+
+async def test_no_responder_fails_at_once(hop: Hop) -> None:
+    ghost = Endpoint(record_for(FakeUpstream("ghost")))
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    with pytest.raises(UpstreamError) as err:
+        await hop.client.open(ghost, "/v1/chat/completions", PLAIN)
+    assert "no responder" in err.value.reason and not err.value.timeout
+    assert loop.time() - t0 < 2.0  # the server's no-responders status, not a timeout
+
+
+async def test_engine_down_is_a_retryable_error(hop: Hop) -> None:
+    await hop.up.stop()
+    with pytest.raises(UpstreamError) as err:
+        await hop.client.open(hop.endpoint, "/v1/chat/completions", PLAIN)
+    assert "engine unreachable" in err.value.reason
+
+
+async def test_engine_dying_mid_stream_is_a_read_error(hop: Hop) -> None:
+    hop.up.die_after_chunks = 3
+    hop.up.chunk_delay = 0.01
+    resp = await hop.client.open(hop.endpoint, "/v1/chat/completions", STREAM)
+    with pytest.raises(UpstreamReadError):
+        async for _ in resp:
+            pass
+    resp.release()
+
+
+async def test_large_bodies_are_split_across_messages(hop: Hop, nats_server: NatsServer) -> None:
+    big = b"x" * (3 * 1024 * 1024)  # over the default 1 MB max_payload once answered
+    hop.up._json = big  # the JSON answer the fake sends
+    resp = await hop.client.open(hop.endpoint, "/v1/chat/completions", PLAIN)
+    assert await resp.read() == big
+    resp.release()
