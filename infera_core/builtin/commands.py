@@ -1,25 +1,58 @@
-"""Core subcommands of ``infera-run``."""
+"""Core subcommands of ``infera-run``.
+
+They are registered lazily (module path + one-line help): ``infera-run --help`` and a
+subcommand import only what they use. ``tests/core/test_cli_startup.py`` checks that each
+one-line help here matches the command's own docstring.
+"""
 
 from __future__ import annotations
 
 import click
 
+from infera_core.cli.lazy_group import LazyCommand, LazyGroup
 from infera_core.hookspecs import hookimpl
+
+#: subcommand name -> ("module:attribute", one-line help)
+CORE_COMMANDS: dict[str, tuple[str, str]] = {
+    "plugins": (
+        "infera_core.cli.plugins:plugins_cmd",
+        "List installed plugins: name, distribution, version, status, what each provides.",
+    ),
+    "engines": (
+        "infera_core.cli.engines:engines_cmd",
+        "List engine adapters: name, owning plugin, description and engine-specific flags.",
+    ),
+    "policies": (
+        "infera_core.cli.policies:policies_cmd",
+        "List routing filters, scorers, pickers (with parameters) and presets (--router-policy).",
+    ),
+    "bench": (
+        "infera_core.cli.bench:bench_cmd",
+        "Benchmark an OpenAI-compatible endpoint (Infera, one engine, or another router).",
+    ),
+    "worker": (
+        "infera_core.cli.worker:worker_cmd",
+        "Run an engine as a fleet worker: infera-run worker <engine> [infera flags] -- [engine flags].",
+    ),
+    "workers": (
+        "infera_core.cli.workers:workers_cmd",
+        "List the workers registered in the fleet (etcd, or a static file).",
+    ),
+    "serve": (
+        "infera_core.cli.serve:serve_cmd",
+        "Serve /v1/chat/completions, /v1/completions, /v1/messages, /v1/models… for the fleet.",
+    ),
+    "up": (
+        "infera_core.cli.up:up_cmd",
+        "Start discovery, the server and N workers here; Ctrl-C drains and stops everything.",
+    ),
+}
 
 
 @hookimpl
 def infera_register_commands(cli: click.Group) -> None:
-    from infera_core.cli import bench, engines, plugins, policies
-
-    for cmd in (plugins.plugins_cmd, engines.engines_cmd, policies.policies_cmd, bench.bench_cmd):
-        cli.add_command(cmd)
-    from infera_core.cli import worker, workers
-
-    cli.add_command(worker.worker_cmd)
-    cli.add_command(workers.workers_cmd)
-    from infera_core.cli import serve
-
-    cli.add_command(serve.serve_cmd)
-    from infera_core.cli import up
-
-    cli.add_command(up.up_cmd)
+    for name, (target, short_help) in CORE_COMMANDS.items():
+        if isinstance(cli, LazyGroup):
+            cli.add_lazy_command(name, target, short_help)
+        else:  # a plain click group (a plugin author's own test harness): import now
+            cli.add_command(LazyCommand(target, short_help).load(), name)

@@ -1,7 +1,8 @@
 """The ``infera-run`` command line.
 
 Plugins are loaded before click parses arguments (plugins add subcommands), so
-``--strict-plugins`` is read from argv/env first. Every :class:`InferaError` ends
+``--strict-plugins`` is read from argv/env first. Core's subcommands are imported only
+when they run (:mod:`infera_core.cli.lazy_group`): ``--help`` stays fast. Every :class:`InferaError` ends
 the program with one clear line on stderr and exit status 1; no tracebacks.
 """
 
@@ -16,6 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 import click
 
 from infera_core import __version__
+from infera_core.cli.lazy_group import LazyGroup
 from infera_core.errors import InferaError
 from infera_core.facade import InferaHooks
 
@@ -29,7 +31,10 @@ def _versions(hooks: InferaHooks) -> str:
 
 
 def build_cli(hooks: InferaHooks) -> click.Group:
-    @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+    @click.group(
+        cls=LazyGroup,
+        context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+    )
     @click.option(
         "--strict-plugins",
         is_flag=True,
