@@ -5,6 +5,10 @@ An adapter is a small object registered by an engine plugin through
 argv/env to spawn, polls its readiness check, asks it for the in-flight count while
 draining, and asks it which worker-record fields (KV events, PD) to publish.
 Adapters never import their engine package.
+
+An adapter may also implement :class:`HealthGenerate` (a one-token generation the
+launcher sends at an interval to prove the engine still answers); without it the
+launcher POSTs a ``max_tokens=1`` completion to ``/v1/completions``.
 """
 
 from __future__ import annotations
@@ -142,4 +146,18 @@ class EngineAdapter(Protocol):
 
     async def in_flight(self, client: httpx.AsyncClient, base_url: str) -> int | None:
         """Requests running or waiting in the engine, or None when unknown."""
+        ...
+
+
+@runtime_checkable
+class HealthGenerate(Protocol):
+    """Optional adapter method: prove the engine still generates (like SGLang's ``/health_generate``).
+
+    The launcher calls it every ``--health-generate-interval`` seconds under a
+    ``--health-generate-timeout`` deadline; adapters without it get
+    :func:`infera_core.launcher.health.default_health_generate`.
+    """
+
+    async def health_generate(self, client: httpx.AsyncClient, base_url: str, model: str) -> bool:
+        """True when the engine answered a one-token generation (False or an exception: it failed)."""
         ...

@@ -1,5 +1,12 @@
 """The worker lifecycle: spawn → ready → register → monitor → drain → deregister → stop.
 
+While it monitors, the launcher polls the adapter's readiness check and (every
+``--health-generate-interval``) sends a one-token generation (:mod:`.health`): a worker
+failing those is published as ``draining`` until it answers again. When the engine dies
+after it has served, ``--restart-engine on-failure`` deregisters it, waits a backoff and
+starts it again on the same port (:mod:`.restart`); ``never`` ends :meth:`run` with the
+engine's error.
+
 Library use (``infera-run up`` runs several launchers in one event loop)::
 
     launcher = WorkerLauncher(hooks, "sim", WorkerSettings(model="m", discovery="memory"))
@@ -14,7 +21,8 @@ Library use (``infera-run up`` runs several launchers in one event loop)::
 
 ``discovery=`` hands the launcher an already started :class:`Discovery` (the caller closes
 it); without it the launcher creates, starts and closes the backend its settings name.
-``echo=`` receives each prefixed engine output line (default: stderr).
+``echo=`` receives each prefixed engine output line (default: stderr); ``on_spawn=``
+the process id of each engine started (the first and every restart).
 """
 
 from __future__ import annotations
@@ -23,18 +31,21 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
 
 from infera_core.discovery.base import Discovery, Registration
-from infera_core.engine import EngineAdapter, LaunchContext
+from infera_core.engine import EngineAdapter, LaunchContext, LaunchSpec
 from infera_core.errors import ConfigError, EngineError
 from infera_core.facade import InferaHooks
 from infera_core.launcher.address import advertise_host, free_port
+from infera_core.launcher.health import GenerationWatch, health_generate
 from infera_core.launcher.process import EngineProcess
+from infera_core.launcher.restart import RestartBudget, WorkerState
 from infera_core.launcher.settings import WorkerSettings
+from infera_core.redact import redact_url
 from infera_core.worker import Status, WorkerRecord
 
 log = logging.getLogger("infera.launcher")
@@ -59,6 +70,7 @@ class WorkerLauncher:
         options: dict[str, Any] | None = None,
         discovery: Discovery | None = None,
         echo: Callable[[str], None] | None = None,
+        on_spawn: Callable[[int], None] | None = None,
     ) -> None:
         self.hooks = hooks
         self.engine = engine
@@ -69,6 +81,12 @@ class WorkerLauncher:
         self._owns_discovery = discovery is None
         self._discovery_started = discovery is not None
         self._echo = echo
+        self._on_spawn = on_spawn
+        self._budget = RestartBudget(settings)
+        self._package_hint = ""
+        self.state = WorkerState.STARTING
+        self.restarts = 0
+        """Engine restarts so far (``--restart-engine on-failure``)."""
         self.process: EngineProcess | None = None
         self.context: LaunchContext | None = None
         self.record: WorkerRecord | None = None
@@ -121,51 +139,103 @@ class WorkerLauncher:
 
     # -- the lifecycle ----------------------------------------------------------
     async def run(self) -> int:
-        """Run until drained (returns 0) or the engine fails (raises :class:`EngineError`)."""
+        """Run until drained (returns 0) or the engine fails for good (raises :class:`EngineError`)."""
         self._running = True
         try:
             adapter: EngineAdapter = self.hooks.require("engine", self.engine)
             ctx = self._context(adapter)
+            self._package_hint = adapter.package_hint
             if self._discovery is None:  # an unknown backend fails before the engine starts
                 factory = self.hooks.require("discovery_backend", ctx.discovery or "")
                 self._discovery = factory.create(self.settings.discovery_settings())
                 self._discovery_started = False
             spec = adapter.build_launch(ctx)
             self.hooks.mutate_engine_launch(ctx, spec)
-            prefix = f"[{self.engine}:{ctx.worker_id}]"
-            kwargs: dict[str, Any] = {"echo": self._echo} if self._echo else {}
-            self.process = EngineProcess(
-                spec, prefix, engine=self.engine, package_hint=adapter.package_hint, **kwargs
-            )
-            # spawn first (the engine loads while we connect; no fork after gRPC threads start),
-            # then fail within the connect timeout when discovery is unreachable
-            await self.process.start()
-            discovery = await self._start_discovery()
             async with httpx.AsyncClient(timeout=httpx.Timeout(5.0), trust_env=False) as client:
-                if not await self._wait_ready(adapter, client, ctx):
-                    return 0  # stopped before the engine was ready
-                self.record = self._record(adapter, ctx)
-                self.registration = await discovery.register(self.record)
-                self._registered.set()
-                log.info(
-                    "worker %s registered: %s serving %s at %s",
-                    ctx.worker_id,
-                    self.engine,
-                    ctx.model,
-                    ctx.url,
-                )
-                await self._monitor(adapter, client, ctx)
-                await self._drain_requests(adapter, client, ctx)
+                while (down := await self._serve_once(adapter, spec, client, ctx)) is not None:
+                    if not await self._restart_after(down, ctx):
+                        break  # a stop request arrived while the engine was down
+                if self.registration is not None and self.process is not None:
+                    self.state = WorkerState.DRAINING
+                    await self._drain_requests(adapter, client, ctx)
             await self._deregister()
-            code = await self.process.stop(self.settings.stop_timeout)
+            code = await self.process.stop(self.settings.stop_timeout) if self.process else None
             log.info("worker %s: engine stopped (exit code %s); bye", ctx.worker_id, code)
+            self.state = WorkerState.STOPPED
             return 0
         except Exception as exc:
             self.error = exc
+            self.state = WorkerState.FAILED
             raise
         finally:
             await self._cleanup()
             self._finished.set()
+
+    async def _serve_once(
+        self, adapter: EngineAdapter, spec: LaunchSpec, client: httpx.AsyncClient, ctx: LaunchContext
+    ) -> EngineError | None:
+        """Spawn the engine, register it once it serves, watch it: None after a stop request,
+        the engine's error when it died (raised instead when it never served at all)."""
+        prefix = f"[{self.engine}:{ctx.worker_id}]"
+        kwargs: dict[str, Any] = {"echo": self._echo} if self._echo else {}
+        self.process = EngineProcess(
+            spec, prefix, engine=self.engine, package_hint=self._package_hint, **kwargs
+        )
+        # spawn first (the engine loads while we connect; no fork after gRPC threads start),
+        # then fail within the connect timeout when discovery is unreachable
+        await self.process.start()
+        if self._on_spawn is not None and self.process.pid is not None:
+            self._on_spawn(self.process.pid)
+        discovery = await self._start_discovery()
+        try:
+            if not await self._wait_ready(adapter, client, ctx):
+                return None  # stopped before the engine was ready
+        except EngineError as exc:
+            if not self._registered.is_set():
+                raise  # it never served: a restart would fail the same way
+            return exc
+        self.record = self._record(adapter, ctx)
+        self.registration = await discovery.register(self.record)
+        self._registered.set()
+        self.state = WorkerState.SERVING
+        log.info(
+                    "worker %s registered: %s serving %s at %s",
+                    ctx.worker_id,
+                    self.engine,
+                    ctx.model,
+                    redact_url(ctx.url),
+                )
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        down = await self._monitor(adapter, client, ctx)
+        self._budget.served(loop.time() - started)
+        return down
+
+    async def _restart_after(self, down: EngineError, ctx: LaunchContext) -> bool:
+        """Deregister and stop the dead engine; wait the backoff. False when a stop request came
+        first; raises ``down`` when the restart policy says no."""
+        assert self.process is not None
+        await self._deregister()
+        await self.process.stop(self.settings.stop_timeout)
+        delay = self._budget.next_delay()
+        if delay is None:
+            if self._budget.total:
+                log.error(
+                    "worker %s: giving up after %d restarts in a row", ctx.worker_id, self._budget.in_a_row
+                )
+            raise down
+        self.state = WorkerState.RESTARTING
+        self.restarts = self._budget.total
+        log.warning(
+            "worker %s: %s\nrestarting in %gs (restart %d in a row, at most %d)",
+            ctx.worker_id,
+            down,
+            delay,
+            self._budget.in_a_row,
+            self._budget.max_restarts,
+        )
+        await _first(self._drain.wait(), within=delay)
+        return not self._drain.is_set()
 
     def _context(self, adapter: EngineAdapter) -> LaunchContext:
         s = self.settings
@@ -253,19 +323,21 @@ class WorkerLauncher:
         finally:
             exited.cancel()
 
-    async def _monitor(self, adapter: EngineAdapter, client: httpx.AsyncClient, ctx: LaunchContext) -> None:
-        """Return when a drain is requested; raise when the engine dies or stops answering."""
+    async def _monitor(
+        self, adapter: EngineAdapter, client: httpx.AsyncClient, ctx: LaunchContext
+    ) -> EngineError | None:
+        """None when a drain is requested; the error when the engine dies or stops answering."""
         assert self.process is not None
         exited = asyncio.ensure_future(self.process.wait())
+        watch = self._start_generation_watch(adapter, client, ctx)
         failures = 0
         try:
             while not self._drain.is_set():
                 await _first(exited, self._drain.wait(), within=self.settings.health_interval)
                 if exited.done():
-                    await self._deregister()
-                    raise self._engine_died(exited.result(), ctx)
+                    return self._engine_died(exited.result(), ctx)
                 if self._drain.is_set():
-                    return
+                    return None
                 if await _quietly(adapter.is_ready(client, ctx.url), default=False):
                     failures = 0
                     continue
@@ -277,14 +349,48 @@ class WorkerLauncher:
                     self.settings.health_failures,
                 )
                 if failures >= self.settings.health_failures:
-                    await self._deregister()
-                    raise self._engine_died(
+                    return self._engine_died(
                         None,
                         ctx,
                         why=f"failed {failures} health checks in a row (still running, pid {self.process.pid})",
                     )
+            return None
         finally:
             exited.cancel()
+            if watch is not None:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+
+    def _start_generation_watch(
+        self, adapter: EngineAdapter, client: httpx.AsyncClient, ctx: LaunchContext
+    ) -> asyncio.Task[None] | None:
+        s = self.settings
+        if s.health_generate_interval <= 0:
+            return None
+
+        def check() -> Awaitable[bool]:
+            return health_generate(adapter, client, ctx.url, ctx.model, s.health_generate_timeout)
+
+        watch = GenerationWatch(
+            check,
+            self._set_in_rotation,
+            worker_id=ctx.worker_id,
+            interval=s.health_generate_interval,
+            failures=s.health_generate_failures,
+        )
+        return asyncio.create_task(watch.run(), name=f"generation-check-{ctx.worker_id}")
+
+    async def _set_in_rotation(self, healthy: bool) -> None:
+        """Publish ``active`` (healthy) or ``draining`` (hung) for the generation check."""
+        if self.registration is None or self.record is None or self._drain.is_set():
+            return
+        self.state = WorkerState.SERVING if healthy else WorkerState.UNHEALTHY
+        self.record = self.record.model_copy(update={"status": Status.ACTIVE if healthy else Status.DRAINING})
+        try:
+            await self.registration.update(self.record)
+        except Exception as exc:
+            log.warning("worker %s: could not publish status %s: %s", self._wid, self.record.status, exc)
 
     async def _drain_requests(
         self, adapter: EngineAdapter, client: httpx.AsyncClient, ctx: LaunchContext

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from pydantic import Field
 
 from infera_core.discovery.base import DiscoverySettings
 from infera_core.errors import ConfigError
 from infera_core.settings import InferaSettings
 from infera_core.worker import DEFAULT_PREFIX, Role
+
+
+class RestartPolicy(StrEnum):
+    """What the launcher does when its engine dies after it has served."""
+
+    NEVER = "never"
+    ON_FAILURE = "on-failure"
 
 
 class WorkerSettings(InferaSettings):
@@ -49,6 +58,29 @@ class WorkerSettings(InferaSettings):
     health_interval: float = Field(2.0, gt=0, description="Seconds between engine health checks.")
     health_failures: int = Field(
         3, ge=1, description="Consecutive failed health checks that count as a dead engine."
+    )
+    restart_engine: RestartPolicy = Field(
+        RestartPolicy.NEVER,
+        description="on-failure: restart an engine that died after it served (with backoff, "
+        "deregistered while down); never: the launcher exits non-zero.",
+    )
+    max_restarts: int = Field(
+        5, ge=1, description="Restarts in a row before giving up (the count resets after 60 s of serving)."
+    )
+    restart_backoff: float = Field(
+        1.0, gt=0, description="Seconds before the first restart; doubles per restart in a row, up to 30."
+    )
+    health_generate_interval: float = Field(
+        5.0,
+        ge=0,
+        description="Seconds between one-token generation checks (0: off); a worker failing them "
+        "is published as draining until one succeeds.",
+    )
+    health_generate_timeout: float = Field(
+        10.0, gt=0, description="Seconds a one-token generation check may take before it counts as failed."
+    )
+    health_generate_failures: int = Field(
+        2, ge=1, description="Failed generation checks in a row that take the worker out of rotation."
     )
     engine_python: str | None = Field(None, description="Interpreter of the engine's own venv.")
     labels: str | None = Field(None, description="Worker labels, key=value[,key=value…].")

@@ -1,0 +1,111 @@
+"""The launcher's generation check: does the engine still answer a one-token request?
+
+``GET /health`` only says the HTTP server is up; an engine whose scheduler is stuck
+accepts requests and never answers them. :class:`GenerationWatch` sends a one-token
+generation every ``interval`` seconds (the adapter's own :class:`HealthGenerate` method,
+or :func:`default_health_generate`), and reports when the verdict flips: unhealthy after
+``failures`` checks in a row failed (timed out, refused, or a 5xx), healthy again at the
+first success. After a failure the next check starts at once, so with the defaults
+(interval 5 s, timeout 10 s, 2 failures) a hung engine is reported within 25 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from infera_core.engine import EngineAdapter, HealthGenerate
+
+if TYPE_CHECKING:
+    import httpx
+
+log = logging.getLogger("infera.launcher")
+
+PROBE_PROMPT = "ping"
+
+
+async def default_health_generate(client: httpx.AsyncClient, base_url: str, model: str) -> bool:
+    """POST a ``max_tokens=1`` completion to ``/v1/completions``: any answer below 500 proves life.
+
+    No timeout of its own: the caller (:func:`health_generate`) bounds it."""
+    body = {"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0.0}
+    resp = await client.post(
+        f"{base_url}/v1/completions",
+        json=body,
+        headers={"X-Request-Id": "infera-health-generate"},
+        timeout=None,
+    )
+    if resp.status_code >= 500:
+        log.debug("generation check at %s: HTTP %d", base_url, resp.status_code)
+        return False
+    return True
+
+
+async def health_generate(
+    adapter: EngineAdapter, client: httpx.AsyncClient, base_url: str, model: str, within: float
+) -> bool:
+    """One generation check, failed unless it answers within ``within`` seconds; never raises."""
+    try:
+        async with asyncio.timeout(within):
+            if isinstance(adapter, HealthGenerate):
+                return bool(await adapter.health_generate(client, base_url, model))
+            return await default_health_generate(client, base_url, model)
+    except TimeoutError:
+        return False
+    except Exception as exc:  # refused, reset, a bad answer: the check failed
+        log.debug("generation check at %s failed: %s", base_url, exc)
+        return False
+
+
+class GenerationWatch:
+    """Runs generation checks until cancelled; ``on_change(healthy)`` when the verdict flips."""
+
+    def __init__(
+        self,
+        check: Callable[[], Awaitable[bool]],
+        on_change: Callable[[bool], Awaitable[None]],
+        *,
+        worker_id: str,
+        interval: float,
+        failures: int,
+    ) -> None:
+        self._check = check
+        self._on_change = on_change
+        self.worker_id = worker_id
+        self.interval = interval
+        self.failures = failures
+        self.healthy = True
+        self.failed = 0
+
+    async def run(self) -> None:
+        retry_now = False
+        while True:
+            if not retry_now:
+                await asyncio.sleep(self.interval)
+            ok = await self._check()
+            retry_now = await self._record(ok)
+
+    async def _record(self, ok: bool) -> bool:
+        """Count one result; whether the next check should start at once."""
+        if ok:
+            self.failed = 0
+            if not self.healthy:
+                self.healthy = True
+                log.warning("worker %s: generation check passed again; back in rotation", self.worker_id)
+                await self._on_change(True)
+            return False
+        self.failed += 1
+        if not self.healthy:
+            return False
+        log.warning("worker %s: generation check failed (%d/%d)", self.worker_id, self.failed, self.failures)
+        if self.failed >= self.failures:
+            self.healthy = False
+            log.warning(
+                "worker %s: engine accepts requests but does not answer; out of rotation until it does",
+                self.worker_id,
+            )
+            await self._on_change(False)
+            return False
+        return True

@@ -1,0 +1,205 @@
+"""Supervision: a killed engine comes back (``--restart-engine on-failure``), a hung one leaves
+rotation (the one-token generation check) while a slow one stays."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest
+
+from infera_core.discovery.base import ChangeKind, DiscoverySettings, FleetChange
+from infera_core.discovery.etcd import EtcdDiscovery
+from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
+from infera_core.discovery.view import FleetView
+from infera_core.errors import EngineError
+from infera_core.launcher.health import GenerationWatch
+from infera_core.launcher.restart import WorkerState
+from infera_core.launcher.runtime import WorkerLauncher
+from infera_core.launcher.settings import RestartPolicy, WorkerSettings
+from infera_core.testing.etcd import EtcdServer
+from infera_core.testing.fixtures import make_hooks
+from infera_core.testing.fleet import LauncherProcess
+from infera_core.worker import Status
+
+pytest.importorskip("infera_sim")
+
+Launch = Callable[..., LauncherProcess]
+
+
+@pytest.fixture
+async def fleet(etcd_server: EtcdServer) -> AsyncIterator[FleetView]:
+    disc = EtcdDiscovery(DiscoverySettings(etcd_endpoints=[etcd_server.url]))
+    await disc.start()
+    view = FleetView(disc)
+    await view.start()
+    yield view
+    await view.stop()
+    await disc.close()
+
+
+async def _engine_pid(url: str) -> int:
+    async with httpx.AsyncClient(timeout=10) as client:
+        return int((await client.get(f"{url}/sim/info")).json()["pid"])
+
+
+async def _complete(url: str) -> int:
+    async with httpx.AsyncClient(timeout=30) as client:
+        body = {"model": "m", "prompt": "a b c", "max_tokens": 2}
+        return (await client.post(f"{url}/v1/completions", json=body)).status_code
+
+
+@pytest.mark.etcd
+@pytest.mark.slow
+async def test_killed_engine_is_deregistered_restarted_and_registered_again(
+    etcd_server: EtcdServer, fleet: FleetView, launch_worker: Launch
+) -> None:
+    changes: list[FleetChange] = []
+    fleet.subscribe(changes.append)
+    worker = launch_worker(
+        "sim",
+        *("--model", "m", "--etcd-endpoint", etcd_server.url, "--worker-id", "w1"),
+        *("--restart-engine", "on-failure", "--restart-backoff", "0.2"),
+        *("--", "--speedup", "inf"),
+        env={"INFERA_MAX_RESTARTS": "3", "INFERA_LOAD_PLUGINS": "sim"},
+    )
+    await worker.until_output("w1 registered", within=60)
+    await fleet.wait_for(lambda v: v.is_routable("w1"), within=5)
+    url = fleet.workers["w1"].url
+    first_pid = await _engine_pid(url)
+
+    os.kill(first_pid, signal.SIGKILL)
+    await worker.until_output("restarting in 0.2s (restart 1 in a row, at most 3)", within=30)
+    await fleet.wait_for(lambda v: any(c.kind is ChangeKind.DELETE for c in changes), within=10)
+    await fleet.wait_for(lambda v: v.is_routable("w1"), within=60)
+    assert fleet.workers["w1"].url == url  # same port, same id
+    assert await _complete(url) == 200
+    assert await _engine_pid(url) != first_pid
+
+    worker.signal(signal.SIGTERM)
+    assert await asyncio.to_thread(worker.proc.wait, 30) == 0
+    await fleet.wait_for(lambda v: "w1" not in v.workers, within=10)
+
+
+async def test_restarts_stop_after_max_restarts_in_a_row() -> None:
+    launcher = WorkerLauncher(
+        make_hooks(("standin", "infera_core.testing.standin_plugin")),
+        "standin",
+        WorkerSettings(
+            model="m",
+            worker_id="crashy",
+            restart_engine=RestartPolicy.ON_FAILURE,
+            max_restarts=2,
+            restart_backoff=0.1,
+            health_interval=0.2,
+        ),
+        options={"die_after": 2.5},
+        discovery=MemoryDiscovery(MemoryStore()),
+        echo=lambda line: None,
+    )
+    spawned: list[int] = []
+    launcher._on_spawn = spawned.append
+    with pytest.raises(EngineError, match=r"exited with code 3"):
+        await asyncio.wait_for(launcher.run(), 120)
+    assert launcher.restarts == 2 and len(set(spawned)) == 3
+    assert launcher.state is WorkerState.FAILED
+
+
+async def test_never_restart_is_the_default_and_exits_with_the_engine_error() -> None:
+    assert WorkerSettings().restart_engine is RestartPolicy.NEVER
+    launcher = WorkerLauncher(
+        make_hooks(("standin", "infera_core.testing.standin_plugin")),
+        "standin",
+        WorkerSettings(model="m", worker_id="once", health_interval=0.2),
+        options={"die_after": 2.5},
+        discovery=MemoryDiscovery(MemoryStore()),
+        echo=lambda line: None,
+    )
+    with pytest.raises(EngineError, match=r"exited with code 3"):
+        await asyncio.wait_for(launcher.run(), 60)
+    assert launcher.restarts == 0
+
+
+async def test_generation_watch_flips_after_failures_in_a_row_and_back_on_success() -> None:
+    results = iter([True, False, True, False, False, False, True])
+    flips: list[bool] = []
+    done = asyncio.Event()
+
+    async def check() -> bool:
+        try:
+            return next(results)
+        except StopIteration:
+            done.set()
+            return True
+
+    async def on_change(healthy: bool) -> None:
+        flips.append(healthy)
+
+    watch = GenerationWatch(check, on_change, worker_id="w", interval=0.001, failures=2)
+    task = asyncio.create_task(watch.run())
+    await asyncio.wait_for(done.wait(), 10)
+    task.cancel()
+    assert flips == [False, True]  # one failure alone does not count
+
+
+def _sim(worker_id: str, store: MemoryStore, *engine_args: str) -> WorkerLauncher:
+    return WorkerLauncher(
+        make_hooks(),
+        "sim",
+        WorkerSettings(model="m", worker_id=worker_id, drain_timeout=0.5, stop_timeout=2),
+        engine_args=list(engine_args),
+        discovery=MemoryDiscovery(store),
+        echo=lambda line: None,
+    )
+
+
+@pytest.mark.slow
+async def test_hung_worker_leaves_rotation_within_30s_by_default_and_a_slow_one_stays() -> None:
+    store = MemoryStore()
+    view = FleetView(MemoryDiscovery(store))
+    await view.start()
+    statuses: list[tuple[str, Status]] = []
+    view.subscribe(lambda c: statuses.append((c.worker_id, c.record.status)) if c.record else None)
+    hung = _sim("hung", store, "--fault-hang")
+    slow = _sim("slow", store, "--itl-base-ms", "2500")  # every token takes 2.5 s
+    tasks = [asyncio.create_task(lc.run()) for lc in (hung, slow)]
+    try:
+        await asyncio.gather(hung.wait_registered(60), slow.wait_registered(60))
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await view.wait_for(
+            lambda v: "hung" in v.workers and v.workers["hung"].status is Status.DRAINING, within=40
+        )
+        assert loop.time() - t0 < 30
+        assert hung.state is WorkerState.UNHEALTHY
+        await _wait_checks(slow, 4, within=40)
+        assert ("slow", Status.DRAINING) not in statuses and view.is_routable("slow")
+        assert await _complete(view.workers["slow"].url) == 200
+    finally:
+        for lc in (hung, slow):
+            await lc.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await view.stop()
+
+
+async def _wait_checks(launcher: WorkerLauncher, n: int, within: float) -> None:
+    """Until the sim behind ``launcher`` has seen ``n`` generation checks."""
+    assert launcher.context is not None
+    url = launcher.context.url
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    async with httpx.AsyncClient(timeout=5) as client:
+        while True:
+            text = (await client.get(f"{url}/metrics")).text
+            done = sum(
+                float(line.split()[-1])
+                for line in text.splitlines()
+                if line.startswith("vllm:request_success_total")
+            )
+            if done >= n:
+                return
+            assert loop.time() < deadline, f"only {done} generation checks answered within {within}s"
+            await asyncio.sleep(0.5)
