@@ -23,30 +23,45 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
+from infera_core.backends import BackendOptions
 from infera_core.discovery.base import Discovery, DiscoverySettings
 from infera_core.discovery.view import FleetView
 from infera_core.facade import InferaHooks
+from infera_core.redact import redact_url
 from infera_core.scheduling.router_config import RouterConfig, load_router_config
 from infera_core.scheduling.scheduler import build_scheduler
 from infera_core.scheduling.types import SchedulerDeps
+from infera_core.server.auth import (
+    ADMIN_STATE,
+    CLIENT_STATE,
+    AdminGate,
+    ClientAuth,
+    client_principal,
+    require_admin,
+)
 from infera_core.server.breaker import Breakers
 from infera_core.server.core import RouterCore
 from infera_core.server.errors import ApiError
 from infera_core.server.fleet import EndpointTable
+from infera_core.server.hangs import HangDetector
+from infera_core.server.keys import KeyRing, Principal
 from infera_core.server.messages import MessagesProxy
 from infera_core.server.metrics import ServerMetrics
 from infera_core.server.pd import build_pd
 from infera_core.server.proxy import OpenAIProxy
+from infera_core.server.series import LeanCollector
 from infera_core.server.settings import ServeSettings
-from infera_core.server.transport import make_upstream
-from infera_core.server.validate import check_chat, check_completion
+from infera_core.server.transport import Upstreams
+from infera_core.server.usage import UsageLedger
+from infera_core.server.validate import BodyLimits, check_chat, check_completion
+from infera_core.transports import ClientContext
 from infera_core.worker import WorkerRecord
 
 
@@ -91,6 +106,7 @@ def make_discovery(settings: ServeSettings, hooks: InferaHooks) -> Discovery:
             prefix=settings.discovery_prefix,
             static_file=settings.static_file,
             connect_timeout=settings.connect_timeout,
+            options=BackendOptions(settings),
         )
     )
 
@@ -134,14 +150,28 @@ def create_app(
     )
     breakers = Breakers(settings.breaker_failures, settings.breaker_cooldown)
     metrics.watch_fleet(lambda: list(table.by_id.values()), breakers.state)
-    upstream = make_upstream(
-        settings.upstream_transport,
-        connect_timeout=settings.connect_timeout,
-        first_byte_timeout=settings.first_byte_timeout,
-        idle_timeout=settings.stream_idle_timeout,
-        max_connections=settings.upstream_connections,
+    upstream = Upstreams(
+        catalog.request_transports,
+        ClientContext(
+            connect_timeout=settings.connect_timeout,
+            first_byte_timeout=settings.first_byte_timeout,
+            idle_timeout=settings.stream_idle_timeout,
+            max_connections=settings.upstream_connections,
+            pool_timeout=settings.pool_timeout,
+            http_client=settings.upstream_transport,
+            options=BackendOptions(settings),
+        ),
+        eager=["http", settings.request_transport],
     )
+    table.upstream_for = upstream.for_record
     core = RouterCore(table, scheduler, upstream, breakers, metrics, settings.request_max_retries)
+    hangs = core.hangs = HangDetector(
+        breakers,
+        lambda: table.by_id.values(),
+        settings.hang_timeout,
+        settings.hang_factor,
+        on_trip=lambda ep: metrics.breaker_opened.inc(),
+    )
     core.pd = build_pd(core, config.pd, catalog, deps, settings.max_inflight_per_worker)
     owns_discovery = discovery is None if start_discovery is None else start_discovery
     disc = discovery if discovery is not None else make_discovery(settings, hooks)
@@ -150,7 +180,12 @@ def create_app(
         core.prepare = getattr(kv, "prepare", None)
         if hasattr(kv, "register_metrics"):
             kv.register_metrics(metrics.registry)
-    table.add_listener(on_removed=lambda record: breakers.forget(record.worker_id))
+
+    def forget(record: WorkerRecord) -> None:
+        breakers.forget(record.worker_id)
+        hangs.forget(record.worker_id)
+
+    table.add_listener(on_removed=forget)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -173,27 +208,52 @@ def create_app(
     app = InferaApp(title="Infera", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.core = core
     app.state.settings = settings
-    limit = settings.max_body_bytes
+    limit = BodyLimits.of(settings)
     app.hot_routes = {
         "/v1/chat/completions": OpenAIProxy(core, "/v1/chat/completions", check_chat, limit),
         "/v1/completions": OpenAIProxy(core, "/v1/completions", check_completion, limit),
         "/v1/messages": MessagesProxy(core, limit),
     }
+    admin = AdminGate(settings.admin_token.get_secret_value() if settings.admin_token else None)
+    auth = _client_auth(settings, admin, metrics)
+    setattr(app.state, ADMIN_STATE, admin)
+    setattr(app.state, CLIENT_STATE, auth)
+    for endpoint in app.hot_routes.values():
+        endpoint.auth, endpoint.admin = auth, admin
     # the same endpoints through the ordinary router too (405 for other methods)
     app.router.routes.extend(Route(path, ep, methods=["POST"]) for path, ep in app.hot_routes.items())
-    _control_routes(app, core, kv)
+    _control_routes(app, core, kv, auth, settings.public_metrics)
     _error_handlers(app)
     return app
 
 
-def _control_routes(app: FastAPI, core: RouterCore, kv: KvComponent | None = None) -> None:
+def _client_auth(settings: ServeSettings, admin: AdminGate, metrics: ServerMetrics) -> ClientAuth | None:
+    """API keys when ``--api-key-file`` is set (a bad file is a ConfigError now, not later)."""
+    if settings.api_key_file is None:
+        return None
+    ledger = UsageLedger()
+    metrics.registry.register(LeanCollector([ledger.tokens]))
+    return ClientAuth(KeyRing(settings.api_key_file), admin, ledger)
+
+
+def _control_routes(
+    app: FastAPI,
+    core: RouterCore,
+    kv: KvComponent | None = None,
+    auth: ClientAuth | None = None,
+    public_metrics: bool = False,
+) -> None:
     table = core.table
     worker_fields = getattr(kv, "worker_fields", None)
+    admin_only = [Depends(require_admin)]
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(principal: Principal | None = Depends(client_principal)) -> dict[str, Any]:
+        allowed = principal.key.allowed if principal is not None and principal.key is not None else None
         data = []
         for model in table.models():
+            if allowed is not None and model not in allowed:
+                continue
             eps = table.candidates(model)
             created = int(min((ep.record.started_at for ep in eps), default=0))
             data.append({"id": model, "object": "model", "created": created, "owned_by": "infera"})
@@ -209,7 +269,7 @@ def _control_routes(app: FastAPI, core: RouterCore, kv: KvComponent | None = Non
         }
         return JSONResponse(body, status_code=200 if active else 503)
 
-    @app.get("/v1/workers")
+    @app.get("/v1/workers", dependencies=admin_only)
     async def workers() -> dict[str, Any]:
         out = []
         for ep in sorted(table.by_id.values(), key=lambda e: e.worker_id):
@@ -217,7 +277,7 @@ def _control_routes(app: FastAPI, core: RouterCore, kv: KvComponent | None = Non
             out.append(
                 {
                     "worker_id": ep.worker_id,
-                    "url": rec.url,
+                    "url": redact_url(rec.url),
                     "model": rec.model,
                     "engine": rec.engine,
                     "role": str(rec.role),
@@ -233,7 +293,13 @@ def _control_routes(app: FastAPI, core: RouterCore, kv: KvComponent | None = Non
             )
         return {"object": "list", "data": out}
 
-    @app.get("/v1/admin/cache-view/{worker_id}")
+    @app.get("/v1/admin/usage", dependencies=admin_only)
+    async def usage() -> JSONResponse:
+        if auth is None:
+            return _error(404, "Usage per API key needs --api-key-file.", "api_keys_disabled")
+        return JSONResponse(auth.usage())
+
+    @app.get("/v1/admin/cache-view/{worker_id}", dependencies=admin_only)
     async def cache_view(worker_id: str) -> JSONResponse:
         view = getattr(kv, "cache_view", None)
         if view is None:
@@ -242,12 +308,16 @@ def _control_routes(app: FastAPI, core: RouterCore, kv: KvComponent | None = Non
             return _error(404, f"Unknown worker {worker_id!r}.", "worker_not_found")
         return JSONResponse(view(worker_id))
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[] if public_metrics else admin_only)
     async def metrics() -> Response:
         return Response(generate_latest(core.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.payload(), status_code=exc.status, headers=exc.headers or None)
+
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         if exc.status_code == 404:

@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import re
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -26,8 +27,15 @@ from infera_core.scheduling.types import Endpoint, RequestContext
 from infera_core.server.breaker import Breakers
 from infera_core.server.errors import ApiError
 from infera_core.server.fleet import EndpointTable
+from infera_core.server.hangs import HangDetector
 from infera_core.server.metrics import ServerMetrics
-from infera_core.server.transport import READ_ERRORS, Upstream, UpstreamError, UpstreamResponse
+from infera_core.server.transport import (
+    READ_ERRORS,
+    PoolTimeoutError,
+    Upstream,
+    UpstreamError,
+    UpstreamResponse,
+)
 from infera_core.worker import Role
 
 if TYPE_CHECKING:
@@ -64,18 +72,28 @@ class RouterCore:
         self.table = table
         self.scheduler = scheduler
         self.upstream = upstream
+        """The server's clients (:class:`~infera_core.server.transport.Upstreams`), or one
+        client for every worker; requests go through each endpoint's own ``ep.upstream``."""
+        if table.upstream_for is None:  # one client for all (tests, embedding code)
+            table.upstream_for = lambda record: upstream
+            for ep in table.by_id.values():
+                ep.upstream = upstream
         self.breakers = breakers
         self.metrics = metrics
         self.max_retries = max_retries
         self.prepare: Callable[[RequestContext], Awaitable[None]] | None = None
         """Fills ``ctx.token_ids`` for routing (KV component) when the profile needs tokens."""
         self._ids = itertools.count(1)
-        self._id_prefix = f"infera-{os.getpid():x}-"
+        self._id_prefix = f"infera-{os.getpid():x}{secrets.token_hex(4)}-"
+        self.hangs: HangDetector | None = None
+        """First-byte outlier detection (``--hang-timeout``): hung workers leave rotation."""
         self.pd: PdDispatcher | None = None
         """The PD path (``infera_core.server.pd``): models served by prefill/decode pairs."""
 
-    def request_id(self, given: str | None = None) -> str:
-        return given or f"{self._id_prefix}{next(self._ids)}"
+    def request_id(self) -> str:
+        """A new id for the engine, the scorers' bookkeeping and PD transfers. Never the
+        client's ``X-Request-Id``: that one is only a label (``ctx.client_request_id``)."""
+        return f"{self._id_prefix}{next(self._ids)}"
 
     def schedule(self, ctx: RequestContext, exclude: list[str]) -> Endpoint:
         """One routing decision, with scheduler errors turned into API errors."""
@@ -114,33 +132,65 @@ class RouterCore:
                 raise
             self.breakers.picked(ep)
             ep.in_flight += 1
+            hangs = self.hangs
+            wait = hangs.begin(ep) if hangs is not None else None
             try:
-                resp = await self.upstream.open(ep, path, body, headers)
+                resp = await ep.upstream.open(ep, path, body, headers)
+            except PoolTimeoutError as exc:
+                if hangs is not None:
+                    hangs.end(wait, False)
+                self._abandoned(ctx, ep)  # the router's own cap: not the worker's fault, no retry
+                log.warning("request %s: %s", ctx.log_id, exc.reason)
+                raise ApiError(
+                    503,
+                    f"Router busy: {exc.reason}",
+                    code="upstream_pool_timeout",
+                    headers={"Retry-After": "1"},
+                ) from None
             except UpstreamError as exc:
+                if hangs is not None:
+                    hangs.end(wait, False)
                 self._failed(ctx, ep, worker_fault=True)
-                log.warning("request %s: %s", ctx.request_id, exc)
+                log.warning("request %s: %s", ctx.log_id, exc)
                 last = ApiError(
                     504 if exc.timeout else 502,
                     f"Worker {ep.worker_id} failed before responding: {exc.reason}",
                     code="upstream_timeout" if exc.timeout else "upstream_unreachable",
                 )
-            except BaseException:
-                ep.in_flight -= 1
-                raise
+            except BaseException as exc:
+                self._abandoned(ctx, ep)  # cancelled (client gone) or a bug: release everything
+                if hangs is None or wait is None:
+                    raise
+                hangs.end(wait, False)
+                if not (wait.hung and isinstance(exc, asyncio.CancelledError)) or _uncancel() > 0:
+                    raise  # not (only) the detector's cancel: the client went away too
+                log.warning("request %s: worker %s is hung, retrying elsewhere", ctx.log_id, ep.worker_id)
+                last = ApiError(
+                    504,
+                    f"Worker {ep.worker_id} accepted the request and sent nothing for"
+                    f" {hangs.threshold:g} s (hung); it was taken out of rotation",
+                    code="upstream_timeout",
+                )
             else:
+                if hangs is not None:
+                    hangs.end(wait, True)
                 status = resp.status
                 if status < 500 and status != 429:
                     if ep.breaker_open or status < 400:
                         self.breakers.success(ep)
                     return ep, resp
                 try:
-                    detail = (await resp.read())[:300].decode("utf-8", "replace")
-                except READ_ERRORS:
-                    detail = ""
-                finally:
-                    resp.release()
+                    try:
+                        detail = (await resp.read())[:300].decode("utf-8", "replace")
+                    except READ_ERRORS:
+                        detail = ""
+                    finally:
+                        resp.release()
+                except BaseException:
+                    self._abandoned(ctx, ep)
+                    raise
                 self._failed(ctx, ep, worker_fault=status >= 500)
-                log.warning("request %s: worker %s answered %d", ctx.request_id, ep.worker_id, status)
+                log.warning("request %s: worker %s answered %d", ctx.log_id, ep.worker_id, status)
                 extra = {"Retry-After": resp.header("Retry-After") or "1"} if status == 429 else None
                 last = ApiError(
                     status,
@@ -164,12 +214,23 @@ class RouterCore:
                 self.metrics.breaker_opened.inc()
         self.scheduler.finished(ctx, ep, False)
 
+    def _abandoned(self, ctx: RequestContext, ep: Endpoint) -> None:
+        """The attempt on ``ep`` ended without an answer and without the worker's fault."""
+        ep.in_flight -= 1
+        self.scheduler.finished(ctx, ep, False)
+
     def release(self, ctx: RequestContext, ep: Endpoint, ok: bool) -> None:
         ep.in_flight -= 1
         if self.pd is not None and ctx.role is not Role.MIXED:
             self.pd.finished(ctx, ep, ok)
             return
         self.scheduler.finished(ctx, ep, ok)
+
+
+def _uncancel() -> int:
+    """Undo one cancel request of the current task; how many remain."""
+    task = asyncio.current_task()
+    return task.uncancel() if task is not None else 0
 
 
 async def watch_disconnect(receive: object, task: asyncio.Task[object], flag: list[bool]) -> None:

@@ -8,8 +8,11 @@ once the status line and headers arrived; the body then arrives into the respons
 Timeouts: one timer per request, first for the response headers (``first_byte``), then,
 once they arrived, for the gap between two reads (``idle``), re-armed lazily (a read only
 stamps the time). When the response completes with keep-alive, the connection goes back
-to its pool; a response released before its end closes the connection (that is how a
-client disconnect reaches the worker).
+to its pool — but only when the parser stopped exactly at the end of that response: any
+byte beyond it (a worker writing garbage or an unasked-for response after a complete one)
+closes the connection instead, so the next request never inherits a half-parsed message.
+A response released before its end closes the connection (that is how a client
+disconnect reaches the worker).
 """
 
 from __future__ import annotations
@@ -139,8 +142,11 @@ class Http1Connection(asyncio.Protocol):
     """A keep-alive connection; ``on_idle(conn)`` gets it back after a complete response."""
 
     __slots__ = (
+        "_desync",
         "_eof_body",
+        "_feeding",
         "_got",
+        "_idle_pending",
         "_last",
         "_timer",
         "closed",
@@ -178,6 +184,11 @@ class Http1Connection(asyncio.Protocol):
         self._last = 0.0
         self._got = False
         self._eof_body = False
+        self._feeding = False
+        self._idle_pending = False
+        """A response completed during this ``feed_data``: pool the connection once it returns."""
+        self._desync = False
+        """The worker sent bytes beyond the response asked for: never reuse the connection."""
 
     # -- the request ---------------------------------------------------------------
     async def request(
@@ -277,6 +288,7 @@ class Http1Connection(asyncio.Protocol):
             return
         self._got = True
         self._last = self.loop.time()
+        self._feeding = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -284,11 +296,24 @@ class Http1Connection(asyncio.Protocol):
             if resp is not None:
                 resp._fail(UpstreamClosed(f"the worker sent an invalid HTTP response: {exc}"))
             self.abort()
+        finally:
+            self._feeding = False
+        if self._idle_pending:
+            # pooled only at a message boundary: every byte of this read belonged to the response
+            self._idle_pending = False
+            if self._desync or self.closed:
+                self.abort()
+            else:
+                self.on_idle(self)
 
     def eof_received(self) -> bool:
         return False
 
     # -- httptools callbacks -------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self.resp is None:
+            self._desync = True  # a message nobody asked for (bytes after a complete response)
+
     def on_header(self, name: bytes, value: bytes) -> None:
         resp = self.resp
         if resp is not None:
@@ -350,6 +375,9 @@ class Http1Connection(asyncio.Protocol):
         if keep and not self.closed:
             if self.paused:
                 self.resume()
-            self.on_idle(self)
+            if self._feeding:
+                self._idle_pending = True  # data_received decides once the parser returns
+            else:
+                self.on_idle(self)
         else:
             self.abort()

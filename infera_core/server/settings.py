@@ -8,21 +8,38 @@ from typing import Literal
 from pydantic import Field
 
 from infera_core.kv.settings import KvSettings
+from infera_core.server.auth_settings import AuthSettings
+from infera_core.server.limits import LimitSettings
 from infera_core.settings import InferaSettings
 
 
-class ServeSettings(InferaSettings, KvSettings):
-    """Everything the server reads at start-up (KV-routing fields from :class:`KvSettings`)."""
+class ServeSettings(InferaSettings, KvSettings, AuthSettings, LimitSettings):
+    """Everything the server reads at start-up (KV-routing fields from :class:`KvSettings`,
+    connection and request limits from :class:`LimitSettings`)."""
 
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=0, le=65535, description="Port to listen on.")
-    discovery: str = Field("etcd", description="Discovery backend (etcd, memory, static…).")
+    discovery: str = Field(
+        "etcd",
+        description="Discovery backend: etcd, nats, memory, static… (see `infera-run plugins`).",
+        json_schema_extra={"flag": "--discovery-backend", "aliases": ["--discovery"]},
+    )
+    request_transport: str = Field(
+        "http",
+        description="Request transport started with the server (http, nats…); each worker is reached "
+        "by the transport its record names, so one server serves a mixed fleet.",
+    )
+    kv_event_transport: str = Field(
+        "zmq",
+        description="KV-event transport started with the server (zmq, nats…); each worker's events "
+        "come through the transport its record names.",
+    )
     etcd_endpoint: list[str] = Field(
         ["127.0.0.1:2379"],
         description="etcd endpoint host:port (repeatable).",
         json_schema_extra={"flag": "--etcd-endpoint"},
     )
-    static_file: str | None = Field(None, description="Worker list file for --discovery static.")
+    static_file: str | None = Field(None, description="Worker list file for --discovery-backend static.")
     discovery_prefix: str = Field("/infera/workers/", description="Key prefix of worker records.")
     router_policy: str = Field("round-robin", description="Named routing preset (see `infera-run policies`).")
     router_config: Path | None = Field(
@@ -41,7 +58,6 @@ class ServeSettings(InferaSettings, KvSettings):
     stream_idle_timeout: float = Field(
         300.0, gt=0, description="Seconds without a byte from a worker before a response is abandoned."
     )
-    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Largest accepted request body in bytes.")
     max_inflight_per_worker: int = Field(
         0, ge=0, description="Admission cap per worker (0: none); beyond it → 429 with Retry-After."
     )
@@ -57,4 +73,21 @@ class ServeSettings(InferaSettings, KvSettings):
     )
     upstream_connections: int = Field(
         4096, ge=1, description="Most concurrent connections to workers (all together)."
+    )
+    pool_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a request may wait for a free upstream connection at --upstream-connections"
+        " before it fails with 503.",
+    )
+    hang_timeout: float = Field(
+        20.0,
+        ge=0,
+        description="A worker that answered nothing for this long while requests wait on it is hung:"
+        " breaker opened, its requests retried elsewhere (0: off).",
+    )
+    hang_factor: float = Field(
+        4.0,
+        gt=0,
+        description="The hang threshold also grows to this many times the fleet's typical first-byte latency.",
     )

@@ -1,6 +1,11 @@
 """The upstream hop: what every transport to workers provides, and which one a server uses.
 
-Two implementations, chosen with ``--upstream-transport``:
+Which *request transport* reaches a worker (``http``, ``nats``…) is in its record
+(``WorkerRecord.request_transport``); :class:`Upstreams` keeps one client per transport,
+made by the transport's factory (:mod:`infera_core.transports`), and the endpoint table
+puts each worker's client on ``Endpoint.upstream``.
+
+The ``http`` transport has two clients, chosen with ``--upstream-transport``:
 
 * ``native`` (:mod:`infera_core.server.upstream_native`): asyncio protocols parsing with
   ``httptools``, a keep-alive pool per worker, each request written as one buffer;
@@ -18,13 +23,25 @@ library's errors into :class:`UpstreamReadError`, so aiohttp loads only when sel
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import socket
-from collections.abc import AsyncIterator
-from typing import Any, Literal, Protocol
+from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from infera_core.errors import UnknownNameError
+from infera_core.redact import redact_url
 from infera_core.scheduling.types import Endpoint
 
+if TYPE_CHECKING:
+    from infera_core.registry import RequestTransportRegistry
+    from infera_core.transports import ClientContext
+    from infera_core.worker import WorkerRecord
+
+log = logging.getLogger("infera.server.transport")
+
 TransportKind = Literal["native", "aiohttp"]
+"""The ``http`` transport's clients (``--upstream-transport``)."""
 
 
 class UpstreamReadError(OSError):
@@ -51,10 +68,15 @@ class UpstreamError(Exception):
     """The worker could not be reached or did not answer in time (retryable)."""
 
     def __init__(self, endpoint: Endpoint, reason: str, timeout: bool = False) -> None:
-        super().__init__(f"worker {endpoint.worker_id} ({endpoint.url}): {reason}")
+        super().__init__(f"worker {endpoint.worker_id} ({redact_url(endpoint.url)}): {reason}")
         self.endpoint = endpoint
         self.reason = reason
         self.timeout = timeout
+
+
+class PoolTimeoutError(UpstreamError):
+    """No connection to workers became free within ``--pool-timeout`` (the router's cap, not the
+    worker's fault: answered 503, never retried, never counted against the worker's breaker)."""
 
 
 class UpstreamResponse(Protocol):
@@ -97,12 +119,13 @@ class Upstream(Protocol):
 
 
 def make_upstream(
-    kind: TransportKind,
+    kind: TransportKind | str,
     *,
     connect_timeout: float,
     first_byte_timeout: float,
     idle_timeout: float,
     max_connections: int,
+    pool_timeout: float = 10.0,
 ) -> Upstream:
     cls: type[Any]
     if kind == "aiohttp":
@@ -114,5 +137,84 @@ def make_upstream(
         first_byte_timeout=first_byte_timeout,
         idle_timeout=idle_timeout,
         max_connections=max_connections,
+        pool_timeout=pool_timeout,
     )
     return upstream
+
+
+class Upstreams:
+    """One client per request transport, made on first use; ``for_record`` picks a worker's.
+
+    The transports named in ``eager`` (``serve --request-transport``, plus ``http``) are
+    made and started by :meth:`start`, so a misconfigured one fails at start-up; a record
+    naming another installed transport makes its client on arrival (started in the
+    background: a transport's ``open`` waits for its own readiness). A record naming a
+    transport that is not installed gets None (logged once per transport).
+    """
+
+    def __init__(
+        self, registry: RequestTransportRegistry, ctx: ClientContext, eager: Iterable[str] = ("http",)
+    ) -> None:
+        self.registry = registry
+        self.ctx = ctx
+        self.eager = list(dict.fromkeys(eager))
+        self.clients: dict[str, Upstream] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._started = False
+        self._unknown: set[str] = set()
+
+    def client(self, kind: str) -> Upstream | None:
+        """The client of transport ``kind`` (made now if needed), or None when not installed."""
+        found = self.clients.get(kind)
+        if found is not None:
+            return found
+        if kind not in self.registry:
+            if kind not in self._unknown:
+                self._unknown.add(kind)
+                log.error(
+                    "request transport %r is not installed here (installed: %s)",
+                    kind,
+                    ", ".join(self.registry.names()),
+                )
+            return None
+        made = self.registry.get(kind).create_client(self.ctx)
+        self.clients[kind] = made
+        if self._started:
+            task = asyncio.get_running_loop().create_task(self._start_one(kind, made))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return made
+
+    def for_record(self, record: WorkerRecord) -> Upstream | None:
+        return self.client(record.request_transport)
+
+    async def _start_one(self, kind: str, client: Upstream) -> None:
+        try:
+            await client.start()
+        except Exception:
+            log.exception("request transport %r: client failed to start", kind)
+
+    async def start(self) -> None:
+        for kind in self.eager:
+            if self.client(kind) is None:
+                raise UnknownNameError("request transport", kind, self.registry.names())
+        for client in list(self.clients.values()):
+            await client.start()
+        self._started = True
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for client in list(self.clients.values()):
+            await client.close()
+        self.clients.clear()
+        self._started = False
+
+    async def open(
+        self, endpoint: Endpoint, path: str, body: bytes, headers: dict[str, str] | None = None
+    ) -> UpstreamResponse:
+        """Through the endpoint's own client (for callers holding the server's ``Upstreams``)."""
+        upstream: Upstream = endpoint.upstream
+        return await upstream.open(endpoint, path, body, headers)

@@ -62,13 +62,18 @@ class AiohttpUpstream:
         first_byte_timeout: float,
         idle_timeout: float,
         max_connections: int,
+        pool_timeout: float = 10.0,
     ) -> None:
         self.first_byte_timeout = first_byte_timeout
         self.idle_timeout = idle_timeout
         # sock_read bounds the wait for the response headers (the first byte); once they
         # arrived, open() switches the connection's read timeout to the idle timeout.
+        # ``connect`` covers waiting for a free pooled connection (at the cap) and connecting.
         self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=connect_timeout, connect=connect_timeout, sock_read=first_byte_timeout
+            total=None,
+            sock_connect=connect_timeout,
+            connect=connect_timeout + pool_timeout,
+            sock_read=first_byte_timeout,
         )
         self._max_connections = max_connections
         self.session: aiohttp.ClientSession | None = None

@@ -20,13 +20,17 @@ from urllib.parse import unquote, urlsplit
 
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.http1 import Http1Connection, Http1Response, UpstreamClosed
-from infera_core.server.transport import UpstreamError
+from infera_core.server.transport import PoolTimeoutError, UpstreamError
 
 KEEPALIVE_S = 30.0
 """Idle connections older than this are closed instead of reused."""
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _ONE_WRITE_MAX = 64 * 1024
 """Bodies up to this size are copied behind the header block and sent in one write."""
+
+
+class _PoolFull(Exception):
+    """Internal: no room under the connection cap before the pool timeout."""
 
 
 class _Target:
@@ -72,8 +76,10 @@ class NativeUpstream:
         first_byte_timeout: float,
         idle_timeout: float,
         max_connections: int,
+        pool_timeout: float = 10.0,
     ) -> None:
         self.connect_timeout = connect_timeout
+        self.pool_timeout = pool_timeout
         self.first_byte_timeout = first_byte_timeout
         self.idle_timeout = idle_timeout
         self.max_connections = max_connections
@@ -122,6 +128,13 @@ class NativeUpstream:
             # the worker had closed this idle connection: once more on a fresh one
             conn = await self._connect(target)
             return await conn.request(data, self.first_byte_timeout, self.idle_timeout)
+        except _PoolFull:
+            raise PoolTimeoutError(
+                endpoint,
+                f"no connection to workers became free within {self.pool_timeout:g} s"
+                f" (--upstream-connections {self.max_connections} in use)",
+                timeout=True,
+            ) from None
         except TimeoutError as exc:
             raise UpstreamError(endpoint, str(exc) or "timed out", timeout=True) from None
         except OSError as exc:
@@ -157,15 +170,11 @@ class NativeUpstream:
     async def _connect(self, target: _Target) -> Http1Connection:
         loop = self._loop
         assert loop is not None, "Upstream.start() was not called"
+        deadline = 0.0
         while len(self._conns) + self._connecting >= self.max_connections:
             if not self._evict_idle():
-                waiter = loop.create_future()
-                self._waiters.append(waiter)
-                try:
-                    await waiter
-                finally:
-                    with contextlib.suppress(ValueError):
-                        self._waiters.remove(waiter)
+                deadline = deadline or loop.time() + self.pool_timeout
+                await self._wait_for_room(loop, deadline)
         key = target.key
         conn = Http1Connection(
             loop, functools.partial(self._put_back, key), functools.partial(self._lost, key)
@@ -195,6 +204,22 @@ class NativeUpstream:
             raise ConnectionResetError("the worker closed the connection at once")
         self._conns.add(conn)
         return conn
+
+    async def _wait_for_room(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        """Wait until a connection closes or goes idle; :class:`_PoolFull` at ``deadline``."""
+        waiter = loop.create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await waiter
+        except BaseException as exc:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
+            if waiter.done() and not waiter.cancelled():
+                self._wake_one()  # woken, but leaving anyway: the room goes to the next waiter
+            if isinstance(exc, TimeoutError):
+                raise _PoolFull from None
+            raise
 
     def _put_back(self, key: str, conn: Http1Connection) -> None:
         assert self._loop is not None

@@ -3,7 +3,7 @@
 HTTP/1.1 with keep-alive; ``POST`` anything → a chat/completion JSON body, or with
 ``"stream": true`` in the request an SSE stream of ``chunks`` events then
 ``[DONE]``. Behaviour knobs (``status``, ``chunk_delay``, ``die_after_chunks``,
-``delay``) can be changed while it runs. It records the last raw request body and
+``delay``, and the misbehaviours ``hang`` and ``trailing``) can be changed while it runs. It records the last raw request body and
 the number of requests it answered.
 """
 
@@ -69,6 +69,10 @@ class FakeUpstream:
         self.delay = 0.0
         self.chunk_delay = 0.0
         self.die_after_chunks: int | None = None
+        self.trailing = b""
+        """Misbehaviour: bytes written right after each complete JSON response (a desynced worker)."""
+        self.hang = False
+        """Misbehaviour: accept requests and never answer them (like the sim's ``--fault-hang``)."""
         self.requests = 0
         self.last_body = b""
         self.last_path = ""
@@ -103,12 +107,16 @@ class FakeUpstream:
             self._server.close()
             for t in list(self.connections):
                 t.abort()
+            for task in list(self.tasks):
+                task.cancel()
             await self._server.wait_closed()
             self._server = None
 
     async def respond(self, transport: asyncio.Transport | None, path: str, body: bytes) -> None:
         if transport is None:
             return
+        if self.hang:
+            await asyncio.Event().wait()  # until stop() closes the connection and cancels us
         if self.delay:
             await asyncio.sleep(self.delay)
         if self.status != 200:
@@ -116,7 +124,7 @@ class FakeUpstream:
             transport.write(_head(self.status, b"application/json", len(err)) + err)
             return
         if b'"stream":true' not in body.replace(b" ", b""):
-            transport.write(_head(200, b"application/json", len(self._json)) + self._json)
+            transport.write(_head(200, b"application/json", len(self._json)) + self._json + self.trailing)
             return
         transport.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
