@@ -26,7 +26,6 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import SlowConsumerError
 
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.transport import UpstreamError, UpstreamReadError
@@ -42,6 +41,7 @@ class NatsResponse:
     """A worker's response over NATS (see ``UpstreamResponse``)."""
 
     __slots__ = (
+        "_buffered",
         "_chunks",
         "_exc",
         "_last",
@@ -68,6 +68,7 @@ class NatsResponse:
         self.done = False
         self._raw_headers = b""
         self._chunks: list[bytes] = []
+        self._buffered = 0
         self._seq = 0
         self._exc: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -122,6 +123,10 @@ class NatsResponse:
         if kind == wire.DATA:
             if rest:
                 self._chunks.append(rest)
+                self._buffered += len(rest)
+                if self.owner is not None and self._buffered > self.owner.max_buffered:
+                    self._too_slow()
+                    return
         elif kind == wire.END:
             if rest:
                 self._chunks.append(rest)
@@ -153,6 +158,18 @@ class NatsResponse:
             self._fail(UpstreamReadError(f"worker {self.endpoint.worker_id}: unknown message kind {kind}"))
             return
         self._wake()
+
+    def _too_slow(self) -> None:
+        """The reader fell too far behind the worker: fail the response and cancel it upstream."""
+        assert self.owner is not None
+        self._fail(
+            UpstreamReadError(
+                f"slow consumer: {self._buffered} bytes of worker {self.endpoint.worker_id}'s response"
+                f" unread (limit {self.owner.max_buffered})"
+            )
+        )
+        self._chunks = []
+        self._cancel()
 
     def _gap(self, missing: int) -> None:
         what = f"{missing} message(s) of the response were lost (slow NATS consumer?)"
@@ -222,6 +239,7 @@ class NatsResponse:
             await self._wait()
             chunks = self._chunks
         self._chunks = []
+        self._buffered = 0
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def release(self) -> None:
@@ -252,7 +270,7 @@ class NatsUpstream:
         first_byte_timeout: float,
         idle_timeout: float,
         subject_prefix: str = "infera",
-        pending_bytes_limit: int = 256 * 1024 * 1024,
+        max_buffered: int = 64 * 1024 * 1024,
         name: str = "infera-router",
     ) -> None:
         self.servers = servers
@@ -260,7 +278,8 @@ class NatsUpstream:
         self.first_byte_timeout = first_byte_timeout
         self.idle_timeout = idle_timeout
         self.subject_prefix = subject_prefix
-        self.pending_bytes_limit = pending_bytes_limit
+        self.max_buffered = max_buffered
+        """Unread bytes of one streaming response above which it fails (a slow consumer)."""
         self.name = name
         self.nc: Client | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -269,23 +288,39 @@ class NatsUpstream:
         self._pending: dict[str, NatsResponse] = {}
         self._subjects: dict[str, tuple[str, str]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._ready = asyncio.Event()
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self.nc = nc = await connect_nats(
-            self.servers,
-            self.name,
-            self.connect_timeout,
-            on_disconnect=self._disconnected,
-            on_slow_consumer=self._slow_consumer,
-        )
-        self._inbox = nc.new_inbox()
-        await nc.subscribe(
-            self._inbox + ".*",
-            cb=self._on_msg,
-            pending_msgs_limit=-1,
-            pending_bytes_limit=self.pending_bytes_limit,
-        )
+        try:
+            self.nc = nc = await connect_nats(
+                self.servers,
+                self.name,
+                self.connect_timeout,
+                on_disconnect=self._disconnected,
+            )
+            self._inbox = nc.new_inbox()
+            await nc.subscribe(
+                self._inbox + ".*",
+                cb=self._on_msg,
+                pending_msgs_limit=-1,  # never dropped here: a response's seq stays gapless
+                pending_bytes_limit=0,
+            )
+        finally:
+            self._ready.set()
+
+    async def _wait_ready(self, endpoint: Endpoint) -> Client:
+        """The connection, waiting up to ``connect_timeout`` while :meth:`start` runs."""
+        if not self._ready.is_set():
+            try:
+                async with asyncio.timeout(self.connect_timeout):
+                    await self._ready.wait()
+            except TimeoutError:
+                raise UpstreamError(endpoint, "the NATS transport is not started yet", timeout=True) from None
+        nc = self.nc
+        if nc is None or not nc.is_connected:
+            raise UpstreamError(endpoint, "NATS is not connected")
+        return nc
 
     async def close(self) -> None:
         for resp in list(self._pending.values()):
@@ -312,9 +347,10 @@ class NatsUpstream:
     ) -> NatsResponse:
         """Publish the request to the worker's subject; the response once its head arrived."""
         nc = self.nc
+        if nc is None or not nc.is_connected:
+            nc = await self._wait_ready(endpoint)
         loop = self._loop
-        if nc is None or loop is None or not nc.is_connected:
-            raise UpstreamError(endpoint, "NATS is not connected")
+        assert loop is not None
         subject, cancel = self.subjects(endpoint)
         reply = f"{self._inbox}.{next(self._ids)}"
         resp = NatsResponse(self, endpoint, reply, cancel)
@@ -361,11 +397,6 @@ class NatsUpstream:
                 resp._fail(UpstreamError(resp.endpoint, "the connection to NATS was lost"))
         self._pending.clear()
 
-    def _slow_consumer(self, exc: SlowConsumerError) -> None:
-        resp = self._pending.get(exc.subject)
-        if resp is not None:
-            resp._gap(1)
-
     def _send_cancel(self, cancel_subject: str, reply: str) -> None:
         nc = self.nc
         if nc is None or not nc.is_connected:
@@ -376,10 +407,7 @@ class NatsUpstream:
 
 
 def _record_subject(endpoint: Endpoint) -> str | None:
-    """The request subject a worker record names, when it does (the record's transport fields)."""
-    for attr in ("request_transport", "transports"):
-        info = getattr(endpoint.record, attr, None)
-        subject = info.get("subject") if isinstance(info, dict) else getattr(info, "subject", None)
-        if isinstance(subject, str) and subject:
-            return subject
-    return None
+    """The request subject the worker's record names (``request_params.subject``), if any."""
+    params = getattr(endpoint.record, "request_params", None)
+    subject = params.get("subject") if isinstance(params, dict) else None
+    return subject if isinstance(subject, str) and subject else None
