@@ -8,6 +8,7 @@ call :func:`make_plugin_manager`.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import logging
 import os
@@ -90,6 +91,22 @@ def _dist_of(ep: EntryPoint) -> tuple[str | None, str | None]:
     return dist.metadata["Name"], dist.version
 
 
+def _check_hook_names(pm: pluggy.PluginManager, name: str) -> None:
+    """pluggy's ``check_pending()`` for plugin ``name``: every hookimpl must match a hookspec.
+
+    A misspelt hook (``infera_register_engine``) would otherwise never be called; the
+    error names the hook and the closest real one.
+    """
+    plugin = pm.get_plugin(name)
+    for caller in pm.get_hookcallers(plugin) or []:
+        if caller.has_spec() or all(i.optionalhook for i in caller.get_hookimpls() if i.plugin is plugin):
+            continue
+        specs = [n for n, c in vars(pm.hook).items() if not n.startswith("_") and c.has_spec()]
+        close = difflib.get_close_matches(caller.name, specs, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise PluginError(f"hook implementation {caller.name!r} matches no infera hook{hint}")
+
+
 def make_plugin_manager(
     *,
     strict: bool | None = None,
@@ -129,7 +146,10 @@ def make_plugin_manager(
         try:
             obj = ep.load()
             pm.register(obj, name=ep.name)
+            _check_hook_names(pm, ep.name)
         except Exception as exc:
+            if pm.has_plugin(ep.name):
+                pm.unregister(name=ep.name)
             tb = traceback.format_exc()
             msg = f"{type(exc).__name__}: {exc}"
             if strict:
@@ -145,5 +165,9 @@ def make_plugin_manager(
         if isinstance(obj, str):
             obj = importlib.import_module(obj)
         pm.register(obj, name=name)
+        try:
+            _check_hook_names(pm, name)
+        except PluginError as exc:
+            raise PluginError(f"plugin {name!r} failed to load: {exc}") from None
         infos.append(PluginInfo(name, None, None, "ok", module=getattr(obj, "__name__", repr(obj))))
     return PluginManager(pm, infos)

@@ -31,6 +31,18 @@ done
 ls "$WHEELS"
 n=$(find "$WHEELS" -name '*.whl' | wc -l)
 [ "$n" -ge "${#dists[@]}" ] || { echo "wheels: expected ${#dists[@]} wheels, found $n" >&2; exit 1; }
+# every package ships its py.typed marker (plugin authors type-check against it)
+.venv/bin/python - "$WHEELS" <<'PYEOF'
+import pathlib, sys, zipfile
+
+missing = []
+for whl in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
+    names = zipfile.ZipFile(whl).namelist()
+    packages = {n.split("/")[0] for n in names if n.endswith("/__init__.py") and n.count("/") == 1}
+    missing += [f"{whl.name}: {p}/py.typed" for p in sorted(packages) if f"{p}/py.typed" not in names]
+if missing:
+    sys.exit("wheels: no py.typed marker: " + ", ".join(missing))
+PYEOF
 
 version_of() { # distribution dir -> version from its pyproject
   .venv/bin/python -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' "$1/pyproject.toml"
