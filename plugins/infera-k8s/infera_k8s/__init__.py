@@ -1,0 +1,1 @@
+"""Infera on Kubernetes: the ``kubernetes`` discovery backend (worker pods by label)."""

@@ -1,0 +1,13 @@
+"""Entry point of the ``infera-k8s`` distribution (hook implementations)."""
+
+from __future__ import annotations
+
+from infera_core.hookspecs import hookimpl
+from infera_core.registry import DiscoveryRegistry
+
+
+@hookimpl
+def infera_register_discovery_backends(registry: DiscoveryRegistry) -> None:
+    from infera_k8s.discovery import KubernetesDiscoveryFactory
+
+    registry.add(KubernetesDiscoveryFactory())
