@@ -44,7 +44,10 @@ def up_cmd(
 
 
 async def run_up(settings: UpSettings, hooks: InferaHooks, engine_args: list[str]) -> int:
-    """Run the stack until SIGINT/SIGTERM (exit 0) or a worker dies (exit 1)."""
+    """Run the stack until SIGINT/SIGTERM (exit 0) or every worker is down for good (exit 1).
+
+    A worker whose engine dies is restarted (``--restart-engine on-failure``) while the
+    others keep serving; one that stays down is reported and the stack serves on without it."""
     from infera_core.up.stack import Stack
     from infera_core.up.status import LiveStatus
 
@@ -100,10 +103,23 @@ async def run_up(settings: UpSettings, hooks: InferaHooks, engine_args: list[str
 async def _serve_until_stopped(
     stack: Any, stop: asyncio.Event, settings: UpSettings, err: Console, live_cls: Any
 ) -> int:
-    status = None if settings.quiet else live_cls(stack.root, stack.policy, settings.status_interval, err)
-    if status is not None:
+    status = None
+    if not settings.quiet:
+        token = settings.admin_token.get_secret_value() if settings.admin_token else None
+        status = live_cls(
+            stack.root,
+            stack.policy,
+            settings.status_interval,
+            err,
+            states=stack.worker_states,
+            admin_token=token,
+        )
         status.start()
-    died = asyncio.ensure_future(stack.worker_exited())
+
+    def report(line: str) -> None:
+        err.print(f"[yellow]infera-run: {line}", soft_wrap=True)
+
+    died = asyncio.ensure_future(stack.until_all_workers_stopped(report))
     stopping = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({died, stopping}, return_when=asyncio.FIRST_COMPLETED)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from infera_core.discovery.base import ChangeKind, DiscoverySettings, FleetChange, Registration
 from infera_core.discovery.records import SYNCED
 from infera_core.errors import DiscoveryError
+from infera_core.redact import redact_url
 from infera_core.worker import WorkerRecord
 
 
@@ -91,7 +92,7 @@ class MemoryDiscovery:
         if record.worker_id in self.store.records:
             raise DiscoveryError(
                 f"worker_id {record.worker_id!r} is already registered "
-                f"(url {self.store.records[record.worker_id].url}); pick another --worker-id"
+                f"(url {redact_url(self.store.records[record.worker_id].url)}); pick another --worker-id"
             )
         self.store.put(record)
         return MemoryRegistration(self.store, record)

@@ -96,18 +96,17 @@ class Scheduler:
         if exclude:
             candidates = [ep for ep in candidates if ep.worker_id not in exclude]
         profile = self.per_model.get(ctx.model, self.default)
+        candidates = profile.filter(ctx, candidates)
+        if not candidates:
+            raise NoWorkerError(f"no routable worker for model {ctx.model!r}")
+        cap = self.max_inflight
+        if cap > 0:
+            candidates = [ep for ep in candidates if ep.in_flight < cap]
+            if not candidates:
+                raise OverloadedError(f"every worker for model {ctx.model!r} is at its in-flight cap ({cap})")
+        # direct mode picks among the healthy workers under their cap, like the policy does
         chosen = self._direct(ctx, candidates) if self.direct else None
         if chosen is None:
-            candidates = profile.filter(ctx, candidates)
-            if not candidates:
-                raise NoWorkerError(f"no routable worker for model {ctx.model!r}")
-            cap = self.max_inflight
-            if cap > 0:
-                candidates = [ep for ep in candidates if ep.in_flight < cap]
-                if not candidates:
-                    raise OverloadedError(
-                        f"every worker for model {ctx.model!r} is at its in-flight cap ({cap})"
-                    )
             chosen = profile.pick(ctx, candidates)
         chosen.picks += 1
         elapsed = time.perf_counter() - t0

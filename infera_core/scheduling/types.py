@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from infera_core.worker import Role, WorkerRecord
 
 if TYPE_CHECKING:
-    pass
+    from infera_core.server.transport import Upstream
 
 PolicyKind = Literal["filter", "scorer", "picker"]
 
@@ -36,6 +36,7 @@ class Endpoint:
         "recent_dispatch_ts",
         "record",
         "stats",
+        "upstream",
         "worker_id",
     )
 
@@ -53,6 +54,10 @@ class Endpoint:
         """While the breaker is open: ``time.monotonic()`` after which one probe may go."""
         self.stats: dict[str, float] = {}
         """Engine-reported gauges (``running``, ``waiting``, ``kv_usage``…) when scraped."""
+        self.upstream: Upstream = None  # type: ignore[assignment]
+        """The client of the request transport that reaches this worker
+        (:class:`infera_core.server.transport.Upstream`), set by the server's endpoint table
+        from ``record.request_transport``; requests go through ``ep.upstream.open(...)``."""
 
     @property
     def url(self) -> str:
@@ -76,8 +81,10 @@ class RequestContext:
     __slots__ = (
         "_block_hashes",
         "body",
+        "client_request_id",
         "headers",
         "model",
+        "principal",
         "request_id",
         "role",
         "route",
@@ -106,6 +113,17 @@ class RequestContext:
         self.tokenize_failed = False
         self.session_key: str | None = None
         self._block_hashes: dict[int, list[int]] = {}
+        self.client_request_id: str | None = None
+        """The client's ``X-Request-Id``: a label for logs, echoed back, never a key."""
+        self.principal: Any = None
+        """Who sent it (the server's API-key principal), None without ``--api-key-file``."""
+
+    @property
+    def log_id(self) -> str:
+        """``request_id`` for log lines, with the client's own id when it sent one."""
+        if self.client_request_id is None:
+            return self.request_id
+        return f"{self.request_id} (client id {self.client_request_id[:128]!r})"
 
     def cached_block_hashes(
         self, block_size: int, compute: Callable[[list[int], int], list[int]]

@@ -12,23 +12,42 @@ from __future__ import annotations
 import asyncio
 import time
 
+from infera_core.scheduling.scheduler import DIRECT_HEADER
 from infera_core.scheduling.types import Endpoint, RequestContext
-from infera_core.server.asgi import ON_DISCONNECT, ClientGone, Receive, Scope, Send, read_body, send_error
+from infera_core.server.asgi import (
+    ON_DISCONNECT,
+    ClientGone,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    raw_header,
+    read_body,
+    send_error,
+)
+from infera_core.server.auth import AdminGate, ClientAuth
 from infera_core.server.core import RouterCore, watch_disconnect
 from infera_core.server.errors import ApiError
 from infera_core.server.transport import UpstreamResponse
-from infera_core.server.validate import parse_object
+from infera_core.server.validate import BodyLimits, parse_body
+
+_YIELD_AFTER = 256 * 1024
+"""Body bytes beyond which parsing took long enough that the client may have left meanwhile."""
 
 
 class ProxyEndpoint:
     """Base of the hot routes. ``route`` labels metrics; ``anthropic`` shapes errors."""
 
     anthropic = False
+    auth: ClientAuth | None = None
+    """API keys (``--api-key-file``); None: requests need no key."""
+    admin: AdminGate = AdminGate(None)
+    """Who may use direct mode (``x-worker-instance-id``)."""
 
-    def __init__(self, core: RouterCore, route: str, max_body: int) -> None:
+    def __init__(self, core: RouterCore, route: str, limits: BodyLimits) -> None:
         self.core = core
         self.route = route
-        self.max_body = max_body
+        self.limits = limits
 
     def prepare(self, scope: Scope, raw: bytes, body: dict[str, object]) -> tuple[RequestContext, str, bytes]:
         """Validate; return (context, upstream path, upstream body). Raise :class:`ApiError`."""
@@ -47,15 +66,31 @@ class ProxyEndpoint:
         status = 500
         watcher: asyncio.Future[None] | None = None
         gone: list[bool] = []
+        client_rid = raw_header(scope, b"x-request-id")
+        if client_rid is not None:
+            send = _echo_request_id(send, client_rid.encode("latin-1"))
         try:
-            raw = await read_body(scope, receive, self.max_body)
-            ctx, path, upstream_body = self.prepare(scope, raw, parse_object(raw))
-            model = ctx.model
+            auth = self.auth
+            principal = auth.authenticate(scope) if auth is not None else None
             task = asyncio.current_task()
             assert task is not None
-            if ON_DISCONNECT in scope:
+            hooked = ON_DISCONNECT in scope
+            if hooked:  # a disconnect while the body is read or parsed cancels us too
                 scope[ON_DISCONNECT] = _Canceller(task, gone)
-            else:
+            raw = await read_body(scope, receive, self.limits.max_bytes)
+            body = await parse_body(raw, self.limits)
+            if len(raw) > _YIELD_AFTER:  # let a disconnect seen during the parse reach us first
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)
+            ctx, path, upstream_body = self.prepare(scope, raw, body)
+            ctx.client_request_id = client_rid
+            model = ctx.model
+            if auth is not None and principal is not None:
+                ctx.principal = principal
+                auth.admit(principal, model)
+            if core.scheduler.direct and raw_header(scope, DIRECT_HEADER.encode()) is not None:
+                self.admin.check(scope, "Direct routing (x-worker-instance-id)")
+            if not hooked:
                 watcher = asyncio.ensure_future(watch_disconnect(receive, task, gone))
             ep, resp = await core.dispatch(ctx, path, upstream_body)
             status = resp.status
@@ -84,6 +119,23 @@ class ProxyEndpoint:
                 watcher.cancel()
             scope[ON_DISCONNECT] = None
             core.metrics.request_done(self.route, model, status, time.perf_counter() - t0)
+
+    def count_usage(self, ctx: RequestContext, prompt: int, completion: int) -> None:
+        """Tokens of one answered request: per model, and per API key when keys are on."""
+        self.core.metrics.usage(ctx.model, prompt, completion)
+        if self.auth is not None and ctx.principal is not None:
+            self.auth.spent(ctx.principal, ctx.model, prompt, completion)
+
+
+def _echo_request_id(send: Send, value: bytes) -> Send:
+    """``send`` that adds the client's ``x-request-id`` to the response headers."""
+
+    async def echo(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), (b"x-request-id", value)]
+        await send(message)
+
+    return echo
 
 
 class _Canceller:

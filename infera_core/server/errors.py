@@ -52,6 +52,8 @@ class ApiError(Exception):
         """The same error in Anthropic's shape (``/v1/messages``)."""
         kind = {
             400: "invalid_request_error",
+            401: "authentication_error",
+            403: "permission_error",
             404: "not_found_error",
             413: "request_too_large",
             429: "rate_limit_error",

@@ -13,7 +13,6 @@ from infera_core.server.asgi import (
     Scope,
     Send,
     header_dict,
-    raw_header,
     send_bytes,
     send_error,
 )
@@ -21,7 +20,7 @@ from infera_core.server.core import RouterCore
 from infera_core.server.endpoint import ProxyEndpoint
 from infera_core.server.errors import ApiError
 from infera_core.server.transport import READ_ERRORS, UpstreamResponse
-from infera_core.server.validate import check_messages
+from infera_core.server.validate import BodyLimits, check_messages
 
 ROUTE = "/v1/messages"
 _BAD_REPLY: tuple[type[BaseException], ...] = (ValueError, *READ_ERRORS)
@@ -33,24 +32,24 @@ class MessagesProxy(ProxyEndpoint):
 
     anthropic = True
 
-    def __init__(self, core: RouterCore, max_body: int) -> None:
-        super().__init__(core, ROUTE, max_body)
+    def __init__(self, core: RouterCore, limits: BodyLimits) -> None:
+        super().__init__(core, ROUTE, limits)
 
     def prepare(self, scope: Scope, raw: bytes, body: dict[str, Any]) -> tuple[RequestContext, str, bytes]:
         model = check_messages(body)
         chat = to_chat_request(body)
-        rid = self.core.request_id(raw_header(scope, b"x-request-id"))
-        ctx = RequestContext(rid, model, ROUTE, chat, header_dict(scope))
+        ctx = RequestContext(self.core.request_id(), model, ROUTE, chat, header_dict(scope))
         return ctx, CHAT_PATH, json.dumps(chat).encode()
 
     async def relay(
         self, send: Send, resp: UpstreamResponse, ctx: RequestContext, ep: Endpoint, t0: float
     ) -> bool:
-        return await self._relay(send, resp, ctx.model, ctx.body.get("stop"), ep.worker_id)
+        return await self._relay(send, resp, ctx, ctx.body.get("stop"), ep.worker_id)
 
     async def _relay(
-        self, send: Send, resp: UpstreamResponse, model: str, stops: object, worker: str
+        self, send: Send, resp: UpstreamResponse, ctx: RequestContext, stops: object, worker: str
     ) -> bool:
+        model = ctx.model
         ctype = resp.content_type
         if resp.status >= 400:
             data = await resp.read()
@@ -70,7 +69,7 @@ class MessagesProxy(ProxyEndpoint):
                 return False
             out = to_message_response(chat if isinstance(chat, dict) else {}, model, stops)
             usage = out["usage"]
-            self.core.metrics.usage(model, usage["input_tokens"], usage["output_tokens"])
+            self.count_usage(ctx, usage["input_tokens"], usage["output_tokens"])
             await send_bytes(send, 200, json.dumps(out).encode())
             return True
         await send({"type": "http.response.start", "status": 200, "headers": list(SSE_HEADERS)})
@@ -85,5 +84,5 @@ class MessagesProxy(ProxyEndpoint):
             await send({"type": "http.response.body", "body": tail, "more_body": False})
             return False
         await send({"type": "http.response.body", "body": stream.finish(), "more_body": False})
-        self.core.metrics.usage(model, stream.input_tokens, stream.output_tokens)
+        self.count_usage(ctx, stream.input_tokens, stream.output_tokens)
         return True

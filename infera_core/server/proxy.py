@@ -20,13 +20,14 @@ from infera_core.server.asgi import (
     Scope,
     Send,
     header_dict,
-    raw_header,
     send_error,
 )
 from infera_core.server.core import RouterCore, usage_of
 from infera_core.server.endpoint import ProxyEndpoint
 from infera_core.server.errors import ApiError
 from infera_core.server.transport import READ_ERRORS, UpstreamResponse
+from infera_core.server.usage import UsageStripper, client_wants_usage, with_stream_usage
+from infera_core.server.validate import BodyLimits
 
 log = logging.getLogger("infera.server.proxy")
 
@@ -36,21 +37,30 @@ Checker = Callable[[dict[str, Any]], str]
 class OpenAIProxy(ProxyEndpoint):
     """A raw ASGI endpoint forwarding one OpenAI route to the fleet, bytes unchanged."""
 
-    def __init__(self, core: RouterCore, route: str, check: Checker, max_body: int) -> None:
-        super().__init__(core, route, max_body)
+    def __init__(self, core: RouterCore, route: str, check: Checker, limits: BodyLimits) -> None:
+        super().__init__(core, route, limits)
         self.check = check
 
     def prepare(self, scope: Scope, raw: bytes, body: dict[str, Any]) -> tuple[RequestContext, str, bytes]:
         model = self.check(body)
-        rid = self.core.request_id(raw_header(scope, b"x-request-id"))
-        return RequestContext(rid, model, self.route, body, header_dict(scope)), self.route, raw
+        ctx = RequestContext(self.core.request_id(), model, self.route, body, header_dict(scope))
+        if self._adds_usage(body):
+            raw = with_stream_usage(raw, body)  # tokens per API key need the stream's usage
+        return ctx, self.route, raw
+
+    def _adds_usage(self, body: dict[str, Any]) -> bool:
+        """Whether the router asks the engine for stream usage the client did not ask for."""
+        return self.auth is not None and body.get("stream") is True and not client_wants_usage(body)
 
     async def relay(
         self, send: Send, resp: UpstreamResponse, ctx: RequestContext, ep: Endpoint, t0: float
     ) -> bool:
-        return await self._relay(send, resp, ctx.model, t0, ep.worker_id)
+        return await self._relay(send, resp, ctx, t0, ep.worker_id)
 
-    async def _relay(self, send: Send, resp: UpstreamResponse, model: str, t0: float, worker: str) -> bool:
+    async def _relay(
+        self, send: Send, resp: UpstreamResponse, ctx: RequestContext, t0: float, worker: str
+    ) -> bool:
+        model = ctx.model
         ctype = resp.content_type or "application/json"
         metrics = self.core.metrics
         if not ctype.startswith("text/event-stream"):
@@ -68,7 +78,7 @@ class OpenAIProxy(ProxyEndpoint):
             await send({"type": "http.response.body", "body": data, "more_body": False})
             if resp.status < 400:
                 p, c = usage_of(data[-600:])
-                metrics.usage(model, p, c)
+                self.count_usage(ctx, p, c)
             return resp.status < 400
         await send(
             {
@@ -80,8 +90,13 @@ class OpenAIProxy(ProxyEndpoint):
         first = last = 0.0
         events = 0
         prev = tail = b""
+        strip = UsageStripper() if self._adds_usage(ctx.body) else None
         try:
             async for chunk in resp:
+                if strip is not None:
+                    chunk = strip.feed(chunk)
+                    if not chunk:
+                        continue
                 last = time.perf_counter()
                 if not first:
                     first = last
@@ -93,12 +108,13 @@ class OpenAIProxy(ProxyEndpoint):
             err = ApiError(502, f"Worker {worker} failed mid-stream: {exc!r}", code="upstream_stream_error")
             await send({"type": "http.response.body", "body": err.sse_event(), "more_body": False})
             return False
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        rest = strip.flush() if strip is not None else b""
+        await send({"type": "http.response.body", "body": rest, "more_body": False})
         if first:
             end = prev + tail
             if b"[DONE]" in end:
                 events -= 1
             metrics.stream_timing(model, first - t0, (last - first) / (events - 1) if events > 1 else None)
-            p, c = usage_of(end[-1200:])
-            metrics.usage(model, p, c)
+            p, c = (strip.prompt, strip.completion) if strip is not None else usage_of(end[-1200:])
+            self.count_usage(ctx, p, c)
         return True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -12,6 +13,14 @@ from rich.live import Live
 from rich.text import Text
 
 from infera_core.bench.scrape import HITS, QUERIES, fetch_text, parse_metrics
+
+TROUBLE = {
+    "unhealthy": "hung (out of rotation)",
+    "restarting": "restarting",
+    "starting": "starting",
+    "failed": "down for good",
+}
+"""Launcher states worth a word on the status line, and that word."""
 
 
 @dataclass(slots=True)
@@ -23,22 +32,34 @@ class Snapshot:
     hits: float = 0.0
     queries: float = 0.0
 
-    def line(self, policy: str) -> Text:
+    def line(self, policy: str, states: Mapping[str, int] | None = None) -> Text:
+        """The status line; ``states`` counts the launchers per state (restarting, failed…)."""
         rate = f"{self.hits / self.queries:.1%}" if self.queries else "-"
+        trouble = {k: n for k, n in (states or {}).items() if k in TROUBLE and n}
         t = Text()
-        t.append("● ", style="green" if self.active else "red")
+        t.append("● ", style="red" if not self.active else "yellow" if trouble else "green")
         t.append(f"workers {self.active}")
         if self.draining:
             t.append(f" (+{self.draining} draining)", style="yellow")
+        if trouble:
+            words = ", ".join(f"{n} {TROUBLE[k]}" for k, n in trouble.items())
+            t.append(f" [{words}]", style="red" if "failed" in trouble else "yellow")
         t.append(f"  in-flight {self.in_flight}  requests {self.requests}  cache hit {rate}  policy {policy}")
         return t
 
 
-async def snapshot(session: aiohttp.ClientSession, root: str, with_cache: bool = True) -> Snapshot:
+async def snapshot(
+    session: aiohttp.ClientSession,
+    root: str,
+    with_cache: bool = True,
+    headers: Mapping[str, str] | None = None,
+) -> Snapshot:
     """Router's ``/v1/workers`` (status, in-flight, picks) + workers' prefix-cache counters."""
     snap = Snapshot()
     try:
-        async with session.get(f"{root}/v1/workers", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+        async with session.get(
+            f"{root}/v1/workers", headers=headers, timeout=aiohttp.ClientTimeout(total=2)
+        ) as resp:
             data = await resp.json(content_type=None)
     except (aiohttp.ClientError, TimeoutError, ValueError):
         return snap
@@ -66,8 +87,19 @@ async def snapshot(session: aiohttp.ClientSession, root: str, with_cache: bool =
 class LiveStatus:
     """Refreshes one status line every ``interval`` seconds until :meth:`stop`."""
 
-    def __init__(self, root: str, policy: str, interval: float, console: Console | None = None) -> None:
+    def __init__(
+        self,
+        root: str,
+        policy: str,
+        interval: float,
+        console: Console | None = None,
+        states: Callable[[], Mapping[str, int]] | None = None,
+        admin_token: str | None = None,
+    ) -> None:
+        self.headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else None
+        """Sent with every request: ``/v1/workers`` is admin-only (``--admin-token``)."""
         self.root = root
+        self.states = states
         self.policy = policy
         self.interval = interval
         self.console = console or Console(stderr=True)
@@ -80,8 +112,8 @@ class LiveStatus:
         async with aiohttp.ClientSession() as session:
             with Live(Text("starting…"), console=self.console, refresh_per_second=4, transient=True) as live:
                 while True:
-                    snap = await snapshot(session, self.root)
-                    live.update(snap.line(self.policy))
+                    snap = await snapshot(session, self.root, headers=self.headers)
+                    live.update(snap.line(self.policy, self.states() if self.states else None))
                     await asyncio.sleep(self.interval)
 
     async def stop(self) -> None:

@@ -1,0 +1,268 @@
+"""Client API keys (``--api-key-file``): the file, its hot reload, and per-key admission.
+
+The file (YAML or JSON)::
+
+    keys:
+      - name: team-a                 # the label in metrics and usage
+        key: sk-team-a-123           # or key_sha256: <hex>, so the file holds no secret
+        models: [qwen]               # optional allow-list
+        requests_per_minute: 600     # optional
+        tokens_per_day: 2000000      # optional, prompt + completion
+
+Per request the check is one ``sha256`` of the presented key and one dict lookup;
+the file's ``mtime`` is looked at most once a second and the file re-read only when
+it changed (a broken edit is logged and the previous keys stay in force). Budgets
+live per key *name*, so a reload keeps what each key has spent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from infera_core.errors import ConfigError
+from infera_core.server.errors import ApiError
+
+log = logging.getLogger("infera.server.keys")
+
+DAY = 86400.0
+RELOAD_CHECK_S = 1.0
+
+
+class KeySpec(BaseModel):
+    """One entry of the key file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, description="The key's label in metrics and usage.")
+    key: SecretStr | None = Field(None, description="The key itself.")
+    key_sha256: str | None = Field(
+        None, pattern=r"^[0-9a-fA-F]{64}$", description="Hex sha256 of the key instead of the key."
+    )
+    models: list[str] | None = Field(None, description="Models this key may use (absent: all).")
+    requests_per_minute: int | None = Field(None, gt=0)
+    tokens_per_day: int | None = Field(None, gt=0, description="Prompt + completion tokens per UTC day.")
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> KeySpec:
+        if (self.key is None) == (self.key_sha256 is None):
+            raise ValueError(f"key {self.name!r}: give exactly one of 'key' and 'key_sha256'")
+        return self
+
+    def digest(self) -> bytes:
+        if self.key is not None:
+            return hashlib.sha256(self.key.get_secret_value().encode()).digest()
+        assert self.key_sha256 is not None
+        return bytes.fromhex(self.key_sha256)
+
+
+class KeyFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    keys: list[KeySpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> KeyFile:
+        names: set[str] = set()
+        digests: set[bytes] = set()
+        for spec in self.keys:
+            if spec.name in names:
+                raise ValueError(f"two keys are named {spec.name!r}")
+            d = spec.digest()
+            if d in digests:
+                raise ValueError(f"key {spec.name!r} is the same key as an earlier entry")
+            names.add(spec.name)
+            digests.add(d)
+        return self
+
+
+def read_key_file(path: Path) -> KeyFile:
+    """Parse and validate ``path``; :class:`ConfigError` naming the flag and the problem."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"--api-key-file {path}: cannot read file ({exc.strerror})") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"--api-key-file {path}: not valid YAML/JSON: {exc}") from None
+    try:
+        return KeyFile.model_validate(data if data is not None else {})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        raise ConfigError(f"--api-key-file {path}: {where}: {err.get('msg')}") from None
+
+
+class ApiKey:
+    """A key's limits and its running budgets (kept across reloads, by name)."""
+
+    __slots__ = ("allowed", "bucket", "day", "day_tokens", "name", "refilled", "rpm", "tpd")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.allowed: frozenset[str] | None = None
+        self.rpm: int | None = None
+        self.tpd: int | None = None
+        self.bucket = 0.0
+        self.refilled = 0.0
+        self.day = -1
+        self.day_tokens = 0
+
+    def configure(self, spec: KeySpec, now: float) -> None:
+        self.allowed = frozenset(spec.models) if spec.models is not None else None
+        if spec.requests_per_minute != self.rpm:
+            self.rpm = spec.requests_per_minute
+            self.bucket = float(self.rpm or 0)
+            self.refilled = now
+        self.tpd = spec.tokens_per_day
+
+
+class Principal:
+    """Who a request runs as: a key, or the admin (admin token as the key: no limits)."""
+
+    __slots__ = ("key", "name")
+
+    def __init__(self, name: str, key: ApiKey | None) -> None:
+        self.name = name
+        self.key = key
+
+
+ADMIN = Principal("admin", None)
+
+
+class KeyRing:
+    """The keys of ``--api-key-file``, looked up by the sha256 of what a client presents."""
+
+    def __init__(
+        self,
+        path: Path,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = path
+        self._clock = clock
+        self._wall = wall
+        self._by_digest: dict[bytes, Principal] = {}
+        self._by_name: dict[str, ApiKey] = {}
+        self._stamp: tuple[int, int, int] | None = None
+        self._next_check = 0.0
+        self._apply(read_key_file(path), self._stat())
+
+    # -- the file ------------------------------------------------------------------
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def _apply(self, spec: KeyFile, stamp: tuple[int, int, int] | None) -> None:
+        now = self._clock()
+        by_digest: dict[bytes, Principal] = {}
+        by_name: dict[str, ApiKey] = {}
+        for s in spec.keys:
+            key = self._by_name.get(s.name) or ApiKey(s.name)
+            key.configure(s, now)
+            by_name[s.name] = key
+            by_digest[s.digest()] = Principal(s.name, key)
+        self._by_digest, self._by_name, self._stamp = by_digest, by_name, stamp
+
+    def maybe_reload(self) -> None:
+        """Re-read the file when its mtime/size/inode changed (looked at most once a second)."""
+        now = self._clock()
+        if now < self._next_check:
+            return
+        self._next_check = now + RELOAD_CHECK_S
+        stamp = self._stat()
+        if stamp == self._stamp:
+            return
+        if stamp is None:
+            log.error("--api-key-file %s is gone; keeping the %d keys loaded", self.path, len(self._by_name))
+            self._stamp = None
+            return
+        try:
+            spec = read_key_file(self.path)
+        except ConfigError as exc:
+            log.error("%s; keeping the %d keys loaded before", exc, len(self._by_name))
+            self._stamp = stamp
+            return
+        self._apply(spec, stamp)
+        log.info("--api-key-file %s reloaded: %d keys", self.path, len(spec.keys))
+
+    def lookup(self, token: bytes) -> Principal | None:
+        self.maybe_reload()
+        return self._by_digest.get(hashlib.sha256(token).digest())
+
+    def all_keys(self) -> list[ApiKey]:
+        return list(self._by_name.values())
+
+    # -- admission and spending ------------------------------------------------------
+    def admit(self, principal: Principal, model: str) -> None:
+        """403 for a model off the key's list, 429 over a budget (both with a clear message)."""
+        key = principal.key
+        if key is None:
+            return
+        if key.allowed is not None and model not in key.allowed:
+            raise ApiError(
+                403,
+                f"The API key {key.name!r} may not use the model {model!r}.",
+                param="model",
+                code="model_not_allowed",
+                type="permission_error",
+            )
+        if key.rpm is not None:
+            now = self._clock()
+            rate = key.rpm / 60.0
+            key.bucket = min(float(key.rpm), key.bucket + (now - key.refilled) * rate)
+            key.refilled = now
+            if key.bucket < 1.0:
+                wait = math.ceil((1.0 - key.bucket) / rate)
+                raise ApiError(
+                    429,
+                    f"The API key {key.name!r} is over its limit of {key.rpm} requests per minute.",
+                    code="rate_limit_exceeded",
+                    headers={"Retry-After": str(max(1, wait))},
+                )
+            key.bucket -= 1.0
+        if key.tpd is not None and self._today_tokens(key) >= key.tpd:
+            wall = self._wall()
+            reset = math.ceil((math.floor(wall / DAY) + 1) * DAY - wall)
+            raise ApiError(
+                429,
+                f"The API key {key.name!r} has used its {key.tpd} tokens for today (UTC).",
+                code="token_budget_exceeded",
+                headers={"Retry-After": str(max(1, reset))},
+            )
+
+    def _today_tokens(self, key: ApiKey) -> int:
+        day = int(self._wall() // DAY)
+        if key.day != day:
+            key.day = day
+            key.day_tokens = 0
+        return key.day_tokens
+
+    def spent(self, principal: Principal, tokens: int) -> None:
+        key = principal.key
+        if key is not None and tokens:
+            self._today_tokens(key)
+            key.day_tokens += tokens
+
+    def describe(self, key: ApiKey) -> dict[str, Any]:
+        """A key's limits and today's spending (``GET /v1/admin/usage``)."""
+        return {
+            "models": sorted(key.allowed) if key.allowed is not None else None,
+            "requests_per_minute": key.rpm,
+            "tokens_per_day": key.tpd,
+            "tokens_today": self._today_tokens(key),
+        }

@@ -1,0 +1,122 @@
+"""Token usage per API key and model, and getting it from streams that did not ask for it.
+
+* :class:`UsageLedger` — ``infera_key_tokens_total{key,model,kind}`` and the JSON of
+  ``GET /v1/admin/usage``.
+* :func:`with_stream_usage` — the upstream body of a stream whose client did not set
+  ``stream_options.include_usage``: the engine is asked for usage anyway.
+* :class:`UsageStripper` — takes that usage chunk (``"choices": []`` + ``usage``) back
+  out of what the client receives, and remembers its counts.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from infera_core.server.series import LeanCounter
+
+_INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
+
+
+class UsageLedger:
+    """Prompt/completion tokens and requests per (key, model), kept on the event loop."""
+
+    def __init__(self) -> None:
+        self.tokens = LeanCounter(
+            "infera_key_tokens", "Tokens from engines' usage reports, per API key", ["key", "model", "kind"]
+        )
+        self.requests: dict[tuple[str, str], int] = {}
+
+    def add(self, key: str, model: str, prompt: int, completion: int) -> None:
+        k = (key, model)
+        self.requests[k] = self.requests.get(k, 0) + 1
+        if prompt:
+            self.tokens.child((key, model, "prompt")).value += prompt
+        if completion:
+            self.tokens.child((key, model, "completion")).value += completion
+
+    def by_key(self) -> dict[str, dict[str, dict[str, int]]]:
+        """``{key: {model: {prompt_tokens, completion_tokens, requests}}}``."""
+        out: dict[str, dict[str, dict[str, int]]] = {}
+        for (key, model), n in self.requests.items():
+            entry = out.setdefault(key, {}).setdefault(
+                model, {"prompt_tokens": 0, "completion_tokens": 0, "requests": 0}
+            )
+            entry["requests"] = n
+        for (key, model, kind), child in self.tokens.children.items():
+            entry = out.setdefault(key, {}).setdefault(
+                model, {"prompt_tokens": 0, "completion_tokens": 0, "requests": 0}
+            )
+            entry[f"{kind}_tokens"] = int(child.value)
+        return out
+
+
+def client_wants_usage(body: dict[str, Any]) -> bool:
+    opts = body.get("stream_options")
+    return isinstance(opts, dict) and opts.get("include_usage") is True
+
+
+def with_stream_usage(raw: bytes, body: dict[str, Any]) -> bytes:
+    """``raw`` (the client's JSON object) with ``stream_options.include_usage`` set.
+
+    Without a ``stream_options`` key the field is spliced in after the opening brace
+    (no re-encoding of a large body); otherwise the object is re-encoded.
+    """
+    if "stream_options" not in body:
+        i = raw.find(b"{")
+        return raw[: i + 1] + _INCLUDE_USAGE + raw[i + 1 :]
+    opts = body["stream_options"]
+    merged = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+    return json.dumps({**body, "stream_options": merged}).encode()
+
+
+class UsageStripper:
+    """Feed it the worker's SSE bytes; it returns them without the usage-only event.
+
+    Bytes are passed on up to the last complete event (``\\n\\n``); a partial event
+    waits for its end. Only events that mention ``"usage"`` are parsed.
+    """
+
+    __slots__ = ("buf", "completion", "prompt")
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.prompt = 0
+        self.completion = 0
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self.buf + chunk if self.buf else chunk
+        cut = data.rfind(b"\n\n")
+        if cut < 0:
+            self.buf = data
+            return b""
+        head, self.buf = data[: cut + 2], data[cut + 2 :]
+        if b'"usage"' not in head:
+            return head
+        kept = [ev for ev in head.split(b"\n\n")[:-1] if not self._usage_event(ev)]
+        return b"".join(ev + b"\n\n" for ev in kept)
+
+    def flush(self) -> bytes:
+        rest, self.buf = self.buf, b""
+        return rest
+
+    def _usage_event(self, event: bytes) -> bool:
+        if b'"usage"' not in event:
+            return False
+        payload = event.strip()
+        if not payload.startswith(b"data:"):
+            return False
+        try:
+            obj = json.loads(payload[5:])
+        except ValueError:
+            return False
+        if not isinstance(obj, dict) or obj.get("choices") != [] or not isinstance(obj.get("usage"), dict):
+            return False
+        usage = obj["usage"]
+        self.prompt = _int(usage.get("prompt_tokens"))
+        self.completion = _int(usage.get("completion_tokens"))
+        return True
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
