@@ -58,6 +58,7 @@ from infera_core.server.pd import build_pd
 from infera_core.server.proxy import OpenAIProxy
 from infera_core.server.series import LeanCollector
 from infera_core.server.settings import ServeSettings
+from infera_core.server.tokenize_routes import add_tokenize_routes
 from infera_core.server.transport import Upstreams
 from infera_core.server.usage import UsageLedger
 from infera_core.server.validate import BodyLimits, check_chat, check_completion
@@ -223,6 +224,7 @@ def create_app(
     # the same endpoints through the ordinary router too (405 for other methods)
     app.router.routes.extend(Route(path, ep, methods=["POST"]) for path, ep in app.hot_routes.items())
     _control_routes(app, core, kv, auth, settings.public_metrics)
+    add_tokenize_routes(app, core, limit)
     _error_handlers(app)
     return app
 

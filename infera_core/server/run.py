@@ -1,47 +1,21 @@
-"""Run the server with uvicorn (uvloop + httptools, TCP_NODELAY on accepted sockets)."""
+"""Run the server with uvicorn (uvloop + httptools; the protocol, with TCP_NODELAY and the
+connection limits, is :mod:`infera_core.server.protocol`)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from infera_core.errors import InferaError
 from infera_core.facade import InferaHooks
 from infera_core.server.app import KvComponent, create_app, make_discovery
-from infera_core.server.asgi import ON_DISCONNECT
-from infera_core.server.coalesce import CoalescingTransport
+from infera_core.server.protocol import protocol_class
 from infera_core.server.settings import ServeSettings
-from infera_core.server.transport import set_nodelay
 
 log = logging.getLogger("infera.server")
-
-
-class NoDelayHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, with Nagle disabled on every accepted connection,
-    each response's header block sent together with its first body bytes, and a client
-    disconnect reported to the request's ``scope[ON_DISCONNECT]`` callback (no watcher
-    task per request)."""
-
-    def connection_made(self, transport: Any) -> None:
-        set_nodelay(transport)
-        super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self.scope[ON_DISCONNECT] = None  # type: ignore[literal-required]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        cycle = getattr(self, "cycle", None)  # uvicorn's attribute; tolerate a rename
-        if cycle is not None and not cycle.response_complete:
-            hook: Callable[[], None] | None = cycle.scope.get(ON_DISCONNECT)
-            if hook is not None:
-                hook()
-        super().connection_lost(exc)
 
 
 def uvicorn_config(app: Any, settings: ServeSettings, log_level: str = "warning") -> uvicorn.Config:
@@ -50,13 +24,13 @@ def uvicorn_config(app: Any, settings: ServeSettings, log_level: str = "warning"
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http=NoDelayHttpToolsProtocol,
+        http=protocol_class(settings),
         lifespan="on",
         access_log=False,
         proxy_headers=False,
         server_header=False,
         log_level=log_level,
-        timeout_keep_alive=30,
+        timeout_keep_alive=settings.idle_timeout,  # type: ignore[arg-type]  # a float works (call_later)
         backlog=4096,
     )
 

@@ -6,11 +6,15 @@ from pathlib import Path
 
 from pydantic import Field
 
+from infera_core.launcher.settings import RestartPolicy
+from infera_core.server.auth_settings import AuthSettings
+from infera_core.server.limits import LimitSettings
 from infera_core.settings import InferaSettings
 
 
-class UpSettings(InferaSettings):
-    """The embedded single-machine stack."""
+class UpSettings(InferaSettings, LimitSettings, AuthSettings):
+    """The embedded single-machine stack (its server's connection and request limits from
+    :class:`LimitSettings`)."""
 
     workers: int = Field(4, ge=0, description="Number of engine workers to start (0: server only).")
     engine: str = Field("sim", description="Engine of every worker (see `infera-run engines`).")
@@ -33,16 +37,39 @@ class UpSettings(InferaSettings):
     etcd_endpoint: str | None = Field(
         None, description="Use this etcd (host:port[,…]) instead of the embedded in-memory discovery."
     )
+    discovery: str | None = Field(
+        None,
+        description="Discovery backend: memory (embedded), etcd, nats… "
+        "[default: etcd with --etcd-endpoint, else memory].",
+        json_schema_extra={"flag": "--discovery-backend", "aliases": ["--discovery"]},
+    )
+    request_transport: str = Field(
+        "http", description="How the server reaches the workers: http, or an installed transport (nats)."
+    )
+    kv_event_transport: str = Field(
+        "zmq",
+        description="How the workers' KV events reach the server: zmq, or an installed transport (nats).",
+    )
     ready_timeout: float = Field(120.0, gt=0, description="Seconds to wait for every worker to serve.")
     drain_timeout: float = Field(
         10.0, ge=0, description="Seconds workers wait for in-flight requests on stop."
     )
+    restart_engine: RestartPolicy = Field(
+        RestartPolicy.ON_FAILURE,
+        description="on-failure: restart a worker's engine when it dies (the others keep serving); "
+        "never: a dead worker stays down.",
+    )
+    max_restarts: int = Field(5, ge=1, description="Restarts of one engine in a row before it stays down.")
     quiet: bool = Field(False, description="No live status line (the ready line is still printed).")
     engine_logs: bool = Field(False, description="Echo the engines' own output (prefixed per worker).")
     status_interval: float = Field(1.0, gt=0, description="Seconds between live status refreshes.")
     demo: bool = Field(
         False, description="Send a short shared-prefix workload and show kv-aware vs round-robin hit rates."
     )
+
+    def discovery_name(self) -> str:
+        """The discovery backend: ``--discovery-backend``, else etcd with ``--etcd-endpoint``, else memory."""
+        return self.discovery or ("etcd" if self.etcd_endpoint else "memory")
 
     def roles(self) -> list[str]:
         """The role of each worker to start: ``--workers`` mixed ones (none by default when

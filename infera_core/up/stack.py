@@ -21,6 +21,7 @@ from typing import Any
 
 import uvicorn
 
+from infera_core.backends import BackendOptions, with_backend_fields
 from infera_core.discovery.base import Discovery, DiscoverySettings
 from infera_core.errors import ConfigError, EngineError, InferaError
 from infera_core.facade import InferaHooks
@@ -95,6 +96,7 @@ class Stack:
         self.discovery: Discovery | None = None
         self.launchers: list[WorkerLauncher] = []
         self._tasks: list[asyncio.Task[int]] = []
+        self._spawned: set[int] = set()
         self._server: _Server | None = None
         self._server_task: asyncio.Task[None] | None = None
         self._sock: socket.socket | None = None
@@ -143,10 +145,11 @@ class Stack:
 
     def _make_discovery(self) -> Discovery:
         s = self.settings
-        if s.etcd_endpoint:
-            endpoints = [e.strip() for e in s.etcd_endpoint.split(",") if e.strip()]
-            factory = self.hooks.require("discovery_backend", "etcd")
-            return factory.create(DiscoverySettings(etcd_endpoints=endpoints))
+        name = s.discovery_name()
+        if name != "memory":
+            endpoints = [e.strip() for e in (s.etcd_endpoint or "").split(",") if e.strip()]
+            factory = self.hooks.require("discovery_backend", name)
+            return factory.create(DiscoverySettings(etcd_endpoints=endpoints, options=BackendOptions(s)))
         from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 
         return MemoryDiscovery(MemoryStore())
@@ -155,12 +158,19 @@ class Stack:
         from infera_core.server.settings import ServeSettings
 
         s = self.settings
-        return ServeSettings(
+        return with_backend_fields(
+            ServeSettings,
+            self.hooks.catalog(),
+            s,
             host=s.host,
             port=self.port,
-            discovery="etcd" if s.etcd_endpoint else "memory",
+            discovery=s.discovery_name(),
+            request_transport=s.request_transport,
+            kv_event_transport=s.kv_event_transport,
             router_policy=self.policy,
             router_config=s.router_config,
+            **s.limits_of(),
+            **s.auth_of(),
         )
 
     async def _start_server(self) -> None:
@@ -208,11 +218,16 @@ class Stack:
     def _worker_settings(self, index: int, role: str = "mixed") -> WorkerSettings:
         s = self.settings
         kind = "" if role == "mixed" else f"{role}-"
-        return WorkerSettings(
+        return with_backend_fields(
+            WorkerSettings,
+            self.hooks.catalog(),
+            s,
             model=s.model,
             model_path=s.model_path,
             host="127.0.0.1" if s.host in ("127.0.0.1", "localhost") else s.host,
-            discovery="etcd" if s.etcd_endpoint else "memory",
+            discovery=s.discovery_name(),
+            request_transport=s.request_transport,
+            kv_event_transport=s.kv_event_transport,
             etcd_endpoint=s.etcd_endpoint,
             worker_id=f"{s.engine}-{kind}{index + 1}-{self.port}",
             role=role,
@@ -220,6 +235,8 @@ class Stack:
             drain_timeout=s.drain_timeout,
             stop_timeout=5.0,
             health_failures=5,  # a busy machine (benchmarks on few cores) is not a dead engine
+            restart_engine=s.restart_engine,
+            max_restarts=s.max_restarts,
         )
 
     async def _start_workers(self) -> None:
@@ -235,6 +252,7 @@ class Stack:
                 options={"pd_protocol": s.pd_protocol} if pd else None,
                 discovery=self.discovery,
                 echo=echo,
+                on_spawn=self._track_pid,
             )
             self.launchers.append(lc)
             self._tasks.append(asyncio.create_task(lc.run(), name=f"worker-{i + 1}"))
@@ -271,7 +289,12 @@ class Stack:
         raise EngineError(f"worker {wid} stopped before it was ready")
 
     def _track_groups(self) -> None:
-        _LIVE_GROUPS.update(self.engine_pids())
+        for pid in self.engine_pids():
+            self._track_pid(pid)
+
+    def _track_pid(self, pid: int) -> None:
+        self._spawned.add(pid)
+        _LIVE_GROUPS.add(pid)
 
     async def _wait_routable(self, within: float) -> None:
         """Until the server's fleet view holds every worker (memory: at once; etcd: a watch away)."""
@@ -301,18 +324,30 @@ class Stack:
                     )
                 await asyncio.sleep(0.05)
 
-    async def worker_exited(self) -> BaseException:
-        """Wait until some worker stops on its own (its engine died); that worker's error."""
-        tasks = list(self._tasks)
-        if not tasks:
+    async def until_all_workers_stopped(self, report: Callable[[str], None]) -> BaseException:
+        """Keep serving while workers die: ``report`` a line for each one that stops for good
+        (its engine died and was not, or no longer, restarted); the last one's error once none
+        is left."""
+        pending = set(self._tasks)
+        if not pending:
             await asyncio.Event().wait()
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for lc, t in zip(self.launchers, tasks, strict=True):
-            if t.done():
-                exc = t.exception() if not t.cancelled() else None
-                wid = lc.context.worker_id if lc.context else "?"
-                return exc or EngineError(f"worker {wid} stopped on its own")
-        return EngineError("a worker stopped")
+        last: BaseException = EngineError("no workers")
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for lc, t in zip(self.launchers, self._tasks, strict=True):
+                if t in done:
+                    last = _why_stopped(lc, t)
+                    left = len(pending)
+                    what = f"serving on {left} of {len(self._tasks)} workers" if left else "no worker left"
+                    report(f"worker {_wid(lc)} is down: {_first_line(last)}; {what}")
+        return last
+
+    def worker_states(self) -> dict[str, int]:
+        """How many launchers are in each state (``serving``, ``restarting``, ``failed``…)."""
+        counts: dict[str, int] = {}
+        for lc in self.launchers:
+            counts[str(lc.state)] = counts.get(str(lc.state), 0) + 1
+        return counts
 
     def skip_drain(self) -> None:
         """Stop without waiting for in-flight requests (a second Ctrl-C)."""
@@ -328,7 +363,7 @@ class Stack:
                 lc.request_drain()  # second request: skip the in-flight wait
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        for pid in self.engine_pids():
+        for pid in self._spawned | set(self.engine_pids()):
             _LIVE_GROUPS.discard(pid)
         if self._server is not None and self._server_task is not None:
             self._server.should_exit = True
@@ -343,6 +378,19 @@ class Stack:
                 await self.discovery.close()
             self.discovery = None
         self._tasks = []
+
+
+def _wid(lc: WorkerLauncher) -> str:
+    return lc.context.worker_id if lc.context else "?"
+
+
+def _why_stopped(lc: WorkerLauncher, task: asyncio.Task[int]) -> BaseException:
+    exc = task.exception() if not task.cancelled() else None
+    return exc or EngineError(f"worker {_wid(lc)} stopped on its own")
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _stderr_echo(line: str) -> None:

@@ -1,0 +1,220 @@
+"""The server's HTTP/1.1 protocol: uvicorn's httptools one, tuned and with connection limits.
+
+- Nagle off, each response's header block sent with its first body bytes
+  (:class:`~infera_core.server.coalesce.CoalescingTransport`), and a client disconnect
+  reported to the request's ``scope[ON_DISCONNECT]`` callback (no watcher task per request).
+- Limits (:class:`~infera_core.server.limits.LimitSettings`): a connection beyond
+  ``max_connections`` gets 503 and is closed; one idle for ``idle_timeout`` (never used,
+  or between requests) is closed; a request whose headers are not complete within
+  ``header_timeout`` of its first byte gets 408; a request line + headers over
+  ``max_header_bytes`` gets 431. Deadlines are plain timestamps checked by one timer per
+  server (:class:`_Sweeper`), so a request pays for no timer of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from infera_core.server.asgi import ON_DISCONNECT
+from infera_core.server.coalesce import CoalescingTransport
+from infera_core.server.errors import ApiError
+from infera_core.server.limits import LimitSettings
+from infera_core.server.transport import set_nodelay
+
+log = logging.getLogger("infera.server")
+
+_LINGER = 2.0
+"""Seconds a rejected connection is still read (and what arrives dropped) before it is closed."""
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+
+
+def _raw_error(err: ApiError) -> bytes:
+    """A complete ``Connection: close`` response carrying ``err`` (written before any cycle exists)."""
+    body = json.dumps(err.payload()).encode()
+    extra = b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in err.headers.items())
+    return b"".join(
+        [
+            b"HTTP/1.1 %d %s\r\n" % (err.status, _REASONS.get(err.status, b"Error")),
+            b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n" % len(body),
+            extra,
+            b"\r\n",
+            body,
+        ]
+    )
+
+
+class _NoEvent:
+    def set(self) -> None:
+        return None
+
+
+class _Closed:
+    """Stands in for uvicorn's request cycle on a connection this protocol rejected."""
+
+    response_complete = True
+    disconnected = True
+    message_event = _NoEvent()
+
+
+_CLOSED: Any = _Closed()
+
+
+class _Sweeper:
+    """One timer per server: closes the connections whose deadline passed."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, connections: set[Any], every: float) -> None:
+        self.loop = loop
+        self.connections = connections
+        self.every = every
+        self.armed = False
+
+    def arm(self) -> None:
+        if not self.armed:
+            self.armed = True
+            self.loop.call_later(self.every, self._tick)
+
+    def _tick(self) -> None:
+        self.armed = False
+        if not self.connections:
+            return  # re-armed by the next connection
+        now = self.loop.time()
+        for proto in list(self.connections):
+            deadline = getattr(proto, "deadline", 0.0)
+            if deadline and now >= deadline:
+                proto.expire()
+        self.arm()
+
+
+class InferaHttpProtocol(HttpToolsProtocol):
+    """See the module docstring. Built per server by :func:`protocol_class` (which sets ``limits``)."""
+
+    limits: LimitSettings = LimitSettings()
+    deadline = 0.0
+    """When this connection is closed unless something happens first (0: no deadline)."""
+    _awaiting_headers = False
+    _header_bytes = 0
+    _fresh = False
+    _rejected = False
+
+    def connection_made(self, transport: Any) -> None:
+        set_nodelay(transport)
+        super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+        limits = self.limits
+        state = self.server_state
+        sweeper: _Sweeper | None = getattr(state, "infera_sweeper", None)
+        if sweeper is None:
+            every = min(1.0, max(0.05, min(limits.header_timeout, limits.idle_timeout) / 4))
+            sweeper = _Sweeper(self.loop, self.connections, every)
+            state.infera_sweeper = sweeper  # type: ignore[attr-defined]
+        sweeper.arm()
+        if len(self.connections) > limits.max_connections:
+            log.warning("refusing a connection: %d open (--max-connections)", len(self.connections) - 1)
+            err = ApiError(
+                503,
+                f"The server has reached its limit of {limits.max_connections} connections"
+                " (--max-connections); retry later.",
+                code="too_many_connections",
+                headers={"retry-after": "1"},
+            )
+            self._reject(err)
+            return
+        self.deadline = self.loop.time() + limits.idle_timeout
+
+    def _reject(self, err: ApiError) -> None:
+        """Answer ``err`` without a request cycle and close. The close lingers: what the
+        client still sends is read and dropped for up to ``_LINGER`` seconds, so that it
+        gets the answer instead of a reset (closing with unread bytes sends an RST)."""
+        self._rejected = True
+        self._awaiting_headers = False
+        self.cycle = _CLOSED
+        if self.transport.is_closing():
+            return
+        self.transport.write(_raw_error(err))
+        try:
+            self.transport.write_eof()
+        except (OSError, RuntimeError, NotImplementedError):
+            self.transport.close()
+            return
+        self.deadline = self.loop.time() + _LINGER
+
+    def expire(self) -> None:
+        """The deadline passed: 408 while a request's headers are arriving, else just close."""
+        self.deadline = 0.0
+        if self._awaiting_headers and not self._rejected:
+            limit = self.limits.header_timeout
+            self._reject(
+                ApiError(
+                    408,
+                    f"The request headers did not arrive within {limit:g} s (--header-timeout).",
+                    code="header_timeout",
+                )
+            )
+        elif not self.transport.is_closing():
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self._rejected:
+            return
+        super().data_received(data)
+        if self._awaiting_headers and not self._rejected:
+            # Only chunks after the one a request began in count: an under-count of at most
+            # one read, so headers stay bounded; on_headers_complete checks the exact size.
+            if self._fresh:
+                self._fresh = False
+            else:
+                self._header_bytes += len(data)
+                if self._header_bytes > self.limits.max_header_bytes:
+                    self._too_large_headers()
+
+    def _too_large_headers(self) -> None:
+        self._awaiting_headers = False
+        limit = self.limits.max_header_bytes
+        self._reject(
+            ApiError(
+                431,
+                f"The request line and headers are larger than the server's limit of {limit} bytes"
+                " (--max-header-bytes).",
+                code="headers_too_large",
+            )
+        )
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope[ON_DISCONNECT] = None  # type: ignore[literal-required]
+        self._awaiting_headers = True
+        self._fresh = True
+        self._header_bytes = 0
+        self.deadline = self.loop.time() + self.limits.header_timeout
+
+    def on_headers_complete(self) -> None:
+        if self._rejected:
+            self.cycle = _CLOSED
+            return
+        self._awaiting_headers = False
+        self.deadline = 0.0
+        size = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers)
+        if size > self.limits.max_header_bytes:
+            self._too_large_headers()
+            return
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.deadline = 0.0
+        cycle = getattr(self, "cycle", None)  # uvicorn's attribute; tolerate a rename
+        if cycle is not None and not cycle.response_complete:
+            hook: Callable[[], None] | None = cycle.scope.get(ON_DISCONNECT)
+            if hook is not None:
+                hook()
+        super().connection_lost(exc)
+
+
+def protocol_class(limits: LimitSettings) -> type[InferaHttpProtocol]:
+    """The protocol class uvicorn instantiates per connection, bound to these limits."""
+    fields = LimitSettings(**limits.limits_of())
+    return type("InferaHttpProtocol", (InferaHttpProtocol,), {"limits": fields})

@@ -1,0 +1,276 @@
+"""Connection and request limits against hostile clients, on real sockets (issue 19, item 1)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from infera_core.testing.fixtures import make_hooks
+from infera_core.testing.server import RunningServer, serving, settings_for, until
+from infera_core.testing.upstream import FakeUpstream, fake_upstreams, record_for
+
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@contextlib.asynccontextmanager
+async def stack(ups: list[FakeUpstream] | None = None, **settings: Any) -> AsyncIterator[RunningServer]:
+    async with serving(settings_for(**settings), make_hooks()) as srv:
+        for u in ups or []:
+            srv.store.put(record_for(u))
+        await srv.wait_workers(len(ups or []))
+        yield srv
+
+
+@pytest.fixture
+async def ups() -> AsyncIterator[list[FakeUpstream]]:
+    async with fake_upstreams(1) as out:
+        yield out
+
+
+async def _connect(srv: RunningServer) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = srv.url.removeprefix("http://").rsplit(":", 1)
+    return await asyncio.open_connection(host, int(port))
+
+
+async def _response(reader: asyncio.StreamReader, within: float = 5.0) -> tuple[int, dict[str, Any], bool]:
+    """(status, JSON body, whether the server closed the connection after it)."""
+    async with asyncio.timeout(within):
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        body = await reader.readexactly(int(headers["content-length"]))
+        try:
+            closed = await reader.read(1) == b""
+        except ConnectionResetError:  # closed while the client was still sending
+            closed = True
+    return int(lines[0].split()[1]), json.loads(body), closed
+
+
+async def _closed(reader: asyncio.StreamReader, within: float) -> bool:
+    """Whether the server closes the connection within ``within`` seconds."""
+    try:
+        async with asyncio.timeout(within):
+            await reader.read()  # whatever is left, then EOF
+            return True
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+async def test_never_used_and_used_connections_close_after_idle_timeout(ups: list[FakeUpstream]) -> None:
+    async with stack(ups, idle_timeout=0.5) as srv:
+        conns = [await _connect(srv) for _ in range(50)]
+        used_reader, used_writer = await _connect(srv)
+        body = json.dumps(CHAT).encode()
+        used_writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        async with asyncio.timeout(5):
+            await used_reader.readuntil(b"\r\n\r\n")
+        results = await asyncio.gather(*(_closed(r, 5.0) for r, _ in conns), _closed(used_reader, 5.0))
+        assert all(results)  # 50 never used + 1 used keep-alive connection, all closed
+        for _, w in [*conns, (used_reader, used_writer)]:
+            w.close()
+
+
+async def test_slowloris_gets_408_and_the_connection_closes(ups: list[FakeUpstream]) -> None:
+    async with stack(ups, header_timeout=0.5) as srv:
+        reader, writer = await _connect(srv)
+        request = b"GET /health HTTP/1.1\r\nhost: x\r\n" + b"x-pad: " + b"a" * 400 + b"\r\n\r\n"
+        answer = asyncio.ensure_future(_response(reader, within=10))
+        sent = 0
+        with contextlib.suppress(ConnectionError):
+            for byte in request:
+                if answer.done():
+                    break
+                writer.write(bytes([byte]))
+                sent += 1
+                await asyncio.sleep(0.01)
+        status, body, closed = await answer
+        assert sent < len(request)  # never got to finish its headers
+        assert status == 408 and closed
+        assert body["error"]["code"] == "header_timeout"
+        writer.close()
+
+
+async def test_twenty_megabytes_of_headers_get_431_early(ups: list[FakeUpstream]) -> None:
+    async with stack(ups) as srv:
+        reader, writer = await _connect(srv)
+        answer = asyncio.ensure_future(_response(reader))
+        writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\n")
+        sent = 0
+        with contextlib.suppress(ConnectionError):
+            while sent < 20_000_000 and not answer.done():
+                writer.write(b"x-pad-%d: %s\r\n" % (sent, b"a" * 8000))
+                sent += 8000
+                await writer.drain()
+        status, body, closed = await answer
+        assert status == 431 and closed
+        assert body["error"]["code"] == "headers_too_large"
+        assert sent < 20_000_000  # refused on the way (after ~64 KiB), not after all 20 MB
+        writer.close()
+
+
+async def test_header_block_just_over_the_limit_gets_431_and_under_it_passes(ups: list[FakeUpstream]) -> None:
+    async with stack(ups, max_header_bytes=16384) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+        ok = await c.get("/health", headers={"x-pad": "a" * 15000})
+        assert ok.status_code == 200
+        big = await c.get("/health", headers={"x-pad": "a" * 17000})
+        assert big.status_code == 431
+        assert big.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_connections_beyond_max_connections_get_503(ups: list[FakeUpstream]) -> None:
+    async with stack(ups, max_connections=3) as srv:
+        held = [await _connect(srv) for _ in range(3)]
+        reader, writer = await _connect(srv)
+        status, body, closed = await _response(reader)
+        assert status == 503 and closed
+        assert body["error"]["code"] == "too_many_connections"
+        writer.close()
+        _, w0 = held.pop()
+        w0.close()  # the server sees it gone soon: then a new client is admitted again
+        async with httpx.AsyncClient(base_url=srv.url) as c:
+
+            async def admitted() -> bool:
+                try:
+                    return (await c.get("/health")).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            async with asyncio.timeout(5):
+                while not await admitted():  # noqa: ASYNC110 (no event for another process's state)
+                    await asyncio.sleep(0.05)
+        for _, w in held:
+            w.close()
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [65, 5_000, 100_000])
+async def test_deeply_nested_chat_gets_400(ups: list[FakeUpstream], depth: int) -> None:
+    body = '{"model":"fake-model","messages":[{"role":"user","content":' + _nested(depth) + "}]}"
+    async with stack(ups) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+        r = await c.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400
+        assert r.json()["error"] == {
+            "message": r.json()["error"]["message"],
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "json_too_deep",
+        }
+        assert "--max-json-depth" in r.json()["error"]["message"]
+        assert ups[0].requests == 0
+        ok = await c.post("/v1/chat/completions", json=CHAT)  # the server is fine
+        assert ok.status_code == 200
+
+
+async def test_nesting_within_the_limit_is_forwarded(ups: list[FakeUpstream]) -> None:
+    body = '{"model":"fake-model","messages":[{"role":"user","content":' + _nested(60) + "}]}"
+    async with stack(ups) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+        r = await c.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 200
+        assert ups[0].last_body == body.encode()
+
+
+@pytest.mark.parametrize("depth", [5_000, 100_000])
+async def test_deeply_nested_tool_use_input_on_messages_gets_anthropic_400(
+    ups: list[FakeUpstream], depth: int
+) -> None:
+    nested = '{"a":' * depth + "1" + "}" * depth
+    body = (
+        '{"model":"fake-model","max_tokens":5,"messages":[{"role":"assistant","content":'
+        '[{"type":"tool_use","id":"t1","name":"f","input":' + nested + "}]}]}"
+    )
+    async with stack(ups) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+        r = await c.post("/v1/messages", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400
+        assert r.json()["type"] == "error"
+        assert r.json()["error"]["type"] == "invalid_request_error"
+        assert ups[0].requests == 0
+
+
+async def test_body_over_max_body_bytes_gets_413_before_it_is_sent(ups: list[FakeUpstream]) -> None:
+    async with stack(ups, max_body_bytes=1_000_000) as srv:
+        reader, writer = await _connect(srv)
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: 500000000\r\n\r\n"
+        )
+        status, body, closed = await _response(reader)
+        assert status == 413 and closed
+        assert body["error"]["code"] == "request_too_large"
+        writer.close()
+
+
+async def test_chunked_body_over_max_body_bytes_gets_413_while_streaming(ups: list[FakeUpstream]) -> None:
+    async with stack(ups, max_body_bytes=1_000_000) as srv:
+        reader, writer = await _connect(srv)
+        answer = asyncio.ensure_future(_response(reader))
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        sent = 0
+        chunk = b"a" * 65536
+        with contextlib.suppress(ConnectionError):
+            while sent < 100_000_000 and not answer.done():
+                writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                sent += len(chunk)
+                await writer.drain()
+        status, _, closed = await answer
+        assert status == 413 and closed
+        assert sent < 20_000_000
+        assert ups[0].requests == 0
+        writer.close()
+
+
+def _tiny_objects(n: int) -> bytes:
+    return b'{"model":"nope","messages":[' + b",".join([b'{"role":"u"}'] * n) + b"]}"
+
+
+async def test_millions_of_tiny_objects_are_refused_without_parsing(ups: list[FakeUpstream]) -> None:
+    import resource
+
+    raw = _tiny_objects(2_500_000)  # 32 MB
+    async with stack(ups) as srv, httpx.AsyncClient(base_url=srv.url, timeout=30) as c:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        r = await c.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+        grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+        assert r.status_code == 413
+        assert r.json()["error"]["code"] == "too_many_json_items"
+        assert "--max-json-items" in r.json()["error"]["message"]
+        assert grown_mb < 250  # parsed, it costs ~700 MB in this process
+
+
+async def test_client_gone_while_its_body_is_parsed_is_not_dispatched(ups: list[FakeUpstream]) -> None:
+    n = 1_100_000  # ~14 MB that takes a while to parse
+    raw = b'{"model":"fake-model","messages":[' + b",".join([b'{"role":"u"}'] * n) + b"]}"
+    async with stack(ups, max_json_items=10_000_000) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+        assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200  # a pooled connection
+        _, writer = await _connect(srv)
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % len(raw)
+        )
+        writer.write(raw)
+        await writer.drain()
+        writer.close()
+        series = srv.core.metrics.requests
+
+        def done(status: str) -> float:
+            return sum(v.value for k, v in series.children.items() if k[2] == status)
+
+        await until(lambda: done("499") == 1, within=20)
+        assert ups[0].requests == 1  # only the warm-up request reached the worker
+        assert all(ep.in_flight == 0 for ep in srv.core.table.by_id.values())
