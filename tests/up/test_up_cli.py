@@ -10,14 +10,18 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import IO
 
 import httpx
 import psutil
 import pytest
 
 from infera_core.testing.etcd import EtcdServer
+from infera_core.up.status import Snapshot
 
 pytest.importorskip("infera_sim")
 
@@ -35,7 +39,7 @@ def _up(*args: str) -> subprocess.Popen[str]:
     )
 
 
-def _wait_ready(proc: subprocess.Popen[str], timeout: float = 90) -> re.Match[str]:
+def _wait_ready(proc: subprocess.Popen[str], timeout: float = 90, err: _Lines | None = None) -> re.Match[str]:
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -46,8 +50,9 @@ def _wait_ready(proc: subprocess.Popen[str], timeout: float = 90) -> re.Match[st
         if m:
             return m
     proc.kill()
-    _, err = proc.communicate(timeout=10)
-    raise AssertionError(f"up never printed its ready line; stderr:\n{err[-3000:]}")
+    _, text = proc.communicate(timeout=10)
+    text = err.text() if err is not None else text
+    raise AssertionError(f"up never printed its ready line; stderr:\n{text[-3000:]}")
 
 
 @pytest.fixture
@@ -169,8 +174,11 @@ async def _etcd_workers(endpoint: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_engine_dying_later_stops_up_with_its_error() -> None:
-    proc = _up("--workers", "1", "--quiet", "--", "--speedup", "20", "--fault-crash-after", "1")
+def test_last_engine_dying_without_restarts_stops_up_with_its_error() -> None:
+    proc = _up(
+        *("--workers", "1", "--quiet", "--restart-engine", "never"),
+        *("--", "--speedup", "20", "--fault-crash-after", "1"),
+    )
     try:
         url = _wait_ready(proc).group(1)
         body = {"model": "sim-model", "prompt": "a b c", "max_tokens": 2}
@@ -184,3 +192,144 @@ def test_engine_dying_later_stops_up_with_its_error() -> None:
             proc.wait(10)
     assert proc.returncode == 1
     assert "engine sim" in err and "exited with code" in err
+    assert "no worker left" in err
+
+
+class _Lines:
+    """A subprocess's text stream read by a thread (so a full pipe never blocks the process)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _pump(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.append(line)
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, within: float) -> None:
+        deadline = time.monotonic() + within
+        while text not in self.text():
+            assert time.monotonic() < deadline, f"{text!r} not seen within {within}s:\n{self.text()[-3000:]}"
+            time.sleep(0.05)
+
+
+def _engines(proc: subprocess.Popen[str]) -> set[int]:
+    return {
+        p.pid
+        for p in psutil.Process(proc.pid).children()
+        if any("infera_sim.server" in part for part in p.cmdline())
+    }
+
+
+class _Traffic:
+    """Sends completions one after another from a thread; keeps every status code."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.codes: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        body = {"model": "sim-model", "prompt": "the same old question", "max_tokens": 3}
+        with httpx.Client(timeout=30) as client:
+            while not self._stop.is_set():
+                try:
+                    self.codes.append(client.post(f"{self.url}/completions", json=body).status_code)
+                except httpx.HTTPError:
+                    self.codes.append(0)
+
+    def wait_more(self, n: int, within: float = 60) -> None:
+        target = len(self.codes) + n
+        deadline = time.monotonic() + within
+        while len(self.codes) < target:
+            assert time.monotonic() < deadline, f"only {len(self.codes)} requests answered"
+            time.sleep(0.02)
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        self._thread.join(40)
+        return self.codes
+
+
+def _active_workers(port: int) -> int:
+    try:
+        return int(httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json().get("active_workers", 0))
+    except (httpx.HTTPError, ValueError):
+        return -1
+
+
+def _until(predicate: Callable[[], bool], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} not within {within}s"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_engine_killed_with_sigkill_is_restarted_while_the_other_keeps_serving() -> None:
+    proc = _up("--workers", "2", "--quiet", "--drain-timeout", "2", "--", "--speedup", "20")
+    assert proc.stderr is not None
+    err = _Lines(proc.stderr)
+    try:
+        m = _wait_ready(proc, err=err)
+        url, port = m.group(1), int(m.group(2))
+        before = _engines(proc)
+        assert len(before) == 2
+        traffic = _Traffic(url)
+        traffic.wait_more(5)
+        os.kill(min(before), signal.SIGKILL)
+        err.wait_for("restarting in", within=30)
+        _until(lambda: len(_engines(proc) - before) == 1, 60, "a new engine process")
+        _until(lambda: _active_workers(port) == 2, 60, "two active workers again")
+        traffic.wait_more(10)
+        codes = traffic.stop()
+        assert proc.poll() is None  # up never stopped
+        assert codes.count(200) == len(codes), Counter(codes)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.mark.slow
+def test_without_restarts_up_serves_on_with_the_remaining_worker_and_says_so() -> None:
+    proc = _up(
+        *("--workers", "2", "--quiet", "--drain-timeout", "2", "--restart-engine", "never"),
+        *("--", "--speedup", "20"),
+    )
+    assert proc.stderr is not None
+    err = _Lines(proc.stderr)
+    try:
+        m = _wait_ready(proc, err=err)
+        url, port = m.group(1), int(m.group(2))
+        traffic = _Traffic(url)
+        traffic.wait_more(5)
+        os.kill(min(_engines(proc)), signal.SIGKILL)
+        err.wait_for("serving on 1 of 2 workers", within=30)
+        _until(lambda: _active_workers(port) == 1, 30, "one active worker")
+        traffic.wait_more(10)
+        codes = traffic.stop()
+        assert codes.count(200) == len(codes), Counter(codes)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_status_line_names_workers_that_are_down_or_restarting() -> None:
+    line = Snapshot(active=3).line("kv-aware", {"serving": 3, "restarting": 1}).plain
+    assert line.startswith("● workers 3 [1 restarting]")
+    line = Snapshot(active=2).line("kv-aware", {"serving": 2, "failed": 1, "unhealthy": 1}).plain
+    assert "1 hung (out of rotation)" in line and "1 down for good" in line
+    assert "[" not in Snapshot(active=4).line("kv-aware", {"serving": 4}).plain
