@@ -28,6 +28,7 @@ from infera_core.discovery.etcd_client import ETCD_ERRORS, EtcdConnection, descr
 from infera_core.discovery.etcd_lease import LeaseKeeper
 from infera_core.discovery.records import SYNCED, diff, parse_record
 from infera_core.errors import DiscoveryError
+from infera_core.redact import redact_url
 from infera_core.worker import WorkerRecord
 
 log = logging.getLogger("infera.discovery.etcd")
@@ -165,7 +166,7 @@ class EtcdDiscovery:
                     await client.revoke_lease(lease.id)
                 existing = await client.get(key.encode())
                 holder = parse_record(key, existing.value) if existing is not None else None
-                where = f" by {holder.url}" if holder is not None else ""
+                where = f" by {redact_url(holder.url)}" if holder is not None else ""
                 raise DiscoveryError(
                     f"worker_id {record.worker_id!r} is already registered in etcd ({key}{where}); "
                     "pick another --worker-id or stop the other worker"

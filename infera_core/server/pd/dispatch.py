@@ -117,7 +117,11 @@ class PdDispatcher:
             protocol = p.record.pd.protocol if p.record.pd else ""
             transport = self.transports.get(protocol)
             pctx = PdContext(
-                ctx.request_id, path, prefill_dp_rank=pair.prefill_rank, decode_dp_rank=pair.decode_rank
+                ctx.request_id,
+                path,
+                transfer_id=f"xfer-{ctx.request_id}-{attempt}",  # router-made: one per pair tried
+                prefill_dp_rank=pair.prefill_rank,
+                decode_dp_rank=pair.decode_rank,
             )
             try:
                 transport.prepare(pctx, p.record, pair.decode.record)
