@@ -238,6 +238,17 @@ class SimServer:
             }
         )
 
+    async def detokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``/detokenize``: ``{"model", "tokens"}`` → ``{"prompt"}``."""
+        try:
+            body = await self._body(request)
+            tokens = body.get("tokens")
+            if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < 2**63 for t in tokens):
+                raise ApiError("tokens (a list of non-negative integers) is required", "tokens")
+        except ApiError as err:
+            return api_error(err)
+        return json_response({"prompt": self.tokenizer.decode(tokens)})
+
     async def version(self, request: web.Request) -> web.Response:
         return json_response({"version": f"infera-sim-{__version__}"})
 
@@ -278,6 +289,7 @@ def create_app(cfg: SimConfig) -> web.Application:
     r.add_get("/v1/models", sim.models)
     r.add_get("/health", sim.health)
     r.add_post("/tokenize", sim.tokenize)
+    r.add_post("/detokenize", sim.detokenize)
     r.add_get("/version", sim.version)
     r.add_get("/metrics", sim.metrics)
     r.add_post("/reset_prefix_cache", sim.reset_prefix_cache)

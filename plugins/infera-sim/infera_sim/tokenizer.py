@@ -21,6 +21,7 @@ from infera_core.errors import ConfigError
 UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, 3
 N_SPECIAL = 4
 BOS, EOS = "<s>", "</s>"
+_SPECIAL_TEXT = ("<unk>", BOS, EOS, "<pad>")
 
 _PIECE = re.compile(r" ?\w+| ?[^\w\s]|\s+")
 _SPECIAL = re.compile(r"(<s>|</s>)")
@@ -51,17 +52,20 @@ def render_chat(messages: list[dict[str, Any]], add_generation_prompt: bool = Tr
 class _PieceIds(dict[str, int]):
     """piece → id, computed once per distinct piece (a fixed hash into the vocabulary)."""
 
-    __slots__ = ("span",)
+    __slots__ = ("pieces", "span")
 
     def __init__(self, span: int) -> None:
         super().__init__()
         self.span = span
+        self.pieces: dict[int, str] = {}
+        """id → the first piece seen with that id (``/detokenize``)."""
 
     def __missing__(self, piece: str) -> int:
         digest = hashlib.blake2b(piece.encode(), digest_size=8).digest()
         value = N_SPECIAL + int.from_bytes(digest, "little") % self.span
         if len(self) < 1_000_000:
             self[piece] = value
+            self.pieces.setdefault(value, piece)
         return value
 
 
@@ -129,6 +133,13 @@ class SimTokenizer:
             return ""
         return self._words.get(token_id, f" t{token_id}")
 
+    def decode(self, ids: list[int]) -> str:
+        """``/detokenize``: the text of ``ids`` (special tokens kept); ids never encoded here
+        come back as `` t<id>``. Text from encoded ids re-encodes to the same ids."""
+        pieces = self._ids.pieces
+        special = _SPECIAL_TEXT
+        return "".join(special[i] if i < N_SPECIAL else pieces.get(i, f" t{i}") for i in ids)
+
 
 class HfTokenizer:
     """A real ``tokenizer.json`` (``tokenizers`` library) with the tiny model's chat template.
@@ -184,6 +195,9 @@ class HfTokenizer:
 
     def decode_token(self, token_id: int) -> str:
         return str(self._tok.decode([token_id], skip_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._tok.decode(ids, skip_special_tokens=False))
 
 
 EngineTokenizer = SimTokenizer | HfTokenizer

@@ -1,0 +1,153 @@
+"""``POST /tokenize`` and ``POST /detokenize`` in vLLM's shape, answered by a worker of the model.
+
+Benchmark clients (``vllm bench serve``) tokenize and detokenize prompts with the
+server they measure, so prompt lengths match the server's tokenizer. The router has
+no tokenizer of its own for every model, so it forwards the body unchanged to one
+worker serving the model (the least busy active one whose breaker is closed) and
+answers with the worker's response:
+
+* ``/tokenize``: ``{"model", "prompt", "add_special_tokens"}`` or ``{"model",
+  "messages", "add_generation_prompt", …}`` → ``{"count", "max_model_len", "tokens",
+  "token_strs"}``;
+* ``/detokenize``: ``{"model", "tokens"}`` → ``{"prompt"}``.
+
+``model`` may be left out when the server serves one model (as vLLM allows). A worker
+that fails or has no such route (404/405: an engine without it) is skipped for the
+next one; none left is a 502, or a 501 when none of them has the route.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from infera_core.scheduling.types import Endpoint
+from infera_core.server.asgi import ClientGone, read_body
+from infera_core.server.auth import CLIENT_STATE, ClientAuth
+from infera_core.server.core import RouterCore
+from infera_core.server.errors import ApiError, bad_request
+from infera_core.server.transport import READ_ERRORS, UpstreamError
+from infera_core.server.validate import BodyLimits, parse_body
+
+_FAILURES: tuple[type[BaseException], ...] = (UpstreamError, *READ_ERRORS)
+
+
+def _model(body: dict[str, Any], core: RouterCore) -> str:
+    model = body.get("model")
+    if model is None:
+        served = core.table.models()
+        if len(served) == 1:
+            return served[0]
+        shown = ", ".join(served) or "none"
+        raise bad_request(
+            f"Missing required parameter: 'model' (this server serves: {shown}).",
+            "model",
+            "missing_required_parameter",
+        )
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' must be a non-empty string.", "model", "invalid_type")
+    return model
+
+
+def check_tokenize(body: dict[str, Any]) -> None:
+    prompt, messages = body.get("prompt"), body.get("messages")
+    if isinstance(prompt, str) or (isinstance(messages, list) and messages):
+        return
+    raise bad_request(
+        "Pass 'prompt' (a string) or 'messages' (a non-empty array).", "prompt", "missing_required_parameter"
+    )
+
+
+def check_detokenize(body: dict[str, Any]) -> None:
+    tokens = body.get("tokens")
+    if isinstance(tokens, list) and all(type(t) is int and 0 <= t < 2**63 for t in tokens):
+        return
+    raise bad_request("'tokens' must be an array of non-negative integers.", "tokens", "invalid_type")
+
+
+def workers_for(core: RouterCore, model: str) -> list[Endpoint]:
+    """Active workers of ``model`` with a closed breaker, least busy first."""
+    eps = [ep for ep in core.table.candidates(model) if ep.record.routable and not ep.breaker_open]
+    if not eps:
+        if model not in core.table.by_model:
+            shown = ", ".join(core.table.models())
+            raise ApiError(
+                404,
+                f"The model {model!r} does not exist on this server. Available models: {shown}",
+                param="model",
+                code="model_not_found",
+            )
+        raise ApiError(503, f"No worker of model {model!r} is available.", code="no_worker_available")
+    return sorted(eps, key=lambda ep: ep.in_flight)
+
+
+async def forward(core: RouterCore, model: str, path: str, raw: bytes) -> Response:
+    """``raw`` to the first worker of ``model`` that answers ``path``; its answer."""
+    headers = {"Content-Type": "application/json", "X-Request-Id": core.request_id()}
+    missing: list[str] = []
+    failed: list[str] = []
+    for ep in workers_for(core, model)[: 1 + core.max_retries]:
+        try:
+            resp = await ep.upstream.open(ep, path, raw, headers)
+            try:
+                data = await resp.read()
+            finally:
+                resp.release()
+        except _FAILURES as exc:
+            failed.append(f"{ep.worker_id}: {exc}")
+            continue
+        # 404/405 without a word about the model: the engine has no such route (the model
+        # is known to be served, so vLLM's "model does not exist" 404 is passed on as is)
+        if resp.status in (404, 405) and b"model" not in data[:400]:
+            missing.append(f"{ep.worker_id} ({ep.record.engine})")
+            continue
+        if resp.status >= 500:
+            failed.append(f"{ep.worker_id} answered {resp.status}")
+            continue
+        ctype = resp.content_type or "application/json"
+        return Response(data, resp.status, {"x-infera-worker": ep.worker_id}, media_type=ctype)
+    if missing and not failed:
+        raise ApiError(
+            501,
+            f"The workers of model {model!r} do not serve {path}: {', '.join(missing)}.",
+            code="not_implemented",
+        )
+    raise ApiError(502, f"No worker answered {path}: {'; '.join(failed + missing)}.", code="upstream_error")
+
+
+def add_tokenize_routes(app: FastAPI, core: RouterCore, limits: BodyLimits) -> None:
+    """Mount ``POST /tokenize`` and ``POST /detokenize`` on ``app``."""
+    checks = {"/tokenize": check_tokenize, "/detokenize": check_detokenize}
+
+    async def handle(request: Request) -> Response:
+        path = request.url.path
+        t0 = time.perf_counter()
+        model, status = "-", 500
+        try:
+            auth: ClientAuth | None = getattr(request.app.state, CLIENT_STATE, None)
+            principal = auth.authenticate(request.scope) if auth is not None else None
+            raw = await read_body(request.scope, request.receive, limits.max_bytes)
+            body = await parse_body(raw, limits)
+            name = _model(body, core)
+            checks[path](body)
+            if name in core.table.by_model:  # never a metric label per unknown name
+                model = name
+            if auth is not None and principal is not None:
+                auth.admit(principal, name)
+            resp = await forward(core, name, path, raw)
+            status = resp.status_code
+            return resp
+        except ApiError as err:
+            status = err.status
+            raise
+        except ClientGone:
+            status = 499
+            return Response(status_code=499)
+        finally:
+            core.metrics.request_done(path, model, status, time.perf_counter() - t0)
+
+    for path in checks:
+        app.add_api_route(path, handle, methods=["POST"], include_in_schema=False)

@@ -1,0 +1,117 @@
+"""The router side of ``--kv-event-transport nats``: follow workers' KV events in the JetStream stream.
+
+:class:`NatsKvSource` is a :class:`infera_core.transports.KvEventSource`: for each worker
+(and DP rank) the KV hub follows, it reads that publisher's subject of the ``INFERA_KV``
+stream through an ordered consumer (ephemeral, in order, re-created from the last stream
+sequence after a gap, a missed heartbeat or a NATS restart) and hands every batch to the
+hub, which sequences, decodes and indexes it exactly as ZMQ batches
+(:mod:`infera_core.kv.hub`). The first ``follow`` of a publisher starts at the stream's
+first retained message — the stream *is* the replay buffer, so a router that starts late
+(or a second replica) rebuilds the same index; a later ``follow`` of the same publisher
+(after an error) resumes after the last message it delivered.
+
+``replay``: the stream has already delivered everything it holds, so the start of the
+history (``start == 0``) is answered with no batches, and any other gap with None (those
+events were never stored: the hub clears the view and marks it stale until it refills).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from nats.aio.client import Client
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from infera_core.transports import KvEventSink
+from infera_core.worker import WorkerRecord
+from infera_nats import kv_wire
+from infera_nats.transport_connect import close_quietly, connect_nats
+
+log = logging.getLogger("infera.nats.kv")
+
+HEARTBEAT_S = 1.0
+"""Idle heartbeat of each ordered consumer: two missed ones re-create it (NATS restart)."""
+
+
+class NatsKvSource:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        servers: str | list[str],
+        *,
+        connect_timeout: float = 5.0,
+        subject_prefix: str = "infera",
+        name: str = "infera-router-kv",
+    ) -> None:
+        self.servers = servers
+        self.connect_timeout = connect_timeout
+        self.prefix = subject_prefix
+        self.name = name
+        self.nc: Client | None = None
+        self.positions: dict[str, int] = {}
+        """Subject → the last stream sequence delivered (a new ``follow`` resumes after it)."""
+        self.messages = 0
+        self.malformed = 0
+
+    async def start(self) -> None:
+        self.nc = await connect_nats(self.servers, self.name, self.connect_timeout)
+
+    async def close(self) -> None:
+        await close_quietly(self.nc)
+        self.nc = None
+
+    def subject(self, record: WorkerRecord, rank: int | None) -> str:
+        given = record.kv_event_params.get("subject") if hasattr(record, "kv_event_params") else None
+        base = (
+            given
+            if isinstance(given, str) and given
+            else kv_wire.kv_subject(self.prefix, record.model, record.worker_id)
+        )
+        return kv_wire.rank_subject(base, rank)
+
+    async def follow(self, record: WorkerRecord, rank: int | None, sink: KvEventSink) -> None:
+        nc = self.nc
+        if nc is None:
+            raise ConnectionError("the NATS KV source is not started")
+        subject = self.subject(record, rank)
+        last = self.positions.get(subject)
+        js = nc.jetstream()
+        sub = await js.subscribe(
+            subject,
+            stream=kv_wire.STREAM,
+            ordered_consumer=True,
+            idle_heartbeat=HEARTBEAT_S,
+            config=_start_at(last + 1)
+            if last is not None
+            else ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+            pending_msgs_limit=-1,
+            pending_bytes_limit=0,
+        )
+        try:
+            async for msg in sub.messages:
+                self.messages += 1
+                try:
+                    batches = kv_wire.unpack(msg.data)
+                except ValueError as exc:
+                    self.malformed += 1
+                    log.warning(
+                        "worker %s: malformed KV message on %s skipped: %s", record.worker_id, subject, exc
+                    )
+                    sink.malformed(f"{subject}: {exc}")
+                    continue
+                for seq, payload in batches:
+                    await sink.batch(seq, payload)
+                if msg.reply:
+                    self.positions[subject] = msg.metadata.sequence.stream
+        finally:
+            await sub.unsubscribe()
+
+    async def replay(
+        self, record: WorkerRecord, rank: int | None, start: int, until: int
+    ) -> list[tuple[int, bytes]] | None:
+        return [] if start == 0 else None
+
+
+def _start_at(seq: int) -> ConsumerConfig:
+    return ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=seq)

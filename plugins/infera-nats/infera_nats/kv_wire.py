@@ -1,0 +1,52 @@
+"""The NATS KV-event transport's subjects, stream and message framing (relay → stream → routers).
+
+The launcher's relay reads the engine's ZMQ frames ``[topic, seq, payload]``
+(``reference/WIRE_FORMATS.md``) and publishes them to the JetStream stream ``INFERA_KV``
+(subjects ``<prefix>.kv.>``), one subject per publisher:
+``<prefix>.kv.<model>.<worker>`` — with ``.r<rank>`` appended for each DP rank of a worker
+that publishes per rank — (tokens escaped as in :mod:`infera_nats.transport_wire`).
+
+One message carries one or more consecutive batches of that publisher, each
+``<seq:8 signed BE><length:4 BE><payload>``: the engine's own sequence numbers go through
+unchanged, so routers detect gaps and engine restarts exactly as on the ZMQ path.
+"""
+
+from __future__ import annotations
+
+from infera_nats.transport_wire import subject_token
+
+STREAM = "INFERA_KV"
+_HEAD = 12
+
+
+def kv_subject(prefix: str, model: str, worker_id: str) -> str:
+    return f"{prefix}.kv.{subject_token(model)}.{subject_token(worker_id)}"
+
+
+def rank_subject(base: str, rank: int | None) -> str:
+    return base if rank is None else f"{base}.r{rank}"
+
+
+def pack(batches: list[tuple[int, bytes]]) -> bytes:
+    parts = []
+    for seq, payload in batches:
+        parts.append(seq.to_bytes(8, "big", signed=True) + len(payload).to_bytes(4, "big"))
+        parts.append(payload)
+    return b"".join(parts)
+
+
+def unpack(data: bytes) -> list[tuple[int, bytes]]:
+    """The batches of one message; ``ValueError`` when it is truncated."""
+    out = []
+    i, n = 0, len(data)
+    while i < n:
+        if i + _HEAD > n:
+            raise ValueError(f"truncated batch header at byte {i}")
+        seq = int.from_bytes(data[i : i + 8], "big", signed=True)
+        length = int.from_bytes(data[i + 8 : i + _HEAD], "big")
+        end = i + _HEAD + length
+        if end > n:
+            raise ValueError(f"batch seq {seq} claims {length} bytes, {n - i - _HEAD} left")
+        out.append((seq, data[i + _HEAD : end]))
+        i = end
+    return out

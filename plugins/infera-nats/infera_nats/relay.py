@@ -1,0 +1,185 @@
+"""The worker side of ``--kv-event-transport nats``: relay the engine's ZMQ KV events into JetStream.
+
+The launcher runs one :class:`KvRelay` next to its engine. It subscribes to the engine's
+ZMQ publisher (one SUB per DP rank when the engine publishes per rank) and publishes the
+frames to the worker's subject in the ``INFERA_KV`` stream (:mod:`infera_nats.kv_wire`),
+creating the stream when it is missing. Frames that arrive together (a burst) go out in
+one message. Publishing is fire-and-forget (no per-message acknowledgement, which would
+cap the rate at one round trip per batch); what the stream did not store shows up as a
+gap in the engine's sequence numbers, which routers handle as on the ZMQ path (the view is
+cleared and marked stale until it refills). On close (after the worker deregistered) the
+worker's subjects are purged from the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import cast
+
+import nats.errors
+import zmq
+import zmq.asyncio
+from nats.aio.client import Client
+from nats.js.api import DiscardPolicy, StorageType
+
+from infera_core.kv.hub import _with_port_offset
+from infera_core.worker import KvEventsInfo
+from infera_nats import kv_wire
+from infera_nats.transport_connect import close_quietly, connect_nats
+
+log = logging.getLogger("infera.nats.relay")
+
+MAX_BATCHES = 256
+"""Frames published together at most (when that many are already queued)."""
+MAX_BYTES = 512 * 1024
+
+
+async def ensure_stream(
+    nc: Client, prefix: str, *, max_msgs_per_subject: int = 10_000, memory: bool = False
+) -> None:
+    """Create the KV event stream unless it exists (an existing one is left as configured)."""
+    js = nc.jetstream()
+    try:
+        await js.stream_info(kv_wire.STREAM)
+        return
+    except nats.js.errors.NotFoundError:
+        pass
+    with contextlib.suppress(nats.js.errors.BadRequestError):  # created concurrently by another relay
+        await js.add_stream(
+            name=kv_wire.STREAM,
+            subjects=[f"{prefix}.kv.>"],
+            max_msgs_per_subject=max_msgs_per_subject,
+            discard=DiscardPolicy.OLD,
+            storage=StorageType.MEMORY if memory else StorageType.FILE,
+        )
+
+
+async def _connect(sock: zmq.asyncio.Socket, endpoint: str, within: float) -> None:
+    """Connect and wait (up to ``within`` seconds) for the handshake, so the engine's next batch is
+    not lost to a subscription still on its way (ZMQ's slow joiner)."""
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    try:
+        sock.connect(endpoint)
+        async with asyncio.timeout(within):
+            await monitor.recv_multipart()
+    except TimeoutError:
+        log.warning("KV relay: no handshake with %s within %g s; relaying once it connects", endpoint, within)
+    finally:
+        sock.disable_monitor()
+        monitor.close(0)
+
+
+class KvRelay:
+    """See the module docstring. ``start()`` connects both sides; ``close()`` stops and purges."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        model: str,
+        kv_events: KvEventsInfo,
+        servers: str | list[str],
+        *,
+        dp_size: int = 1,
+        subject_prefix: str = "infera",
+        connect_timeout: float = 5.0,
+        max_msgs_per_subject: int = 10_000,
+    ) -> None:
+        self.worker_id = worker_id
+        self.kv_events = kv_events
+        self.servers = servers
+        self.prefix = subject_prefix
+        self.subject = kv_wire.kv_subject(subject_prefix, model, worker_id)
+        self.connect_timeout = connect_timeout
+        self.max_msgs_per_subject = max_msgs_per_subject
+        per_rank = kv_events.port_per_dp_rank and dp_size > 1
+        self.ranks: list[int | None] = list(range(dp_size)) if per_rank else [None]
+        self.nc: Client | None = None
+        self._ctx: zmq.asyncio.Context | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.batches = 0
+        self.messages = 0
+        self.lost = 0
+
+    @property
+    def subjects(self) -> list[str]:
+        return [kv_wire.rank_subject(self.subject, r) for r in self.ranks]
+
+    async def start(self) -> None:
+        self.nc = nc = await connect_nats(
+            self.servers, f"infera-kv-relay-{self.worker_id}", self.connect_timeout
+        )
+        await ensure_stream(nc, self.prefix, max_msgs_per_subject=self.max_msgs_per_subject)
+        self._ctx = zmq.asyncio.Context()
+        for rank in self.ranks:
+            sock = self._ctx.socket(zmq.SUB)
+            sock.setsockopt(zmq.IPV6, 1)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, 100_000)
+            sock.setsockopt(zmq.SUBSCRIBE, self.kv_events.topic.encode())
+            await _connect(sock, _with_port_offset(self.kv_events.endpoint, rank or 0), self.connect_timeout)
+            subject = kv_wire.rank_subject(self.subject, rank)
+            self._tasks.append(asyncio.create_task(self._pump(sock, subject), name=f"kv-relay-{subject}"))
+        log.info(
+            "worker %s: relaying KV events from %s to %s",
+            self.worker_id,
+            self.kv_events.endpoint,
+            self.subject,
+        )
+
+    async def close(self, purge: bool = True) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+        nc = self.nc
+        if purge and nc is not None and nc.is_connected:
+            js = nc.jetstream()
+            for subject in self.subjects:
+                with contextlib.suppress(Exception):
+                    await js.purge_stream(kv_wire.STREAM, subject=subject)
+        await close_quietly(self.nc)
+        self.nc = None
+
+    async def _pump(self, sock: zmq.asyncio.Socket, subject: str) -> None:
+        try:
+            while True:
+                frames = await sock.recv_multipart()
+                batch: list[tuple[int, bytes]] = []
+                size = 0
+                while True:
+                    if len(frames) >= 3:
+                        batch.append((int.from_bytes(frames[-2], "big", signed=True), frames[-1]))
+                        size += len(frames[-1])
+                    if (
+                        len(batch) >= MAX_BATCHES
+                        or size >= MAX_BYTES
+                        or not cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN
+                    ):
+                        break
+                    frames = await sock.recv_multipart()
+                if batch:
+                    await self._publish(subject, batch)
+        finally:
+            sock.close(0)
+
+    async def _publish(self, subject: str, batch: list[tuple[int, bytes]]) -> None:
+        nc = self.nc
+        assert nc is not None
+        try:
+            await nc.publish(subject, kv_wire.pack(batch))
+        except (nats.errors.Error, OSError) as exc:
+            if not self.lost:
+                log.warning(
+                    "worker %s: KV events not relayed (%s); routers will see a gap", self.worker_id, exc
+                )
+            self.lost += len(batch)
+            return
+        self.batches += len(batch)
+        self.messages += 1

@@ -1,0 +1,145 @@
+"""The ``nats`` request transport and KV-event transport, as registered (see :mod:`infera_core.transports`).
+
+* :class:`NatsRequestTransport`: routers reach workers through :class:`~infera_nats.transport.NatsUpstream`;
+  the launcher starts a :class:`~infera_nats.responder.Responder` in front of the engine and
+  publishes ``request_transport: nats`` with ``request_params.subject``.
+* :class:`NatsKvEventTransport`: routers read KV events from the JetStream stream
+  (:class:`~infera_nats.kv_source.NatsKvSource`); the launcher starts a
+  :class:`~infera_nats.relay.KvRelay` and publishes ``kv_event_transport: nats`` with
+  ``kv_event_params.subject`` / ``stream``.
+
+Both read the NATS servers from the plugin's settings (``--nats-url``); ``servers=`` given
+to the constructor wins (tests, embedding code).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from infera_core.transports import Attached, ClientContext, KvSourceContext, WorkerContext
+from infera_nats import kv_wire
+from infera_nats import transport_wire as wire
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from infera_core.backends import BackendOptions
+    from infera_core.server.transport import Upstream
+    from infera_core.transports import KvEventSource, WorkerAttachment
+
+NATS = "nats"
+
+
+def _settings_model() -> type[BaseModel] | None:
+    """The plugin's settings model (``--nats-url``…), shared with NATS discovery."""
+    from pydantic import BaseModel
+
+    try:
+        model = importlib.import_module("infera_nats.settings").NatsSettings
+    except (ImportError, AttributeError):
+        return None
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _servers(given: str | list[str] | None, options: BackendOptions) -> str | list[str]:
+    if given:
+        return given
+    model = _settings_model()
+    if model is None:
+        return ""
+    value: Any = getattr(options.get(model), "nats_url", "")
+    return value if isinstance(value, (str, list)) else str(value)
+
+
+def _prefix(options: BackendOptions) -> str:
+    model = _settings_model()
+    found = getattr(options.get(model), "nats_subject_prefix", None) if model is not None else None
+    return found if isinstance(found, str) and found else "infera"
+
+
+class _Running:
+    """A started responder or relay and the record fields that announce it."""
+
+    def __init__(self, part: Any, record_fields: dict[str, Any]) -> None:
+        self.part = part
+        self.record_fields = record_fields
+
+    async def close(self) -> None:
+        await self.part.close()
+
+
+class NatsRequestTransport:
+    name = NATS
+    description = "NATS request/reply to a responder the launcher runs next to the engine (--nats-url)."
+
+    def __init__(self, servers: str | list[str] | None = None) -> None:
+        self.servers = servers
+
+    @property
+    def settings_model(self) -> type[BaseModel] | None:
+        return _settings_model()
+
+    def create_client(self, ctx: ClientContext) -> Upstream:
+        from infera_nats.transport import NatsUpstream
+
+        return NatsUpstream(
+            _servers(self.servers, ctx.options),
+            connect_timeout=ctx.connect_timeout,
+            first_byte_timeout=ctx.first_byte_timeout,
+            idle_timeout=ctx.idle_timeout,
+            subject_prefix=_prefix(ctx.options),
+        )
+
+    async def attach_worker(self, ctx: WorkerContext) -> WorkerAttachment | None:
+        from infera_nats.responder import Responder
+
+        subject = wire.request_subject(_prefix(ctx.options), ctx.worker_id)
+        responder = Responder(
+            ctx.worker_id,
+            ctx.engine_url,
+            _servers(self.servers, ctx.options),
+            subject=subject,
+            connect_timeout=ctx.connect_timeout,
+        )
+        await responder.start()
+        return _Running(responder, {"request_transport": NATS, "request_params": {"subject": subject}})
+
+
+class NatsKvEventTransport:
+    name = NATS
+    description = "KV events relayed by the launcher into a JetStream stream every router replica reads."
+
+    def __init__(self, servers: str | list[str] | None = None) -> None:
+        self.servers = servers
+
+    @property
+    def settings_model(self) -> type[BaseModel] | None:
+        return _settings_model()
+
+    def create_source(self, ctx: KvSourceContext) -> KvEventSource | None:
+        from infera_nats.kv_source import NatsKvSource
+
+        return NatsKvSource(
+            _servers(self.servers, ctx.options),
+            connect_timeout=ctx.connect_timeout,
+            subject_prefix=_prefix(ctx.options),
+        )
+
+    async def attach_worker(self, ctx: WorkerContext) -> WorkerAttachment | None:
+        if ctx.kv_events is None:
+            return Attached({"kv_event_transport": NATS})  # nothing to relay
+        from infera_nats.relay import KvRelay
+
+        relay = KvRelay(
+            ctx.worker_id,
+            ctx.model,
+            ctx.kv_events,
+            _servers(self.servers, ctx.options),
+            dp_size=ctx.dp_size,
+            subject_prefix=_prefix(ctx.options),
+            connect_timeout=ctx.connect_timeout,
+        )
+        await relay.start()
+        params = {"subject": relay.subject, "stream": kv_wire.STREAM}
+        return _Running(relay, {"kv_event_transport": NATS, "kv_event_params": params})

@@ -1,0 +1,167 @@
+"""KV events through NATS: sim engines → relay → JetStream → router hubs, compared with the ZMQ path."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+from infera_nats import kv_wire
+from infera_nats.relay import KvRelay
+from infera_nats.transport_factories import NatsKvEventTransport
+from prometheus_client import CollectorRegistry
+
+from infera_core.facade import InferaHooks
+from infera_core.kv.hub import KvHub
+from infera_core.testing.nats import NatsServer
+from infera_core.testing.server import until
+from infera_core.worker import KvEventsInfo, WorkerRecord
+
+sim_testing = pytest.importorskip("infera_sim.testing")
+sim_tokenizer = pytest.importorskip("infera_sim.tokenizer")
+
+BS = 16
+MODEL = "sim-model"
+
+
+def prompt(worker: int, i: int) -> str:
+    shared = " ".join(f"sys{j}" for j in range(40))  # a prefix every worker has cached
+    return f"{shared} worker {worker} question {i}: " + " ".join(f"w{worker}q{i}x{j}" for j in range(50))
+
+
+def record(sim: object, worker_id: str, transport: str) -> WorkerRecord:
+    kv = KvEventsInfo(
+        endpoint=sim.kv_events_endpoint,  # type: ignore[attr-defined]
+        replay_endpoint=sim.replay_endpoint,  # type: ignore[attr-defined]
+        format="vllm",
+        block_size=BS,
+    )
+    params = {"subject": kv_wire.kv_subject("infera", MODEL, worker_id)} if transport == "nats" else {}
+    return WorkerRecord(
+        worker_id=worker_id,
+        url=sim.url,  # type: ignore[attr-defined]
+        model=MODEL,
+        engine="sim",
+        kv_events=kv,
+        kv_event_transport=transport,
+        kv_event_params=params,
+    )
+
+
+def make_hub(nats: NatsServer, monkeypatch: pytest.MonkeyPatch) -> KvHub:
+    monkeypatch.setenv("INFERA_NATS_URL", nats.url)
+    catalog = InferaHooks.load().catalog()
+    if "nats" not in catalog.kv_event_transports:
+        catalog.kv_event_transports.add(NatsKvEventTransport(servers=nats.url))
+    return KvHub(catalog, CollectorRegistry())
+
+
+@contextlib.contextmanager
+def sims(n: int) -> Iterator[list[object]]:
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(sim_testing.start_sim(speedup="inf", block_size=BS)) for _ in range(n)]
+
+
+@contextlib.asynccontextmanager
+async def relays(engines: list[object], nats: NatsServer) -> AsyncIterator[list[KvRelay]]:
+    out = []
+    try:
+        for i, sim in enumerate(engines):
+            relay = KvRelay(f"w{i}", MODEL, record(sim, f"w{i}", "zmq").kv_events, nats.url)  # type: ignore[arg-type]
+            await relay.start()
+            out.append(relay)
+        yield out
+    finally:
+        for relay in out:
+            await relay.close()
+
+
+def best_worker(hub: KvHub, workers: list[str], text: str) -> str | None:
+    hashes = hub.index.hash_prompt(sim_tokenizer.SimTokenizer(32000).encode(text), BS)
+    scores = hub.index.match(hashes, [hub.index.view(w, None) for w in workers])
+    top = max(scores)
+    return workers[scores.index(top)] if top > 0 else None
+
+
+def state(hub: KvHub, workers: list[str]) -> dict[str, set[int]]:
+    return {w: (v.held() if (v := hub.index.view(w, None)) else set()) for w in workers}
+
+
+async def drive(engines: list[object], per_worker: int) -> list[str]:
+    prompts = []
+    async with httpx.AsyncClient() as client:
+        for i in range(per_worker):
+            for w, sim in enumerate(engines):
+                text = prompt(w, i)
+                r = await client.post(
+                    sim.url + "/v1/completions",  # type: ignore[attr-defined]
+                    json={"model": MODEL, "prompt": text, "max_tokens": 1},
+                )
+                assert r.status_code == 200
+                prompts.append(text)
+    return prompts
+
+
+async def test_nats_hubs_mirror_the_same_state_as_the_zmq_path(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workers = ["w0", "w1"]
+    with sims(2) as engines:
+        async with relays(engines, nats_server):
+            zmq_hub = make_hub(nats_server, monkeypatch)
+            replicas = [make_hub(nats_server, monkeypatch) for _ in range(2)]
+            for hub in (zmq_hub, *replicas):
+                await hub.start()
+            try:
+                for w, sim in zip(workers, engines, strict=True):
+                    zmq_hub.worker_added(record(sim, w, "zmq"))
+                    for hub in replicas:
+                        hub.worker_added(record(sim, w, "nats"))
+                prompts = await drive(engines, 10)
+                await until(lambda: all(best_worker(zmq_hub, workers, p) for p in prompts), within=15)
+                expected = state(zmq_hub, workers)
+                assert all(expected.values())
+                await until(lambda: all(state(h, workers) == expected for h in replicas), within=15)
+                for hub in replicas:  # read from the stream, not from the engines' publishers
+                    source = await hub.sources.get("nats")
+                    assert source.messages > 0  # type: ignore[attr-defined]
+                # a router that starts late rebuilds the same index from the stream
+                late = make_hub(nats_server, monkeypatch)
+                await late.start()
+                try:
+                    for w, sim in zip(workers, engines, strict=True):
+                        late.worker_added(record(sim, w, "nats"))
+                    await until(lambda: state(late, workers) == expected, within=15)
+                    picks = {
+                        tuple(best_worker(h, workers, p) for h in (zmq_hub, *replicas, late)) for p in prompts
+                    }
+                    assert all(len(set(p)) == 1 for p in picks)
+                    assert not late.cache_view("w0")["stale"]
+                finally:
+                    await late.close()
+            finally:
+                for hub in (zmq_hub, *replicas):
+                    await hub.close()
+
+
+async def test_relay_purges_its_subject_when_it_closes(nats_server: NatsServer) -> None:
+    with sims(1) as engines:
+        async with relays(engines, nats_server) as (relay,):
+            await drive(engines, 2)
+            await until(lambda: relay.batches > 0, within=10)
+            assert relay.nc is not None
+            js = relay.nc.jetstream()
+            info = await js.stream_info(kv_wire.STREAM, subjects_filter=relay.subject)
+            assert info.state.messages > 0
+            nc = relay.nc
+        # closed: the worker left, so its history is gone from the stream
+        import nats
+
+        other = await nats.connect(nats_server.url)
+        try:
+            info = await other.jetstream().stream_info(kv_wire.STREAM)
+            assert info.state.messages == 0
+        finally:
+            await other.close()
+        assert nc.is_closed
