@@ -1,0 +1,34 @@
+# syntax=docker/dockerfile:1.7
+# An Infera SGLang worker: the SGLang image named by SGLANG_BASE_IMAGE + `infera-run worker
+# sglang` (Infera in /opt/infera, SGLang's environment untouched).
+#   docker build -f deploy/docker/sglang.Dockerfile -t infera-sglang:0.1.0 .
+#   docker build -f deploy/docker/sglang.Dockerfile \
+#     --build-arg SGLANG_BASE_IMAGE=lmsysorg/sglang:v0.5.4-rocm700-mi30x -t infera-sglang:0.1.0-rocm .
+#   docker run --gpus all infera-sglang:0.1.0 --model Qwen/Qwen3-8B --etcd-endpoint etcd:2379
+ARG PYTHON_VERSION=3.11.11
+ARG INFERA_VERSION=0.1.0
+ARG SGLANG_BASE_IMAGE=lmsysorg/sglang:v0.5.4
+
+# -- wheels of this repo's distributions (pure Python: any interpreter of the base runs them)
+FROM python:${PYTHON_VERSION}-slim-bookworm AS wheels
+ARG UV_VERSION=0.9.7
+RUN pip install --no-cache-dir "uv==${UV_VERSION}"
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY infera_core ./infera_core
+COPY plugins/infera-sglang ./plugins/infera-sglang
+COPY plugins/infera-k8s ./plugins/infera-k8s
+RUN for dist in . plugins/infera-sglang plugins/infera-k8s; do uv build --wheel --out-dir /wheels "$dist"; done
+
+FROM ${SGLANG_BASE_IMAGE}
+ARG INFERA_VERSION
+COPY --chmod=0755 deploy/docker/install-infera.sh deploy/docker/entrypoint.sh /usr/local/lib/infera/
+RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
+    /usr/local/lib/infera/install-infera.sh /wheels \
+      "infera-core==${INFERA_VERSION}" "infera-sglang==${INFERA_VERSION}" "infera-k8s==${INFERA_VERSION}" \
+ && ln -s /usr/local/lib/infera/entrypoint.sh /usr/local/bin/infera-entrypoint
+ENV PATH=/opt/infera/bin:$PATH INFERA_ENGINE_PYTHON=/usr/local/bin/infera-engine-python \
+    INFERA_HOST=0.0.0.0 INFERA_PORT=8000 PYTHONUNBUFFERED=1
+EXPOSE 8000
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["infera-entrypoint", "worker", "sglang"]
