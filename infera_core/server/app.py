@@ -48,6 +48,7 @@ from infera_core.server.auth import (
 )
 from infera_core.server.breaker import Breakers
 from infera_core.server.core import RouterCore
+from infera_core.server.dashboard import add_dashboard_routes
 from infera_core.server.errors import ApiError
 from infera_core.server.fleet import EndpointTable
 from infera_core.server.hangs import HangDetector
@@ -204,6 +205,7 @@ def create_app(
             await view.start(wait_synced=settings.connect_timeout)
             stack.push_async_callback(view.stop)
             app.state.fleet_view = view
+            stack.push_async_callback(app.state.dashboard.close)
             yield
 
     app = InferaApp(title="Infera", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -225,6 +227,7 @@ def create_app(
     app.router.routes.extend(Route(path, ep, methods=["POST"]) for path, ep in app.hot_routes.items())
     _control_routes(app, core, kv, auth, settings.public_metrics)
     add_tokenize_routes(app, core, limit)
+    app.state.dashboard = add_dashboard_routes(app, core, kv)
     _error_handlers(app)
     return app
 

@@ -1,0 +1,200 @@
+"""The live fleet dashboard: ``GET /dashboard`` (one static page) and ``GET /v1/admin/stats``.
+
+The page (``static/dashboard.html``: inline CSS and JS, no build step, nothing from a
+CDN) polls ``/v1/admin/stats`` every second. The stats are cumulative counters and
+histogram buckets as the router holds them; the page turns two snapshots into rates
+(requests/s, picks/s, tokens/s) and percentiles over its last ten seconds, so the
+server keeps no per-viewer state.
+
+Both routes follow the admin rule (``infera_core.server.auth``): loopback clients only
+without ``--admin-token``. With a token, a browser cannot send it on a page load, so
+the page itself (which holds no data) is served to anyone and asks for the token,
+which its script sends as ``Authorization: Bearer`` to the stats route.
+
+Engine-side numbers (running, waiting, prefix-cache hit rate) come from each worker's
+``/metrics`` (vLLM's names, which the sim speaks too), scraped at most every two
+seconds and only while someone polls the stats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from importlib.resources import files
+from typing import Any
+
+from fastapi import Depends, FastAPI
+from fastapi.responses import HTMLResponse, JSONResponse
+from starlette.requests import HTTPConnection
+
+from infera_core.redact import redact_url
+from infera_core.scheduling.types import Endpoint
+from infera_core.server.auth import ADMIN_STATE, CLIENT_STATE, AdminGate, ClientAuth, require_admin
+from infera_core.server.core import RouterCore
+from infera_core.server.series import LeanHistogram
+
+log = logging.getLogger("infera.server.dashboard")
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+HITS = "vllm:prefix_cache_hits_total"
+QUERIES = "vllm:prefix_cache_queries_total"
+ENGINE_SERIES = (RUNNING, WAITING, KV_USAGE, HITS, QUERIES)
+
+
+class EngineScraper:
+    """Engine gauges per worker for the dashboard, refreshed in the background on demand."""
+
+    def __init__(self, core: RouterCore, interval: float = 2.0, timeout: float = 1.5) -> None:
+        self.core = core
+        self.interval = interval
+        self.timeout = timeout
+        self.latest: dict[str, dict[str, float]] = {}
+        self._last = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def poke(self) -> None:
+        """Start a refresh unless one ran within ``interval`` seconds or is running."""
+        now = time.monotonic()
+        if (self._task is not None and not self._task.done()) or now - self._last < self.interval:
+            return
+        self._last = now
+        self._task = asyncio.get_running_loop().create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        import aiohttp  # only when someone watches the dashboard
+
+        from infera_core.bench.scrape import parse_metrics
+
+        eps = [ep for ep in self.core.table.by_id.values() if ep.url.startswith(("http://", "https://"))]
+        limit = asyncio.Semaphore(32)
+        timeout = aiohttp.ClientTimeout(total=self.timeout)
+
+        async def one(session: aiohttp.ClientSession, ep: Endpoint) -> None:
+            async with limit:
+                try:
+                    async with session.get(ep.url.rstrip("/") + "/metrics") as r:
+                        text = await r.text() if r.status == 200 else ""
+                except (aiohttp.ClientError, TimeoutError, ValueError):
+                    text = ""
+            self._update(ep.worker_id, parse_metrics(text, ENGINE_SERIES))
+
+        try:
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                await asyncio.gather(*(one(session, ep) for ep in eps))
+        except Exception:
+            log.exception("dashboard: scraping the workers' /metrics failed")
+        for gone in set(self.latest) - {ep.worker_id for ep in eps}:
+            del self.latest[gone]
+
+    def _update(self, worker_id: str, values: dict[str, float]) -> None:
+        prev = self.latest.get(worker_id, {})
+        hits, queries = values.get(HITS), values.get(QUERIES)
+        out: dict[str, float] = {
+            k: v
+            for k, v in (("running", values.get(RUNNING)), ("waiting", values.get(WAITING)))
+            if v is not None
+        }
+        if KV_USAGE in values:
+            out["kv_usage"] = values[KV_USAGE]
+        if hits is not None and queries is not None:
+            out["hits"], out["queries"] = hits, queries
+            d_hits, d_queries = hits - prev.get("hits", 0.0), queries - prev.get("queries", 0.0)
+            if d_queries > 0:  # since the last scrape; else the engine's whole life
+                out["hit_rate"] = d_hits / d_queries
+            elif "hit_rate" in prev:
+                out["hit_rate"] = prev["hit_rate"]
+            elif queries > 0:
+                out["hit_rate"] = hits / queries
+        self.latest[worker_id] = out
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+def _histogram(h: LeanHistogram) -> dict[str, Any]:
+    """Bucket upper bounds and, per label set (joined with ``|``), counts per bucket and sum."""
+    series = {"|".join(labels): {"counts": list(c.counts), "sum": c.sum} for labels, c in h.children.items()}
+    return {"bounds": list(h.bounds), "labels": h.labelnames, "series": series}
+
+
+def stats(core: RouterCore, kv: Any, auth: ClientAuth | None, engines: EngineScraper) -> dict[str, Any]:
+    """The JSON of ``GET /v1/admin/stats``: everything the dashboard shows, cumulative."""
+    cache_view = getattr(kv, "cache_view", None)
+    workers = []
+    for ep in sorted(core.table.by_id.values(), key=lambda e: (e.record.model, str(e.role), e.worker_id)):
+        rec = ep.record
+        row: dict[str, Any] = {
+            "worker_id": ep.worker_id,
+            "model": rec.model,
+            "role": str(rec.role),
+            "status": str(rec.status),
+            "engine": rec.engine,
+            "url": redact_url(rec.url),
+            "in_flight": ep.in_flight,
+            "picks": ep.picks,
+            "breaker": core.breakers.state(ep),
+            "engine_stats": engines.latest.get(ep.worker_id, {}),
+        }
+        if cache_view is not None:
+            view = cache_view(ep.worker_id)
+            row["kv_blocks"] = view.get("blocks")
+            row["kv_stale"] = bool(view.get("stale")) or bool(view.get("silent"))
+        workers.append(row)
+    m = core.metrics
+    pd = core.pd.metrics if core.pd is not None else None
+    return {
+        "object": "stats",
+        "time": time.time(),
+        "models": core.table.models(),
+        "workers": workers,
+        "requests": [
+            {"route": r, "model": model, "status": s, "count": c.value}
+            for (r, model, s), c in m.requests.children.items()
+        ],
+        "tokens": [
+            {"model": model, "kind": k, "count": c.value} for (model, k), c in m.tokens.children.items()
+        ],
+        "retries": sum(c.value for c in m.retries.children.values()),
+        "breakers_opened": core.breakers.opened,
+        "pd_failures": {r: c.value for (r,), c in pd.failures.children.items()} if pd is not None else {},
+        "histograms": {
+            "ttft": _histogram(m.ttft),
+            "itl": _histogram(m.itl),
+            "e2e": _histogram(m.e2e),
+            "decision": _histogram(m.decision),
+        },
+        "usage": auth.usage()["keys"] if auth is not None else None,
+    }
+
+
+def _page_allowed(conn: HTTPConnection) -> None:
+    """The page holds no data: with an admin token configured it is served to anyone (its
+    script asks for the token); without one, to loopback clients only (the admin rule)."""
+    gate: AdminGate | None = getattr(conn.app.state, ADMIN_STATE, None)
+    if gate is None or not gate.has_token:
+        require_admin(conn)
+
+
+def add_dashboard_routes(app: FastAPI, core: RouterCore, kv: Any) -> EngineScraper:
+    """Mount ``GET /dashboard`` and ``GET /v1/admin/stats``; returns the scraper to close."""
+    engines = EngineScraper(core)
+    page = files("infera_core.server").joinpath("static/dashboard.html")
+
+    @app.get("/dashboard", dependencies=[Depends(_page_allowed)], include_in_schema=False)
+    async def dashboard() -> HTMLResponse:
+        return HTMLResponse(page.read_text(encoding="utf-8"), headers={"Cache-Control": "no-store"})
+
+    @app.get("/v1/admin/stats", dependencies=[Depends(require_admin)], include_in_schema=False)
+    async def admin_stats(conn: HTTPConnection) -> JSONResponse:
+        engines.poke()
+        auth: ClientAuth | None = getattr(conn.app.state, CLIENT_STATE, None)
+        return JSONResponse(stats(core, kv, auth, engines), headers={"Cache-Control": "no-store"})
+
+    return engines

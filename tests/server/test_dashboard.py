@@ -1,0 +1,173 @@
+"""``GET /v1/admin/stats`` (what the dashboard polls) and ``GET /dashboard``, over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import infera_core.server
+from infera_core.kv.component import KvRouting
+from infera_core.kv.settings import KvSettings
+from infera_core.testing.fixtures import make_hooks
+from infera_core.testing.net import free_port
+from infera_core.testing.server import RunningServer, serving, settings_for
+from infera_core.worker import KvEventsInfo, WorkerRecord
+
+pytest.importorskip("infera_sim")
+from infera_sim.testing import SimHandle, start_sim
+
+MODEL = "sim-model"
+
+
+@pytest.fixture(scope="module")
+def sims() -> Iterator[list[SimHandle]]:
+    with (
+        start_sim(model=MODEL, speedup="inf", block_size=16) as a,
+        start_sim(model=MODEL, speedup="inf") as b,
+    ):
+        yield [a, b]
+
+
+def sim_record(worker_id: str, sim: SimHandle, **fields: Any) -> WorkerRecord:
+    kv = None
+    if sim.kv_events_endpoint is not None:
+        kv = KvEventsInfo(
+            endpoint=sim.kv_events_endpoint,
+            replay_endpoint=sim.replay_endpoint,
+            format="vllm",
+            block_size=int(sim.info.get("block_size", 16)),
+            fingerprint="infera-sim-v1:vocab=32000",
+        )
+    return WorkerRecord(worker_id=worker_id, url=sim.url, model=MODEL, engine="sim", kv_events=kv, **fields)
+
+
+@contextlib.asynccontextmanager
+async def stack(sims: list[SimHandle], **settings: Any) -> AsyncIterator[RunningServer]:
+    hooks = make_hooks()
+    kv = KvRouting(hooks.catalog(), KvSettings())
+    async with serving(settings_for(router_policy="kv-aware", **settings), hooks, kv=kv) as srv:
+        for i, sim in enumerate(sims):
+            srv.store.put(sim_record(f"sim{i}", sim))
+        await srv.wait_workers(len(sims))
+        yield srv
+
+
+async def traffic(c: httpx.AsyncClient, n: int, headers: dict[str, str] | None = None) -> None:
+    for i in range(n):
+        body = {"model": MODEL, "prompt": f"shared prefix {'lorem ' * 40} question {i}", "max_tokens": 4}
+        if i % 2:
+            body["stream"] = True
+        r = await c.post("/v1/completions", json=body, headers=headers)
+        assert r.status_code == 200, r.text
+
+
+async def test_stats_show_the_fleet_traffic_and_engines(sims: list[SimHandle]) -> None:
+    async with stack(sims) as srv, httpx.AsyncClient(base_url=srv.url, timeout=20) as c:
+        await traffic(c, 6)
+        assert (await c.post("/v1/completions", json={"model": MODEL})).status_code == 400
+
+        async def stats() -> dict[str, Any]:
+            r = await c.get("/v1/admin/stats")
+            assert r.status_code == 200 and r.headers["cache-control"] == "no-store"
+            body: dict[str, Any] = r.json()
+            return body
+
+        first = await stats()
+        workers = {w["worker_id"]: w for w in first["workers"]}
+        assert set(workers) == {"sim0", "sim1"}
+        assert {(w["model"], w["role"], w["status"], w["breaker"]) for w in workers.values()} == {
+            (MODEL, "mixed", "active", "closed")
+        }
+        assert sum(w["picks"] for w in workers.values()) == 6
+        ok = sum(r["count"] for r in first["requests"] if r["status"] == "200")
+        bad = [r for r in first["requests"] if r["status"] == "400"]
+        assert ok == 6 and bad and bad[0]["route"] == "/v1/completions"
+        h = first["histograms"]
+        assert sum(h["ttft"]["series"][MODEL]["counts"]) == 3  # the streamed half
+        assert len(h["ttft"]["series"][MODEL]["counts"]) == len(h["ttft"]["bounds"]) + 1
+        assert sum(sum(s["counts"]) for s in h["decision"]["series"].values()) == 6
+        assert first["usage"] is None  # no --api-key-file
+        assert sum(t["count"] for t in first["tokens"] if t["kind"] == "completion") == 12  # non-streamed
+
+        # the KV mirror and the engines' own numbers arrive in the background
+        latest: dict[str, Any] = {}
+
+        async def mirrored() -> bool:
+            latest.update(await stats())
+            rows = latest["workers"]
+            return any(w.get("kv_blocks") for w in rows) and all(
+                "hit_rate" in w["engine_stats"] for w in rows
+            )
+
+        async with asyncio.timeout(15):
+            while not await mirrored():  # noqa: ASYNC110 (state in other processes)
+                await asyncio.sleep(0.2)
+        for w in latest["workers"]:
+            assert w["kv_stale"] is False
+            assert 0 <= w["engine_stats"]["hit_rate"] <= 1 and w["engine_stats"]["running"] == 0
+
+
+async def test_page_is_one_self_contained_file(sims: list[SimHandle]) -> None:
+    async with stack(sims[:1]) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+        r = await c.get("/dashboard")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        page = r.text
+    assert "/v1/admin/stats" in page and "<script>" in page and "<style>" in page
+    # nothing loaded from elsewhere: no external script, stylesheet, image or font
+    assert not re.search(r"""(src|href)\s*=\s*["'](?!#)""", page)
+    assert not re.search(r"https?://|url\(|@import", page)
+    assert (Path(infera_core.server.__file__).parent / "static/dashboard.html").read_text() == page
+
+
+async def test_stats_count_tokens_per_api_key(sims: list[SimHandle], tmp_path: Path) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("keys:\n  - name: team-a\n    key: sk-team-a\n")
+    async with stack(sims[:1], api_key_file=str(keys)) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+        await traffic(c, 2, headers={"Authorization": "Bearer sk-team-a"})
+        usage = (await c.get("/v1/admin/stats")).json()["usage"]
+    [team] = [k for k in usage if k["key"] == "team-a"]
+    assert team["models_used"][MODEL]["requests"] == 2
+    assert team["models_used"][MODEL]["completion_tokens"] == 8
+
+
+def _lan_address() -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))
+            addr = str(s.getsockname()[0])
+        except OSError:
+            return None
+    return None if addr.startswith("127.") else addr
+
+
+async def test_admin_rule_loopback_only_without_a_token(sims: list[SimHandle]) -> None:
+    lan = _lan_address()
+    if lan is None:
+        pytest.skip("no non-loopback address on this machine")
+    port = free_port()
+    async with stack(sims[:1], host="0.0.0.0", port=port):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as local:
+            assert (await local.get("/dashboard")).status_code == 200
+            assert (await local.get("/v1/admin/stats")).status_code == 200
+        async with httpx.AsyncClient(base_url=f"http://{lan}:{port}") as remote:
+            for route in ("/dashboard", "/v1/admin/stats"):
+                r = await remote.get(route)
+                assert r.status_code == 403 and r.json()["error"]["code"] == "admin_only", route
+
+
+async def test_with_an_admin_token_the_data_needs_it(sims: list[SimHandle]) -> None:
+    async with stack(sims[:1], admin_token="tok-123") as srv, httpx.AsyncClient(base_url=srv.url) as c:
+        assert (await c.get("/v1/admin/stats")).status_code == 401
+        ok = await c.get("/v1/admin/stats", headers={"Authorization": "Bearer tok-123"})
+        assert ok.status_code == 200 and ok.json()["workers"]
+        # the page holds no data; a browser cannot send the token on a page load, so it asks
+        page = await c.get("/dashboard")
+        assert page.status_code == 200 and "Admin token" in page.text
