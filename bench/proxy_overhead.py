@@ -7,16 +7,22 @@ closed-loop load (aiohttp client, uvloop, concurrency 1/16/64) goes
 * direct to the upstreams (round robin in the client),
 * through ``infera-run serve`` (static fleet, ``--router-policy round-robin``), once per
   ``--upstream-transport`` (``infera`` = native, ``infera-aiohttp`` = aiohttp; ``--transports``),
+  and with ``nats`` in ``--transports`` over the NATS request transport (``infera-nats``: a
+  ``nats-server`` and one responder per upstream in their own process; the fleet's records
+  say ``request_transport: nats``),
 * through ``sglang-router`` (``python -m sglang_router.launch_router --policy round_robin``),
   when it is installed (``uv pip install sglang-router``).
 
 Reported per case: requests/s, p50/p99 latency, latency added over direct, and the
 router's CPU per request (utime+stime of the router process and its children from
 ``/proc``, delta over the run / requests), and per case each Infera variant's CPU per
-request over sglang-router's.
+request over sglang-router's and over the native HTTP hop's.
 
     .venv/bin/python bench/proxy_overhead.py [--requests 2000] [--concurrency 1,16,64] [--router-nice -10]
-        [--transports native,aiohttp] [--skip-sglang]
+        [--transports native,aiohttp,nats] [--skip-sglang] [--api-keys]
+
+``--api-keys`` runs every Infera router with ``--api-key-file`` (one key, budgets too large
+to bite) and sends the key with every request: compare a run with and without it.
 
 On a shared machine, latency at low concurrency is dominated by how soon the router
 process gets a core after each wake-up; ``--router-nice`` gives both routers the same
@@ -50,6 +56,19 @@ from infera_core.testing.net import free_port
 MODEL = "fake-model"
 BODY = b'{"model": "fake-model", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 64}'
 STREAM_BODY = BODY[:-1] + b', "stream": true}'
+API_KEY = "sk-bench-proxy-overhead"
+CLIENT_HEADERS: dict[str, str] = {}
+"""Sent with every request (``--api-keys``: the bench key; direct upstreams ignore it)."""
+SERVE_FLAGS: list[str] = []
+"""Extra ``infera-run serve`` flags (``--api-keys``: ``--api-key-file``)."""
+
+
+def write_key_file(tmp: Path) -> Path:
+    """One key with budgets too large to bite, so the budget code runs on every request."""
+    path = tmp / "keys.yaml"
+    key = {"name": "bench", "key": API_KEY, "requests_per_minute": 10**9, "tokens_per_day": 10**15}
+    path.write_text(yaml.safe_dump({"keys": [key]}))
+    return path
 
 
 # -- the fake upstream process ---------------------------------------------------------
@@ -66,6 +85,41 @@ def serve_upstreams(ports: list[int]) -> None:
         await asyncio.Event().wait()
 
     uvloop.run(main())
+
+
+def serve_responders(nats_url: str, ports: list[int]) -> None:
+    """One NATS responder per upstream (the worker side of ``--request-transport nats``)."""
+    import uvloop
+    from infera_nats.responder import Responder
+
+    async def main() -> None:
+        for i, p in enumerate(ports):
+            await Responder(f"up{i}", f"http://127.0.0.1:{p}", nats_url).start()
+        print("ready", flush=True)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
+@contextlib.contextmanager
+def nats_plane(ports: list[int]) -> Iterator[str]:
+    """A ``nats-server`` and the upstreams' responders, until the block exits; yields the URL."""
+    from infera_core.testing.nats import NatsServer
+
+    server = NatsServer()
+    server.start()
+    argv = [sys.executable, __file__, "--serve-responders", server.url, ",".join(map(str, ports))]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != b"ready":
+            raise RuntimeError("the NATS responders did not start")
+        yield server.url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        server.close()
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -102,8 +156,16 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = N
 
 
 @contextlib.contextmanager
-def process(argv: list[str], ready_url: str, timeout: float = 90) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+def process(
+    argv: list[str], ready_url: str, timeout: float = 90, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, **env} if env else None,
+    )
     try:
         wait_http(ready_url, timeout, proc)
         yield proc
@@ -136,7 +198,7 @@ async def _load(urls: list[str], body: bytes, stream: bool, concurrency: int, to
     lat: list[float] = []
     errors = 0
     counter = iter(range(total))
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", **CLIENT_HEADERS}
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def one(url: str) -> None:
@@ -229,15 +291,20 @@ def table(rows: list[Row]) -> str:
 
 
 def cpu_ratios(rows: list[Row]) -> list[str]:
-    """Per case: each Infera variant's router CPU per request over sglang-router's."""
-    sgl = {(r.mode, r.concurrency): r.cpu_us for r in rows if r.target == "sglang-router" and r.cpu_us}
-    variants = sorted({r.target for r in rows if r.target.startswith("infera")})
+    """Per case: each Infera variant's router CPU per request over sglang-router's and over
+    the native HTTP hop's (``infera``)."""
+    return _ratios(rows, "sglang-router") + _ratios(rows, "infera")
+
+
+def _ratios(rows: list[Row], base: str) -> list[str]:
+    sgl = {(r.mode, r.concurrency): r.cpu_us for r in rows if r.target == base and r.cpu_us}
+    variants = sorted({r.target for r in rows if r.target.startswith("infera") and r.target != base})
     if not sgl or not variants:
         return []
     cases = list(sgl)
     out = [
         "",
-        "| CPU µs/req vs sglang-router | " + " | ".join(f"{m} c{c}" for m, c in cases) + " |",
+        f"| CPU µs/req vs {base} | " + " | ".join(f"{m} c{c}" for m, c in cases) + " |",
         "|---|" + "---:|" * len(cases),
     ]
     for v in variants:
@@ -248,6 +315,42 @@ def cpu_ratios(rows: list[Row]) -> list[str]:
             cells.append(f"{m:.0f} / {s:.0f} = {m / s:.2f}×" if m and s else "-")
         out.append(f"| {v} | " + " | ".join(cells) + " |")
     return out
+
+
+def measure_nats(
+    nats_url: str,
+    up_urls: list[str],
+    tmp: Path,
+    nice: list[str],
+    concurrencies: list[int],
+    total: int,
+    rows: list[Row],
+) -> None:
+    """The router with the same fleet reached over NATS (target ``infera-nats``)."""
+    from infera_nats.transport_wire import request_subject
+
+    fleet = tmp / "fleet-nats.yaml"
+    workers = [
+        {
+            "worker_id": f"up{i}",
+            "url": u,
+            "model": MODEL,
+            "engine": "fake",
+            "request_transport": "nats",
+            "request_params": {"subject": request_subject("infera", f"up{i}")},
+        }
+        for i, u in enumerate(up_urls)
+    ]
+    fleet.write_text(yaml.safe_dump({"workers": workers}))
+    port = free_port()
+    argv = [*nice, str(Path(sys.executable).with_name("infera-run")), "--log-level", "warning", "serve"]
+    argv += ["--port", str(port), "--request-transport", "nats"]
+    argv += ["--discovery", "static", "--static-file", str(fleet), "--router-policy", "round-robin"]
+    argv += SERVE_FLAGS
+    with process(argv, f"http://127.0.0.1:{port}/health", env={"INFERA_NATS_URL": nats_url}) as proc:
+        print("infera-nats", file=sys.stderr)
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        measure("infera-nats", [url], proc.pid, concurrencies, total, rows)
 
 
 def main() -> None:
@@ -266,10 +369,20 @@ def main() -> None:
         default=0,
         help="run both routers under `nice -n N` (e.g. -10 on a shared, busy machine; same for both)",
     )
+    ap.add_argument(
+        "--api-keys",
+        action="store_true",
+        help="run Infera with --api-key-file (one key, budgets that never bite); every request sends the key",
+    )
     ap.add_argument("--serve-upstreams", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-responders", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_upstreams:
         serve_upstreams([int(p) for p in args.serve_upstreams.split(",")])
+        return
+    if args.serve_responders:
+        url, ports_arg = args.serve_responders
+        serve_responders(url, [int(p) for p in ports_arg.split(",")])
         return
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     ports = [free_port(), free_port()]
@@ -281,6 +394,9 @@ def main() -> None:
         process([py, __file__, "--serve-upstreams", ",".join(map(str, ports))], up_urls[0] + "/health"),
         tempfile.TemporaryDirectory() as tmp,
     ):
+        if args.api_keys:
+            CLIENT_HEADERS["Authorization"] = f"Bearer {API_KEY}"
+            SERVE_FLAGS.extend(["--api-key-file", str(write_key_file(Path(tmp)))])
         print("direct", file=sys.stderr)
         measure(
             "direct", [u + "/v1/chat/completions" for u in up_urls], None, concurrencies, args.requests, rows
@@ -292,6 +408,10 @@ def main() -> None:
         ]
         fleet.write_text(yaml.safe_dump({"workers": workers}))
         for transport in args.transports.split(","):
+            if transport == "nats":
+                with nats_plane(ports) as nats_url:
+                    measure_nats(nats_url, up_urls, Path(tmp), nice, concurrencies, args.requests, rows)
+                continue
             target = "infera" if transport == "native" else f"infera-{transport}"
             port = free_port()
             argv = [
@@ -306,6 +426,7 @@ def main() -> None:
                 transport,
             ]
             argv += ["--discovery", "static", "--static-file", str(fleet), "--router-policy", "round-robin"]
+            argv += SERVE_FLAGS
             with process(argv, f"http://127.0.0.1:{port}/health") as proc:
                 print(target, file=sys.stderr)
                 url = f"http://127.0.0.1:{port}/v1/chat/completions"
