@@ -18,10 +18,12 @@ from infera_core.registry import (
     DiscoveryRegistry,
     EngineRegistry,
     KvDecoderRegistry,
+    KvEventTransportRegistry,
     PdTransportRegistry,
     PolicyRegistry,
     Preset,
     Registry,
+    RequestTransportRegistry,
     TokenizerRegistry,
 )
 
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from infera_core.pd import PdTransport
     from infera_core.scheduling.types import PolicyFactory, RoutedEvent
     from infera_core.tokenize.base import TokenizerFactory
+    from infera_core.transports import KvEventTransportFactory, RequestTransportFactory
     from infera_core.worker import WorkerRecord
 
 log = logging.getLogger("infera.hooks")
@@ -46,6 +49,8 @@ RequireKind = Literal[
     "pd_transport",
     "discovery_backend",
     "tokenizer",
+    "request_transport",
+    "kv_event_transport",
     "filter",
     "scorer",
     "picker",
@@ -64,6 +69,8 @@ class Catalog:
     policies: PolicyRegistry
     discovery: DiscoveryRegistry
     tokenizers: TokenizerRegistry
+    request_transports: RequestTransportRegistry
+    kv_event_transports: KvEventTransportRegistry
 
     def provides(self) -> dict[str, dict[str, list[str]]]:
         """plugin name → {kind → [names]} for ``infera-run plugins``."""
@@ -75,6 +82,8 @@ class Catalog:
             ("policies", self.policies),
             ("discovery_backends", self.discovery),
             ("tokenizers", self.tokenizers),
+            ("request_transports", self.request_transports),
+            ("kv_event_transports", self.kv_event_transports),
         ]
         for kind, reg in groups:
             for entry in reg.entries():
@@ -120,6 +129,12 @@ class InferaHooks:
                 policies=self._collect("infera_register_policies", PolicyRegistry()),
                 discovery=self._collect("infera_register_discovery_backends", DiscoveryRegistry()),
                 tokenizers=self._collect("infera_register_tokenizers", TokenizerRegistry()),
+                request_transports=self._collect(
+                    "infera_register_request_transports", RequestTransportRegistry()
+                ),
+                kv_event_transports=self._collect(
+                    "infera_register_kv_event_transports", KvEventTransportRegistry()
+                ),
             )
         return self._catalog
 
@@ -134,6 +149,10 @@ class InferaHooks:
     def require(self, kind: Literal["discovery_backend"], name: str) -> DiscoveryFactory: ...
     @overload
     def require(self, kind: Literal["tokenizer"], name: str) -> TokenizerFactory: ...
+    @overload
+    def require(self, kind: Literal["request_transport"], name: str) -> RequestTransportFactory: ...
+    @overload
+    def require(self, kind: Literal["kv_event_transport"], name: str) -> KvEventTransportFactory: ...
     @overload
     def require(self, kind: Literal["filter", "scorer", "picker"], name: str) -> PolicyFactory: ...
     @overload
@@ -158,6 +177,8 @@ class InferaHooks:
                 "pd_transport": catalog.pd_transports,
                 "discovery_backend": catalog.discovery,
                 "tokenizer": catalog.tokenizers,
+                "request_transport": catalog.request_transports,
+                "kv_event_transport": catalog.kv_event_transports,
             }
             if kind not in registries:
                 raise ValueError(f"require(): unknown kind {kind!r}")

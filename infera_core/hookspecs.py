@@ -30,8 +30,10 @@ if TYPE_CHECKING:
         DiscoveryRegistry,
         EngineRegistry,
         KvDecoderRegistry,
+        KvEventTransportRegistry,
         PdTransportRegistry,
         PolicyRegistry,
+        RequestTransportRegistry,
         TokenizerRegistry,
     )
     from infera_core.scheduling.types import RoutedEvent
@@ -89,8 +91,34 @@ def infera_register_discovery_backends(registry: DiscoveryRegistry) -> None:
     """Add discovery backends (:class:`infera_core.discovery.base.DiscoveryFactory`).
 
     Fires once when the catalog is built. The factory's ``name`` is what users pass to
-    ``--discovery``. A backend both registers workers (launcher side) and watches the
-    fleet (server side).
+    ``--discovery-backend``. A backend both registers workers (launcher side) and watches
+    the fleet (server side). A factory may declare ``settings_model`` (a pydantic model):
+    its fields become flags and ``INFERA_*`` variables of the commands that take a
+    discovery backend, and ``create`` reads them with ``settings.options.get(model)``.
+    """
+
+
+@hookspec
+def infera_register_request_transports(registry: RequestTransportRegistry) -> None:
+    """Add request transports (:class:`infera_core.transports.RequestTransportFactory`).
+
+    Fires once when the catalog is built. The factory's ``name`` is what a worker record
+    carries in ``request_transport`` and what users pass to ``--request-transport``. The
+    router builds one client per transport (``create_client``) and sends every request to
+    a worker through the client of the transport its record names; the launcher calls
+    ``attach_worker`` to start the worker side (a responder), if any.
+    """
+
+
+@hookspec
+def infera_register_kv_event_transports(registry: KvEventTransportRegistry) -> None:
+    """Add KV-event transports (:class:`infera_core.transports.KvEventTransportFactory`).
+
+    Fires once when the catalog is built. The factory's ``name`` is what a worker record
+    carries in ``kv_event_transport`` and what users pass to ``--kv-event-transport``.
+    The router's KV hub reads each worker's event batches through the source of that
+    transport (``create_source``); the launcher calls ``attach_worker`` to start the
+    worker side (a relay), if any.
     """
 
 

@@ -20,6 +20,7 @@ from infera_core.pd import PdTransport
 from infera_core.scheduling.config import ProfileConfig
 from infera_core.scheduling.types import PolicyFactory
 from infera_core.tokenize.base import TokenizerFactory
+from infera_core.transports import KvEventTransportFactory, RequestTransportFactory
 
 
 class Named(Protocol):
@@ -110,6 +111,14 @@ class DiscoveryRegistry(Registry[DiscoveryFactory]):
 
 class TokenizerRegistry(Registry[TokenizerFactory]):
     kind = "tokenizer"
+
+
+class RequestTransportRegistry(Registry[RequestTransportFactory]):
+    kind = "request transport"
+
+
+class KvEventTransportRegistry(Registry[KvEventTransportFactory]):
+    kind = "KV-event transport"
 
 
 @dataclass(frozen=True, slots=True)

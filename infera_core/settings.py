@@ -6,7 +6,12 @@ model; :func:`click_options` turns its fields into flags whose ``--help`` names 
 env var, and :func:`resolve` builds the model with that precedence.
 
 Field metadata: ``Field(description=...)`` is the help text; put
-``json_schema_extra={"flag": "--x", "short": "-x", "cli": False}`` to rename or hide.
+``json_schema_extra={"flag": "--x", "short": "-x", "aliases": ["--old-x"], "cli": False}``
+to rename, alias or hide.
+
+Plugins add settings too: discovery backends and transports declare a ``settings_model``
+(see :mod:`infera_core.backends`); :func:`compose_settings` makes a command's model with
+their fields added, and :class:`SettingsCommand` shows them as options of that command.
 """
 
 from __future__ import annotations
@@ -14,20 +19,21 @@ from __future__ import annotations
 import json
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar, get_args, get_origin
 
 import click
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, create_model
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from infera_core.errors import ConfigError
 
 S = TypeVar("S", bound="InferaSettings")
+B = TypeVar("B", bound=BaseModel)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -104,34 +110,50 @@ def _click_type(tp: Any) -> tuple[Any, bool, bool]:
     return str, False, False
 
 
-def click_options(model: type[BaseSettings]) -> Callable[[F], F]:
-    """Decorator adding one click option per settings field (``--help`` shows the env var)."""
-
-    def decorate(fn: F) -> F:
-        for name, info in reversed(list(model.model_fields.items())):
-            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-            if extra.get("cli") is False:
-                continue
-            ctype, is_flag, multiple = _click_type(info.annotation)
-            default = info.default if info.default is not None and not callable(info.default) else None
-            shown = "" if default in (None, "", [], False) else f" [default: {default}]"
-            if isinstance(default, Enum):
-                shown = f" [default: {default.value}]"
-            help_text = f"{info.description or ''}{shown} [env: {env_name(name)}]".strip()
-            decls = [_flag_name(name, info)]
-            if extra.get("short"):
-                decls.append(str(extra["short"]))
-            if is_flag:
-                decls = [f"{decls[0]}/--no-{decls[0][2:]}"]
-            fn = click.option(
-                *decls,
-                name,
+def field_options(fields: Iterable[tuple[str, FieldInfo]]) -> list[click.Option]:
+    """One click option per settings field (``--help`` shows the env var), in order."""
+    out: list[click.Option] = []
+    for name, info in fields:
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if extra.get("cli") is False:
+            continue
+        ctype, is_flag, multiple = _click_type(info.annotation)
+        default = info.default if info.default is not None and not callable(info.default) else None
+        shown = "" if default in (None, "", [], False) else f" [default: {default}]"
+        if isinstance(default, Enum):
+            shown = f" [default: {default.value}]"
+        help_text = f"{info.description or ''}{shown} [env: {env_name(name)}]".strip()
+        decls = [_flag_name(name, info)]
+        if extra.get("short"):
+            decls.append(str(extra["short"]))
+        if is_flag:
+            decls = [f"{decls[0]}/--no-{decls[0][2:]}"]
+        aliases = extra.get("aliases")
+        if isinstance(aliases, list):
+            decls += [str(a) for a in aliases]
+        out.append(
+            click.Option(
+                [*decls, name],
                 type=None if is_flag else ctype,
                 is_flag=is_flag,
                 default=None,
                 multiple=multiple,
                 help=help_text,
-            )(fn)
+            )
+        )
+    return out
+
+
+def click_options(model: type[BaseModel]) -> Callable[[F], F]:
+    """Decorator adding one click option per settings field (``--help`` shows the env var)."""
+
+    def decorate(fn: F) -> F:
+        params = getattr(fn, "__click_params__", None)
+        if params is None:
+            params = []
+            fn.__click_params__ = params  # type: ignore[attr-defined]
+        # click applies decorators bottom-up and reverses __click_params__ at the end
+        params.extend(reversed(field_options(model.model_fields.items())))
         return fn
 
     return decorate
@@ -200,3 +222,70 @@ def config_option(fn: F) -> F:
         help="YAML/JSON file of settings (lower priority than flags and env). [env: INFERA_CONFIG]",
         envvar="INFERA_CONFIG",
     )(fn)
+
+
+_composed: dict[tuple[type[BaseModel], tuple[type[BaseModel], ...]], type[BaseModel]] = {}
+
+
+def compose_settings(base: type[B], extra: Sequence[type[BaseModel]]) -> type[B]:
+    """``base`` plus the fields of ``extra`` models it does not have (plugin backends' settings).
+
+    Two extra models declaring one field name with different types is a
+    :class:`ConfigError` naming both. The result is cached per (base, extra).
+    """
+    key = (base, tuple(extra))
+    found = _composed.get(key)
+    if found is None:
+        fields: dict[str, Any] = {}
+        owners: dict[str, type[BaseModel]] = {}
+        for model in extra:
+            for name, info in model.model_fields.items():
+                if name in base.model_fields:
+                    continue
+                if name in fields:
+                    if fields[name][0] != info.annotation:
+                        raise ConfigError(
+                            f"setting {name!r} is declared by {owners[name].__name__} and "
+                            f"{model.__name__} with different types"
+                        )
+                    continue
+                fields[name] = (info.annotation, info)
+                owners[name] = model
+        found = create_model(base.__name__, __base__=base, __doc__=base.__doc__, **fields) if fields else base
+        _composed[key] = found
+    return typing.cast("type[B]", found)
+
+
+class SettingsCommand(click.Command):
+    """A command that also takes the plugin backends' settings (shown in ``--help``).
+
+    ``base`` is the command's own settings model; the fields of every installed discovery
+    backend's and transport's ``settings_model`` that ``base`` lacks are added as options
+    when the command parses its arguments (the ``InferaHooks`` context object gives the
+    catalog). The callback resolves them with
+    ``resolve(command_settings(ctx, base), values, config_file)``.
+    """
+
+    def __init__(self, *args: Any, base: type[BaseModel], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.base = base
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        params = super().get_params(ctx)
+        model = command_settings(ctx, self.base)
+        if model is self.base:
+            return params
+        taken = {p.name for p in params}
+        extra = [(n, f) for n, f in model.model_fields.items() if n not in taken]
+        help_at = next((i for i, p in enumerate(params) if p.name == "help"), len(params))
+        return [*params[:help_at], *field_options(extra), *params[help_at:]]
+
+
+def command_settings(ctx: click.Context | None, base: type[B]) -> type[B]:
+    """``base`` composed with the installed backends' settings (``base`` without a catalog)."""
+    from infera_core.backends import backend_models
+
+    catalog = getattr(ctx.obj if ctx is not None else None, "catalog", None)
+    if not callable(catalog):
+        return base
+    return compose_settings(base, backend_models(catalog()))

@@ -79,6 +79,17 @@ class WorkerRecord(BaseModel):
     pd: PdInfo | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     started_at: float = Field(default_factory=time.time)
+    request_transport: str = "http"
+    """Name of the request transport that reaches this worker (``http``, ``nats``…; see
+    :mod:`infera_core.transports`). A router without that transport logs it and does not
+    route here."""
+    request_params: dict[str, Any] = Field(default_factory=dict)
+    """Parameters of the request transport (e.g. a NATS subject); empty for ``http``."""
+    kv_event_transport: str = "zmq"
+    """Name of the KV-event transport that carries this worker's ``kv_events`` (``zmq``,
+    ``nats``…). A router without it logs it and routes the worker without KV events."""
+    kv_event_params: dict[str, Any] = Field(default_factory=dict)
+    """Parameters of the KV-event transport (e.g. a JetStream subject); empty for ``zmq``."""
 
     @property
     def routable(self) -> bool:

@@ -36,7 +36,7 @@ CORE_COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "workers": (
         "infera_core.cli.workers:workers_cmd",
-        "List the workers registered in the fleet (etcd, or a static file).",
+        "List the workers registered in the fleet (etcd, NATS, a static file…).",
     ),
     "serve": (
         "infera_core.cli.serve:serve_cmd",

@@ -9,16 +9,17 @@ import click
 
 from infera_core.facade import InferaHooks
 from infera_core.server.settings import ServeSettings
-from infera_core.settings import click_options, config_option, resolve
+from infera_core.settings import SettingsCommand, click_options, command_settings, config_option, resolve
 
 
-@click.command("serve")
+@click.command("serve", cls=SettingsCommand, base=ServeSettings)
 @config_option
 @click_options(ServeSettings)
-@click.pass_obj
-def serve_cmd(hooks: InferaHooks, /, config_file: Path | None, **values: Any) -> None:
+@click.pass_context
+def serve_cmd(ctx: click.Context, /, config_file: Path | None, **values: Any) -> None:
     """Serve /v1/chat/completions, /v1/completions, /v1/messages, /v1/models… for the fleet."""
     from infera_core.server.run import run
 
-    settings = resolve(ServeSettings, values, config_file)
+    hooks: InferaHooks = ctx.obj
+    settings = resolve(command_settings(ctx, ServeSettings), values, config_file)
     run(settings, hooks)

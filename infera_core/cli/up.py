@@ -15,23 +15,26 @@ from rich.console import Console
 
 from infera_core.errors import InferaError
 from infera_core.facade import InferaHooks
-from infera_core.settings import click_options, config_option, resolve
+from infera_core.settings import SettingsCommand, click_options, command_settings, config_option, resolve
 from infera_core.up.settings import UpSettings
 
 
-@click.command("up", context_settings={"allow_interspersed_args": False})
+@click.command(
+    "up", cls=SettingsCommand, base=UpSettings, context_settings={"allow_interspersed_args": False}
+)
 @config_option
 @click_options(UpSettings)
 @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
-@click.pass_obj
+@click.pass_context
 def up_cmd(
-    hooks: InferaHooks, /, config_file: Path | None, engine_args: tuple[str, ...], **values: Any
+    ctx: click.Context, /, config_file: Path | None, engine_args: tuple[str, ...], **values: Any
 ) -> None:
     """Start discovery, the server and N workers here; Ctrl-C drains and stops everything.
 
     Engine flags go after `--`, e.g. `infera-run up --workers 4 -- --speedup 10 --cache-blocks 2048`.
     """
-    settings = resolve(UpSettings, values, config_file)
+    hooks: InferaHooks = ctx.obj
+    settings = resolve(command_settings(ctx, UpSettings), values, config_file)
     try:
         import uvloop
 

@@ -14,11 +14,12 @@ from typing import Any
 
 import click
 
+from infera_core.backends import backend_models
 from infera_core.engine import EngineAdapter, EngineOption
 from infera_core.facade import InferaHooks
 from infera_core.launcher.runtime import run_worker
 from infera_core.launcher.settings import WorkerSettings
-from infera_core.settings import click_options, read_config_file, resolve
+from infera_core.settings import click_options, compose_settings, read_config_file, resolve
 
 log = logging.getLogger("infera.launcher")
 
@@ -65,13 +66,15 @@ def _engine_option(opt: EngineOption) -> click.Option:
 
 
 def _engine_command(hooks: InferaHooks, adapter: EngineAdapter) -> click.Command:
+    model = compose_settings(WorkerSettings, backend_models(hooks.catalog()))  # + plugin backends' flags
+
     @click.pass_context
     def callback(
         ctx: click.Context, /, config_file: Path | None, engine_args: tuple[str, ...], **values: Any
     ) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health check otherwise
         infera = {k: v for k, v in values.items() if not k.startswith(OPT_PREFIX)}
-        settings = resolve(WorkerSettings, infera, config_file)
+        settings = resolve(model, infera, config_file)
         file_data = read_config_file(config_file) if config_file else {}
         options = {}
         for key, value in values.items():
@@ -88,7 +91,7 @@ def _engine_command(hooks: InferaHooks, adapter: EngineAdapter) -> click.Command
         help=ENGINE_HELP.format(engine=adapter.name, description=adapter.description),
         short_help=adapter.description,
         context_settings={"max_content_width": 110},
-    )(CONFIG_OPTION(click_options(WorkerSettings)(callback)))
+    )(CONFIG_OPTION(click_options(model)(callback)))
     taken = {opt for p in command.params for opt in getattr(p, "opts", [])}
     for opt in adapter.options():
         if opt.flag in taken:

@@ -12,22 +12,35 @@ from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
+from infera_core.backends import BackendOptions
 from infera_core.discovery.base import DiscoverySettings
 from infera_core.errors import ConfigError
 from infera_core.facade import InferaHooks
-from infera_core.settings import InferaSettings, click_options, config_option, resolve
+from infera_core.redact import redact_url
+from infera_core.settings import (
+    InferaSettings,
+    SettingsCommand,
+    click_options,
+    command_settings,
+    config_option,
+    resolve,
+)
 from infera_core.worker import DEFAULT_PREFIX, WorkerRecord
 
 
 class WorkersSettings(InferaSettings):
     discovery: str | None = Field(
-        None, description="Discovery backend: etcd, static… [default: etcd when --etcd-endpoint is set]."
+        None,
+        description="Discovery backend: etcd, nats, static… [default: etcd when --etcd-endpoint is set].",
+        json_schema_extra={"flag": "--discovery-backend", "aliases": ["--discovery"]},
     )
     etcd_endpoint: str | None = Field(
         None, description="etcd endpoint(s): host:port, http://host:port, or a comma list."
     )
     etcd_prefix: str = Field(DEFAULT_PREFIX, description="etcd key prefix of worker records.")
-    static_file: str | None = Field(None, description="Worker list file (YAML/JSON) of --discovery static.")
+    static_file: str | None = Field(
+        None, description="Worker list file (YAML/JSON) of --discovery-backend static."
+    )
     connect_timeout: float = Field(5.0, gt=0, description="Seconds to wait for the discovery backend.")
 
 
@@ -36,7 +49,10 @@ async def list_fleet(hooks: InferaHooks, settings: WorkersSettings) -> list[Work
         "etcd" if settings.etcd_endpoint else "static" if settings.static_file else None
     )
     if name is None:
-        raise ConfigError("pass --etcd-endpoint HOST:PORT or --discovery static --static-file FILE")
+        raise ConfigError(
+            "pass --etcd-endpoint HOST:PORT, --discovery-backend nats --nats-url URL "
+            "or --discovery-backend static --static-file FILE"
+        )
     factory = hooks.require("discovery_backend", name)
     discovery = factory.create(
         DiscoverySettings(
@@ -44,6 +60,7 @@ async def list_fleet(hooks: InferaHooks, settings: WorkersSettings) -> list[Work
             prefix=settings.etcd_prefix,
             static_file=settings.static_file,
             connect_timeout=settings.connect_timeout,
+            options=BackendOptions(settings),
         )
     )
     await discovery.start()
@@ -58,14 +75,15 @@ def _age(started_at: float) -> str:
     return f"{secs // 3600}h{secs % 3600 // 60:02d}m" if secs >= 3600 else f"{secs // 60}m{secs % 60:02d}s"
 
 
-@click.command("workers")
+@click.command("workers", cls=SettingsCommand, base=WorkersSettings)
 @config_option
 @click_options(WorkersSettings)
 @click.option("--json", "as_json", is_flag=True, help="Print the worker records as JSON.")
-@click.pass_obj
-def workers_cmd(hooks: InferaHooks, /, config_file: Path | None, as_json: bool, **values: object) -> None:
-    """List the workers registered in the fleet (etcd, or a static file)."""
-    settings = resolve(WorkersSettings, values, config_file)
+@click.pass_context
+def workers_cmd(ctx: click.Context, /, config_file: Path | None, as_json: bool, **values: object) -> None:
+    """List the workers registered in the fleet (etcd, NATS, a static file…)."""
+    hooks: InferaHooks = ctx.obj
+    settings = resolve(command_settings(ctx, WorkersSettings), values, config_file)
     records = asyncio.run(list_fleet(hooks, settings))
     if as_json:
         click.echo(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
@@ -73,10 +91,14 @@ def workers_cmd(hooks: InferaHooks, /, config_file: Path | None, as_json: bool, 
     if not records:
         click.echo("no workers registered")
         return
-    table = Table("worker_id", "engine", "model", "role", "status", "url", "dp", "kv events", "pd", "up")
+    table = Table(
+        "worker_id", "engine", "model", "role", "status", "url", "via", "dp", "kv events", "pd", "up"
+    )
     for r in records:
         dp = f"{r.dp_rank}/{r.dp_size}" if r.dp_rank is not None else str(r.dp_size)
         kv = f"{r.kv_events.format} {r.kv_events.endpoint}" if r.kv_events else "-"
+        if r.kv_events and r.kv_event_transport != "zmq":
+            kv = f"{r.kv_events.format} via {r.kv_event_transport}"
         engine = f"{r.engine} {r.engine_version}" if r.engine_version else r.engine
         table.add_row(
             r.worker_id,
@@ -84,7 +106,8 @@ def workers_cmd(hooks: InferaHooks, /, config_file: Path | None, as_json: bool, 
             r.model,
             r.role.value,
             r.status.value,
-            r.url,
+            redact_url(r.url),
+            r.request_transport,
             dp,
             kv,
             r.pd.protocol if r.pd else "-",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
+from infera_core.backends import BackendOptions
 from infera_core.worker import DEFAULT_PREFIX, WorkerRecord
 
 
@@ -29,7 +30,13 @@ class FleetChange:
 
 @dataclass(slots=True)
 class DiscoverySettings:
-    """What every backend may need; each uses the parts it understands."""
+    """What every backend may need; each uses the parts it understands.
+
+    ``prefix``, ``lease_ttl`` and ``connect_timeout`` are common to all backends. A
+    backend's own settings (its ``settings_model``) come from ``options``:
+    ``settings.options.get(MySettings)``. The etcd, static and memory fields below are
+    core's backends' and stay here for the code that builds them directly.
+    """
 
     etcd_endpoints: list[str] = field(default_factory=list)
     prefix: str = DEFAULT_PREFIX
@@ -41,6 +48,8 @@ class DiscoverySettings:
     memory_store: object | None = None
     """The memory backend's store (:class:`infera_core.discovery.memory.MemoryStore`);
     None means the process-wide default store."""
+    options: BackendOptions = field(default_factory=BackendOptions)
+    """Settings models of plugin backends (see :mod:`infera_core.backends`)."""
 
 
 @runtime_checkable
@@ -82,6 +91,13 @@ class Discovery(Protocol):
 
 @runtime_checkable
 class DiscoveryFactory(Protocol):
+    """A discovery backend, registered by name.
+
+    Optional attribute ``settings_model``: a pydantic model of the backend's own settings
+    (fields become flags and ``INFERA_*`` variables of ``serve``, ``worker``, ``up`` and
+    ``workers``); ``create`` reads them with ``settings.options.get(that_model)``.
+    """
+
     @property
     def name(self) -> str: ...
 

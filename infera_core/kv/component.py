@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from infera_core.backends import BackendOptions
 from infera_core.kv import accel
 from infera_core.kv.agreement import AgreementCheck, parse_block_sizes
 from infera_core.kv.hub import KvHub
@@ -94,4 +95,6 @@ class KvRouting:
 def make_kv_routing(settings: Any, hooks: Any) -> KvRouting:
     """The KV component for a server whose settings carry the :class:`KvSettings` fields."""
     fields = {k: getattr(settings, k) for k in KvSettings.model_fields if hasattr(settings, k)}
-    return KvRouting(hooks.catalog(), KvSettings(**fields))
+    routing = KvRouting(hooks.catalog(), KvSettings(**fields))
+    routing.hub.sources.options = BackendOptions(settings)  # KV-event transport plugins' settings
+    return routing

@@ -11,6 +11,12 @@ is cleared. A worker that leaves the fleet loses its view.
 
 Frames ``[topic, seq(8B BE), payload]``; replay: DEALER sends ``[b"", start_seq]`` and
 reads ``[b"", (topic,) seq, payload]`` until a seq of -1 (8B signed).
+
+That is the built-in ``zmq`` KV-event transport. A worker whose record names another
+transport (``kv_event_transport``, e.g. ``nats``) is followed through that transport's
+:class:`~infera_core.transports.KvEventSource` (one per transport, made on first use):
+it delivers ``(seq, payload)`` batches to the same sequencing, gap and decoding logic,
+and its ``replay`` fills gaps. An unknown transport is logged and not followed.
 """
 
 from __future__ import annotations
@@ -26,11 +32,13 @@ import zmq
 import zmq.asyncio
 
 from infera_core.errors import UnknownNameError
-from infera_core.kv.decode import MsgpackEventDecoder
+from infera_core.kv.decode import MsgpackEventDecoder, parse_seq
 from infera_core.kv.events import IndexBatch, KvDecodeError, RawKvEventDecoder
 from infera_core.kv.index import KvIndex, WorkerView
 from infera_core.kv.metrics import KvMetrics
 from infera_core.kv.settings import KvSettings
+from infera_core.kv.sources import KvSources
+from infera_core.transports import ZMQ, KvEventSource
 from infera_core.worker import WorkerRecord
 
 log = logging.getLogger("infera.kv.hub")
@@ -51,6 +59,7 @@ class Subscription:
     """One publisher (a worker, or one DP rank of it) and its ingestion state."""
 
     __slots__ = (
+        "bad_seq",
         "batches",
         "connected_at",
         "decode",
@@ -66,6 +75,7 @@ class Subscription:
         "replay_endpoint",
         "replays",
         "replays_failed",
+        "source",
         "stale_since",
         "synced_through",
         "task",
@@ -78,6 +88,8 @@ class Subscription:
         self.rank = rank
         self.endpoint = endpoint
         self.replay_endpoint = replay
+        self.source: KvEventSource | None = None
+        """The transport's source when not the built-in ZMQ subscriber."""
         self.decode: Callable[[bytes], IndexBatch] | None = None
         """The decoder's ``decode_raw`` when it has one (token ids stay packed for the
         index), else its ``decode``."""
@@ -92,6 +104,8 @@ class Subscription:
         self.native_batches = 0
         """Batches the index's native parser applied (the rest went through ``decode``)."""
         self.undecodable = 0
+        self.bad_seq = 0
+        """Frames skipped because their seq was not 8 bytes or was negative."""
         self.empty_batches = 0
         self.gaps = 0
         self.replays = 0
@@ -110,6 +124,7 @@ class Subscription:
             "batches": self.batches,
             "native_batches": self.native_batches,
             "undecodable_batches": self.undecodable,
+            "bad_seq_frames": self.bad_seq,
             "empty_batches": self.empty_batches,
             "gaps": self.gaps,
             "replays": self.replays,
@@ -131,6 +146,7 @@ class KvHub:
         self._ctx: zmq.asyncio.Context | None = None
         self._monitor: asyncio.Task[None] | None = None
         self._closed = False
+        self.sources = KvSources(catalog, self.settings.kv_replay_timeout_s)
         self.metrics = KvMetrics(self)
         if registry is not None:
             self.metrics.register(registry)
@@ -154,6 +170,7 @@ class KvHub:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self.subs.clear()
+        await self.sources.close()
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -190,6 +207,13 @@ class KvHub:
         kv = record.kv_events
         if kv is None:
             return
+        if not self.sources.installed(record.kv_event_transport):
+            log.error(
+                "worker %s: KV events not followed: KV-event transport %r is not installed here",
+                record.worker_id,
+                record.kv_event_transport,
+            )
+            return
         try:
             decoder = self.catalog.kv_decoders.get(kv.format)
         except UnknownNameError as exc:
@@ -220,7 +244,11 @@ class KvHub:
         backoff = 0.1
         while True:
             try:
-                await self._follow(sub)
+                if sub.record.kv_event_transport == ZMQ:
+                    await self._follow(sub)
+                else:
+                    sub.source = await self.sources.get(sub.record.kv_event_transport)
+                    await sub.source.follow(sub.record, sub.rank, _Sink(self, sub))
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -243,6 +271,7 @@ class KvHub:
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.settings.kv_reconnect_max_s * 1000))
         sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.MAXMSGSIZE, self._max_message)  # a bigger frame drops the connection
         sock.setsockopt(zmq.SUBSCRIBE, kv.topic.encode())
         try:
             sock.connect(sub.endpoint)
@@ -253,15 +282,40 @@ class KvHub:
                 if len(frames) < 3:
                     sub.undecodable += 1
                     continue
-                seq = int.from_bytes(frames[-2], "big", signed=True)
-                try:
-                    await self._on_frame(sub, seq, frames[-1])
-                except (KvDecodeError, ValueError, TypeError, KeyError, IndexError) as exc:
-                    # a bad batch must not end the subscription
-                    sub.undecodable += 1
-                    log.warning("worker %s: KV batch seq %d not applied: %r", sub.record.worker_id, seq, exc)
+                seq = parse_seq(frames[-2])
+                if seq is None:
+                    self._bad_seq(sub, f"a {len(frames[-2])}-byte seq frame")
+                    continue
+                await self._on_batch(sub, seq, frames[-1])
         finally:
             sock.close(0)
+
+    @property
+    def _max_message(self) -> int:
+        return self.settings.kv_max_message_bytes or -1
+
+    def _bad_seq(self, sub: Subscription, what: str) -> None:
+        """A frame whose seq cannot be trusted: counted and skipped (a real gap shows at the next one)."""
+        sub.bad_seq += 1
+        log.warning("worker %s: KV frame with %s skipped", sub.record.worker_id, what)
+
+    async def _on_batch(self, sub: Subscription, seq: int, payload: bytes) -> None:
+        if seq < 0:
+            self._bad_seq(sub, f"negative seq {seq}")
+            return
+        try:
+            await self._on_frame(sub, seq, payload)
+        except Exception as exc:
+            # whatever one batch does, the subscription goes on; its events are lost, so the
+            # views are cleared and not credited until refilled
+            sub.undecodable += 1
+            log.warning(
+                "worker %s: KV batch seq %d not applied (%r): view cleared, stale until refilled",
+                sub.record.worker_id,
+                seq,
+                exc,
+            )
+            self._clear(sub, stale=True)
 
     async def _initial_sync(self, sub: Subscription) -> None:
         """Load what the publisher still buffers, so a worker that went quiet before we
@@ -287,12 +341,15 @@ class KvHub:
                         "worker %s: KV publisher restarted (seq %d after %d)", sub.record.worker_id, seq, last
                     )
                     self._clear(sub, stale=False)
+                    sub.last_seq = None
+                    if seq > 0:  # the new stream's first batches were missed
+                        await self._fill(sub, 0, seq)
                 else:
                     return  # duplicate or late (already filled by replay)
             elif seq > last + 1:
                 sub.gaps += 1
                 await self._fill(sub, last + 1, seq)
-        elif seq > 0 and sub.replay_endpoint:
+        elif seq > 0 and (sub.replay_endpoint or sub.source is not None):
             await self._fill(sub, 0, seq, initial=True)
         self._apply(sub, seq, payload)
 
@@ -314,14 +371,20 @@ class KvHub:
                 return
         except KvDecodeError as exc:
             sub.undecodable += 1
-            log.warning("worker %s: undecodable KV batch seq %d: %s", sub.record.worker_id, seq, exc)
+            log.warning(
+                "worker %s: undecodable KV batch seq %d: %s (view cleared, stale until refilled)",
+                sub.record.worker_id,
+                seq,
+                exc,
+            )
+            self._clear(sub, stale=True)
             return
         now = time.time()
         sub.last_event_at = now
         if sub.stale_since is not None and now - sub.stale_since >= self.settings.kv_refill_s:
             sub.stale_since = None
             for v in sub.views.values():
-                v.stale = False
+                self.index.set_stale(v, False)
 
     def _apply_native(self, sub: Subscription, seq: int, payload: bytes) -> int | None:
         """Events in the batch, applied by the index's parser; None when it needs ``decode``."""
@@ -345,19 +408,22 @@ class KvHub:
             kv = rec.kv_events
             assert kv is not None
             view = self.index.add_view(rec.worker_id, rank, kv.block_size)
-            view.stale = sub.stale_since is not None
+            self.index.set_stale(view, sub.stale_since is not None)
             sub.views[rank] = view
         return view
 
     def _clear(self, sub: Subscription, stale: bool) -> None:
         for view in sub.views.values():
             self.index.clear_view(view)
-            view.stale = stale
+            self.index.set_stale(view, stale)
         sub.stale_since = time.time() if stale else None
 
     async def _fill(self, sub: Subscription, start: int, until: int, initial: bool = False) -> None:
         """Fetch ``[start, until)`` from the replay socket; clear and mark stale if gone."""
-        got = await self._replay(sub, start, until) if sub.replay_endpoint else None
+        if sub.source is not None:
+            got = await sub.source.replay(sub.record, sub.rank, start, until)
+        else:
+            got = await self._replay(sub, start, until) if sub.replay_endpoint else None
         complete = bool(got) and got is not None and got[0][0] == start and len(got) == until - start
         if got is not None and (complete or initial):
             sub.replays += 1
@@ -378,6 +444,7 @@ class KvHub:
     async def _replay(self, sub: Subscription, start: int, until: int) -> list[tuple[int, bytes]] | None:
         assert self._ctx is not None and sub.replay_endpoint is not None
         sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.MAXMSGSIZE, self._max_message)
         sock.setsockopt(zmq.IPV6, 1)
         sock.setsockopt(zmq.LINGER, 0)
         out: list[tuple[int, bytes]] = []
@@ -397,9 +464,12 @@ class KvHub:
                     frames = frames[1:]
                 if len(frames) < 2:
                     continue
-                seq = int.from_bytes(frames[-2], "big", signed=True)
+                seq = parse_seq(frames[-2])
                 if seq == END_SEQ:
                     return out
+                if seq is None or seq < 0:
+                    self._bad_seq(sub, "a bad seq in a replay answer")
+                    continue
                 if start <= seq < until:
                     out.append((seq, frames[-1]))
         except zmq.ZMQError as exc:
@@ -467,3 +537,20 @@ class KvHub:
             "publishers": [s.summary() for s in subs],
             "views": views,
         }
+
+
+class _Sink:
+    """Where a transport's source delivers one publisher's batches (see ``KvEventSink``)."""
+
+    __slots__ = ("hub", "sub")
+
+    def __init__(self, hub: KvHub, sub: Subscription) -> None:
+        self.hub = hub
+        self.sub = sub
+
+    async def batch(self, seq: int, payload: bytes) -> None:
+        await self.hub._on_batch(self.sub, seq, payload)
+
+    def malformed(self, reason: str) -> None:
+        self.sub.undecodable += 1
+        log.warning("worker %s: malformed KV event message skipped: %s", self.sub.record.worker_id, reason)

@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from infera_core.backends import BackendOptions
 from infera_core.discovery.base import Discovery, Registration
 from infera_core.engine import EngineAdapter, LaunchContext, LaunchSpec
 from infera_core.errors import ConfigError, EngineError
@@ -46,6 +47,7 @@ from infera_core.launcher.process import EngineProcess
 from infera_core.launcher.restart import RestartBudget, WorkerState
 from infera_core.launcher.settings import WorkerSettings
 from infera_core.redact import redact_url
+from infera_core.transports import WorkerContext, WorkerTransports
 from infera_core.worker import Status, WorkerRecord
 
 log = logging.getLogger("infera.launcher")
@@ -80,6 +82,7 @@ class WorkerLauncher:
         self._discovery = discovery
         self._owns_discovery = discovery is None
         self._discovery_started = discovery is not None
+        self._transports: WorkerTransports | None = None
         self._echo = echo
         self._on_spawn = on_spawn
         self._budget = RestartBudget(settings)
@@ -149,6 +152,9 @@ class WorkerLauncher:
                 factory = self.hooks.require("discovery_backend", ctx.discovery or "")
                 self._discovery = factory.create(self.settings.discovery_settings())
                 self._discovery_started = False
+            self._transports = WorkerTransports(
+                self.hooks, self.settings.request_transport, self.settings.kv_event_transport
+            )
             spec = adapter.build_launch(ctx)
             self.hooks.mutate_engine_launch(ctx, spec)
             async with httpx.AsyncClient(timeout=httpx.Timeout(5.0), trust_env=False) as client:
@@ -195,16 +201,19 @@ class WorkerLauncher:
                 raise  # it never served: a restart would fail the same way
             return exc
         self.record = self._record(adapter, ctx)
+        assert self._transports is not None
+        via = await self._transports.attach(self._transport_context(ctx, self.record))
+        self.record = self.record.model_copy(update=via)
         self.registration = await discovery.register(self.record)
         self._registered.set()
         self.state = WorkerState.SERVING
         log.info(
-                    "worker %s registered: %s serving %s at %s",
-                    ctx.worker_id,
-                    self.engine,
-                    ctx.model,
-                    redact_url(ctx.url),
-                )
+            "worker %s registered: %s serving %s at %s",
+            ctx.worker_id,
+            self.engine,
+            ctx.model,
+            redact_url(ctx.url),
+        )
         loop = asyncio.get_running_loop()
         started = loop.time()
         down = await self._monitor(adapter, client, ctx)
@@ -437,9 +446,26 @@ class WorkerLauncher:
                     "worker %s: deregistration failed (%s); the lease expires on its own", self._wid, exc
                 )
 
+    def _transport_context(self, ctx: LaunchContext, record: WorkerRecord) -> WorkerContext:
+        s = self.settings
+        return WorkerContext(
+            worker_id=ctx.worker_id,
+            model=ctx.model,
+            engine_url=ctx.url,
+            kv_events=record.kv_events,
+            dp_size=record.dp_size,
+            connect_timeout=s.connect_timeout,
+            options=BackendOptions(s),
+        )
+
     async def _cleanup(self) -> None:
         with contextlib.suppress(Exception):
             await self._deregister()
+        if self._transports is not None:
+            try:
+                await self._transports.close()
+            except Exception:
+                log.exception("worker %s: a transport's worker side failed to stop", self._wid)
         if self.process is not None and self.process.returncode is None:
             with contextlib.suppress(Exception):
                 await self.process.stop(self.settings.stop_timeout)

@@ -6,6 +6,7 @@ from enum import StrEnum
 
 from pydantic import Field
 
+from infera_core.backends import BackendOptions
 from infera_core.discovery.base import DiscoverySettings
 from infera_core.errors import ConfigError
 from infera_core.settings import InferaSettings
@@ -37,7 +38,19 @@ class WorkerSettings(InferaSettings):
     )
     discovery: str | None = Field(
         None,
-        description="Discovery backend: etcd, memory, static… [default: etcd when --etcd-endpoint is set].",
+        description="Discovery backend: etcd, nats, memory, static… "
+        "[default: etcd when --etcd-endpoint is set].",
+        json_schema_extra={"flag": "--discovery-backend", "aliases": ["--discovery"]},
+    )
+    request_transport: str = Field(
+        "http",
+        description="How routers reach this worker: http (the engine's server) or an installed "
+        "transport such as nats (the launcher runs its responder).",
+    )
+    kv_event_transport: str = Field(
+        "zmq",
+        description="How routers get this worker's KV events: zmq (the engine's publisher) or an "
+        "installed transport such as nats (the launcher relays the events).",
     )
     etcd_endpoint: str | None = Field(
         None, description="etcd endpoint(s): host:port, http://host:port, or a comma list."
@@ -92,7 +105,7 @@ class WorkerSettings(InferaSettings):
             return "etcd"
         raise ConfigError(
             "no discovery backend: pass --etcd-endpoint HOST:PORT (env INFERA_ETCD_ENDPOINT) "
-            "or --discovery memory|static (env INFERA_DISCOVERY)"
+            "or --discovery-backend etcd|nats|memory (env INFERA_DISCOVERY)"
         )
 
     def discovery_settings(self) -> DiscoverySettings:
@@ -103,6 +116,7 @@ class WorkerSettings(InferaSettings):
             lease_ttl=self.lease_ttl,
             static_file=self.static_file,
             connect_timeout=self.connect_timeout,
+            options=BackendOptions(self),
         )
 
     def label_map(self) -> dict[str, str]:

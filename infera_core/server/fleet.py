@@ -7,12 +7,17 @@ so the hot path can iterate them without copying.
 
 Listeners (``on_added(record)`` / ``on_removed(record)``) see every change: the
 plugin notifications and the optional KV component (the seam KV routing uses).
+
+``upstream_for(record)`` gives each endpoint the client of the request transport its
+record names (``Endpoint.upstream``); a record it has no client for (None: a transport
+not installed here) is logged and not routed.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from infera_core.discovery.base import ChangeKind, FleetChange
 from infera_core.scheduling.types import Endpoint
@@ -21,14 +26,16 @@ from infera_core.worker import Status, WorkerRecord
 log = logging.getLogger("infera.server.fleet")
 
 Listener = Callable[[WorkerRecord], None]
+UpstreamFor = Callable[[WorkerRecord], Any]
 
 
 class EndpointTable:
     """worker_id → Endpoint, and model → endpoints serving it."""
 
-    __slots__ = ("_added", "_removed", "by_id", "by_model")
+    __slots__ = ("_added", "_removed", "by_id", "by_model", "upstream_for")
 
-    def __init__(self) -> None:
+    def __init__(self, upstream_for: UpstreamFor | None = None) -> None:
+        self.upstream_for = upstream_for
         self.by_id: dict[str, Endpoint] = {}
         self.by_model: dict[str, list[Endpoint]] = {}
         self._added: list[Listener] = []
@@ -54,7 +61,16 @@ class EndpointTable:
         return sum(1 for ep in self.by_id.values() if ep.record.status is Status.ACTIVE)
 
     # -- writes ------------------------------------------------------------------
-    def put(self, record: WorkerRecord) -> Endpoint:
+    def put(self, record: WorkerRecord) -> Endpoint | None:
+        upstream = self.upstream_for(record) if self.upstream_for is not None else None
+        if upstream is None and self.upstream_for is not None:
+            log.warning(
+                "worker %s: request transport %r is not installed in this router; not routed",
+                record.worker_id,
+                record.request_transport,
+            )
+            self.remove(record.worker_id)
+            return None
         ep = self.by_id.get(record.worker_id)
         if ep is None:
             ep = Endpoint(record)
@@ -62,6 +78,8 @@ class EndpointTable:
         else:
             ep.record = record
             ep.dp_rank = record.dp_rank
+        if upstream is not None:
+            ep.upstream = upstream
         self._rebuild()
         self._notify(self._added, record)
         return ep

@@ -40,8 +40,14 @@ def test_hook_reference_examples_make_a_working_plugin() -> None:
         "policies": ["scorer:idle"],
         "discovery_backends": ["consul"],
         "tokenizers": ["sentencepiece"],
+        "request_transports": ["pigeon"],
+        "kv_event_transports": ["file"],
         "presets": ["idle-first"],
     }
+    consul = catalog.discovery.get("consul")
+    assert consul.settings_model.__name__ == "ConsulSettings"  # type: ignore[attr-defined]
+    help_text = CliRunner().invoke(build_cli(hooks), ["serve", "--help"], terminal_width=200).output
+    assert "--consul-url" in help_text and "INFERA_CONSUL_URL" in help_text
 
     class EchoContract(EngineAdapterContract):
         adapter = catalog.engines.get("echo")

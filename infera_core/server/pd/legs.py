@@ -51,7 +51,7 @@ def _client_error(status: int, data: bytes, worker: str) -> ApiError:
 
 
 class Legs:
-    """Sends legs through the server's upstream session, with its breakers and metrics."""
+    """Sends legs through each endpoint's upstream client, with the server's breakers and metrics."""
 
     def __init__(self, upstream: Upstream, breakers: Breakers, metrics: ServerMetrics, pd: PdMetrics) -> None:
         self.upstream = upstream
@@ -76,7 +76,7 @@ class Legs:
         headers = {"Content-Type": "application/json", **leg.headers}
         self.breakers.picked(ep)
         try:
-            resp = await self.upstream.open(ep, leg.path or path, json.dumps(leg.body).encode(), headers)
+            resp = await ep.upstream.open(ep, leg.path or path, json.dumps(leg.body).encode(), headers)
         except UpstreamError as exc:
             err = ApiError(
                 504 if exc.timeout else 502,
