@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from infera_core.engine import EngineAdapter, HealthGenerate
+from infera_core.redact import redact_url
 
 if TYPE_CHECKING:
     import httpx
@@ -38,7 +39,7 @@ async def default_health_generate(client: httpx.AsyncClient, base_url: str, mode
         timeout=None,
     )
     if resp.status_code >= 500:
-        log.debug("generation check at %s: HTTP %d", base_url, resp.status_code)
+        log.debug("generation check at %s: HTTP %d", redact_url(base_url), resp.status_code)
         return False
     return True
 
@@ -55,7 +56,7 @@ async def health_generate(
     except TimeoutError:
         return False
     except Exception as exc:  # refused, reset, a bad answer: the check failed
-        log.debug("generation check at %s failed: %s", base_url, exc)
+        log.debug("generation check at %s failed: %s", redact_url(base_url), exc)
         return False
 
 
