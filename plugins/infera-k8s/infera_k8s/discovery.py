@@ -176,7 +176,10 @@ class KubernetesDiscovery:
 
 class KubernetesDiscoveryFactory:
     name = "kubernetes"
-    description = "Worker pods picked by a label selector (list + watch; INFERA_K8S_* settings); read-only."
+    description = "Worker pods picked by a label selector (list + watch; --k8s-* flags); read-only."
+    settings_model = KubernetesSettings
 
     def create(self, settings: DiscoverySettings) -> KubernetesDiscovery:
-        return KubernetesDiscovery(KubernetesSettings(), settings.connect_timeout)
+        options = getattr(settings, "options", None)  # the backend settings seam (flags + env)
+        own = options.get(KubernetesSettings) if options is not None else KubernetesSettings()
+        return KubernetesDiscovery(own, settings.connect_timeout)
