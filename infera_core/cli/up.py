@@ -90,6 +90,7 @@ async def run_up(settings: UpSettings, hooks: InferaHooks, engine_args: list[str
             f"Infera ready: {stack.url}  ({settings.fleet()}, policy {stack.policy})",
             flush=True,
         )
+        print(f"Dashboard: {stack.root}/dashboard", flush=True)
         err.print(
             f"[dim]try: curl {stack.url}/chat/completions -H 'Content-Type: application/json' "
             f'-d \'{{"model": "{settings.model}", "messages": [{{"role": "user", "content": "hi"}}]}}\'',

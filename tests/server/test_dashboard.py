@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
+import shutil
+import signal
 import socket
-from collections.abc import AsyncIterator, Iterator
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +24,7 @@ from infera_core.kv.settings import KvSettings
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.net import free_port
 from infera_core.testing.server import RunningServer, serving, settings_for
-from infera_core.worker import KvEventsInfo, WorkerRecord
+from infera_core.worker import KvEventsInfo, Status, WorkerRecord
 
 pytest.importorskip("infera_sim")
 from infera_sim.testing import SimHandle, start_sim
@@ -171,3 +176,124 @@ async def test_with_an_admin_token_the_data_needs_it(sims: list[SimHandle]) -> N
         # the page holds no data; a browser cannot send the token on a page load, so it asks
         page = await c.get("/dashboard")
         assert page.status_code == 200 and "Admin token" in page.text
+
+
+# -- in a real browser (Debian chromium + chromium-driver, driven by selenium) ----------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1500,1000",
+]
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("no chromium/chromedriver here: apt-get install chromium chromium-driver")
+    webdriver = pytest.importorskip(
+        "selenium.webdriver", reason="selenium is not installed (requirements-dev)"
+    )
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"]:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(20)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+async def in_browser(driver: Any, predicate: Callable[[Any], Any], within: float = 20) -> Any:
+    """Wait (in a thread: the server runs on this event loop) until ``predicate(driver)`` is truthy."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return await asyncio.to_thread(WebDriverWait(driver, within, poll_frequency=0.2).until, predicate)
+
+
+def cell(driver: Any, worker: str, cls: str) -> str | None:
+    found = driver.find_elements("css selector", f'tr[data-worker="{worker}"] td.{cls}')
+    return str(found[0].text) if found else None
+
+
+async def test_dashboard_in_chromium_shows_the_fleet_and_a_drain(
+    sims: list[SimHandle], browser: Any, tmp_path: Path
+) -> None:
+    async with stack(sims) as srv, httpx.AsyncClient(base_url=srv.url, timeout=20) as c:
+        await asyncio.to_thread(browser.get, srv.url + "/dashboard")
+        await in_browser(
+            browser, lambda d: cell(d, "sim0", "status") == "active" == cell(d, "sim1", "status")
+        )
+        assert browser.find_element("id", "state").text == "live"
+        assert browser.find_element("id", "sum-workers").text == "2 / 2"
+        # traffic: the page turns two polls into rates and windowed percentiles
+        polls = int(browser.find_element("id", "updated").get_attribute("data-polls"))
+        await traffic(c, 10)
+        await in_browser(
+            browser, lambda d: int(d.find_element("id", "updated").get_attribute("data-polls")) > polls
+        )
+        await in_browser(browser, lambda d: d.find_element("id", "sum-rps").text not in ("–", "0.0"))
+        await in_browser(browser, lambda d: "/v1/completions" in d.find_element("id", "latency-table").text)
+        await in_browser(browser, lambda d: (cell(d, "sim0", "hitrate") or "–").endswith("%"))  # from sim0
+
+        # sim1 starts draining (its launcher re-registers it as draining): the page follows
+        srv.store.put(sim_record("sim1", sims[1], status=Status.DRAINING))
+        await in_browser(browser, lambda d: cell(d, "sim1", "status") == "draining")
+        assert browser.find_element("id", "sum-workers").text == "1 / 2"
+        assert cell(browser, "sim0", "status") == "active"
+        shot = Path(os.environ.get("INFERA_DASHBOARD_SCREENSHOT") or tmp_path / "dashboard.png")
+        assert await asyncio.to_thread(browser.save_screenshot, str(shot))
+
+
+async def test_dashboard_in_chromium_asks_for_the_admin_token(sims: list[SimHandle], browser: Any) -> None:
+    async with stack(sims[:1], admin_token="tok-browser") as srv:
+        await asyncio.to_thread(browser.get, srv.url + "/dashboard")
+        await in_browser(browser, lambda d: d.find_element("id", "auth").is_displayed())
+        assert cell(browser, "sim0", "status") is None  # no data without the token
+
+        def enter_token() -> None:
+            browser.find_element("id", "token").send_keys("tok-browser")
+            browser.find_element("css selector", "#auth button").click()
+
+        await asyncio.to_thread(enter_token)
+        await in_browser(browser, lambda d: cell(d, "sim0", "status") == "active")
+
+
+@pytest.mark.slow
+def test_up_prints_the_dashboard_url_and_the_page_sees_its_workers() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infera_core", "up", "--port", "0", "--workers", "2", "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(2)]  # bounded: the test timeout
+        assert lines[0].startswith("Infera ready: "), lines
+        m = re.fullmatch(r"Dashboard: (http://127\.0\.0\.1:\d+/dashboard)\n", lines[1])
+        assert m, lines
+        url = m.group(1)
+        assert "/v1/admin/stats" in httpx.get(url, timeout=10).text
+        stats = httpx.get(url.replace("/dashboard", "/v1/admin/stats"), timeout=10).json()
+        assert sorted(w["status"] for w in stats["workers"]) == ["active", "active"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
