@@ -159,18 +159,25 @@ def click_options(model: type[BaseModel]) -> Callable[[F], F]:
     return decorate
 
 
-def read_config_file(path: str | Path) -> dict[str, Any]:
+def read_data_file(path: str | Path, flag: str) -> Any:
+    """The YAML (JSON when the name ends in ``.json``) document in ``path``; a
+    :class:`ConfigError` naming ``flag`` when it cannot be read or parsed."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as exc:
-        raise ConfigError(f"--config {p}: cannot read file ({exc.strerror})") from None
+        raise ConfigError(f"{flag} {p}: cannot read file ({exc.strerror})") from None
     try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        return json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
         raise ConfigError(
-            f"--config {p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}"
+            f"{flag} {p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}"
         ) from None
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    data = read_data_file(p, "--config")
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -130,22 +130,15 @@ class ClientAuth:
     def authenticate(self, scope: Mapping[str, Any]) -> Principal:
         token = presented_key(scope)
         if token is None:
-            raise ApiError(
-                401,
+            raise _unauthorized(
                 "Missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>').",
-                code="missing_api_key",
-                headers={"WWW-Authenticate": 'Bearer realm="infera"'},
+                "missing_api_key",
             )
         if self.admin.is_token(token):
             return ADMIN
         principal = self.ring.lookup(token)
         if principal is None:
-            raise ApiError(
-                401,
-                "Invalid API key.",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": 'Bearer realm="infera"'},
-            )
+            raise _unauthorized("Invalid API key.", "invalid_api_key")
         return principal
 
     def admit(self, principal: Principal, model: str) -> None:
@@ -164,6 +157,10 @@ class ClientAuth:
         for name, models in sorted(spent.items()):  # admin, and keys removed from the file since
             keys.append({"key": name, "models_used": models})
         return {"object": "usage", "keys": keys}
+
+
+def _unauthorized(message: str, code: str) -> ApiError:
+    return ApiError(401, message, code=code, headers={"WWW-Authenticate": 'Bearer realm="infera"'})
 
 
 def client_principal(conn: HTTPConnection) -> Principal | None:

@@ -18,7 +18,6 @@ live per key *name*, so a reload keeps what each key has spent.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import os
@@ -27,11 +26,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from infera_core.errors import ConfigError
 from infera_core.server.errors import ApiError
+from infera_core.settings import read_data_file
 
 log = logging.getLogger("infera.server.keys")
 
@@ -88,14 +87,7 @@ class KeyFile(BaseModel):
 
 def read_key_file(path: Path) -> KeyFile:
     """Parse and validate ``path``; :class:`ConfigError` naming the flag and the problem."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"--api-key-file {path}: cannot read file ({exc.strerror})") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--api-key-file {path}: not valid YAML/JSON: {exc}") from None
+    data = read_data_file(path, "--api-key-file")
     try:
         return KeyFile.model_validate(data if data is not None else {})
     except ValidationError as exc:
