@@ -1,0 +1,347 @@
+"""The stack ``bench/chaos.py`` attacks: a real etcd, ``infera-run serve``, sim workers.
+
+Every process is real and runs on this machine: etcd (Debian ``etcd-server``), the
+router (``infera-run serve`` with an admin token, an API-key file, direct mode), and
+``infera-run worker sim`` launchers (``--restart-engine on-failure``). Their output goes
+to log files in a temp directory (``ChaosStack.logs``), so a full pipe never blocks
+anyone. A few scenarios need a misbehaving worker no engine gives: :class:`FakeWorker`
+is a raw asyncio HTTP server (optionally writing junk after each response) with a
+ZMQ PUB socket for KV events, registered by writing its record straight into etcd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from infera_core.testing.etcd import EtcdServer
+from infera_core.testing.net import free_port
+from infera_core.worker import DEFAULT_PREFIX, KvEventsInfo, WorkerRecord
+
+MODEL = "chaos-model"
+KEY = "sk-chaos-main"
+LIMITED_KEY = "sk-chaos-limited"
+SLOW_KEY = "sk-chaos-rpm"
+ADMIN = "chaos-admin-token"
+KEYS_YAML = f"""keys:
+  - name: main
+    key: {KEY}
+  - name: limited
+    key: {LIMITED_KEY}
+    models: [some-other-model]
+  - name: rpm
+    key: {SLOW_KEY}
+    requests_per_minute: 2
+"""
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERA_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool]], within: float, step: float = 0.1
+) -> float | None:
+    """Seconds until ``predicate()`` held, or None when it did not within ``within``."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    while True:
+        if await predicate():
+            return loop.time() - t0
+        if loop.time() - t0 > within:
+            return None
+        await asyncio.sleep(step)
+
+
+class ChaosStack:
+    """``async with ChaosStack(workers=2) as stack:`` — everything up; torn down at the end."""
+
+    def __init__(self, workers: int = 2, speedup: float = 20.0) -> None:
+        self.n_workers = workers
+        self.speedup = speedup
+        self.logs = Path(tempfile.mkdtemp(prefix="infera-chaos-"))
+        self.etcd = EtcdServer()
+        self.port = free_port()
+        self.root = f"http://127.0.0.1:{self.port}"
+        self.server: subprocess.Popen[bytes] | None = None
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.serve_flags: set[str] = set()
+        self.client = httpx.AsyncClient(timeout=60, trust_env=False)
+
+    # -- processes -------------------------------------------------------------------
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - the child holds it
+        try:
+            return subprocess.Popen(
+                [sys.executable, "-m", "infera_core", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=_env(),
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+
+    def log_text(self, name: str) -> str:
+        path = self.logs / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    async def __aenter__(self) -> ChaosStack:
+        await asyncio.to_thread(self.etcd.start)
+        (self.logs / "keys.yaml").write_text(KEYS_YAML)
+        help_text = (
+            await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "infera_core", "serve", "--help"],
+                capture_output=True,
+                text=True,
+                env=_env(),
+                check=False,
+            )
+        ).stdout
+        self.serve_flags = {w for w in help_text.split() if w.startswith("--")}
+        args = ["serve", "--port", str(self.port), "--etcd-endpoint", self.etcd.endpoint]
+        for flag, value in (
+            ("--admin-token", ADMIN),
+            ("--api-key-file", str(self.logs / "keys.yaml")),
+            ("--router-mode", "direct"),
+        ):
+            if flag in self.serve_flags:
+                args += [flag, value]
+        self.server = self._spawn("serve", args)
+        for i in range(self.n_workers):
+            self.add_worker(f"sim-{i + 1}")
+        if await self.wait_active(self.n_workers, within=120) is None:
+            raise RuntimeError(f"the fleet did not come up; logs in {self.logs}")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for wid in list(self.workers):
+            self.stop_worker(wid, sig=signal.SIGKILL)
+        if self.server is not None:
+            self.server.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(self.server.wait, 15)
+            if self.server.poll() is None:
+                self.server.kill()
+        await self.client.aclose()
+        await asyncio.to_thread(self.etcd.close)
+        if os.environ.get("INFERA_CHAOS_KEEP_LOGS"):
+            print(f"chaos: logs kept in {self.logs}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.logs, ignore_errors=True)
+
+    def add_worker(self, worker_id: str, *engine_args: str, restart: bool = True) -> None:
+        args = ["worker", "sim", "--model", MODEL, "--etcd-endpoint", self.etcd.endpoint]
+        args += ["--worker-id", worker_id, "--drain-timeout", "10", "--lease-ttl", "5"]
+        if restart:
+            args += ["--restart-engine", "on-failure", "--restart-backoff", "0.5"]
+        args += ["--", "--speedup", str(self.speedup), *engine_args]
+        self.workers[worker_id] = self._spawn(worker_id, args)
+
+    def stop_worker(
+        self, worker_id: str, sig: signal.Signals = signal.SIGTERM, fast: bool = False
+    ) -> subprocess.Popen[bytes]:
+        """Signal a worker's launcher (``fast``: a second SIGTERM, skipping the drain wait)."""
+        proc = self.workers.pop(worker_id)
+        with contextlib.suppress(ProcessLookupError):
+            if sig == signal.SIGKILL:
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
+                if fast:
+                    time.sleep(0.2)
+                    proc.send_signal(sig)
+        return proc
+
+    async def engine_pid(self, worker_id: str) -> int | None:
+        """The sim engine process under a worker's launcher."""
+        proc = self.workers.get(worker_id)
+        if proc is None:
+            return None
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(proc.pid).children():
+                if any("infera_sim.server" in part for part in child.cmdline()):
+                    return int(child.pid)
+        return None
+
+    def router_rss_mb(self) -> float:
+        assert self.server is not None
+        return float(psutil.Process(self.server.pid).memory_info().rss) / 2**20
+
+    # -- talking to the router -----------------------------------------------------------
+    def headers(self, key: str | None = KEY, **extra: str) -> dict[str, str]:
+        return ({"Authorization": f"Bearer {key}"} if key else {}) | extra
+
+    def admin(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {ADMIN}"}
+
+    async def chat(self, key: str | None = KEY, within: float = 60, **body: Any) -> httpx.Response:
+        payload = {"model": MODEL, "messages": [{"role": "user", "content": "hello chaos"}], "max_tokens": 4}
+        payload.update(body)
+        return await self.client.post(
+            f"{self.root}/v1/chat/completions", json=payload, headers=self.headers(key), timeout=within
+        )
+
+    async def burst(self, n: int, concurrency: int = 4, **body: Any) -> list[int]:
+        """``n`` chat requests, ``concurrency`` at a time; their status codes (0: no answer)."""
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one() -> int:
+            async with sem:
+                try:
+                    return (await self.chat(**body)).status_code
+                except httpx.HTTPError:
+                    return 0
+
+        return list(await asyncio.gather(*(one() for _ in range(n))))
+
+    async def fleet(self) -> list[dict[str, Any]]:
+        try:
+            r = await self.client.get(f"{self.root}/v1/workers", headers=self.admin(), timeout=5)
+            data = r.json().get("data", [])
+            return data if isinstance(data, list) else []
+        except (httpx.HTTPError, ValueError):
+            return []
+
+    async def active(self) -> int:
+        try:
+            r = await self.client.get(f"{self.root}/health", timeout=5)
+            return int(r.json().get("active_workers", 0))
+        except (httpx.HTTPError, ValueError):
+            return -1
+
+    async def wait_active(self, n: int, within: float) -> float | None:
+        async def enough() -> bool:
+            return await self.active() >= n
+
+        return await wait_until(enough, within)
+
+    async def settled(self, within: float = 15) -> bool:
+        """Until no worker has requests in flight (the router's own accounting)."""
+
+        async def idle() -> bool:
+            fleet = await self.fleet()
+            return bool(fleet) and all(int(w.get("in_flight") or 0) == 0 for w in fleet)
+
+        return await wait_until(idle, within) is not None
+
+    # -- etcd by hand (records no launcher would write) -------------------------------------
+    async def etcd_put(self, key: str, value: str) -> None:
+        body = {"key": _b64(key), "value": _b64(value)}
+        (await self.client.post(f"{self.etcd.url}/v3/kv/put", json=body, timeout=5)).raise_for_status()
+
+    async def etcd_delete(self, key: str) -> None:
+        body = {"key": _b64(key)}
+        (
+            await self.client.post(f"{self.etcd.url}/v3/kv/deleterange", json=body, timeout=5)
+        ).raise_for_status()
+
+    async def register_fake(
+        self, fake: FakeWorker, worker_id: str, model: str, url: str | None = None
+    ) -> str:
+        """Write a record for ``fake`` into etcd (no lease); its key."""
+        kv = None
+        if fake.kv_port:
+            kv = KvEventsInfo(endpoint=f"tcp://127.0.0.1:{fake.kv_port}", format="vllm", block_size=16)
+        record = WorkerRecord(
+            worker_id=worker_id, url=url or fake.url, model=model, engine="fake", kv_events=kv
+        )
+        key = DEFAULT_PREFIX + worker_id
+        await self.etcd_put(key, record.model_dump_json())
+        return key
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+COMPLETION = (
+    b'{"id":"cmpl-fake","object":"chat.completion","created":0,"model":"%s","choices":[{"index":0,'
+    b'"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],'
+    b'"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}'
+)
+
+
+class FakeWorker:
+    """A raw HTTP/1.1 worker: ``/health`` 200, any POST a fixed chat completion; with
+    ``junk`` it writes extra bytes after every complete response; with ``kv`` it binds a
+    ZMQ PUB socket the router subscribes to (:meth:`publish` sends raw frames)."""
+
+    def __init__(self, model: str, junk: bytes = b"", kv: bool = False) -> None:
+        self.model = model.encode()
+        self.junk = junk
+        self.port = free_port()
+        self.kv_port = free_port() if kv else 0
+        self.requests = 0
+        self._server: asyncio.Server | None = None
+        self._pub: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> FakeWorker:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        if self.kv_port:
+            import zmq
+
+            self._pub = zmq.Context.instance().socket(zmq.PUB)
+            self._pub.bind(f"tcp://127.0.0.1:{self.kv_port}")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._pub is not None:
+            self._pub.close(linger=0)
+
+    def publish(self, *frames: bytes) -> None:
+        self._pub.send_multipart(list(frames))
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value.strip())
+                if length:
+                    await reader.readexactly(length)
+                if head.startswith(b"GET"):
+                    body = b"{}"
+                else:
+                    self.requests += 1
+                    body = COMPLETION % self.model
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s%s"
+                    % (len(body), body, self.junk)
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+
+def since(t0: float) -> str:
+    return f"{time.monotonic() - t0:.1f} s"
