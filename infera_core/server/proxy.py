@@ -26,7 +26,13 @@ from infera_core.server.core import RouterCore, usage_of
 from infera_core.server.endpoint import ProxyEndpoint
 from infera_core.server.errors import ApiError
 from infera_core.server.transport import READ_ERRORS, UpstreamResponse
-from infera_core.server.usage import UsageStripper, client_wants_usage, with_stream_usage
+from infera_core.server.usage import (
+    UsageStripper,
+    asking_usage,
+    client_wants_usage,
+    router_added_usage,
+    with_stream_usage,
+)
 from infera_core.server.validate import BodyLimits
 
 log = logging.getLogger("infera.server.proxy")
@@ -43,14 +49,12 @@ class OpenAIProxy(ProxyEndpoint):
 
     def prepare(self, scope: Scope, raw: bytes, body: dict[str, Any]) -> tuple[RequestContext, str, bytes]:
         model = self.check(body)
+        if self.auth is not None and body.get("stream") is True and not client_wants_usage(body):
+            # tokens per API key need the stream's usage: ask the engine (PD legs too), hide it after
+            raw = with_stream_usage(raw, body)
+            body = asking_usage(body)
         ctx = RequestContext(self.core.request_id(), model, self.route, body, header_dict(scope))
-        if self._adds_usage(body):
-            raw = with_stream_usage(raw, body)  # tokens per API key need the stream's usage
         return ctx, self.route, raw
-
-    def _adds_usage(self, body: dict[str, Any]) -> bool:
-        """Whether the router asks the engine for stream usage the client did not ask for."""
-        return self.auth is not None and body.get("stream") is True and not client_wants_usage(body)
 
     async def relay(
         self, send: Send, resp: UpstreamResponse, ctx: RequestContext, ep: Endpoint, t0: float
@@ -90,7 +94,7 @@ class OpenAIProxy(ProxyEndpoint):
         first = last = 0.0
         events = 0
         prev = tail = b""
-        strip = UsageStripper() if self._adds_usage(ctx.body) else None
+        strip = UsageStripper() if router_added_usage(ctx.body) else None
         try:
             async for chunk in resp:
                 if strip is not None:

@@ -51,9 +51,29 @@ class UsageLedger:
         return out
 
 
+class AddedStreamOptions(dict[str, Any]):
+    """``stream_options`` the router set (not the client): its usage chunk is not shown."""
+
+
 def client_wants_usage(body: dict[str, Any]) -> bool:
     opts = body.get("stream_options")
     return isinstance(opts, dict) and opts.get("include_usage") is True
+
+
+def asking_usage(body: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the parsed ``body`` asking for stream usage (what PD legs are built from)."""
+    opts = body.get("stream_options")
+    return {
+        **body,
+        "stream_options": AddedStreamOptions(
+            {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+        ),
+    }
+
+
+def router_added_usage(body: dict[str, Any]) -> bool:
+    """True for a body from :func:`asking_usage`: strip the usage chunk from the client's stream."""
+    return isinstance(body.get("stream_options"), AddedStreamOptions)
 
 
 def with_stream_usage(raw: bytes, body: dict[str, Any]) -> bytes:

@@ -23,6 +23,7 @@ from infera_core.errors import ConfigError
 from infera_core.server.app import create_app
 from infera_core.server.usage import UsageStripper, with_stream_usage
 from infera_core.testing.fixtures import make_hooks
+from infera_core.testing.pd import sim_pd_fleet
 from infera_core.testing.server import RunningServer, serving, settings_for
 from infera_core.worker import WorkerRecord
 
@@ -241,3 +242,21 @@ def test_with_stream_usage_keeps_every_other_field() -> None:
     body2 = {**body, "stream_options": {"continuous_usage_stats": False}}
     merged = json.loads(with_stream_usage(json.dumps(body2).encode(), body2))
     assert merged["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
+
+
+async def test_pd_streams_are_counted_per_key_too(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(yaml.safe_dump({"keys": [{"name": "pd", "key": "sk-pd"}]}))
+    with sim_pd_fleet("vllm-nixl", prefill=1, decode=1) as fleet:
+        async with serving(settings_for(api_key_file=keys), make_hooks()) as server:
+            for record in fleet.records:
+                server.store.put(record)
+            await server.wait_workers(2)
+            client = _oai(server, "sk-pd")
+            stream = await client.completions.create(model=MODEL, prompt="abc def", max_tokens=6, stream=True)
+            chunks = [c async for c in stream]
+            assert chunks and all(c.usage is None and c.choices for c in chunks)
+            async with httpx.AsyncClient(base_url=server.url) as c:
+                usage = (await c.get("/v1/admin/usage")).json()  # loopback: an admin without a token
+    used = {k["key"]: k for k in usage["keys"]}["pd"]["models_used"][MODEL]
+    assert used["completion_tokens"] == 6 and used["prompt_tokens"] > 0
