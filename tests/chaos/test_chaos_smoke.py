@@ -1,0 +1,50 @@
+"""A few fast scenarios of ``bench/chaos.py`` against a real stack (etcd, serve, sim workers):
+each one loses nothing, and ordinary traffic after it still gets 200s."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from infera_core.testing.etcd import etcd_binary
+
+pytest.importorskip("infera_sim")
+
+pytestmark = [pytest.mark.slow, pytest.mark.etcd]
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
+FAST = [
+    "deep_json",
+    "huge_headers",
+    "disconnect_during_body",
+    "same_request_id",
+    "killed_engine",
+    "extra_bytes_after_response",
+]
+
+
+def _chaos() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("infera_bench_chaos", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(400)
+async def test_fast_chaos_scenarios_lose_nothing() -> None:
+    if etcd_binary() is None:
+        pytest.skip("etcd is not installed (apt-get install etcd-server)")
+    chaos = _chaos()
+    assert set(FAST) <= {name for name, (_, fast) in chaos.SCENARIOS.items() if fast}
+    rows = await chaos.main(FAST, workers=2)
+    table = chaos.table(rows)
+    assert len(rows) == len(FAST), table
+    for row in rows:
+        assert row.ok and row.lost == "nothing", table
+    assert table.startswith("| what was tried | what the client sees | what is lost |")
