@@ -84,6 +84,17 @@ def best_worker(hub: KvHub, workers: list[str], text: str) -> str | None:
     return workers[scores.index(top)] if top > 0 else None
 
 
+def fully_cached(hub: KvHub, prompts: list[str]) -> bool:
+    """Every prompt's blocks are all on the worker that served it (its last events arrived)."""
+    tokenizer = sim_tokenizer.SimTokenizer(32000)
+    for text in prompts:
+        worker = "w" + text.split(" worker ", 1)[1].split(" ", 1)[0]
+        hashes = hub.index.hash_prompt(tokenizer.encode(text), BS)
+        if hub.index.match(hashes, [hub.index.view(worker, None)])[0] < len(hashes):
+            return False
+    return True
+
+
 def state(hub: KvHub, workers: list[str]) -> dict[str, set[int]]:
     return {w: (v.held() if (v := hub.index.view(w, None)) else set()) for w in workers}
 
@@ -119,10 +130,12 @@ async def test_nats_hubs_mirror_the_same_state_as_the_zmq_path(
                     for hub in replicas:
                         hub.worker_added(record(sim, w, "nats"))
                 prompts = await drive(engines, 10)
-                await until(lambda: all(best_worker(zmq_hub, workers, p) for p in prompts), within=15)
+                await until(
+                    lambda: all(fully_cached(hub, prompts) for hub in (zmq_hub, *replicas)), within=15
+                )
                 expected = state(zmq_hub, workers)
                 assert all(expected.values())
-                await until(lambda: all(state(h, workers) == expected for h in replicas), within=15)
+                assert all(state(h, workers) == expected for h in replicas)
                 for hub in replicas:  # read from the stream, not from the engines' publishers
                     source = await hub.sources.get("nats")
                     assert source.messages > 0  # type: ignore[attr-defined]
@@ -133,9 +146,9 @@ async def test_nats_hubs_mirror_the_same_state_as_the_zmq_path(
                     for w, sim in zip(workers, engines, strict=True):
                         late.worker_added(record(sim, w, "nats"))
                     await until(lambda: state(late, workers) == expected, within=15)
-                    picks = {
+                    picks = [
                         tuple(best_worker(h, workers, p) for h in (zmq_hub, *replicas, late)) for p in prompts
-                    }
+                    ]
                     assert all(len(set(p)) == 1 for p in picks)
                     assert not late.cache_view("w0")["stale"]
                 finally:

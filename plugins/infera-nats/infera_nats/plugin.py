@@ -1,3 +1,34 @@
-"""Entry point of the ``infera-nats`` distribution (hook implementations)."""
+"""Entry point of the ``infera-nats`` distribution (hook implementations).
+
+Registers the ``nats`` discovery backend (:mod:`infera_nats.discovery`), request
+transport and KV-event transport (:mod:`infera_nats.transport_factories`). All three
+share :class:`infera_nats.settings.NatsSettings` (``--nats-url``, ``--nats-bucket``,
+``--nats-subject-prefix``; ``INFERA_NATS_URL``…): one set of flags. Modules are imported
+inside the hooks so loading the plugin stays cheap.
+"""
 
 from __future__ import annotations
+
+from infera_core.hookspecs import hookimpl
+from infera_core.registry import DiscoveryRegistry, KvEventTransportRegistry, RequestTransportRegistry
+
+
+@hookimpl
+def infera_register_discovery_backends(registry: DiscoveryRegistry) -> None:
+    from infera_nats.discovery import NatsDiscoveryFactory
+
+    registry.add(NatsDiscoveryFactory())
+
+
+@hookimpl
+def infera_register_request_transports(registry: RequestTransportRegistry) -> None:
+    from infera_nats.transport_factories import NatsRequestTransport
+
+    registry.add(NatsRequestTransport())
+
+
+@hookimpl
+def infera_register_kv_event_transports(registry: KvEventTransportRegistry) -> None:
+    from infera_nats.transport_factories import NatsKvEventTransport
+
+    registry.add(NatsKvEventTransport())

@@ -3,7 +3,9 @@
 The launcher runs one :class:`KvRelay` next to its engine. It subscribes to the engine's
 ZMQ publisher (one SUB per DP rank when the engine publishes per rank) and publishes the
 frames to the worker's subject in the ``INFERA_KV`` stream (:mod:`infera_nats.kv_wire`),
-creating the stream when it is missing. Frames that arrive together (a burst) go out in
+creating the stream when it is missing. When the engine has a replay socket, the relay
+first publishes what the engine still buffers (batches from before the relay joined), and
+fills a gap in the engine's sequence numbers from it before relaying the batch after it. Frames that arrive together (a burst) go out in
 one message. Publishing is fire-and-forget (no per-message acknowledgement, which would
 cap the rate at one round trip per batch); what the stream did not store shows up as a
 gap in the engine's sequence numbers, which routers handle as on the ZMQ path (the view is
@@ -34,6 +36,7 @@ log = logging.getLogger("infera.nats.relay")
 MAX_BATCHES = 256
 """Frames published together at most (when that many are already queued)."""
 MAX_BYTES = 512 * 1024
+REPLAY_TIMEOUT_S = 2.0
 
 
 async def ensure_stream(
@@ -120,7 +123,11 @@ class KvRelay:
             sock.setsockopt(zmq.SUBSCRIBE, self.kv_events.topic.encode())
             await _connect(sock, _with_port_offset(self.kv_events.endpoint, rank or 0), self.connect_timeout)
             subject = kv_wire.rank_subject(self.subject, rank)
-            self._tasks.append(asyncio.create_task(self._pump(sock, subject), name=f"kv-relay-{subject}"))
+            replay = self.kv_events.replay_endpoint
+            replay = _with_port_offset(replay, rank or 0) if replay else None
+            self._tasks.append(
+                asyncio.create_task(self._pump(sock, subject, replay), name=f"kv-relay-{subject}")
+            )
         log.info(
             "worker %s: relaying KV events from %s to %s",
             self.worker_id,
@@ -147,16 +154,29 @@ class KvRelay:
         await close_quietly(self.nc)
         self.nc = None
 
-    async def _pump(self, sock: zmq.asyncio.Socket, subject: str) -> None:
+    async def _pump(self, sock: zmq.asyncio.Socket, subject: str, replay: str | None) -> None:
+        last: int | None = None
         try:
+            if replay is not None:  # what the engine published before we joined
+                got = await self._replay(replay, 0, 1 << 62)
+                for i in range(0, len(got), MAX_BATCHES):
+                    await self._publish(subject, got[i : i + MAX_BATCHES])
+                last = got[-1][0] if got else None
             while True:
                 frames = await sock.recv_multipart()
                 batch: list[tuple[int, bytes]] = []
                 size = 0
                 while True:
                     if len(frames) >= 3:
-                        batch.append((int.from_bytes(frames[-2], "big", signed=True), frames[-1]))
-                        size += len(frames[-1])
+                        seq = int.from_bytes(frames[-2], "big", signed=True)
+                        if last is not None and 0 < seq <= last:
+                            pass  # already relayed from the replay socket
+                        else:
+                            if last is not None and seq > last + 1 and replay is not None:
+                                batch.extend(await self._replay(replay, last + 1, seq))
+                            batch.append((seq, frames[-1]))
+                            size += len(frames[-1])
+                            last = seq
                     if (
                         len(batch) >= MAX_BATCHES
                         or size >= MAX_BYTES
@@ -166,6 +186,34 @@ class KvRelay:
                     frames = await sock.recv_multipart()
                 if batch:
                     await self._publish(subject, batch)
+        finally:
+            sock.close(0)
+
+    async def _replay(self, endpoint: str, start: int, until: int) -> list[tuple[int, bytes]]:
+        """Batches ``start <= seq < until`` the engine still buffers (none when it does not answer)."""
+        assert self._ctx is not None
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IPV6, 1)
+        out: list[tuple[int, bytes]] = []
+        try:
+            sock.connect(endpoint)
+            await sock.send_multipart([b"", start.to_bytes(8, "big")])
+            async with asyncio.timeout(REPLAY_TIMEOUT_S):
+                while True:
+                    frames = await sock.recv_multipart()
+                    while frames and frames[0] == b"":
+                        frames = frames[1:]
+                    if len(frames) < 2:
+                        continue
+                    seq = int.from_bytes(frames[-2], "big", signed=True)
+                    if seq == -1:  # the end marker
+                        return out
+                    if start <= seq < until:
+                        out.append((seq, frames[-1]))
+        except (TimeoutError, zmq.ZMQError) as exc:
+            log.warning("worker %s: KV replay from %s failed: %r", self.worker_id, endpoint, exc)
+            return out
         finally:
             sock.close(0)
 

@@ -15,6 +15,7 @@ to the constructor wins (tests, embedding code).
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 from infera_core.transports import Attached, ClientContext, KvSourceContext, WorkerContext
@@ -47,7 +48,7 @@ def _servers(given: str | list[str] | None, options: BackendOptions) -> str | li
         return given
     model = _settings_model()
     if model is None:
-        return ""
+        return os.environ.get("INFERA_NATS_URL", "")
     value: Any = getattr(options.get(model), "nats_url", "")
     return value if isinstance(value, (str, list)) else str(value)
 
