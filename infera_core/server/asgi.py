@@ -18,6 +18,10 @@ ON_DISCONNECT = "infera.on_disconnect"
 disconnect before the response completed (``server.run``'s protocol does); without it the
 endpoint watches ``receive()`` for ``http.disconnect`` in a task of its own."""
 
+CLIENT_CLOSING = "infera.client_closing"
+"""Scope key a server may set to a zero-argument callable: True once the client's connection
+is closing (a disconnect already seen, before ``scope[ON_DISCONNECT]`` is called)."""
+
 JSON_CT = (b"content-type", b"application/json")
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 

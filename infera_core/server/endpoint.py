@@ -15,6 +15,7 @@ import time
 from infera_core.scheduling.scheduler import DIRECT_HEADER
 from infera_core.scheduling.types import Endpoint, RequestContext
 from infera_core.server.asgi import (
+    CLIENT_CLOSING,
     ON_DISCONNECT,
     ClientGone,
     Message,
@@ -79,9 +80,8 @@ class ProxyEndpoint:
                 scope[ON_DISCONNECT] = _Canceller(task, gone)
             raw = await read_body(scope, receive, self.limits.max_bytes)
             body = await parse_body(raw, self.limits)
-            if len(raw) > _YIELD_AFTER:  # let a disconnect seen during the parse reach us first
-                await asyncio.sleep(0)
-                await asyncio.sleep(0)
+            if len(raw) > _YIELD_AFTER:
+                await _left_meanwhile(scope)
             ctx, path, upstream_body = self.prepare(scope, raw, body)
             ctx.client_request_id = client_rid
             model = ctx.model
@@ -136,6 +136,16 @@ def _echo_request_id(send: Send, value: bytes) -> Send:
         await send(message)
 
     return echo
+
+
+async def _left_meanwhile(scope: Scope) -> None:
+    """:class:`ClientGone` if the client left while its body was parsed (a long, loop-blocking
+    step): two loop turns let the loop see the socket's EOF or reset, then the transport says."""
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    closing = scope.get(CLIENT_CLOSING)
+    if closing is not None and closing():
+        raise ClientGone
 
 
 class _Canceller:

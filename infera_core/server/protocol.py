@@ -21,7 +21,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from infera_core.server.asgi import ON_DISCONNECT
+from infera_core.server.asgi import CLIENT_CLOSING, ON_DISCONNECT
 from infera_core.server.coalesce import CoalescingTransport
 from infera_core.server.errors import ApiError
 from infera_core.server.limits import LimitSettings
@@ -187,6 +187,7 @@ class InferaHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self.scope[ON_DISCONNECT] = None  # type: ignore[literal-required]
+        self.scope[CLIENT_CLOSING] = self.transport.is_closing  # type: ignore[literal-required]
         self._awaiting_headers = True
         self._fresh = True
         self._header_bytes = 0
@@ -204,13 +205,30 @@ class InferaHttpProtocol(HttpToolsProtocol):
             return
         super().on_headers_complete()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.deadline = 0.0
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        # uvicorn leaves reading paused after a large body's last chunk: resume, so that a
+        # client leaving while its request is parsed or routed is seen (EOF or reset) at once.
+        # What a client pipelines next is bounded as ever (headers, then paused again).
+        self.flow.resume_reading()
+
+    def _client_gone(self) -> None:
+        """Tell the request in progress (its ``scope[ON_DISCONNECT]`` callback), once."""
         cycle = getattr(self, "cycle", None)  # uvicorn's attribute; tolerate a rename
         if cycle is not None and not cycle.response_complete:
             hook: Callable[[], None] | None = cycle.scope.get(ON_DISCONNECT)
             if hook is not None:
+                cycle.scope[ON_DISCONNECT] = None
                 hook()
+
+    def eof_received(self) -> None:
+        # The transport closes on EOF (uvicorn keeps no half-open connections): no answer can
+        # reach the client any more, so its request stops now rather than a loop turn later.
+        self._client_gone()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.deadline = 0.0
+        self._client_gone()
         super().connection_lost(exc)
 
 

@@ -253,24 +253,46 @@ async def test_millions_of_tiny_objects_are_refused_without_parsing(ups: list[Fa
         assert grown_mb < 250  # parsed, it costs ~700 MB in this process
 
 
-async def test_client_gone_while_its_body_is_parsed_is_not_dispatched(ups: list[FakeUpstream]) -> None:
-    n = 1_100_000  # ~14 MB that takes a while to parse
-    raw = b'{"model":"fake-model","messages":[' + b",".join([b'{"role":"u"}'] * n) + b"]}"
+@pytest.mark.parametrize("how", ["close", "reset"])
+async def test_client_gone_while_its_body_is_parsed_is_not_dispatched(
+    ups: list[FakeUpstream], monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    import socket
+    import struct
+
+    import infera_core.server.endpoint
+    import infera_core.server.validate
+
+    message = b'{"role":"user","content":"hi"}'
+    raw = b'{"model":"fake-model","messages":[' + b",".join([message] * 460_000) + b"]}"
+    assert len(raw) > 14_000_000
     async with stack(ups, max_json_items=10_000_000) as srv, httpx.AsyncClient(base_url=srv.url) as c:
         assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200  # a pooled connection
-        _, writer = await _connect(srv)
-        writer.write(
+        host, port = srv.url.removeprefix("http://").rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)))
+        parse = infera_core.server.validate.parse_object
+
+        def leave_while_parsing(data: bytes, *args: Any) -> Any:
+            if len(data) == len(raw):  # the client goes away exactly while its body is parsed
+                if how == "reset":
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.close()
+            return parse(data, *args)
+
+        for module in (infera_core.server.validate, infera_core.server.endpoint):
+            monkeypatch.setattr(module, "parse_object", leave_while_parsing, raising=False)
+        head = (
             b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
             b"content-length: %d\r\n\r\n" % len(raw)
         )
-        writer.write(raw)
-        await writer.drain()
-        writer.close()
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(sock.sendall, head + raw)
         series = srv.core.metrics.requests
 
         def done(status: str) -> float:
             return sum(v.value for k, v in series.children.items() if k[2] == status)
 
         await until(lambda: done("499") == 1, within=20)
-        assert ups[0].requests == 1  # only the warm-up request reached the worker
+        assert [ep.picks for ep in srv.core.table.by_id.values()] == [1]  # only the warm-up was routed
+        assert ups[0].requests == 1
         assert all(ep.in_flight == 0 for ep in srv.core.table.by_id.values())
