@@ -213,6 +213,15 @@ class KeyRing:
                 code="model_not_allowed",
                 type="permission_error",
             )
+        if key.tpd is not None and self._today_tokens(key) >= key.tpd:
+            wall = self._wall()
+            reset = math.ceil((math.floor(wall / DAY) + 1) * DAY - wall)
+            raise ApiError(
+                429,
+                f"The API key {key.name!r} has used its {key.tpd} tokens for today (UTC).",
+                code="token_budget_exceeded",
+                headers={"Retry-After": str(max(1, reset))},
+            )
         if key.rpm is not None:
             now = self._clock()
             rate = key.rpm / 60.0
@@ -227,15 +236,6 @@ class KeyRing:
                     headers={"Retry-After": str(max(1, wait))},
                 )
             key.bucket -= 1.0
-        if key.tpd is not None and self._today_tokens(key) >= key.tpd:
-            wall = self._wall()
-            reset = math.ceil((math.floor(wall / DAY) + 1) * DAY - wall)
-            raise ApiError(
-                429,
-                f"The API key {key.name!r} has used its {key.tpd} tokens for today (UTC).",
-                code="token_budget_exceeded",
-                headers={"Retry-After": str(max(1, reset))},
-            )
 
     def _today_tokens(self, key: ApiKey) -> int:
         day = int(self._wall() // DAY)

@@ -21,6 +21,8 @@ import yaml
 
 from infera_core.errors import ConfigError
 from infera_core.server.app import create_app
+from infera_core.server.errors import ApiError
+from infera_core.server.keys import KeyRing
 from infera_core.server.usage import UsageStripper, with_stream_usage
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.pd import sim_pd_fleet
@@ -260,3 +262,30 @@ async def test_pd_streams_are_counted_per_key_too(tmp_path: Path) -> None:
                 usage = (await c.get("/v1/admin/usage")).json()  # loopback: an admin without a token
     used = {k["key"]: k for k in usage["keys"]}["pd"]["models_used"][MODEL]
     assert used["completion_tokens"] == 6 and used["prompt_tokens"] > 0
+
+
+def test_budgets_refill_per_minute_and_reset_at_utc_midnight(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {"keys": [{"name": "k", "key": "sk", "requests_per_minute": 2, "tokens_per_day": 100}]}
+        )
+    )
+    now, wall = [1000.0], [5 * 86400 + 86000.0]  # 400 s before a UTC midnight
+    ring = KeyRing(path, clock=lambda: now[0], wall=lambda: wall[0])
+    key = ring.lookup(b"sk")
+    assert key is not None and ring.lookup(b"other") is None
+    ring.admit(key, "m")
+    ring.admit(key, "m")
+    with pytest.raises(ApiError) as err:
+        ring.admit(key, "m")
+    assert err.value.status == 429 and err.value.headers["Retry-After"] == "30"
+    now[0] += 30  # one request's worth refilled
+    ring.admit(key, "m")
+    ring.spent(key, 100)
+    now[0] += 60
+    with pytest.raises(ApiError) as err:
+        ring.admit(key, "m")
+    assert err.value.code == "token_budget_exceeded" and err.value.headers["Retry-After"] == "400"
+    wall[0] += 400  # a new UTC day
+    ring.admit(key, "m")
