@@ -4,8 +4,18 @@ Subclass :class:`DiscoveryContract` in a test module and implement ``make_discov
 (two calls must return two clients of the *same* fleet)::
 
     class TestMyBackend(DiscoveryContract):
+        lease_ttl = 2.0                      # registrations expire this long after heartbeats stop
+
         async def make_discovery(self) -> Discovery:
             return MyBackend(...)
+
+        def stop_backend(self) -> None:      # optional: an outage (server process stopped)…
+            self.server.stop()
+
+        def start_backend(self) -> None:     # …and the same server back, its state kept
+            self.server.start()
+
+Checks that need ``lease_ttl`` or the outage methods are skipped when those are not given.
 """
 
 from __future__ import annotations
@@ -30,10 +40,34 @@ async def _next(stream: AsyncIterator[FleetChange], within: float = 5.0) -> Flee
         return await anext(stream)
 
 
+async def register_until(discovery: Discovery, record: WorkerRecord, within: float) -> Registration:
+    """Register, retrying while the backend is unreachable (``DiscoveryError``)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        try:
+            return await discovery.register(record)
+        except DiscoveryError:
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
 class DiscoveryContract:
     """What every backend that accepts registrations must do."""
 
+    lease_ttl: float | None = None
+    """Seconds after which a registration whose heartbeats stopped is gone (None: no leases)."""
+
     async def make_discovery(self) -> Discovery:
+        raise NotImplementedError
+
+    def stop_backend(self) -> None:
+        """Stop the backend's server (an outage); not implemented: outage checks are skipped."""
+        raise NotImplementedError
+
+    def start_backend(self) -> None:
+        """Start it again after :meth:`stop_backend`, with its stored state."""
         raise NotImplementedError
 
     async def _pair(self) -> tuple[Discovery, Discovery]:
@@ -90,3 +124,56 @@ class DiscoveryContract:
             await stream.aclose()  # type: ignore[attr-defined]
             await launcher.close()
             await router.close()
+
+    async def test_a_worker_whose_heartbeats_stop_expires(self) -> None:
+        if self.lease_ttl is None:
+            pytest.skip("the backend has no leases (lease_ttl is None)")
+        launcher, router = await self._pair()
+        stream = router.watch()
+        try:
+            await launcher.register(contract_record("gone"))
+            change = await _next(stream)
+            assert (change.kind, change.worker_id) == (ChangeKind.PUT, "gone")
+            await launcher.close()  # heartbeats stop without a deregistration (a crashed launcher)
+            change = await _next(stream, within=3 * self.lease_ttl + 5)
+            assert (change.kind, change.worker_id) == (ChangeKind.DELETE, "gone")
+            assert await router.list_workers() == []
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+            await router.close()
+
+    async def test_changes_during_an_outage_are_seen_when_it_ends(self) -> None:
+        if type(self).stop_backend is DiscoveryContract.stop_backend:
+            pytest.skip("stop_backend/start_backend are not implemented")
+        launcher, router = await self._pair()
+        other = await self.make_discovery()
+        await other.start()
+        leaving_reg = await launcher.register(contract_record("a"))
+        await launcher.register(contract_record("b"))
+        stream = router.watch(sync_marker=True)
+        seen: dict[str, WorkerRecord] = {}
+
+        async def until_fleet(expected: set[str], within: float) -> None:
+            async with asyncio.timeout(within):
+                while set(seen) != expected:
+                    change = await anext(stream)
+                    if change.kind is ChangeKind.PUT and change.record is not None:
+                        seen[change.worker_id] = change.record
+                    elif change.kind is ChangeKind.DELETE:
+                        seen.pop(change.worker_id, None)
+
+        try:
+            await until_fleet({"a", "b"}, 5)
+            self.stop_backend()
+            leaving = asyncio.ensure_future(leaving_reg.deregister())  # "a" leaves during the outage
+            joining = asyncio.ensure_future(register_until(other, contract_record("c"), within=20))
+            await asyncio.sleep(0.5)  # let both try (and fail) while the backend is down
+            self.start_backend()
+            async with asyncio.timeout(20):
+                await asyncio.gather(leaving, joining)
+            await until_fleet({"b", "c"}, 20)
+            assert sorted(r.worker_id for r in await router.list_workers()) == ["b", "c"]
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+            for d in (launcher, router, other):
+                await d.close()
