@@ -21,7 +21,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +256,17 @@ class ChaosStack:
             await self.client.post(f"{self.etcd.url}/v3/kv/deleterange", json=body, timeout=5)
         ).raise_for_status()
 
+    async def etcd_records(self) -> list[str]:
+        """Worker ids with a record in etcd (empty while etcd is down)."""
+        end = DEFAULT_PREFIX[:-1] + chr(ord(DEFAULT_PREFIX[-1]) + 1)
+        body = {"key": _b64(DEFAULT_PREFIX), "range_end": _b64(end), "keys_only": True}
+        try:
+            r = await self.client.post(f"{self.etcd.url}/v3/kv/range", json=body, timeout=5)
+            kvs = r.json().get("kvs", [])
+        except (httpx.HTTPError, ValueError):
+            return []
+        return [base64.b64decode(kv["key"]).decode()[len(DEFAULT_PREFIX) :] for kv in kvs]
+
     async def register_fake(
         self, fake: FakeWorker, worker_id: str, model: str, url: str | None = None
     ) -> str:
@@ -345,3 +358,38 @@ class FakeWorker:
 
 def since(t0: float) -> str:
     return f"{time.monotonic() - t0:.1f} s"
+
+
+# -- scenarios: the row each returns, and the registry ---------------------------------
+@dataclass(slots=True)
+class Row:
+    tried: str
+    sees: str
+    lost: str = "nothing"
+    ok: bool = True
+
+
+Scenario = Callable[[ChaosStack], Awaitable[Row]]
+SCENARIOS: dict[str, tuple[Scenario, bool]] = {}
+
+
+def scenario(*, fast: bool) -> Callable[[Scenario], Scenario]:
+    """Register a scenario; ``fast`` ones (a few seconds) run in ``--fast`` and the smoke test."""
+
+    def add(fn: Scenario) -> Scenario:
+        SCENARIOS[fn.__name__] = (fn, fast)
+        return fn
+
+    return add
+
+
+def codes_text(codes: list[int]) -> str:
+    return ", ".join(f"{n}×{code or 'no answer'}" for code, n in sorted(Counter(codes).items()))
+
+
+def error_text(r: httpx.Response) -> str:
+    try:
+        kind = r.json()["error"]["type"]
+    except (ValueError, KeyError, TypeError):
+        kind = ""
+    return f"{r.status_code} {kind}".strip()
