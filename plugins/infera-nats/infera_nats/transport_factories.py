@@ -14,16 +14,14 @@ to the constructor wins (tests, embedding code).
 
 from __future__ import annotations
 
-import importlib
-import os
 from typing import TYPE_CHECKING, Any
 
 from infera_core.transports import Attached, ClientContext, KvSourceContext, WorkerContext
 from infera_nats import kv_wire
 from infera_nats import transport_wire as wire
+from infera_nats.settings import NatsSettings
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel
 
     from infera_core.backends import BackendOptions
     from infera_core.server.transport import Upstream
@@ -32,31 +30,16 @@ if TYPE_CHECKING:
 NATS = "nats"
 
 
-def _settings_model() -> type[BaseModel] | None:
-    """The plugin's settings model (``--nats-url``…), shared with NATS discovery."""
-    from pydantic import BaseModel
-
-    try:
-        model = importlib.import_module("infera_nats.settings").NatsSettings
-    except (ImportError, AttributeError):
-        return None
-    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+def _settings(options: BackendOptions) -> NatsSettings:
+    return options.get(NatsSettings)
 
 
 def _servers(given: str | list[str] | None, options: BackendOptions) -> str | list[str]:
-    if given:
-        return given
-    model = _settings_model()
-    if model is None:
-        return os.environ.get("INFERA_NATS_URL", "")
-    value: Any = getattr(options.get(model), "nats_url", "")
-    return value if isinstance(value, (str, list)) else str(value)
+    return given if given else _settings(options).servers()
 
 
 def _prefix(options: BackendOptions) -> str:
-    model = _settings_model()
-    found = getattr(options.get(model), "nats_subject_prefix", None) if model is not None else None
-    return found if isinstance(found, str) and found else "infera"
+    return _settings(options).nats_subject_prefix
 
 
 class _Running:
@@ -77,9 +60,7 @@ class NatsRequestTransport:
     def __init__(self, servers: str | list[str] | None = None) -> None:
         self.servers = servers
 
-    @property
-    def settings_model(self) -> type[BaseModel] | None:
-        return _settings_model()
+    settings_model = NatsSettings
 
     def create_client(self, ctx: ClientContext) -> Upstream:
         from infera_nats.transport import NatsUpstream
@@ -114,9 +95,7 @@ class NatsKvEventTransport:
     def __init__(self, servers: str | list[str] | None = None) -> None:
         self.servers = servers
 
-    @property
-    def settings_model(self) -> type[BaseModel] | None:
-        return _settings_model()
+    settings_model = NatsSettings
 
     def create_source(self, ctx: KvSourceContext) -> KvEventSource | None:
         from infera_nats.kv_source import NatsKvSource
