@@ -1,65 +1,44 @@
 """The kubernetes backend passes the discovery contract suite, and a real router uses it.
 
-The backend is read-only (pods are the registrations), so the contract's "launcher" side
-is played by the cluster: registering creates a Ready pod in the stand-in API server,
-``update(status=draining)`` marks it terminating, deregistering deletes it (409-style
-duplicate on an existing pod name). The router side is the real backend, over HTTP.
+Pods are the registrations: the contract's launcher side registers into a pod the
+"cluster" has started (the record becomes the pod's annotation), the router side lists and
+watches pods; both are the real backend over HTTP against the stand-in API server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from infera_k8s.discovery import KubernetesDiscovery
+from infera_k8s.pods import RECORD_ANNOTATION
 from infera_k8s.settings import KubernetesSettings
 from infera_k8s.testing import StandinApiServer, make_pod
 from infera_sim.testing import start_sim
 
 from infera_core.discovery.base import Discovery, FleetChange, Registration
-from infera_core.errors import DiscoveryError
 from infera_core.testing.discovery_contract import DiscoveryContract
 from infera_core.testing.net import free_port
 from infera_core.worker import WorkerRecord
 
 
-def record_pod(record: WorkerRecord, *, terminating: bool = False) -> dict[str, Any]:
-    url = urlsplit(record.url)
-    pod = make_pod(
-        record.worker_id,
-        ip=url.hostname or "127.0.0.1",
-        labels={"app.kubernetes.io/component": "infera-worker", "infera.io/engine": record.engine},
-        annotations={"infera.io/model": record.model, "infera.io/port": str(url.port)},
-    )
-    if terminating:
-        pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:01:00Z"
-    return pod
-
-
-class ClusterRegistration:
-    def __init__(self, api: StandinApiServer, name: str) -> None:
-        self.api, self.name = api, name
-
-    async def update(self, record: WorkerRecord) -> None:
-        await self.api.put_pod(record_pod(record, terminating=not record.routable))
-
-    async def deregister(self) -> None:
-        if ("default", self.name) in self.api.pods:
-            await self.api.delete_pod(self.name)
-
-
 class PodsAsRegistrations:
-    """The real backend; ``register`` stands for "the cluster starts a Ready pod"."""
+    """The real backend on both sides. ``register`` first plays the cluster (a Ready pod
+    named after the worker, with no Infera annotations), then registers through the
+    backend as a launcher in that pod does: the record goes into the pod's annotation."""
 
     def __init__(self, api: StandinApiServer) -> None:
         self.api = api
-        settings = KubernetesSettings(k8s_api_server=api.url, k8s_namespace="default", k8s_ready_file="")
+        settings = KubernetesSettings(
+            k8s_api_server=api.url, k8s_namespace="default", k8s_ready_file="", k8s_retry_max=0.5
+        )
         self.inner = KubernetesDiscovery(settings, connect_timeout=2.0)
 
     async def start(self) -> None:
@@ -69,10 +48,12 @@ class PodsAsRegistrations:
         await self.inner.close()
 
     async def register(self, record: WorkerRecord) -> Registration:
-        if ("default", record.worker_id) in self.api.pods:
-            raise DiscoveryError(f"pods {record.worker_id!r} already exists")
-        await self.api.put_pod(record_pod(record))
-        return ClusterRegistration(self.api, record.worker_id)
+        if ("default", record.worker_id) not in self.api.pods:
+            await self.api.put_pod(
+                make_pod(record.worker_id, labels={"app.kubernetes.io/component": "infera-worker"})
+            )
+        self.inner.settings = self.inner.settings.model_copy(update={"k8s_pod_name": record.worker_id})
+        return await self.inner.register(record)
 
     async def list_workers(self) -> list[WorkerRecord]:
         return await self.inner.list_workers()
@@ -110,6 +91,12 @@ class TestKubernetesBackend(DiscoveryContract):
 
     async def make_discovery(self) -> Discovery:
         return PodsAsRegistrations(self.api)
+
+    def stop_backend(self) -> None:
+        self.api.set_down(True)
+
+    def start_backend(self) -> None:
+        self.api.set_down(False)
 
 
 async def test_router_serves_a_pod_found_through_the_api() -> None:
@@ -149,3 +136,58 @@ async def test_router_serves_a_pod_found_through_the_api() -> None:
             finally:
                 proc.terminate()
                 await asyncio.wait_for(proc.wait(), 10)
+
+
+async def test_launcher_publishes_its_record_on_its_pod_and_drains(tmp_path: Path) -> None:
+    """``infera-run worker sim --discovery-backend kubernetes`` in pod ``sim-0``: the record
+    (KV-event endpoint picked at launch included) lands on the pod, the ready file appears,
+    a router finds and uses it; SIGTERM publishes draining, then removes both."""
+    async with StandinApiServer() as api:
+        await api.put_pod(
+            make_pod("sim-0", ip="127.0.0.1", labels={"app.kubernetes.io/component": "infera-worker"})
+        )
+        ready = tmp_path / "ready"
+        env = dict(
+            os.environ,
+            INFERA_K8S_API_SERVER=api.url,
+            INFERA_K8S_NAMESPACE="default",
+            INFERA_K8S_POD_NAME="sim-0",
+            INFERA_K8S_READY_FILE=str(ready),
+        )
+        worker_argv = [sys.executable, "-m", "infera_core", "worker", "sim", "--model", "m"]
+        worker_argv += ["--discovery-backend", "kubernetes", "--drain-timeout", "3"]
+        worker = await asyncio.create_subprocess_exec(
+            *worker_argv, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+        )
+        port = free_port()
+        serve_argv = [sys.executable, "-m", "infera_core", "serve", "--discovery-backend", "kubernetes"]
+        router = await asyncio.create_subprocess_exec(
+            *[*serve_argv, "--port", str(port)],
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        try:
+            async with httpx.AsyncClient(timeout=5.0) as client:
+                await until_status(client, url, body, router, lambda status: status == 200)
+            pod = api.pods[("default", "sim-0")]
+            record = WorkerRecord.from_json(pod["metadata"]["annotations"][RECORD_ANNOTATION])
+            assert record.kv_events is not None and record.kv_events.endpoint.startswith("tcp://127.0.0.1:")
+            assert ready.exists()
+            worker.terminate()
+            assert await asyncio.wait_for(worker.wait(), 30) == 0
+            statuses = [
+                json.loads(p["metadata"]["annotations"][RECORD_ANNOTATION])["status"]
+                for _, kind, p, _ in api.history
+                if kind == "MODIFIED" and RECORD_ANNOTATION in p["metadata"].get("annotations", {})
+            ]
+            assert statuses[-1] == "draining"  # published before the drain wait
+            assert RECORD_ANNOTATION not in api.pods[("default", "sim-0")]["metadata"]["annotations"]
+            assert not ready.exists()
+        finally:
+            for proc in (worker, router):
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()

@@ -122,6 +122,18 @@ def by_kind(docs: list[Doc], kind: str) -> dict[str, Doc]:
     return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
 
 
+def verbs_of(docs: list[Doc], account: str) -> set[str]:
+    """What a service account may do on pods, through its RoleBindings."""
+    roles = by_kind(docs, "Role")
+    verbs: set[str] = set()
+    for binding in by_kind(docs, "RoleBinding").values():
+        if any(s["name"] == account for s in binding["subjects"]):
+            for rule in roles[binding["roleRef"]["name"]]["rules"]:
+                if "pods" in rule["resources"]:
+                    verbs.update(rule["verbs"])
+    return verbs
+
+
 def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
@@ -172,7 +184,10 @@ def test_overlay_renders_to_valid_consistent_objects(overlay: Path) -> None:
     assert any(
         m["type"] == "Pods" and "in_flight" in m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]
     )
-    assert by_kind(docs, "RoleBinding")["infera-pod-reader"]["subjects"][0]["name"] in accounts
+    for binding in by_kind(docs, "RoleBinding").values():
+        assert binding["subjects"][0]["name"] in accounts
+        assert binding["roleRef"]["name"] in by_kind(docs, "Role")
+    assert {"list", "watch"} <= verbs_of(docs, router["spec"]["serviceAccountName"])
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
@@ -207,20 +222,23 @@ def test_overlay_command_lines_run_and_drain_numbers_agree(overlay: Path) -> Non
             limits = container["resources"]["limits"]
             assert any(k.endswith("/gpu") and int(v) >= 1 for k, v in limits.items()), f"{name}: no GPU"
             assert container["livenessProbe"]["httpGet"]["path"] == "/health"  # liveness = engine health
-            # the labels/annotations the router reads agree with the flags
+            # the labels the router selects on, and any hand-written annotations, agree with the flags
             notes = {**template["metadata"]["labels"], **template["metadata"].get("annotations", {})}
             assert notes["infera.io/engine"] == path[1]
             assert notes["infera.io/role"] == (flag(args, "--role") or "mixed")
-            assert notes["infera.io/model"] == flag(args, "--model")
-            assert notes["infera.io/port"] == flag(args, "--port")
+            assert notes.get("infera.io/model", flag(args, "--model")) == flag(args, "--model")
+            assert notes.get("infera.io/port", flag(args, "--port")) == flag(args, "--port")
             if "infera.io/kv-events-port" in notes:
                 assert notes["infera.io/kv-events-port"] == flag(args, "--kv-events-port")
                 size = flag(args, "--block-size") or flag(args, "--page-size")
                 assert notes["infera.io/kv-block-size"] == size
-            if flag(args, "--discovery") == "kubernetes":  # readiness = registered
+            if flag(args, "--discovery-backend") == "kubernetes":
+                # readiness = registered; the record goes onto the pod, which the account may patch
                 ready = env["INFERA_K8S_READY_FILE"]["value"]
                 assert container["readinessProbe"]["exec"]["command"] == ["test", "-f", ready]
+                assert env["INFERA_K8S_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
                 assert template["metadata"]["labels"]["app.kubernetes.io/component"] == "infera-worker"
+                assert "patch" in verbs_of(docs, pod["serviceAccountName"])
     assert workers >= 1
 
 

@@ -125,6 +125,26 @@ class PodApi:
                 return version, items
             params = {"labelSelector": self.selector, "limit": self.page_size, "continue": token}
 
+    async def get(self, name: str) -> dict[str, Any] | None:
+        """The pod called ``name`` (None when it does not exist)."""
+        resp = await self._client.get(f"{self.path}/{name}")
+        if resp.status_code == 404:
+            return None
+        if resp.status_code != 200:
+            raise ApiError(resp.status_code, _status_message(resp.content))
+        data: dict[str, Any] = resp.json()
+        return data
+
+    async def annotate(self, name: str, annotations: dict[str, str | None]) -> None:
+        """Set (or, with None, remove) annotations of pod ``name`` (a JSON merge patch)."""
+        resp = await self._client.patch(
+            f"{self.path}/{name}",
+            content=json.dumps({"metadata": {"annotations": annotations}}).encode(),
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        if resp.status_code != 200:
+            raise ApiError(resp.status_code, _status_message(resp.content))
+
     async def watch(self, version: str) -> AsyncIterator[WatchEvent]:
         """Events after ``version`` until the server ends the stream; raises :class:`Gone`."""
         params: dict[str, str | int] = {

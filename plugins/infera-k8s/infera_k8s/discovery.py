@@ -6,11 +6,14 @@ hands watchers only the differences (a ``SYNCED`` marker follows each full list)
 come from the pods' labels and annotations (:mod:`infera_k8s.pods`), so workers need no
 etcd: Kubernetes is the registry, the pod's ``Ready`` condition the heartbeat.
 
-Worker side (``infera-run worker <engine> --discovery kubernetes``): the pod *is* the
-registration, so :meth:`KubernetesDiscovery.register` writes nothing to the API server.
-It keeps a ready file (``INFERA_K8S_READY_FILE``) that exists while the worker is
-registered and active; the pod's readiness probe (``test -f``) turns that into the
-``Ready`` condition the routers read — readiness = registered, draining = not ready.
+Worker side (``infera-run worker <engine> --discovery-backend kubernetes``): the pod is
+the registration. With ``INFERA_K8S_POD_NAME`` set, :meth:`KubernetesDiscovery.register`
+publishes the launcher's whole record as the pod's ``infera.io/worker-record`` annotation
+(updated on drain, removed on deregistration); without it the router builds the record
+from the pod's labels/annotations. Either way a ready file (``INFERA_K8S_READY_FILE``)
+exists while the worker is registered and active; the pod's readiness probe (``test -f``)
+turns that into the ``Ready`` condition the routers read — readiness = registered,
+draining = not ready.
 """
 
 from __future__ import annotations
@@ -28,24 +31,45 @@ from infera_core.discovery.records import SYNCED, diff
 from infera_core.errors import DiscoveryError
 from infera_core.worker import WorkerRecord
 from infera_k8s.api import ApiError, Gone, PodApi, load_config
-from infera_k8s.pods import pod_name, record_or_none, resource_version
+from infera_k8s.pods import RECORD_ANNOTATION, pod_name, record_or_none, resource_version
 from infera_k8s.settings import KubernetesSettings
 
 log = logging.getLogger("infera.discovery.kubernetes")
 
 RETRY_FIRST = 0.2
+PUBLISH_RETRY = 20.0
+"""How long a worker retries publishing a drain or a deregistration while the API server
+is unreachable (a pod deleted meanwhile takes its record with it anyway)."""
 TRANSIENT = (ApiError, httpx.HTTPError, OSError, ValueError)
 """What a list or watch may fail with and be retried (ValueError: a torn JSON line)."""
 
 
 class PodRegistration:
-    """The worker side: a ready file that exists while the record is active."""
+    """The worker side: the pod's record annotation (when the pod is named) and a ready
+    file, both following the record; deregistering removes both."""
 
-    def __init__(self, ready_file: Path | None, record: WorkerRecord) -> None:
-        self.ready_file = ready_file
-        self._apply(record)
+    def __init__(self, api: PodApi | None, pod: str | None, ready_file: Path | None) -> None:
+        self.api, self.pod, self.ready_file = api, pod, ready_file
+        self._registered = True
 
-    def _apply(self, record: WorkerRecord | None) -> None:
+    async def publish(self, record: WorkerRecord | None, retry_for: float = PUBLISH_RETRY) -> None:
+        """Write ``record`` (None: remove it), retrying an unreachable API server for ``retry_for`` s."""
+        if self.api is not None and self.pod is not None:
+            value = record.to_json().decode() if record else None
+            loop = asyncio.get_running_loop()
+            deadline, delay = loop.time() + retry_for, RETRY_FIRST
+            while True:
+                try:
+                    await self.api.annotate(self.pod, {RECORD_ANNOTATION: value})
+                    break
+                except TRANSIENT as exc:
+                    if loop.time() + delay > deadline:
+                        raise
+                    log.warning(
+                        "kubernetes discovery: annotating pod %s failed (%s); retrying", self.pod, exc
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
         if self.ready_file is None:
             return
         if record is not None and record.routable:
@@ -55,10 +79,15 @@ class PodRegistration:
             self.ready_file.unlink(missing_ok=True)
 
     async def update(self, record: WorkerRecord) -> None:
-        self._apply(record)
+        if self._registered:
+            await self.publish(record)
 
     async def deregister(self) -> None:
-        self._apply(None)
+        if self._registered:
+            self._registered = False
+            if self.ready_file is not None:
+                self.ready_file.unlink(missing_ok=True)
+            await self.publish(None)
 
 
 class KubernetesDiscovery:
@@ -101,13 +130,50 @@ class KubernetesDiscovery:
             await api.close()
 
     async def register(self, record: WorkerRecord) -> Registration:
-        ready = Path(self.settings.k8s_ready_file) if self.settings.k8s_ready_file else None
+        s = self.settings
+        ready = Path(s.k8s_ready_file) if s.k8s_ready_file else None
+        pod = s.k8s_pod_name
+        if pod:
+            await self._check_pod(pod, record)
         log.info(
-            "worker %s: the routers read it from its pod's labels; ready file %s",
+            "worker %s: published %s; ready file %s",
             record.worker_id,
+            f"as pod {pod}'s {RECORD_ANNOTATION} annotation" if pod else "by its pod's labels/annotations",
             ready or "(none)",
         )
-        return PodRegistration(ready, record)
+        registration = PodRegistration(self._api if pod else None, pod, ready)
+        try:
+            await registration.publish(record, retry_for=0)
+        except TRANSIENT as exc:
+            raise DiscoveryError(
+                f"kubernetes discovery: cannot annotate pod {pod} ({exc}); the worker's service "
+                "account needs patch on pods (deploy/kubernetes/base/rbac.yaml)"
+            ) from None
+        return registration
+
+    async def _check_pod(self, pod: str, record: WorkerRecord) -> None:
+        """The pod exists and carries no other worker's record (a restarted container
+        advertising the same URL replaces its own)."""
+        try:
+            found = await self._require_api().get(pod)
+        except TRANSIENT as exc:
+            raise DiscoveryError(f"kubernetes discovery: cannot read pod {pod} ({exc})") from None
+        if found is None:
+            raise DiscoveryError(
+                f"kubernetes discovery: no pod {pod!r} in namespace {self.namespace!r} "
+                "(INFERA_K8S_POD_NAME should come from the downward API: metadata.name)"
+            )
+        published = ((found.get("metadata") or {}).get("annotations") or {}).get(RECORD_ANNOTATION)
+        if published:
+            try:
+                current = WorkerRecord.from_json(published)
+            except ValueError:
+                return  # unreadable: ours replaces it
+            if current.url != record.url:
+                raise DiscoveryError(
+                    f"worker {record.worker_id}: pod {pod} already carries the record of the worker "
+                    f"at {current.url} (two workers cannot share a pod's registration)"
+                )
 
     def _require_api(self) -> PodApi:
         if self._api is None:

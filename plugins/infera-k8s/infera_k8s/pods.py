@@ -19,8 +19,12 @@ What a worker pod carries (the manifests in ``deploy/kubernetes/`` set all of it
         infera.io/pd-protocol: vllm-nixl
         infera.io/pd-params: '{"bootstrap_port": 8998}'
 
-Every annotation may also be given as a label of the same key (annotations win). The
-worker id is the pod name. A pod is *active* while its ``Ready`` condition is true,
+Every annotation may also be given as a label of the same key (annotations win).
+
+A worker started by ``infera-run worker … --discovery-backend kubernetes`` with
+``INFERA_K8S_POD_NAME`` set publishes its whole record instead, as the JSON annotation
+``infera.io/worker-record`` (KV-event and PD ports picked at launch included), and the
+annotations above are not needed. Either way the worker id is the pod name. A pod is *active* while its ``Ready`` condition is true,
 *draining* once it is being deleted (``deletionTimestamp`` set: in-flight requests finish,
 no new ones arrive), and absent from the fleet otherwise (starting, failing readiness,
 finished).
@@ -42,6 +46,7 @@ log = logging.getLogger("infera.discovery.kubernetes")
 PREFIX = "infera.io/"
 DEFAULT_SELECTOR = "app.kubernetes.io/component=infera-worker"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+RECORD_ANNOTATION = PREFIX + "worker-record"
 
 
 class PodError(ValueError):
@@ -149,10 +154,16 @@ def pod_record(pod: dict[str, Any]) -> WorkerRecord | None:
         return None
     if not terminating and not is_ready(pod):
         return None
+    status_now = Status.DRAINING if terminating else Status.ACTIVE
+    published = (meta.get("annotations") or {}).get(RECORD_ANNOTATION)
+    if published:
+        return _published_record(pod, published, status_now)
     model = _setting(meta, "model")
     port = _int(meta, "port")
+    if model is None and port is None:
+        return None  # no worker description (yet): a launcher that has not registered
     if not model or port is None:
-        raise PodError(f"needs the {PREFIX}model and {PREFIX}port annotations")
+        raise PodError(f"needs both the {PREFIX}model and {PREFIX}port annotations")
     engine = _setting(meta, "engine") or "unknown"
     host = f"[{ip}]" if ":" in ip else ip
     data: dict[str, Any] = {
@@ -161,7 +172,7 @@ def pod_record(pod: dict[str, Any]) -> WorkerRecord | None:
         "model": model,
         "engine": engine,
         "role": _setting(meta, "role") or "mixed",
-        "status": Status.DRAINING if terminating else Status.ACTIVE,
+        "status": status_now,
         "dp_rank": _dp_rank(meta),
         "dp_size": _int(meta, "dp-size") or 1,
         "kv_events": _kv_events(meta, ip, engine),
@@ -177,6 +188,20 @@ def pod_record(pod: dict[str, Any]) -> WorkerRecord | None:
     except ValidationError as exc:
         err = exc.errors()[0]
         raise PodError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+
+
+def _published_record(pod: dict[str, Any], published: str, status: Status) -> WorkerRecord:
+    """The launcher's record, keyed by the pod name; a terminating pod is draining."""
+    try:
+        record = WorkerRecord.from_json(published)
+    except (ValidationError, ValueError) as exc:
+        first = exc.errors()[0] if isinstance(exc, ValidationError) else None
+        why = f"{'.'.join(map(str, first['loc']))}: {first['msg']}" if first else str(exc)
+        raise PodError(f"{RECORD_ANNOTATION}: {why}") from None
+    update: dict[str, Any] = {"worker_id": pod_name(pod)}
+    if status is Status.DRAINING:
+        update["status"] = Status.DRAINING
+    return record.model_copy(update=update)
 
 
 def record_or_none(pod: dict[str, Any]) -> WorkerRecord | None:

@@ -28,6 +28,11 @@ class KubernetesSettings(InferaSettings):
     k8s_retry_max: float = Field(
         10.0, gt=0, description="Longest wait between retries while the API server is unreachable (seconds)."
     )
+    k8s_pod_name: str | None = Field(
+        None,
+        description="Worker side: this pod's name (downward API metadata.name); the launcher then "
+        "publishes its record as the pod's infera.io/worker-record annotation (needs patch on pods).",
+    )
     k8s_ready_file: str | None = Field(
         "/tmp/infera-ready",
         description="Worker side: file that exists while the worker is registered and active "

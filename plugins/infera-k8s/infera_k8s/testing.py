@@ -15,8 +15,11 @@ What it follows (api-concepts "Efficient detection of changes", KEP-956 watch bo
   events (only ``metadata.resourceVersion``) every ``bookmark_interval`` seconds, and
   ``timeoutSeconds`` ends the stream cleanly.
 
+``GET``/``PATCH`` ``…/pods/<name>`` read one pod and apply a JSON merge patch to it
+(``application/merge-patch+json``; a MODIFIED event like any other write).
+
 Test controls: :meth:`put_pod` / :meth:`delete_pod`, :meth:`compact`, :meth:`drop_watches`
-(cut every open stream mid-way), ``fail_next`` (answer that many requests with a 500), and
+(cut every open stream mid-way), :meth:`set_down` (an outage), ``fail_next`` (answer that many requests with a 500), and
 ``requests`` (the query of every request, for assertions). Needs ``aiohttp``.
 """
 
@@ -57,6 +60,19 @@ def label_matches(selector: str, labels: dict[str, str]) -> bool:
         elif term.strip() not in labels:
             return False
     return True
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
 
 
 def _split_terms(selector: str) -> list[str]:
@@ -116,6 +132,8 @@ class StandinApiServer:
         self.oldest = 1
         """Watches may start from ``oldest - 1`` or later; older is 410 Gone."""
         self.fail_next = 0
+        self.down = False
+        """While True every request is answered 503 (see :meth:`set_down`)."""
         self.requests: list[dict[str, str]] = []
         self._changed = asyncio.Condition()
         self._streams: set[web.StreamResponse] = set()
@@ -146,6 +164,16 @@ class StandinApiServer:
 
     async def drop_watches(self) -> None:
         """Cut every open watch stream (a load balancer or API server restart)."""
+        self._cut_streams()
+
+    def set_down(self, down: bool) -> None:
+        """An outage: open watches are cut and every request is answered 503 until it ends
+        (the pods are kept, as etcd keeps them behind a restarting API server)."""
+        self.down = down
+        if down:
+            self._cut_streams()
+
+    def _cut_streams(self) -> None:
         for stream in list(self._streams):
             transport = stream._req.transport if stream._req is not None else None
             if transport is not None:
@@ -166,6 +194,8 @@ class StandinApiServer:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/api/v1/namespaces/{ns}/pods", self._pods)
+        app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get)
+        app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}", self._patch)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
         self.port = free_port()
@@ -205,12 +235,43 @@ class StandinApiServer:
     async def _pods(self, request: web.Request) -> web.StreamResponse:
         query = dict(request.query)
         self.requests.append(query)
+        if (outage := self._unavailable()) is not None:
+            return outage
         if self.fail_next > 0:
             self.fail_next -= 1
             return web.json_response(self._status(500, "InternalError", "stand-in failure"), status=500)
         if query.get("watch") in ("true", "1"):
             return await self._watch(request, request.match_info["ns"], query)
         return self._list(request.match_info["ns"], query)
+
+    def _not_found(self, ns: str, name: str) -> web.Response:
+        return web.json_response(self._status(404, "NotFound", f'pods "{name}" not found'), status=404)
+
+    def _unavailable(self) -> web.Response | None:
+        if self.down:
+            return web.json_response(self._status(503, "ServiceUnavailable", "stand-in outage"), status=503)
+        return None
+
+    async def _get(self, request: web.Request) -> web.Response:
+        if (outage := self._unavailable()) is not None:
+            return outage
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        pod = self.pods.get((ns, name))
+        return web.json_response(pod) if pod is not None else self._not_found(ns, name)
+
+    async def _patch(self, request: web.Request) -> web.Response:
+        """JSON merge patch (RFC 7386: objects merge, null removes), the only kind served."""
+        if (outage := self._unavailable()) is not None:
+            return outage
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        self.requests.append({"patch": name})
+        if request.content_type != "application/merge-patch+json":
+            message = f"unsupported patch type {request.content_type}"
+            return web.json_response(self._status(415, "UnsupportedMediaType", message), status=415)
+        before = self.pods.get((ns, name))
+        if before is None:
+            return self._not_found(ns, name)
+        return web.json_response(await self.put_pod(merge_patch(copy.deepcopy(before), await request.json())))
 
     def _list(self, ns: str, query: dict[str, str]) -> web.Response:
         pods = self._selected(ns, query.get("labelSelector", ""))
