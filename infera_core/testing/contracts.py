@@ -41,7 +41,23 @@ from infera_core.scheduling.types import (
     SchedulerDeps,
     Scorer,
 )
+from infera_core.testing.transport_contracts import (
+    KvEventTransportContract,
+    RequestTransportContract,
+)
 from infera_core.worker import KvEventsInfo, PdInfo, Role, Status, WorkerRecord
+
+__all__ = [
+    "EngineAdapterContract",
+    "FilterContract",
+    "KvEventTransportContract",
+    "PickerContract",
+    "RequestTransportContract",
+    "ScorerContract",
+    "no_io",
+    "random_record",
+    "sample_launch_context",
+]
 
 ENGINE_MODULES = ("torch", "vllm", "sglang", "atom")
 """Packages no plugin module may import at import time."""
