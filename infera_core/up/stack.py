@@ -27,6 +27,7 @@ from infera_core.errors import ConfigError, EngineError, InferaError
 from infera_core.facade import InferaHooks
 from infera_core.launcher.runtime import WorkerLauncher
 from infera_core.launcher.settings import WorkerSettings
+from infera_core.up.embedded_nats import start_embedded_nats, wants_embedded_nats
 from infera_core.up.settings import UpSettings
 
 log = logging.getLogger("infera.up")
@@ -102,6 +103,8 @@ class Stack:
         self._sock: socket.socket | None = None
         self.port = 0
         self.kv: Any = None
+        self.nats: Any = None
+        """The nats-server this stack started (NATS plane without --nats-url), else None."""
 
     # -- addresses -------------------------------------------------------------
     @property
@@ -132,6 +135,9 @@ class Stack:
         if s.engine not in self.hooks.catalog().engines:
             self.hooks.require("engine", s.engine)  # raises with the available names
         try:
+            if wants_embedded_nats(s):
+                self.nats = start_embedded_nats()
+                self.settings = s = s.model_copy(update={"nats_url": self.nats.url})
             self.discovery = self._make_discovery()
             await self.discovery.start()
             self._sock = _bind(s.host, s.port)
@@ -378,6 +384,9 @@ class Stack:
                 await self.discovery.close()
             self.discovery = None
         self._tasks = []
+        if self.nats is not None:
+            self.nats.close()
+            self.nats = None
 
 
 def _wid(lc: WorkerLauncher) -> str:

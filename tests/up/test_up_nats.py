@@ -1,0 +1,62 @@
+"""``infera-run up`` on the production plane: NATS discovery, requests and KV events, with the
+nats-server the stack starts itself."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import pytest
+from rich.console import Console
+
+from infera_core.backends import backend_models
+from infera_core.facade import InferaHooks
+from infera_core.settings import compose_settings
+from infera_core.up.demo import DemoWorkload, run_demo
+from infera_core.up.settings import UpSettings
+from infera_core.up.stack import Stack
+
+pytest.importorskip("infera_sim")
+pytest.importorskip("infera_policies")
+pytest.importorskip("infera_nats")
+
+
+def _nats_up(**values: object) -> tuple[UpSettings, InferaHooks]:
+    hooks = InferaHooks.load()
+    model = compose_settings(UpSettings, backend_models(hooks.catalog()))
+    plane = {"discovery": "nats", "request_transport": "nats", "kv_event_transport": "nats"}
+    return model(**plane, **values), hooks  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+async def test_up_on_the_nats_plane_serves_both_apis_and_routes_kv_aware() -> None:
+    settings, hooks = _nats_up(workers=3, policy="kv-aware", port=0, quiet=True, drain_timeout=2)
+    engine_args = ["--speedup", "20", "--cache-blocks", "2048"]
+    async with Stack(settings, hooks, engine_args=engine_args) as stack:
+        assert stack.nats is not None  # no --nats-url: the stack runs its own nats-server
+        nats_port = stack.nats.port
+        assert stack.discovery is not None
+        records = await stack.discovery.list_workers()
+        assert len(records) == 3
+        assert {(r.request_transport, r.kv_event_transport) for r in records} == {("nats", "nats")}
+        assert all(r.request_params.get("subject") for r in records)
+        async with httpx.AsyncClient(timeout=30) as client:
+            chat = await client.post(
+                f"{stack.url}/chat/completions",
+                json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            )
+            assert chat.status_code == 200, chat.text
+            assert chat.json()["choices"][0]["message"]["content"]
+            messages = await client.post(
+                f"{stack.url}/messages",
+                json={"model": "sim-model", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+            )
+            assert messages.status_code == 200, messages.text
+            assert messages.json()["type"] == "message"
+        w = DemoWorkload(groups=4, questions_per_group=4, prefix_len=300, question_len=12, output_len=4)
+        rr, routed = await run_demo(stack, Console(quiet=True), w)
+    assert rr.summary["completed"] == routed.summary["completed"] == 16
+    # KV events reach the router through JetStream: kv-aware keeps each prefix on one worker
+    assert routed.summary["prefix_cache_hit_rate"] > rr.summary["prefix_cache_hit_rate"] + 0.15
+    with socket.socket() as sock:  # the embedded nats-server stopped with the stack
+        assert sock.connect_ex(("127.0.0.1", nats_port)) != 0
