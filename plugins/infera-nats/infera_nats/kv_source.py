@@ -56,6 +56,7 @@ class NatsKvSource:
 
     async def start(self) -> None:
         self.nc = await connect_nats(self.servers, self.name, self.connect_timeout)
+        await kv_wire.ensure_stream(self.nc, self.prefix)  # routers may start before any relay
 
     async def close(self) -> None:
         await close_quietly(self.nc)

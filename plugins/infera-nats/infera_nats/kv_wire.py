@@ -13,6 +13,12 @@ unchanged, so routers detect gaps and engine restarts exactly as on the ZMQ path
 
 from __future__ import annotations
 
+import contextlib
+
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js.api import DiscardPolicy, StorageType
+
 from infera_nats.transport_wire import subject_token
 
 STREAM = "INFERA_KV"
@@ -50,3 +56,23 @@ def unpack(data: bytes) -> list[tuple[int, bytes]]:
         out.append((seq, data[i + _HEAD : end]))
         i = end
     return out
+
+
+async def ensure_stream(
+    nc: Client, prefix: str, *, max_msgs_per_subject: int = 10_000, memory: bool = False
+) -> None:
+    """Create the KV event stream unless it exists (an existing one is left as configured)."""
+    js = nc.jetstream()
+    try:
+        await js.stream_info(STREAM)
+        return
+    except nats.js.errors.NotFoundError:
+        pass
+    with contextlib.suppress(nats.js.errors.BadRequestError):  # created concurrently by another relay
+        await js.add_stream(
+            name=STREAM,
+            subjects=[f"{prefix}.kv.>"],
+            max_msgs_per_subject=max_msgs_per_subject,
+            discard=DiscardPolicy.OLD,
+            storage=StorageType.MEMORY if memory else StorageType.FILE,
+        )

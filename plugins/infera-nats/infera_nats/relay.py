@@ -24,11 +24,11 @@ import nats.errors
 import zmq
 import zmq.asyncio
 from nats.aio.client import Client
-from nats.js.api import DiscardPolicy, StorageType
 
 from infera_core.kv.hub import _with_port_offset
 from infera_core.worker import KvEventsInfo
 from infera_nats import kv_wire
+from infera_nats.kv_wire import ensure_stream
 from infera_nats.transport_connect import close_quietly, connect_nats
 
 log = logging.getLogger("infera.nats.relay")
@@ -37,26 +37,6 @@ MAX_BATCHES = 256
 """Frames published together at most (when that many are already queued)."""
 MAX_BYTES = 512 * 1024
 REPLAY_TIMEOUT_S = 2.0
-
-
-async def ensure_stream(
-    nc: Client, prefix: str, *, max_msgs_per_subject: int = 10_000, memory: bool = False
-) -> None:
-    """Create the KV event stream unless it exists (an existing one is left as configured)."""
-    js = nc.jetstream()
-    try:
-        await js.stream_info(kv_wire.STREAM)
-        return
-    except nats.js.errors.NotFoundError:
-        pass
-    with contextlib.suppress(nats.js.errors.BadRequestError):  # created concurrently by another relay
-        await js.add_stream(
-            name=kv_wire.STREAM,
-            subjects=[f"{prefix}.kv.>"],
-            max_msgs_per_subject=max_msgs_per_subject,
-            discard=DiscardPolicy.OLD,
-            storage=StorageType.MEMORY if memory else StorageType.FILE,
-        )
 
 
 async def _connect(sock: zmq.asyncio.Socket, endpoint: str, within: float) -> None:
