@@ -51,7 +51,7 @@ async def test_workers_and_a_server_in_separate_processes_serve_a_mixed_fleet(
 
             async def healthy() -> bool:
                 try:
-                    return (await client.get(f"{base}/health")).json().get("active_workers") == 2
+                    return bool((await client.get(f"{base}/health")).json().get("active_workers") == 2)
                 except (httpx.HTTPError, ValueError):
                     return False
 
