@@ -32,6 +32,7 @@ from infera_core.server.metrics import ServerMetrics
 from infera_core.server.transport import (
     READ_ERRORS,
     PoolTimeoutError,
+    TransportDownError,
     Upstream,
     UpstreamError,
     UpstreamResponse,
@@ -150,7 +151,7 @@ class RouterCore:
             except UpstreamError as exc:
                 if hangs is not None:
                     hangs.end(wait, False)
-                self._failed(ctx, ep, worker_fault=True)
+                self._failed(ctx, ep, worker_fault=not isinstance(exc, TransportDownError))
                 log.warning("request %s: %s", ctx.log_id, exc)
                 last = ApiError(
                     504 if exc.timeout else 502,

@@ -79,6 +79,12 @@ class PoolTimeoutError(UpstreamError):
     worker's fault: answered 503, never retried, never counted against the worker's breaker)."""
 
 
+class TransportDownError(UpstreamError):
+    """The transport itself cannot reach any worker now (e.g. its message bus is down): retried
+    like any :class:`UpstreamError`, but never counted against the worker's breaker, so the
+    workers are routable again as soon as the transport is back."""
+
+
 class UpstreamResponse(Protocol):
     """A worker's response whose headers arrived; the body is read once, whole or in chunks."""
 

@@ -140,7 +140,7 @@ async def test_nats_restart_under_load_fails_only_while_down(nats_server: NatsSe
     print(
         f"NATS restart: {len(failures)} failed requests; recovered {first_ok - up_at:.2f} s after NATS was back"
     )
-    assert first_ok - up_at < 10
+    assert first_ok - up_at < 3  # NATS down is not the workers' fault: no breaker cool-down to wait out
 
 
 async def test_slow_consumer_fails_its_response_and_cancels_it(nats_server: NatsServer) -> None:

@@ -28,7 +28,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from infera_core.scheduling.types import Endpoint
-from infera_core.server.transport import UpstreamError, UpstreamReadError
+from infera_core.server.transport import TransportDownError, UpstreamError, UpstreamReadError
 from infera_nats import transport_wire as wire
 from infera_nats.transport_connect import close_quietly, connect_nats
 
@@ -319,7 +319,7 @@ class NatsUpstream:
                 raise UpstreamError(endpoint, "the NATS transport is not started yet", timeout=True) from None
         nc = self.nc
         if nc is None or not nc.is_connected:
-            raise UpstreamError(endpoint, "NATS is not connected")
+            raise TransportDownError(endpoint, "NATS is not connected")
         return nc
 
     async def close(self) -> None:
@@ -394,7 +394,7 @@ class NatsUpstream:
             if resp.status:
                 resp._fail(UpstreamReadError("the connection to NATS was lost mid-response"))
             else:
-                resp._fail(UpstreamError(resp.endpoint, "the connection to NATS was lost"))
+                resp._fail(TransportDownError(resp.endpoint, "the connection to NATS was lost"))
         self._pending.clear()
 
     def _send_cancel(self, cancel_subject: str, reply: str) -> None:
