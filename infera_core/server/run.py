@@ -45,6 +45,7 @@ async def serve(settings: ServeSettings, hooks: InferaHooks, kv: KvComponent | N
     app = create_app(settings, hooks, discovery=discovery, kv=kv, start_discovery=False)
     await discovery.start()
     try:
+        await app.state.core.upstream.start()  # a transport that cannot start: one line, not a traceback
         server = uvicorn.Server(uvicorn_config(app, settings))
         log.info("serving on http://%s:%d (discovery %s)", settings.host, settings.port, settings.discovery)
         await server.serve()

@@ -29,7 +29,7 @@ import socket
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from infera_core.errors import UnknownNameError
+from infera_core.errors import InferaError, UnknownNameError
 from infera_core.redact import redact_url
 from infera_core.scheduling.types import Endpoint
 
@@ -201,11 +201,22 @@ class Upstreams:
             log.exception("request transport %r: client failed to start", kind)
 
     async def start(self) -> None:
+        """Start the eager transports' clients (idempotent); a failure is one
+        :class:`InferaError` line naming the transport."""
+        if self._started:
+            return
         for kind in self.eager:
             if self.client(kind) is None:
                 raise UnknownNameError("request transport", kind, self.registry.names())
-        for client in list(self.clients.values()):
-            await client.start()
+        for kind, client in list(self.clients.items()):
+            try:
+                await client.start()
+            except InferaError:
+                raise
+            except Exception as exc:
+                raise InferaError(
+                    f"--request-transport {kind}: the client did not start: {exc or type(exc).__name__}"
+                ) from None
         self._started = True
 
     async def close(self) -> None:
