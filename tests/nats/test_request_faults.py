@@ -24,14 +24,15 @@ CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 
 
 class NatsFleet:
-    """Two fake engines, each behind its own responder, and a router whose upstream is NATS."""
+    """Two fake engines, each behind its own responder, and a router reaching them over NATS
+    (their records say ``request_transport: nats``, as a launcher with the flag publishes)."""
 
-    def __init__(self, nats: NatsServer, **settings: Any) -> None:
+    def __init__(self, nats: NatsServer, monkeypatch: pytest.MonkeyPatch, **settings: Any) -> None:
+        monkeypatch.setenv("INFERA_NATS_URL", nats.url)  # the router's --nats-url
         self.nats = nats
         self.settings = settings
         self.ups: list[FakeUpstream] = []
         self.responders: list[Responder] = []
-        self.client: NatsUpstream | None = None
 
     async def __aenter__(self) -> tuple[RunningServer, NatsFleet]:
         for i in range(2):
@@ -41,33 +42,27 @@ class NatsFleet:
             responder = Responder(up.name, up.url, self.nats.url, connect_timeout=2.0)
             await responder.start()
             self.responders.append(responder)
-        self.client = NatsUpstream(
-            self.nats.url, connect_timeout=2.0, first_byte_timeout=5.0, idle_timeout=5.0
-        )
-        await self.client.start()
-        self.cm = serving(settings_for(**self.settings), make_hooks())
+        self.cm = serving(settings_for(request_transport="nats", **self.settings), make_hooks())
         srv = await self.cm.__aenter__()
-        client = self.client
-        srv.core.upstream = client  # the router's hop to workers is NATS
-        if hasattr(srv.core.table, "upstream_for"):  # one client per request transport
-            srv.core.table.upstream_for = lambda record: client
-        for up in self.ups:
-            srv.store.put(record_for(up))
+        for up, responder in zip(self.ups, self.responders, strict=True):
+            srv.store.put(
+                record_for(up, request_transport="nats", request_params={"subject": responder.subject})
+            )
         await srv.wait_workers(2)
         return srv, self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.cm.__aexit__(None, None, None)
-        if self.client is not None:
-            await self.client.close()
         for r in self.responders:
             await r.close(grace=0.5)
         for up in self.ups:
             await up.stop()
 
 
-async def test_router_serves_json_and_streams_over_nats(nats_server: NatsServer) -> None:
-    async with NatsFleet(nats_server) as (srv, fleet), httpx.AsyncClient(base_url=srv.url) as c:
+async def test_router_serves_json_and_streams_over_nats(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with NatsFleet(nats_server, monkeypatch) as (srv, fleet), httpx.AsyncClient(base_url=srv.url) as c:
         seen = set()
         for _ in range(4):
             r = await c.post("/v1/chat/completions", json=CHAT)
@@ -80,8 +75,10 @@ async def test_router_serves_json_and_streams_over_nats(nats_server: NatsServer)
         assert sum(x.requests for x in fleet.responders) == 5
 
 
-async def test_client_disconnect_cancels_the_engine_request(nats_server: NatsServer) -> None:
-    async with NatsFleet(nats_server) as (srv, fleet), httpx.AsyncClient(base_url=srv.url) as c:
+async def test_client_disconnect_cancels_the_engine_request(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with NatsFleet(nats_server, monkeypatch) as (srv, fleet), httpx.AsyncClient(base_url=srv.url) as c:
         for up in fleet.ups:
             up.chunks, up.chunk_delay = 10_000, 0.01
         async with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
@@ -91,8 +88,10 @@ async def test_client_disconnect_cancels_the_engine_request(nats_server: NatsSer
         await until(lambda: not any(up.connections for up in fleet.ups), within=5)
 
 
-async def test_killed_responder_requests_go_to_the_other_worker(nats_server: NatsServer) -> None:
-    async with NatsFleet(nats_server) as (srv, fleet), httpx.AsyncClient(base_url=srv.url) as c:
+async def test_killed_responder_requests_go_to_the_other_worker(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with NatsFleet(nats_server, monkeypatch) as (srv, fleet), httpx.AsyncClient(base_url=srv.url) as c:
         dead = fleet.responders[0]
         assert dead.nc is not None
         await dead.nc.close()  # the responder is gone; its worker record is still there
@@ -102,10 +101,12 @@ async def test_killed_responder_requests_go_to_the_other_worker(nats_server: Nat
 
 
 @pytest.mark.slow
-async def test_nats_restart_under_load_fails_only_while_down(nats_server: NatsServer) -> None:
+async def test_nats_restart_under_load_fails_only_while_down(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     statuses: list[tuple[float, int]] = []
     stop = asyncio.Event()
-    async with NatsFleet(nats_server, request_max_retries=1) as (srv, _fleet):
+    async with NatsFleet(nats_server, monkeypatch, request_max_retries=1) as (srv, _fleet):
 
         async def load() -> None:
             async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
