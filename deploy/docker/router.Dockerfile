@@ -8,22 +8,17 @@ ARG DEBIAN_RELEASE=bookworm
 ARG INFERA_VERSION=0.1.0
 
 # -- wheels: this repo's distributions plus every dependency, built once ---------------
+# (the repo's own wheels are passed as files: never a same-named package from the index)
 # the full python image has a C compiler (infera-kv-native is a C extension)
 FROM python:${PYTHON_VERSION}-${DEBIAN_RELEASE} AS wheels
 ARG UV_VERSION=0.9.7
-ARG INFERA_VERSION
 RUN pip install --no-cache-dir "uv==${UV_VERSION}"
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY infera_core ./infera_core
 COPY plugins ./plugins
-RUN mkdir /wheels \
- && for dist in . plugins/*/; do uv build --wheel --out-dir /wheels "$dist"; done \
- && pip wheel --no-cache-dir --wheel-dir /wheels --find-links /wheels \
-      "infera-core==${INFERA_VERSION}" "infera-policies==${INFERA_VERSION}" \
-      "infera-kv-native==${INFERA_VERSION}" "infera-vllm==${INFERA_VERSION}" \
-      "infera-sglang==${INFERA_VERSION}" "infera-atom==${INFERA_VERSION}" \
-      "infera-sim==${INFERA_VERSION}" "infera-k8s==${INFERA_VERSION}" "infera-nats==${INFERA_VERSION}"
+RUN for dist in . plugins/*/; do uv build --wheel --out-dir /dist "$dist"; done \
+ && pip wheel --no-cache-dir --wheel-dir /wheels /dist/*.whl
 
 # -- the image: slim, no compiler, non-root ----------------------------------------------
 FROM python:${PYTHON_VERSION}-slim-${DEBIAN_RELEASE}

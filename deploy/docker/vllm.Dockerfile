@@ -10,6 +10,7 @@ ARG VLLM_IMAGE=vllm/vllm-openai:v0.11.0
 ARG VLLM_ROCM_IMAGE=rocm/vllm:rocm7.0.0_vllm_0.11.2_20251210
 
 # -- wheels of this repo's distributions (pure Python: any interpreter of the base runs them)
+#    and the sdist of infera-kv-native (compiled, if it can be, by the base's own Python)
 FROM python:${PYTHON_VERSION}-slim-bookworm AS wheels
 ARG UV_VERSION=0.9.7
 RUN pip install --no-cache-dir "uv==${UV_VERSION}"
@@ -18,7 +19,9 @@ COPY pyproject.toml README.md ./
 COPY infera_core ./infera_core
 COPY plugins/infera-vllm ./plugins/infera-vllm
 COPY plugins/infera-k8s ./plugins/infera-k8s
-RUN for dist in . plugins/infera-vllm plugins/infera-k8s; do uv build --wheel --out-dir /wheels "$dist"; done
+COPY plugins/infera-kv-native ./plugins/infera-kv-native
+RUN for dist in . plugins/infera-vllm plugins/infera-k8s; do uv build --wheel --out-dir /wheels "$dist"; done \
+ && uv build --sdist --out-dir /wheels plugins/infera-kv-native
 
 # -- the vendor base, CUDA or ROCm (only the chosen one is pulled) ---------------------------
 FROM ${VLLM_IMAGE} AS base-cuda
@@ -30,8 +33,9 @@ FROM base-${GPU}
 ARG INFERA_VERSION
 COPY --chmod=0755 deploy/docker/install-infera.sh deploy/docker/entrypoint.sh /usr/local/lib/infera/
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
-    /usr/local/lib/infera/install-infera.sh /wheels \
-      "infera-core==${INFERA_VERSION}" "infera-vllm==${INFERA_VERSION}" "infera-k8s==${INFERA_VERSION}" \
+    UV_NO_CACHE=1 PIP_NO_CACHE_DIR=1 /usr/local/lib/infera/install-infera.sh /wheels \
+      "infera-core==${INFERA_VERSION}" "infera-kv-native==${INFERA_VERSION}" \
+      "infera-vllm==${INFERA_VERSION}" "infera-k8s==${INFERA_VERSION}" \
  && ln -s /usr/local/lib/infera/entrypoint.sh /usr/local/bin/infera-entrypoint
 ENV PATH=/opt/infera/bin:$PATH INFERA_ENGINE_PYTHON=/usr/local/bin/infera-engine-python \
     INFERA_HOST=0.0.0.0 INFERA_PORT=8000 PYTHONUNBUFFERED=1

@@ -198,3 +198,57 @@ def test_router_entrypoint_and_healthcheck(tmp_path: Path) -> None:
 def test_install_script_is_valid_shell() -> None:
     for script in DOCKER.glob("*.sh"):
         assert subprocess.run(["sh", "-n", str(script)], timeout=10).returncode == 0, script
+
+
+@pytest.mark.slow  # ~25 s: three package builds and a venv install
+def test_install_script_puts_infera_in_its_own_venv_beside_the_engine_python(tmp_path: Path) -> None:
+    """What every engine image runs at build time, run here: the repo's wheels (and the
+    kv-native sdist) into a separate venv, the engine interpreter linked, infera-run working."""
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not installed (scripts/setup-dev.sh installs it)")
+    dist = tmp_path / "wheels"
+    for source, kind in (
+        (".", "--wheel"),
+        ("plugins/infera-sim", "--wheel"),
+        ("plugins/infera-kv-native", "--sdist"),
+    ):
+        subprocess.run(
+            [uv, "build", "-q", kind, "--out-dir", str(dist), source], cwd=ROOT, check=True, timeout=300
+        )
+    versions = distributions()
+    specs = [f"{n}=={versions[n][1]}" for n in ("infera-core", "infera-kv-native", "infera-sim")]
+    env = _env(
+        tmp_path,
+        INFERA_VENV=str(tmp_path / "venv"),
+        INFERA_ENGINE_PYTHON_LINK=str(tmp_path / "engine-python"),
+        CC="false",  # a base without a compiler: kv-native installs its pure-Python fallback, quickly
+    )
+    result = subprocess.run(
+        ["sh", str(DOCKER / "install-infera.sh"), str(dist), *specs],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if result.returncode != 0 and re.search(
+        r"(?i)failed to fetch|connect|dns|timed out|network", result.stderr
+    ):
+        pytest.skip(f"the package index is unreachable: {result.stderr[-300:]}")
+    assert result.returncode == 0, result.stderr
+    assert "infera-sim 0.1.0 (sim: ok)" in result.stdout  # the venv's infera-run finds the plugin
+    assert (tmp_path / "engine-python").is_symlink()
+    listed = subprocess.run(
+        [str(tmp_path / "venv" / "bin" / "infera-run"), "engines", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert '"sim"' in listed.stdout
+    missing = subprocess.run(
+        ["sh", str(DOCKER / "install-infera.sh"), str(dist), "infera-vllm==0.1.0"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 1 and "no wheel or sdist for infera-vllm==0.1.0" in missing.stderr
