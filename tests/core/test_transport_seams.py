@@ -140,14 +140,14 @@ class PigeonPlugin:
 def test_core_registers_http_and_zmq_like_a_plugin_and_plugins_add_theirs() -> None:
     hooks = make_hooks(("pigeon", PigeonPlugin()))
     catalog = hooks.catalog()
-    assert catalog.request_transports.names() == ["http", "pigeon"]
-    assert catalog.kv_event_transports.names() == ["pigeon", "zmq"]
+    assert {"http", "pigeon"} <= set(catalog.request_transports.names())  # (+ installed plugins')
+    assert {"pigeon", "zmq"} <= set(catalog.kv_event_transports.names())
     assert catalog.request_transports.owner_of("http") == "core"
     provides = catalog.provides()
     assert provides["pigeon"]["request_transports"] == ["pigeon"]
     assert provides["core"]["kv_event_transports"] == ["zmq"]
     assert hooks.require("request_transport", "pigeon") is catalog.request_transports.get("pigeon")
-    with pytest.raises(UnknownNameError, match=r"carrier.*http, pigeon"):
+    with pytest.raises(UnknownNameError, match=r"carrier.*http.*pigeon"):
         hooks.require("request_transport", "carrier")
 
 
