@@ -38,6 +38,7 @@ from infera_core.kv.index import KvIndex, WorkerView
 from infera_core.kv.metrics import KvMetrics
 from infera_core.kv.settings import KvSettings
 from infera_core.kv.sources import KvSources
+from infera_core.kv.zmq_sub import close_monitored, open_sub, redial
 from infera_core.transports import ZMQ, KvEventSource
 from infera_core.worker import WorkerRecord
 
@@ -63,6 +64,7 @@ class Subscription:
         "batches",
         "connected_at",
         "decode",
+        "drops",
         "empty_batches",
         "endpoint",
         "gaps",
@@ -105,6 +107,8 @@ class Subscription:
         """Batches the index's native parser applied (the rest went through ``decode``)."""
         self.undecodable = 0
         self.bad_seq = 0
+        self.drops = 0
+        """Times the publisher's connection dropped (an oversized message, a restart)."""
         """Frames skipped because their seq was not 8 bytes or was negative."""
         self.empty_batches = 0
         self.gaps = 0
@@ -125,6 +129,7 @@ class Subscription:
             "native_batches": self.native_batches,
             "undecodable_batches": self.undecodable,
             "bad_seq_frames": self.bad_seq,
+            "connection_drops": self.drops,
             "empty_batches": self.empty_batches,
             "gaps": self.gaps,
             "replays": self.replays,
@@ -265,16 +270,13 @@ class KvHub:
         assert self._ctx is not None
         kv = sub.record.kv_events
         assert kv is not None
-        sock = self._ctx.socket(zmq.SUB)
-        sock.setsockopt(zmq.IPV6, 1)  # tcp://[v6]:port endpoints; IPv4 ones work as before
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.settings.kv_reconnect_max_s * 1000))
-        sock.setsockopt(zmq.RCVHWM, 100_000)
-        sock.setsockopt(zmq.MAXMSGSIZE, self._max_message)  # a bigger frame drops the connection
-        sock.setsockopt(zmq.SUBSCRIBE, kv.topic.encode())
+        st = self.settings
+        sock = open_sub(
+            self._ctx, sub.endpoint, kv.topic.encode(), st.kv_max_message_bytes, st.kv_reconnect_max_s
+        )
+        mon = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        redialer = asyncio.create_task(redial(sock, mon, sub.endpoint, lambda: self._dropped(sub)))
         try:
-            sock.connect(sub.endpoint)
             if sub.last_seq is None and sub.replay_endpoint:
                 await self._initial_sync(sub)
             while True:
@@ -288,11 +290,18 @@ class KvHub:
                     continue
                 await self._on_batch(sub, seq, frames[-1])
         finally:
-            sock.close(0)
+            redialer.cancel()
+            close_monitored(sock, mon)
 
-    @property
-    def _max_message(self) -> int:
-        return self.settings.kv_max_message_bytes or -1
+    def _dropped(self, sub: Subscription) -> None:
+        sub.drops += 1
+        log.warning(
+            "worker %s: KV publisher connection %s dropped (a message over --kv-max-message-bytes %d,"
+            " or the publisher went away): reconnecting; events in between count as lost",
+            sub.record.worker_id,
+            sub.endpoint,
+            self.settings.kv_max_message_bytes,
+        )
 
     def _bad_seq(self, sub: Subscription, what: str) -> None:
         """A frame whose seq cannot be trusted: counted and skipped (a real gap shows at the next one)."""
@@ -444,7 +453,7 @@ class KvHub:
     async def _replay(self, sub: Subscription, start: int, until: int) -> list[tuple[int, bytes]] | None:
         assert self._ctx is not None and sub.replay_endpoint is not None
         sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.MAXMSGSIZE, self._max_message)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.settings.kv_max_message_bytes or -1)
         sock.setsockopt(zmq.IPV6, 1)
         sock.setsockopt(zmq.LINGER, 0)
         out: list[tuple[int, bytes]] = []

@@ -138,6 +138,7 @@ class KvIndex:
         "_apply_payload",
         "_batch_dp_rank",
         "_blocks",
+        "_credited",
         "_free_slots",
         "_next_slot",
         "_views",
@@ -154,6 +155,8 @@ class KvIndex:
         self._apply_payload: ApplyPayload | None = getattr(self._blocks, "apply_payload", None)
         self._batch_dp_rank = accel.ops.batch_dp_rank
         self._views: dict[ViewKey, WorkerView] = {}
+        self._credited: dict[ViewKey, WorkerView] = {}
+        """The views scorers may credit: every view except stale ones (they lost events)."""
         self._views_by_slot: dict[int, WorkerView] = {}
         self._free_slots: list[int] = []
         self._next_slot = 0
@@ -180,6 +183,8 @@ class KvIndex:
             self._next_slot += 1
         view = WorkerView(worker_id, dp_rank, slot, block_size, self._blocks)
         self._views[view.key] = view
+        if not view.stale:
+            self._credited[view.key] = view
         self._views_by_slot[slot] = view
         return view
 
@@ -188,8 +193,19 @@ class KvIndex:
 
     @property
     def views_by_key(self) -> dict[ViewKey, WorkerView]:
-        """``(worker_id, dp_rank)`` → view, read-only (scorers look many up per request)."""
-        return self._views
+        """``(worker_id, dp_rank)`` → view, read-only (scorers look many up per request).
+
+        Stale views (they lost events: their content may be wrong) are left out, so no
+        scorer credits them until they are trusted again."""
+        return self._credited
+
+    def set_stale(self, view: WorkerView, stale: bool) -> None:
+        """Mark ``view`` stale (not credited by scorers) or trusted again."""
+        view.stale = stale
+        if stale:
+            self._credited.pop(view.key, None)
+        elif self._views.get(view.key) is view:
+            self._credited[view.key] = view
 
     def views(self) -> list[WorkerView]:
         return list(self._views.values())
@@ -203,6 +219,7 @@ class KvIndex:
         for view in dropped:
             self.clear_view(view)
             del self._views[view.key]
+            self._credited.pop(view.key, None)
             del self._views_by_slot[view.slot]
             self._free_slots.append(view.slot)
         return len(dropped)

@@ -22,6 +22,12 @@ class KvSettings(BaseModel):
     kv_refill_s: float = Field(
         30.0, ge=0, description="A view cleared after lost events stays 'stale' this long while it refills."
     )
+    kv_max_message_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=0,
+        description="Largest KV event message accepted from a worker's publisher (ZMQ MAXMSGSIZE; a bigger"
+        " one drops the connection and its events count as lost; 0: unlimited).",
+    )
     kv_restart_window: int = Field(
         100_000, ge=1, description="A seq this far below the last one means the publisher restarted."
     )

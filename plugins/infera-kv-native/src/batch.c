@@ -304,7 +304,11 @@ typedef struct {
     int64_t rank;
 } batch_t;
 
-/* [ts, events, dp_rank?] -> batch (evs malloc'ed unless n is 0); 0 ok, -1 unsupported. */
+/* The smallest msgpack event the parser accepts: ["BlockRemoved", []] is 15 bytes, a
+ * fixarray with "AllBlocksCleared" 18; 8 leaves room and still bounds the allocation. */
+#define MIN_EVENT_BYTES 8
+
+/* [ts, events, dp_rank?] -> batch (evs PyMem-allocated unless n is 0); 0 ok, -1 unsupported. */
 static int parse_batch(const unsigned char *buf, size_t len, batch_t *b)
 {
     reader r = {buf, buf + len};
@@ -318,8 +322,13 @@ static int parse_batch(const unsigned char *buf, size_t len, batch_t *b)
     if (mp_read(&r, &evs) < 0 || evs.type != MP_ARRAY)
         return -1;
     b->n = evs.u;
+    /* A count is the sender's claim: every event takes at least MIN_EVENT_BYTES of the
+     * payload, so a count the rest of the payload cannot hold is refused before anything
+     * is allocated (the descriptors stay under sizeof(evdesc) / MIN_EVENT_BYTES x its size). */
+    if (b->n > (uint64_t)(r.end - r.p) / MIN_EVENT_BYTES)
+        return -1;
     if (b->n) {
-        b->evs = malloc((size_t)b->n * sizeof(evdesc));
+        b->evs = PyMem_Malloc((size_t)b->n * sizeof(evdesc));
         if (b->evs == NULL)
             return -1;
     }
@@ -336,7 +345,7 @@ static int parse_batch(const unsigned char *buf, size_t len, batch_t *b)
         goto bad; /* trailing bytes */
     return 0;
 bad:
-    free(b->evs);
+    PyMem_Free(b->evs);
     b->evs = NULL;
     return -1;
 }
@@ -528,7 +537,7 @@ PyObject *Index_apply_payload(IndexObject *x, PyObject *const *args, Py_ssize_t 
     result = Py_BuildValue("(KnnnnL)", (unsigned long long)b.n, o.applied, o.unknown_parent, o.unknown_removed,
                            o.bad_block_size, (long long)o.bad_block_size_value);
 done:
-    free(b.evs);
+    PyMem_Free(b.evs);
     PyBuffer_Release(&buf);
     return result;
 }
