@@ -9,7 +9,9 @@
   from the read's revision + 1. On any error (etcd restart, lost connection, revision
   compacted) start over with a full re-read, so deletions that happened meanwhile are
   emitted as DELETEs and the view converges to etcd's content.
-* records that fail validation are logged with their key and skipped.
+* records that fail validation are logged with their key and skipped; so is a record
+  whose ``worker_id`` differs from its key (one id everywhere: a record that claimed
+  another id could never be removed by its key's deletion and would stay a ghost).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import aetcd
 from infera_core.discovery.base import ChangeKind, DiscoverySettings, FleetChange
 from infera_core.discovery.etcd_client import ETCD_ERRORS, EtcdConnection, describe, parse_endpoints
 from infera_core.discovery.etcd_lease import LeaseKeeper
-from infera_core.discovery.records import SYNCED, diff, parse_record
+from infera_core.discovery.records import SYNCED, check_update, diff, parse_record
 from infera_core.errors import DiscoveryError
 from infera_core.redact import redact_url
 from infera_core.worker import WorkerRecord
@@ -60,10 +62,7 @@ class EtcdRegistration:
         return self._discovery.conn.client
 
     async def update(self, record: WorkerRecord) -> None:
-        if not self._live:
-            raise DiscoveryError(f"worker {self._record.worker_id!r} is no longer registered")
-        if record.worker_id != self._record.worker_id:
-            raise DiscoveryError(f"cannot change worker_id {self._record.worker_id!r} → {record.worker_id!r}")
+        check_update(self._live, self._record, record)
         self._record = record
         try:
             await self._client.put(self.key.encode(), record.to_json(), lease=self.lease_id)
@@ -182,10 +181,27 @@ class EtcdDiscovery:
         fresh: dict[str, WorkerRecord] = {}
         for kv in result:
             key = kv.key.decode(errors="replace")
-            record = parse_record(key, kv.value)
+            record = self._parse(key, kv.value)
             if record is not None:
-                fresh[key[len(self.prefix) :]] = record
+                fresh[record.worker_id] = record
         return fresh, result.header.revision
+
+    def _parse(self, key: str, value: bytes) -> WorkerRecord | None:
+        """The record at ``key``; None (logged) when malformed or when its id is not its key's."""
+        record = parse_record(key, value)
+        if record is None:
+            return None
+        worker_id = key[len(self.prefix) :]
+        if record.worker_id != worker_id:
+            log.warning(
+                "etcd: skipping the worker record at %s: its worker_id %r is not the key's %r"
+                " (a worker registers at <prefix><worker_id>)",
+                key,
+                record.worker_id,
+                worker_id,
+            )
+            return None
+        return record
 
     async def list_workers(self) -> list[WorkerRecord]:
         try:
@@ -236,7 +252,7 @@ class EtcdDiscovery:
         key = event.kv.key.decode(errors="replace")
         worker_id = key[len(self.prefix) :]
         if event.kind == "PUT":
-            record = parse_record(key, event.kv.value)
+            record = self._parse(key, event.kv.value)
             if record is not None:
                 known[worker_id] = record
                 return FleetChange(ChangeKind.PUT, worker_id, record)

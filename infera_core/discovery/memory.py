@@ -12,7 +12,7 @@ import functools
 from collections.abc import AsyncIterator
 
 from infera_core.discovery.base import ChangeKind, DiscoverySettings, FleetChange, Registration
-from infera_core.discovery.records import SYNCED
+from infera_core.discovery.records import SYNCED, check_update
 from infera_core.errors import DiscoveryError
 from infera_core.redact import redact_url
 from infera_core.worker import WorkerRecord
@@ -57,13 +57,12 @@ class MemoryRegistration:
     def __init__(self, store: MemoryStore, record: WorkerRecord) -> None:
         self._store = store
         self._worker_id = record.worker_id
+        self._record = record
         self._live = True
 
     async def update(self, record: WorkerRecord) -> None:
-        if not self._live:
-            raise DiscoveryError(f"worker {self._worker_id!r} is no longer registered")
-        if record.worker_id != self._worker_id:
-            raise DiscoveryError(f"cannot change worker_id {self._worker_id!r} → {record.worker_id!r}")
+        check_update(self._live, self._record, record)
+        self._record = record
         self._store.put(record)
 
     async def deregister(self) -> None:

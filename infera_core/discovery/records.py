@@ -7,6 +7,7 @@ import logging
 from pydantic import ValidationError
 
 from infera_core.discovery.base import ChangeKind, FleetChange
+from infera_core.errors import DiscoveryError
 from infera_core.worker import WorkerRecord
 
 log = logging.getLogger("infera.discovery")
@@ -31,6 +32,14 @@ def diff(known: dict[str, WorkerRecord], fresh: dict[str, WorkerRecord]) -> list
             known[wid] = record
             changes.append(FleetChange(ChangeKind.PUT, wid, record))
     return changes
+
+
+def check_update(live: bool, current: WorkerRecord, record: WorkerRecord) -> None:
+    """What every ``Registration.update`` checks first: still registered, same worker id."""
+    if not live:
+        raise DiscoveryError(f"worker {current.worker_id!r} is no longer registered")
+    if record.worker_id != current.worker_id:
+        raise DiscoveryError(f"cannot change worker_id {current.worker_id!r} → {record.worker_id!r}")
 
 
 SYNCED = FleetChange(ChangeKind.SYNCED, "", None)

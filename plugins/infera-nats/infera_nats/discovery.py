@@ -32,7 +32,7 @@ from nats.js import api
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from infera_core.discovery.base import ChangeKind, DiscoverySettings, FleetChange
-from infera_core.discovery.records import SYNCED, diff, parse_record
+from infera_core.discovery.records import SYNCED, check_update, diff, parse_record
 from infera_core.errors import DiscoveryError
 from infera_core.redact import redact_url
 from infera_core.worker import WorkerRecord
@@ -104,10 +104,7 @@ class NatsRegistration:
         return self._record
 
     async def update(self, record: WorkerRecord) -> None:
-        if not self._live:
-            raise DiscoveryError(f"worker {self._record.worker_id!r} is no longer registered")
-        if record.worker_id != self._record.worker_id:
-            raise DiscoveryError(f"cannot change worker_id {self._record.worker_id!r} → {record.worker_id!r}")
+        check_update(self._live, self._record, record)
         self._record = record
         try:
             self.revision = await self._discovery.put(self.key, record, self.revision)
