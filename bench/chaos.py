@@ -89,7 +89,9 @@ def cli(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.list:
         for name, (fn, fast) in SCENARIOS.items():
-            print(f"{name}{' (fast)' if fast else ''}  {(fn.__doc__ or '').strip().splitlines()[0] if fn.__doc__ else ''}")
+            print(
+                f"{name}{' (fast)' if fast else ''}  {(fn.__doc__ or '').strip().splitlines()[0] if fn.__doc__ else ''}"
+            )
         return 0
     names = [n for n, (_, fast) in SCENARIOS.items() if fast or not a.fast]
     if a.only:

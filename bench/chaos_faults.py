@@ -131,7 +131,8 @@ async def ghost_record(stack: ChaosStack) -> Row:
         removed = await wait_until(gone, 10)
     ok = removed is not None and "ghost-in-record" not in seen
     sees = f"while present the router listed {sorted(seen) or 'nothing'}; after the delete: {'gone' if removed is not None else 'still listed'}"
-    return Row("an etcd record whose worker_id differs from its key, then the key deleted", sees, ok=ok)
+    lost = "nothing" if ok else "a ghost worker stays in the routing table (its requests fail over)"
+    return Row("an etcd record whose worker_id differs from its key, then the key deleted", sees, lost, ok)
 
 
 # -- KV events ---------------------------------------------------------------------------------

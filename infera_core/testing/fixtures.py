@@ -13,7 +13,13 @@ import pytest
 
 from infera_core.facade import InferaHooks
 from infera_core.testing.etcd import EtcdServer, etcd_binary
-from infera_core.testing.fleet import infera_cli, launch_worker, standin_env, standin_pythonpath  # noqa: F401
+from infera_core.testing.fleet import (  # noqa: F401
+    etcd_fleet,
+    infera_cli,
+    launch_worker,
+    standin_env,
+    standin_pythonpath,
+)
 from infera_core.testing.nats import NatsServer, nats_server_binary
 from infera_core.testing.net import free_port as _free_port
 

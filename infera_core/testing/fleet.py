@@ -18,11 +18,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from infera_core.discovery.view import FleetView
+from infera_core.testing.etcd import EtcdServer
 
 DIST_NAME = "infera_standin_testplugin-0.0.0"
 
@@ -205,3 +208,18 @@ async def eventually(predicate: Callable[[], bool], within: float, step: float =
             return
         await asyncio.sleep(step)
     assert predicate(), f"condition not met within {within}s"
+
+
+@pytest.fixture
+async def etcd_fleet(etcd_server: EtcdServer) -> AsyncIterator[FleetView]:
+    """A router-side view (:class:`FleetView`) of the workers registered in ``etcd_server``."""
+    from infera_core.discovery.base import DiscoverySettings
+    from infera_core.discovery.etcd import EtcdDiscovery
+
+    disc = EtcdDiscovery(DiscoverySettings(etcd_endpoints=[etcd_server.url]))
+    await disc.start()
+    view = FleetView(disc)
+    await view.start()
+    yield view
+    await view.stop()
+    await disc.close()

@@ -303,8 +303,18 @@ class Stack:
         _LIVE_GROUPS.add(pid)
 
     async def _wait_routable(self, within: float) -> None:
-        """Until the server's fleet view holds every worker (memory: at once; etcd: a watch away)."""
-        await self.wait_routable(len(self.launchers), within)
+        """Until the server's fleet view holds every worker (memory: at once; etcd: a watch away);
+        the error of a worker that stops meanwhile (its engine died right after registering)."""
+        routable = asyncio.ensure_future(self.wait_routable(len(self.launchers), within))
+        try:
+            while not routable.done():
+                await asyncio.wait([routable, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
+                for lc, t in zip(self.launchers, self._tasks, strict=True):
+                    if t.done():
+                        self._raise_failed(lc, t)
+            routable.result()
+        finally:
+            routable.cancel()
 
     async def wait_routable(self, count: int, within: float, port: int | None = None) -> None:
         """Until the server (or the side server on ``port``) routes to ``count`` active workers."""

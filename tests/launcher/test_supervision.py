@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import httpx
 import pytest
 
-from infera_core.discovery.base import ChangeKind, DiscoverySettings, FleetChange
-from infera_core.discovery.etcd import EtcdDiscovery
+from infera_core.discovery.base import ChangeKind, FleetChange
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 from infera_core.discovery.view import FleetView
 from infera_core.errors import EngineError
@@ -30,17 +29,6 @@ pytest.importorskip("infera_sim")
 Launch = Callable[..., LauncherProcess]
 
 
-@pytest.fixture
-async def fleet(etcd_server: EtcdServer) -> AsyncIterator[FleetView]:
-    disc = EtcdDiscovery(DiscoverySettings(etcd_endpoints=[etcd_server.url]))
-    await disc.start()
-    view = FleetView(disc)
-    await view.start()
-    yield view
-    await view.stop()
-    await disc.close()
-
-
 async def _engine_pid(url: str) -> int:
     async with httpx.AsyncClient(timeout=10) as client:
         return int((await client.get(f"{url}/sim/info")).json()["pid"])
@@ -55,10 +43,10 @@ async def _complete(url: str) -> int:
 @pytest.mark.etcd
 @pytest.mark.slow
 async def test_killed_engine_is_deregistered_restarted_and_registered_again(
-    etcd_server: EtcdServer, fleet: FleetView, launch_worker: Launch
+    etcd_server: EtcdServer, etcd_fleet: FleetView, launch_worker: Launch
 ) -> None:
     changes: list[FleetChange] = []
-    fleet.subscribe(changes.append)
+    etcd_fleet.subscribe(changes.append)
     worker = launch_worker(
         "sim",
         *("--model", "m", "--etcd-endpoint", etcd_server.url, "--worker-id", "w1"),
@@ -67,21 +55,21 @@ async def test_killed_engine_is_deregistered_restarted_and_registered_again(
         env={"INFERA_MAX_RESTARTS": "3", "INFERA_LOAD_PLUGINS": "sim"},
     )
     await worker.until_output("w1 registered", within=60)
-    await fleet.wait_for(lambda v: v.is_routable("w1"), within=5)
-    url = fleet.workers["w1"].url
+    await etcd_fleet.wait_for(lambda v: v.is_routable("w1"), within=5)
+    url = etcd_fleet.workers["w1"].url
     first_pid = await _engine_pid(url)
 
     os.kill(first_pid, signal.SIGKILL)
     await worker.until_output("restarting in 0.2s (restart 1 in a row, at most 3)", within=30)
-    await fleet.wait_for(lambda v: any(c.kind is ChangeKind.DELETE for c in changes), within=10)
-    await fleet.wait_for(lambda v: v.is_routable("w1"), within=60)
-    assert fleet.workers["w1"].url == url  # same port, same id
+    await etcd_fleet.wait_for(lambda v: any(c.kind is ChangeKind.DELETE for c in changes), within=10)
+    await etcd_fleet.wait_for(lambda v: v.is_routable("w1"), within=60)
+    assert etcd_fleet.workers["w1"].url == url  # same port, same id
     assert await _complete(url) == 200
     assert await _engine_pid(url) != first_pid
 
     worker.signal(signal.SIGTERM)
     assert await asyncio.to_thread(worker.proc.wait, 30) == 0
-    await fleet.wait_for(lambda v: "w1" not in v.workers, within=10)
+    await etcd_fleet.wait_for(lambda v: "w1" not in v.workers, within=10)
 
 
 async def test_restarts_stop_after_max_restarts_in_a_row() -> None:

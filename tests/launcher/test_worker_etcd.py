@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import httpx
 import pytest
 
-from infera_core.discovery.base import ChangeKind, DiscoverySettings, FleetChange
-from infera_core.discovery.etcd import EtcdDiscovery
+from infera_core.discovery.base import ChangeKind, FleetChange
 from infera_core.discovery.view import FleetView
 from infera_core.engine_support import metrics_in_flight
 from infera_core.testing.etcd import EtcdServer
@@ -23,35 +22,23 @@ pytestmark = pytest.mark.etcd
 Launch = Callable[..., LauncherProcess]
 
 
-@pytest.fixture
-async def fleet(etcd_server: EtcdServer) -> AsyncIterator[FleetView]:
-    """A router-side view of the etcd fleet."""
-    disc = EtcdDiscovery(DiscoverySettings(etcd_endpoints=[etcd_server.url]))
-    await disc.start()
-    view = FleetView(disc)
-    await view.start()
-    yield view
-    await view.stop()
-    await disc.close()
-
-
 def worker_args(server: EtcdServer, port: int, *extra: str) -> list[str]:
     return ["--model", "m", "--etcd-endpoint", server.url, "--port", str(port), "--worker-id", "w1", *extra]
 
 
 async def test_register_then_drain_on_sigterm(
-    etcd_server: EtcdServer, fleet: FleetView, launch_worker: Launch
+    etcd_server: EtcdServer, etcd_fleet: FleetView, launch_worker: Launch
 ) -> None:
     loop = asyncio.get_running_loop()
     changes: list[tuple[float, FleetChange]] = []
-    fleet.subscribe(lambda c: changes.append((loop.time(), c)))
+    etcd_fleet.subscribe(lambda c: changes.append((loop.time(), c)))
     port = free_port()
     args = worker_args(etcd_server, port, "--lease-ttl", "3", "--delay", "2", "--", "--startup-delay", "0.1")
     worker = launch_worker("standin", *args)
     registered_at = await worker.until_output("w1 registered", within=30)
-    await fleet.wait_for(lambda v: v.is_routable("w1"), within=1)
+    await etcd_fleet.wait_for(lambda v: v.is_routable("w1"), within=1)
     assert loop.time() - registered_at < 1
-    record = fleet.workers["w1"]
+    record = etcd_fleet.workers["w1"]
     assert (record.url, record.model, record.engine) == (f"http://127.0.0.1:{port}", "m", "standin")
     assert "--startup-delay 0.1" in worker.output()  # flags after -- reach the engine
     assert "[standin:w1] standin engine listening" in worker.output()  # prefixed engine output
@@ -68,14 +55,14 @@ async def test_register_then_drain_on_sigterm(
             await asyncio.sleep(0.05)
         sent_term = loop.time()
         worker.signal(signal.SIGTERM)
-        await fleet.wait_for(
+        await etcd_fleet.wait_for(
             lambda v: "w1" in v.workers and v.workers["w1"].status is Status.DRAINING, within=1
         )
         responses = await asyncio.gather(*requests)
         finished = loop.time()
     assert [r.status_code for r in responses] == [200, 200]
     assert all(r.json()["choices"][0]["text"] for r in responses)
-    await fleet.wait_for(lambda v: "w1" not in v.workers, within=5)
+    await etcd_fleet.wait_for(lambda v: "w1" not in v.workers, within=5)
     assert await worker.exited(within=15) == 0
     deleted_at = next(t for t, c in changes if c.kind is ChangeKind.DELETE)
     draining_at = next(t for t, c in changes if c.record is not None and c.record.status is Status.DRAINING)
@@ -84,16 +71,16 @@ async def test_register_then_drain_on_sigterm(
 
 
 async def test_kill_9_record_expires_within_ttl(
-    etcd_server: EtcdServer, fleet: FleetView, launch_worker: Launch
+    etcd_server: EtcdServer, etcd_fleet: FleetView, launch_worker: Launch
 ) -> None:
     port = free_port()
     worker = launch_worker("standin", *worker_args(etcd_server, port, "--lease-ttl", "2"))
     await worker.until_output("w1 registered", within=30)
-    await fleet.wait_for(lambda v: "w1" in v.workers, within=1)
+    await etcd_fleet.wait_for(lambda v: "w1" in v.workers, within=1)
     loop = asyncio.get_running_loop()
     killed = loop.time()
     worker.signal(signal.SIGKILL)
-    await fleet.wait_for(lambda v: "w1" not in v.workers, within=2 + 1)
+    await etcd_fleet.wait_for(lambda v: "w1" not in v.workers, within=2 + 1)
     assert loop.time() - killed <= 3
     async with httpx.AsyncClient(timeout=1) as client:  # the engine went down with its launcher
 
@@ -112,14 +99,14 @@ async def test_kill_9_record_expires_within_ttl(
 
 
 async def test_engine_death_deregisters_and_exits_nonzero(
-    etcd_server: EtcdServer, fleet: FleetView, launch_worker: Launch
+    etcd_server: EtcdServer, etcd_fleet: FleetView, launch_worker: Launch
 ) -> None:
     worker = launch_worker("standin", *worker_args(etcd_server, free_port(), "--die-after", "2.5"))
     await worker.until_output("w1 registered", within=30)
-    await fleet.wait_for(lambda v: "w1" in v.workers, within=1)
+    await etcd_fleet.wait_for(lambda v: "w1" in v.workers, within=1)
     code = await worker.exited(within=20)
     # deleted at once: well before the 10 s lease could expire
-    await fleet.wait_for(lambda v: "w1" not in v.workers, within=1)
+    await etcd_fleet.wait_for(lambda v: "w1" not in v.workers, within=1)
     out = worker.output()
     assert code != 0
     error = out[out.index("infera-run: error:") :]
@@ -129,18 +116,18 @@ async def test_engine_death_deregisters_and_exits_nonzero(
 
 
 async def test_failing_health_checks_count_as_a_dead_engine(
-    etcd_server: EtcdServer, fleet: FleetView, launch_worker: Launch
+    etcd_server: EtcdServer, etcd_fleet: FleetView, launch_worker: Launch
 ) -> None:
     args = worker_args(etcd_server, free_port(), "--fail-health-after", "2")
     worker = launch_worker("standin", *args, "--health-interval", "0.2", "--health-failures", "3")
     await worker.until_output("w1 registered", within=30)
     code = await worker.exited(within=20)
     assert code != 0 and "engine standin (worker w1) failed 3 health checks in a row" in worker.output()
-    await fleet.wait_for(lambda v: "w1" not in v.workers, within=1)
+    await etcd_fleet.wait_for(lambda v: "w1" not in v.workers, within=1)
 
 
 async def test_second_signal_skips_the_drain_wait(
-    etcd_server: EtcdServer, fleet: FleetView, launch_worker: Launch
+    etcd_server: EtcdServer, etcd_fleet: FleetView, launch_worker: Launch
 ) -> None:
     port = free_port()
     worker = launch_worker("standin", *worker_args(etcd_server, port, "--delay", "30", "--stop-timeout", "2"))
@@ -158,7 +145,7 @@ async def test_second_signal_skips_the_drain_wait(
         assert await worker.exited(within=10) == 0
         assert loop.time() - second < 6
         request.cancel()
-    assert "w1" not in fleet.workers
+    assert "w1" not in etcd_fleet.workers
 
 
 async def test_unreachable_etcd_at_startup_is_one_clear_error(launch_worker: Launch) -> None:

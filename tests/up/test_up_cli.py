@@ -271,14 +271,32 @@ def _until(predicate: Callable[[], bool], within: float, what: str) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.slow
-def test_engine_killed_with_sigkill_is_restarted_while_the_other_keeps_serving() -> None:
-    proc = _up("--workers", "2", "--quiet", "--drain-timeout", "2", "--", "--speedup", "20")
+@contextlib.contextmanager
+def _serving(*args: str) -> Iterator[tuple[subprocess.Popen[str], _Lines, str, int]]:
+    """``up`` ready (its stderr read by a thread), then stopped with SIGINT: it must exit 0."""
+    proc = _up(*args)
     assert proc.stderr is not None
     err = _Lines(proc.stderr)
     try:
         m = _wait_ready(proc, err=err)
-        url, port = m.group(1), int(m.group(2))
+        yield proc, err, m.group(1), int(m.group(2))
+        assert proc.poll() is None  # up never stopped on its own
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.mark.slow
+def test_engine_killed_with_sigkill_is_restarted_while_the_other_keeps_serving() -> None:
+    with _serving("--workers", "2", "--quiet", "--drain-timeout", "2", "--", "--speedup", "20") as (
+        proc,
+        err,
+        url,
+        port,
+    ):
         before = _engines(proc)
         assert len(before) == 2
         traffic = _Traffic(url)
@@ -289,27 +307,13 @@ def test_engine_killed_with_sigkill_is_restarted_while_the_other_keeps_serving()
         _until(lambda: _active_workers(port) == 2, 60, "two active workers again")
         traffic.wait_more(10)
         codes = traffic.stop()
-        assert proc.poll() is None  # up never stopped
         assert codes.count(200) == len(codes), Counter(codes)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
 
 
 @pytest.mark.slow
 def test_without_restarts_up_serves_on_with_the_remaining_worker_and_says_so() -> None:
-    proc = _up(
-        *("--workers", "2", "--quiet", "--drain-timeout", "2", "--restart-engine", "never"),
-        *("--", "--speedup", "20"),
-    )
-    assert proc.stderr is not None
-    err = _Lines(proc.stderr)
-    try:
-        m = _wait_ready(proc, err=err)
-        url, port = m.group(1), int(m.group(2))
+    args = ("--workers", "2", "--quiet", "--drain-timeout", "2", "--restart-engine", "never")
+    with _serving(*args, "--", "--speedup", "20") as (proc, err, url, port):
         traffic = _Traffic(url)
         traffic.wait_more(5)
         os.kill(min(_engines(proc)), signal.SIGKILL)
@@ -318,13 +322,6 @@ def test_without_restarts_up_serves_on_with_the_remaining_worker_and_says_so() -
         traffic.wait_more(10)
         codes = traffic.stop()
         assert codes.count(200) == len(codes), Counter(codes)
-        assert proc.poll() is None
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
 
 
 def test_status_line_names_workers_that_are_down_or_restarting() -> None:
