@@ -19,6 +19,8 @@ status change to ``draining``) or ``DELETE`` (``record`` is the last known one).
 ``SYNCED`` markers from the backend are not forwarded. When ``hooks`` is given,
 ``infera_worker_added`` / ``infera_worker_removed`` fire for every PUT / DELETE.
 Subscriber callbacks must be quick and must not raise (errors are logged).
+A PUT whose record's ``worker_id`` is not the change's is rejected with a log line (every
+consumer keys by ``worker_id``; a record filed under another id would be a ghost).
 If the backend's watch stream fails, it is restarted after ``retry_delay`` seconds
 and the differences are applied, so the view converges to the backend's content.
 """
@@ -149,6 +151,17 @@ class FleetView:
 
     async def _apply(self, change: FleetChange) -> None:
         if change.kind is ChangeKind.PUT and change.record is not None:
+            if change.record.worker_id != change.worker_id:
+                # one id everywhere: the table, hooks and removals all key by worker_id, so a
+                # record filed under another id could never be removed (a ghost worker)
+                log.warning(
+                    "fleet: rejected the record of worker %r delivered as %r (ids must agree)",
+                    change.record.worker_id,
+                    change.worker_id,
+                )
+                if change.worker_id in self._workers:  # what was there under that id is gone
+                    await self._apply(FleetChange(ChangeKind.DELETE, change.worker_id, None))
+                return
             if self._workers.get(change.worker_id) == change.record:
                 return
             self._workers[change.worker_id] = change.record
