@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,9 +20,11 @@ from infera_core.launcher.health import GenerationWatch
 from infera_core.launcher.restart import WorkerState
 from infera_core.launcher.runtime import WorkerLauncher
 from infera_core.launcher.settings import RestartPolicy, WorkerSettings
+from infera_core.settings import resolve
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.fleet import LauncherProcess
+from infera_core.up.settings import UpSettings
 from infera_core.worker import Status
 
 pytest.importorskip("infera_sim")
@@ -191,3 +194,19 @@ async def _wait_checks(launcher: WorkerLauncher, n: int, within: float) -> None:
                 return
             assert loop.time() < deadline, f"only {done} generation checks answered within {within}s"
             await asyncio.sleep(0.5)
+
+
+def test_restart_and_generation_settings_come_from_flag_env_and_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "worker.yaml"
+    config.write_text("restart_engine: on-failure\nmax_restarts: 7\nhealth_generate_interval: 0\n")
+    s = resolve(WorkerSettings, {}, config)
+    assert (s.restart_engine, s.max_restarts, s.health_generate_interval) == (RestartPolicy.ON_FAILURE, 7, 0)
+    monkeypatch.setenv("INFERA_MAX_RESTARTS", "9")
+    monkeypatch.setenv("INFERA_RESTART_ENGINE", "never")
+    s = resolve(WorkerSettings, {"health_generate_timeout": 3.0}, config)
+    assert (s.restart_engine, s.max_restarts, s.health_generate_timeout) == (RestartPolicy.NEVER, 9, 3.0)
+    monkeypatch.delenv("INFERA_RESTART_ENGINE")
+    up = resolve(UpSettings, {"max_restarts": 2}, None)
+    assert (up.restart_engine, up.max_restarts) == (RestartPolicy.ON_FAILURE, 2)  # up restarts by default
