@@ -178,3 +178,40 @@ async def test_relay_purges_its_subject_when_it_closes(nats_server: NatsServer) 
         finally:
             await other.close()
         assert nc.is_closed
+
+
+@pytest.mark.slow
+async def test_kv_events_survive_a_nats_restart(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Relay and routers reconnect on their own; the routers' consumers resume from the stream
+    (kept on disk by the server) and catch up with what was published around the outage."""
+    workers = ["w0"]
+    with sims(1) as engines:
+        async with relays(engines, nats_server) as (relay,):
+            zmq_hub = make_hub(nats_server, monkeypatch)
+            nats_hub = make_hub(nats_server, monkeypatch)
+            for hub in (zmq_hub, nats_hub):
+                await hub.start()
+            try:
+                zmq_hub.worker_added(record(engines[0], "w0", "zmq"))
+                nats_hub.worker_added(record(engines[0], "w0", "nats"))
+                before = await drive(engines, 3)
+                await until(lambda: fully_cached(nats_hub, before), within=15)
+                nats_server.restart()
+                assert relay.nc is not None
+                await until(lambda: relay.nc is not None and relay.nc.is_connected, within=15)
+                more = [prompt(0, 100 + i) for i in range(3)]
+                async with httpx.AsyncClient() as client:
+                    for text in more:
+                        r = await client.post(
+                            engines[0].url + "/v1/completions",  # type: ignore[attr-defined]
+                            json={"model": MODEL, "prompt": text, "max_tokens": 1},
+                        )
+                        assert r.status_code == 200
+                await until(lambda: fully_cached(zmq_hub, before + more), within=15)
+                await until(lambda: state(nats_hub, workers) == state(zmq_hub, workers), within=20)
+                assert not nats_hub.cache_view("w0")["stale"]
+            finally:
+                for hub in (zmq_hub, nats_hub):
+                    await hub.close()
