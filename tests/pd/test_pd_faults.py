@@ -71,18 +71,23 @@ async def test_prefill_500_is_retried_on_another_pair_and_trips_its_breaker(srv:
     await settled(srv)
 
 
-async def _running(c: httpx.AsyncClient, fleet: SimPdFleet, worker: str) -> float:
+async def _held(c: httpx.AsyncClient, fleet: SimPdFleet, worker: str) -> float:
+    """Requests ``worker``'s engine holds: running, or waiting (e.g. for its KV transfer)."""
     text = (await c.get(fleet.by_id(worker).handle.url + "/metrics")).text
-    return metric(text, "vllm:num_requests_running")
+    return metric(text, "vllm:num_requests_running") + metric(text, "vllm:num_requests_waiting")
 
 
-async def _until_running(
-    c: httpx.AsyncClient, fleet: SimPdFleet, worker: str, n: int, within: float = 10
+async def _until_held(
+    c: httpx.AsyncClient, fleet: SimPdFleet, worker: str, n: int, within: float = 15, why: str = ""
 ) -> None:
-    """Poll ``worker``'s running gauge (another process: no event to wait on) until it reads ``n``."""
-    async with asyncio.timeout(within):
-        while await _running(c, fleet, worker) != n:  # noqa: ASYNC110 (polling another process)
-            await asyncio.sleep(0.05)
+    """Poll ``worker``'s gauges (another process: no event to wait on) until it holds ``n`` requests."""
+    try:
+        async with asyncio.timeout(within):
+            while await _held(c, fleet, worker) != n:  # noqa: ASYNC110 (polling another process)
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        held = await _held(c, fleet, worker)
+        raise AssertionError(f"{worker} holds {held} requests, not {n}, after {within} s; {why}") from None
 
 
 async def test_client_disconnect_cancels_the_decode_leg(srv: RunningServer, bad_prefill: SimPdFleet) -> None:
@@ -90,13 +95,19 @@ async def test_client_disconnect_cancels_the_decode_leg(srv: RunningServer, bad_
     async with httpx.AsyncClient(timeout=20) as c:
         async with c.stream("POST", srv.url + "/v1/completions", json=body) as r:
             assert r.status_code == 200
-            async for line in r.aiter_lines():
+            first = ""
+            # hold the line iterator: a dropped one is closed by the loop (asyncgen finalizer),
+            # which closes the stream, i.e. the client leaves before the check below
+            lines = r.aiter_lines()
+            async for line in lines:
                 if line.startswith("data: "):
+                    first = line
                     break
-            # the first chunk can reach the client before d0's gauge counts the request: wait for it
-            await _until_running(c, bad_prefill, "d0", 1)
+            assert '"error"' not in first, first
+            # the first chunk can reach the client before d0's gauges count it: wait for that
+            await _until_held(c, bad_prefill, "d0", 1, why=f"first chunk: {first[:300]}")
         # the client went away: the router cancels the decode leg, the engine stops the request
-        await _until_running(c, bad_prefill, "d0", 0)
+        await _until_held(c, bad_prefill, "d0", 0)
     await settled(srv)
 
 
