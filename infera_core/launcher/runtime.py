@@ -46,6 +46,7 @@ from infera_core.launcher.health import GenerationWatch, health_generate
 from infera_core.launcher.process import EngineProcess
 from infera_core.launcher.restart import RestartBudget, WorkerState
 from infera_core.launcher.settings import WorkerSettings
+from infera_core.launcher.waits import first_of, quietly
 from infera_core.redact import redact_url
 from infera_core.transports import WorkerContext, WorkerTransports
 from infera_core.worker import Status, WorkerRecord
@@ -243,7 +244,7 @@ class WorkerLauncher:
             self._budget.in_a_row,
             self._budget.max_restarts,
         )
-        await _first(self._drain.wait(), within=delay)
+        await first_of(self._drain.wait(), within=delay)
         return not self._drain.is_set()
 
     def _context(self, adapter: EngineAdapter) -> LaunchContext:
@@ -322,13 +323,13 @@ class WorkerLauncher:
                     raise self._engine_died(
                         exited.result(), ctx, why=f"exited with code {exited.result()} before it was ready"
                     )
-                if await _quietly(adapter.is_ready(client, ctx.url), default=False):
+                if await quietly(adapter.is_ready(client, ctx.url), default=False):
                     return True
                 if loop.time() > deadline:
                     raise self._engine_died(
                         None, ctx, why=f"was not ready after --ready-timeout {self.settings.ready_timeout:g}s"
                     )
-                await _first(exited, self._drain.wait(), within=READY_POLL)
+                await first_of(exited, self._drain.wait(), within=READY_POLL)
         finally:
             exited.cancel()
 
@@ -342,12 +343,12 @@ class WorkerLauncher:
         failures = 0
         try:
             while not self._drain.is_set():
-                await _first(exited, self._drain.wait(), within=self.settings.health_interval)
+                await first_of(exited, self._drain.wait(), within=self.settings.health_interval)
                 if exited.done():
                     return self._engine_died(exited.result(), ctx)
                 if self._drain.is_set():
                     return None
-                if await _quietly(adapter.is_ready(client, ctx.url), default=False):
+                if await quietly(adapter.is_ready(client, ctx.url), default=False):
                     failures = 0
                     continue
                 failures += 1
@@ -416,7 +417,7 @@ class WorkerLauncher:
         settle = min(DRAIN_SETTLE, self.settings.drain_timeout)
         unknown_logged = False
         while not self._skip_wait.is_set() and loop.time() < deadline and self.process.returncode is None:
-            count = await _quietly(adapter.in_flight(client, ctx.url), default=None)
+            count = await quietly(adapter.in_flight(client, ctx.url), default=None)
             if count is None and not unknown_logged:
                 log.info(
                     "worker %s: engine does not report in-flight requests; waiting --drain-timeout %gs",
@@ -427,7 +428,7 @@ class WorkerLauncher:
             if count == 0 and loop.time() - started >= settle:
                 log.info("worker %s: no requests in flight after %.1fs", ctx.worker_id, loop.time() - started)
                 return
-            await _first(self._skip_wait.wait(), within=min(DRAIN_POLL, max(0.0, deadline - loop.time())))
+            await first_of(self._skip_wait.wait(), within=min(DRAIN_POLL, max(0.0, deadline - loop.time())))
         if loop.time() >= deadline:
             log.warning(
                 "worker %s: --drain-timeout %gs reached with requests maybe still running",
@@ -472,26 +473,6 @@ class WorkerLauncher:
         if self._owns_discovery and self._discovery is not None:
             with contextlib.suppress(Exception):
                 await self._discovery.close()
-
-
-async def _quietly(awaitable: Any, default: Any) -> Any:
-    try:
-        return await awaitable
-    except Exception as exc:
-        log.debug("engine check failed: %s", exc)
-        return default
-
-
-async def _first(*aws: Any, within: float) -> None:
-    """Wait until one of ``aws`` completes or ``within`` seconds pass (others are left running
-    when they are futures, cancelled when they are bare coroutines)."""
-    futures = [a if isinstance(a, asyncio.Future) else asyncio.ensure_future(a) for a in aws]
-    owned = [f for f, a in zip(futures, aws, strict=True) if f is not a]
-    try:
-        await asyncio.wait(futures, timeout=within, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for f in owned:
-            f.cancel()
 
 
 async def run_worker(
