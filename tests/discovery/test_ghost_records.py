@@ -58,8 +58,8 @@ async def test_a_record_whose_id_disagrees_with_its_key_never_becomes_a_worker(
             await view.wait_for(lambda v: not v.workers, within=5)
         assert table.by_id == {}  # nothing left behind: no ghost
         logged = caplog.text
-        for key, claimed in (("key-a", "other-a"), ("key-b", "other-b"), ("good", "impostor")):
-            assert f"/infera/workers/{key}" in logged and repr(claimed) in logged
+        for name, claimed in (("key-a", "other-a"), ("key-b", "other-b"), ("good", "impostor")):
+            assert f"/infera/workers/{name}" in logged and repr(claimed) in logged
     finally:
         await view.stop()
         await router.close()

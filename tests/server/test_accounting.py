@@ -73,8 +73,8 @@ class Ledger:
 
 @asynccontextmanager
 async def stack(**settings: Any) -> AsyncIterator[tuple[RunningServer, Ledger, list[FakeUpstream]]]:
-    settings = settings_for(router_policy="kv-aware", **settings)
-    async with fake_upstreams(2) as ups, serving(settings, make_hooks()) as srv:
+    serve = settings_for(router_policy="kv-aware", **settings)
+    async with fake_upstreams(2) as ups, serving(serve, make_hooks()) as srv:
         for u in ups:
             srv.store.put(record_for(u))
         await srv.wait_workers(2)
@@ -174,3 +174,24 @@ async def test_hung_worker_retry_releases_accounting() -> None:
         results = [await c.post("/v1/chat/completions", json=CHAT, timeout=10) for _ in range(3)]
         assert [r.status_code for r in results] == [200] * 3
         await ledger.balanced(3)
+
+
+async def test_disconnect_during_scheduling_sends_nothing_upstream() -> None:
+    async with stack() as (srv, ledger, ups), httpx.AsyncClient(base_url=srv.url) as c:
+        started, cancelled = asyncio.Event(), asyncio.Event()
+
+        async def slow_tokenizer(ctx: RequestContext) -> None:  # a long prompt being tokenized
+            started.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        srv.core.prepare = slow_tokenizer
+        await _gone_after(c, 0.3, CHAT)
+        await asyncio.wait_for(cancelled.wait(), 5)  # the request stopped where it was
+        assert started.is_set() and sum(u.requests for u in ups) == 0 and ledger.routed == 0
+        srv.core.prepare = None
+        assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        await ledger.balanced(1)

@@ -121,7 +121,7 @@ async def test_a_hung_sim_is_out_within_30s_by_default_and_a_slow_sim_is_not() -
     from infera_sim.testing import start_sim
 
     model = "sim-model"
-    quiet = {"kv_events_port": None, "kv_replay_port": None, "model": model}
+    quiet: dict[str, Any] = {"kv_events_port": None, "kv_replay_port": None, "model": model}
     body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
     with (
         start_sim(speedup="inf", **quiet) as fast,
