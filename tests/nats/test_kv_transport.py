@@ -215,3 +215,22 @@ async def test_kv_events_survive_a_nats_restart(
             finally:
                 for hub in (zmq_hub, nats_hub):
                     await hub.close()
+
+
+async def test_malformed_kv_message_is_logged_with_its_subject_and_skipped(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    with sims(1) as engines:
+        async with relays(engines, nats_server) as (relay,):
+            assert relay.nc is not None
+            await relay.nc.publish(relay.subject, b"\x00\x01 truncated")  # into the stream, before any batch
+            hub = make_hub(nats_server, monkeypatch)
+            await hub.start()
+            try:
+                hub.worker_added(record(engines[0], "w0", "nats"))
+                prompts = await drive(engines, 2)
+                await until(lambda: fully_cached(hub, prompts), within=15)
+                assert hub.cache_view("w0")["publishers"][0]["undecodable_batches"] == 1
+                assert f"malformed KV message on {relay.subject} skipped" in caplog.text
+            finally:
+                await hub.close()

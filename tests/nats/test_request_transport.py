@@ -139,3 +139,14 @@ async def test_large_bodies_are_split_across_messages(hop: Hop, nats_server: Nat
     resp = await hop.client.open(hop.endpoint, "/v1/chat/completions", PLAIN)
     assert await resp.read() == big
     resp.release()
+
+
+async def test_malformed_request_is_answered_and_skipped(hop: Hop, caplog: pytest.LogCaptureFixture) -> None:
+    assert hop.responder.nc is not None
+    nc = hop.responder.nc
+    reply = await nc.request(hop.responder.subject, b"not a request", timeout=5)
+    assert reply.data[:1] == b"X" and b"malformed request" in reply.data
+    assert "malformed NATS request on infera.req.w0" in caplog.text
+    resp = await hop.client.open(hop.endpoint, "/v1/chat/completions", PLAIN)  # still serving
+    assert resp.status == 200
+    resp.release()
