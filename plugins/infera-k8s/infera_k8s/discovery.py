@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx2 as httpx
 
-from infera_core.discovery.base import DiscoverySettings, FleetChange, Registration
+from infera_core.discovery.base import FleetChange, Registration
 from infera_core.discovery.records import SYNCED, diff
 from infera_core.errors import DiscoveryError
 from infera_core.worker import WorkerRecord
@@ -238,14 +238,3 @@ class KubernetesDiscovery:
                     return
                 log.warning("kubernetes discovery: watch failed (%s); resuming in %.1fs", exc, delay)
                 delay = await self._pause(delay)
-
-
-class KubernetesDiscoveryFactory:
-    name = "kubernetes"
-    description = "Worker pods picked by a label selector (list + watch; --k8s-* flags); read-only."
-    settings_model = KubernetesSettings
-
-    def create(self, settings: DiscoverySettings) -> KubernetesDiscovery:
-        options = getattr(settings, "options", None)  # the backend settings seam (flags + env)
-        own = options.get(KubernetesSettings) if options is not None else KubernetesSettings()
-        return KubernetesDiscovery(own, settings.connect_timeout)

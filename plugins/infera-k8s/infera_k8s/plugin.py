@@ -8,6 +8,6 @@ from infera_core.registry import DiscoveryRegistry
 
 @hookimpl
 def infera_register_discovery_backends(registry: DiscoveryRegistry) -> None:
-    from infera_k8s.discovery import KubernetesDiscoveryFactory
+    from infera_k8s.factory import KubernetesDiscoveryFactory
 
     registry.add(KubernetesDiscoveryFactory())
