@@ -210,3 +210,41 @@ def test_restart_and_generation_settings_come_from_flag_env_and_config_file(
     monkeypatch.delenv("INFERA_RESTART_ENGINE")
     up = resolve(UpSettings, {"max_restarts": 2}, None)
     assert (up.restart_engine, up.max_restarts) == (RestartPolicy.ON_FAILURE, 2)  # up restarts by default
+
+
+async def test_a_frozen_engine_leaves_rotation_and_comes_back_when_it_answers_again() -> None:
+    store = MemoryStore()
+    view = FleetView(MemoryDiscovery(store))
+    await view.start()
+    launcher = WorkerLauncher(
+        make_hooks(),
+        "sim",
+        WorkerSettings(
+            model="m",
+            worker_id="frozen",
+            health_failures=1000,  # only the generation check may notice
+            health_generate_interval=0.5,
+            health_generate_timeout=1.0,
+            drain_timeout=0.5,
+        ),
+        engine_args=["--speedup", "inf"],
+        discovery=MemoryDiscovery(store),
+        echo=lambda line: None,
+    )
+    task = asyncio.create_task(launcher.run())
+    try:
+        await launcher.wait_registered(60)
+        assert launcher.process is not None and launcher.process.pid is not None
+        pid = launcher.process.pid
+        os.kill(pid, signal.SIGSTOP)  # accepts connections (the kernel does), answers nothing
+        try:
+            await view.wait_for(lambda v: v.workers["frozen"].status is Status.DRAINING, within=20)
+            assert launcher.state is WorkerState.UNHEALTHY
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await view.wait_for(lambda v: v.is_routable("frozen"), within=20)
+        assert WorkerState(launcher.state) is WorkerState.SERVING and launcher.restarts == 0
+    finally:
+        await launcher.stop()
+        await asyncio.gather(task, return_exceptions=True)
+        await view.stop()
