@@ -12,7 +12,6 @@ from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
-from infera_core.backends import BackendOptions
 from infera_core.discovery.base import DiscoverySettings
 from infera_core.errors import ConfigError
 from infera_core.facade import InferaHooks
@@ -54,15 +53,7 @@ async def list_fleet(hooks: InferaHooks, settings: WorkersSettings) -> list[Work
             "or --discovery-backend static --static-file FILE"
         )
     factory = hooks.require("discovery_backend", name)
-    discovery = factory.create(
-        DiscoverySettings(
-            etcd_endpoints=[e for e in (settings.etcd_endpoint or "").split(",") if e.strip()],
-            prefix=settings.etcd_prefix,
-            static_file=settings.static_file,
-            connect_timeout=settings.connect_timeout,
-            options=BackendOptions(settings),
-        )
-    )
+    discovery = factory.create(DiscoverySettings.of(settings))
     await discovery.start()
     try:
         return await discovery.list_workers()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from infera_core.backends import BackendOptions
 from infera_core.worker import DEFAULT_PREFIX, WorkerRecord
@@ -50,6 +50,25 @@ class DiscoverySettings:
     None means the process-wide default store."""
     options: BackendOptions = field(default_factory=BackendOptions)
     """Settings models of plugin backends (see :mod:`infera_core.backends`)."""
+
+    @classmethod
+    def of(cls, source: object, **overrides: Any) -> DiscoverySettings:
+        """From a command's settings (``serve``, ``worker``, ``up``, ``workers``): the fields
+        they name alike (``etcd_endpoint`` as a list or a comma list, ``etcd_prefix`` or
+        ``discovery_prefix``, ``lease_ttl``, ``static_file``, ``connect_timeout``) plus every
+        plugin backend's settings (``options``); ``overrides`` win."""
+        raw = getattr(source, "etcd_endpoint", None) or []
+        items = raw.split(",") if isinstance(raw, str) else list(raw)
+        values: dict[str, Any] = {"etcd_endpoints": [e.strip() for e in items if e.strip()]}
+        prefix = getattr(source, "discovery_prefix", None) or getattr(source, "etcd_prefix", None)
+        if prefix:
+            values["prefix"] = prefix
+        for name in ("lease_ttl", "static_file", "connect_timeout"):
+            if getattr(source, name, None) is not None:
+                values[name] = getattr(source, name)
+        values["options"] = BackendOptions(source)
+        values.update(overrides)
+        return cls(**values)
 
 
 @runtime_checkable

@@ -6,7 +6,6 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from infera_core.backends import BackendOptions
 from infera_core.discovery.base import DiscoverySettings
 from infera_core.errors import ConfigError
 from infera_core.settings import InferaSettings
@@ -109,15 +108,7 @@ class WorkerSettings(InferaSettings):
         )
 
     def discovery_settings(self) -> DiscoverySettings:
-        endpoints = [e for e in (self.etcd_endpoint or "").split(",") if e.strip()]
-        return DiscoverySettings(
-            etcd_endpoints=endpoints,
-            prefix=self.etcd_prefix,
-            lease_ttl=self.lease_ttl,
-            static_file=self.static_file,
-            connect_timeout=self.connect_timeout,
-            options=BackendOptions(self),
-        )
+        return DiscoverySettings.of(self)
 
     def label_map(self) -> dict[str, str]:
         out: dict[str, str] = {}

@@ -55,6 +55,7 @@ from infera_core.server.hangs import HangDetector
 from infera_core.server.keys import KeyRing, Principal
 from infera_core.server.messages import MessagesProxy
 from infera_core.server.metrics import ServerMetrics
+from infera_core.server.openapi import add_openapi_route
 from infera_core.server.pd import build_pd
 from infera_core.server.proxy import OpenAIProxy
 from infera_core.server.series import LeanCollector
@@ -102,15 +103,7 @@ class InferaApp(FastAPI):
 
 def make_discovery(settings: ServeSettings, hooks: InferaHooks) -> Discovery:
     factory = hooks.catalog().discovery.get(settings.discovery)
-    return factory.create(
-        DiscoverySettings(
-            etcd_endpoints=list(settings.etcd_endpoint),
-            prefix=settings.discovery_prefix,
-            static_file=settings.static_file,
-            connect_timeout=settings.connect_timeout,
-            options=BackendOptions(settings),
-        )
-    )
+    return factory.create(DiscoverySettings.of(settings))
 
 
 def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
@@ -227,6 +220,7 @@ def create_app(
     app.router.routes.extend(Route(path, ep, methods=["POST"]) for path, ep in app.hot_routes.items())
     _control_routes(app, core, kv, auth, settings.public_metrics)
     add_tokenize_routes(app, core, limit)
+    add_openapi_route(app)
     app.state.dashboard = add_dashboard_routes(app, core, kv)
     _error_handlers(app)
     return app
@@ -328,9 +322,11 @@ def _error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404:
             return _error(404, f"Unknown route {request.method} {request.url.path}.", "unknown_route")
         if exc.status_code == 405:
-            return _error(
+            resp = _error(
                 405, f"Method {request.method} is not allowed on {request.url.path}.", "method_not_allowed"
             )
+            resp.headers.update(exc.headers or {})  # Allow: the route's methods
+            return resp
         return _error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)

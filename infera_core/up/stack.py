@@ -21,7 +21,7 @@ from typing import Any
 
 import uvicorn
 
-from infera_core.backends import BackendOptions, with_backend_fields
+from infera_core.backends import with_backend_fields
 from infera_core.discovery.base import Discovery, DiscoverySettings
 from infera_core.errors import ConfigError, EngineError, InferaError
 from infera_core.facade import InferaHooks
@@ -153,9 +153,7 @@ class Stack:
         s = self.settings
         name = s.discovery_name()
         if name != "memory":
-            endpoints = [e.strip() for e in (s.etcd_endpoint or "").split(",") if e.strip()]
-            factory = self.hooks.require("discovery_backend", name)
-            return factory.create(DiscoverySettings(etcd_endpoints=endpoints, options=BackendOptions(s)))
+            return self.hooks.require("discovery_backend", name).create(DiscoverySettings.of(s))
         from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 
         return MemoryDiscovery(MemoryStore())
