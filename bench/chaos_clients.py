@@ -150,17 +150,23 @@ async def huge_body(stack: ChaosStack) -> Row:
 async def deep_json(stack: ChaosStack) -> Row:
     depth = 100_000
     nested = "[" * depth + "]" * depth
-    body = f'{{"model":"{MODEL}","messages":[{{"role":"user","content":"x"}}],"x":{nested}}}'
-    r = await stack.client.post(
-        f"{stack.root}/v1/chat/completions",
-        content=body,
-        headers=stack.headers() | {"Content-Type": "application/json"},
+    deep_input = '{"a":' * depth + "1" + "}" * depth
+    chat = f'{{"model":"{MODEL}","messages":[{{"role":"user","content":"x"}}],"x":{nested}}}'
+    tool_use = f'{{"type":"tool_use","id":"t1","name":"f","input":{deep_input}}}'
+    messages = (
+        f'{{"model":"{MODEL}","max_tokens":4,"messages":[{{"role":"assistant","content":[{tool_use}]}}]}}'
     )
+    hdrs = stack.headers() | {"Content-Type": "application/json"}
+    got = []
+    for path, body in (("/v1/chat/completions", chat), ("/v1/messages", messages)):
+        r = await stack.client.post(f"{stack.root}{path}", content=body, headers=hdrs)
+        got.append((path, r))
     traceback = "Traceback" in stack.log_text("serve")
-    ok = r.status_code == 400 and not traceback
+    ok = all(r.status_code == 400 for _, r in got) and not traceback
+    sees = "; ".join(f"{path}: {error_text(r)}" for path, r in got)
     return Row(
-        f"JSON nested {depth:,} deep",
-        error_text(r) + ("; a traceback in the log" if traceback else ""),
+        f"JSON nested {depth:,} deep (chat; tool_use.input on /v1/messages)",
+        sees + ("; a traceback in the log" if traceback else ""),
         ok=ok,
     )
 
@@ -369,3 +375,31 @@ async def stream_disconnect(stack: ChaosStack) -> Row:
     return Row(
         "4 streaming clients leave after the first chunk", sees, "nothing" if ok else "engine work leaked", ok
     )
+
+
+@scenario(fast=True)
+async def pool_at_cap(stack: ChaosStack) -> Row:
+    """More concurrent requests than upstream connections: the excess waits --pool-timeout, then 503."""
+    if "--pool-timeout" not in stack.serve_flags:
+        return Row(
+            "requests waiting for an upstream connection at the cap",
+            "no --pool-timeout in this build",
+            "-",
+            False,
+        )
+    async with stack.second_router("--upstream-connections", "2", "--pool-timeout", "1") as root:
+
+        async def one() -> tuple[int, float]:
+            t0 = time.monotonic()
+            try:
+                r = await stack.chat(root=root, within=30, max_tokens=1500, ignore_eos=True)
+                return r.status_code, time.monotonic() - t0
+            except httpx.HTTPError:
+                return 0, time.monotonic() - t0
+
+        results = await asyncio.gather(*(one() for _ in range(6)))
+    codes = [c for c, _ in results]
+    waited = max((t for c, t in results if c != 200), default=0.0)
+    ok = 200 in codes and set(codes) <= {200, 503} and waited < 10
+    sees = f"{codes_text(codes)}; the 503s after {waited:.1f} s (--upstream-connections 2 --pool-timeout 1)"
+    return Row("6 concurrent requests through a router allowed 2 upstream connections", sees, ok=ok)

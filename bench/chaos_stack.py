@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,7 +119,15 @@ class ChaosStack:
             )
         ).stdout
         self.serve_flags = {w for w in help_text.split() if w.startswith("--")}
-        args = ["serve", "--port", str(self.port), "--etcd-endpoint", self.etcd.endpoint]
+        self.server = self._spawn("serve", self._serve_args(self.port))
+        for i in range(self.n_workers):
+            self.add_worker(f"sim-{i + 1}")
+        if await self.wait_active(self.n_workers, within=120) is None:
+            raise RuntimeError(f"the fleet did not come up; logs in {self.logs}")
+        return self
+
+    def _serve_args(self, port: int, *extra: str) -> list[str]:
+        args = ["serve", "--port", str(port), "--etcd-endpoint", self.etcd.endpoint]
         for flag, value in (
             ("--admin-token", ADMIN),
             ("--api-key-file", str(self.logs / "keys.yaml")),
@@ -127,12 +135,29 @@ class ChaosStack:
         ):
             if flag in self.serve_flags:
                 args += [flag, value]
-        self.server = self._spawn("serve", args)
-        for i in range(self.n_workers):
-            self.add_worker(f"sim-{i + 1}")
-        if await self.wait_active(self.n_workers, within=120) is None:
-            raise RuntimeError(f"the fleet did not come up; logs in {self.logs}")
-        return self
+        return args + list(extra)
+
+    @contextlib.asynccontextmanager
+    async def second_router(self, *flags: str) -> AsyncIterator[str]:
+        """Another ``infera-run serve`` over the same fleet with extra ``flags``; its root URL."""
+        port = free_port()
+        proc = self._spawn(f"serve-{port}", self._serve_args(port, *flags))
+        root = f"http://127.0.0.1:{port}"
+        try:
+
+            async def ready() -> bool:
+                try:
+                    r = await self.client.get(f"{root}/health", timeout=2)
+                    return int(r.json().get("active_workers", 0)) >= self.n_workers
+                except (httpx.HTTPError, ValueError):
+                    return False
+
+            if await wait_until(ready, 60) is None:
+                raise RuntimeError(f"the second router did not come up; see {self.logs}/serve-{port}.log")
+            yield root
+        finally:
+            proc.terminate()
+            await asyncio.to_thread(proc.wait, 15)
 
     async def __aexit__(self, *exc: object) -> None:
         for wid in list(self.workers):
@@ -195,11 +220,16 @@ class ChaosStack:
     def admin(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {ADMIN}"}
 
-    async def chat(self, key: str | None = KEY, within: float = 60, **body: Any) -> httpx.Response:
+    async def chat(
+        self, key: str | None = KEY, within: float = 60, root: str | None = None, **body: Any
+    ) -> httpx.Response:
         payload = {"model": MODEL, "messages": [{"role": "user", "content": "hello chaos"}], "max_tokens": 4}
         payload.update(body)
         return await self.client.post(
-            f"{self.root}/v1/chat/completions", json=payload, headers=self.headers(key), timeout=within
+            f"{root or self.root}/v1/chat/completions",
+            json=payload,
+            headers=self.headers(key),
+            timeout=within,
         )
 
     async def burst(self, n: int, concurrency: int = 4, **body: Any) -> list[int]:
