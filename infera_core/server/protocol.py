@@ -31,7 +31,12 @@ log = logging.getLogger("infera.server")
 
 _LINGER = 2.0
 """Seconds a rejected connection is still read (and what arrives dropped) before it is closed."""
-_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+_REASONS = {
+    400: b"Bad Request",
+    408: b"Request Timeout",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
 
 
 def _raw_error(err: ApiError) -> bytes:
@@ -142,6 +147,12 @@ class InferaHttpProtocol(HttpToolsProtocol):
             self.transport.close()
             return
         self.deadline = self.loop.time() + _LINGER
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes that are not HTTP, OpenAI-shaped (it sends plain text)."""
+        self._reject(
+            ApiError(400, f"{msg.rstrip('.')}: the request is not valid HTTP/1.1.", code="invalid_http")
+        )
 
     def expire(self) -> None:
         """The deadline passed: 408 while a request's headers are arriving, else just close."""
