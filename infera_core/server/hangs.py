@@ -96,10 +96,10 @@ class HangDetector:
         if not self.timeout:
             return None
         w = Waiting(ep, self._clock(), asyncio.current_task())
-        waiting = self._waiting.get(ep.worker_id)
-        if waiting is None:
-            waiting = self._waiting[ep.worker_id] = set()
-        waiting.add(w)
+        try:
+            self._waiting[ep.worker_id].add(w)
+        except KeyError:
+            self._waiting[ep.worker_id] = {w}
         if self._timer is None:
             self._arm()
         return w
@@ -111,16 +111,16 @@ class HangDetector:
         wid = w.endpoint.worker_id
         waiting = self._waiting.get(wid)
         if waiting is not None:
-            waiting.discard(w)
-            if not waiting:
-                del self._waiting[wid]
+            waiting.discard(w)  # an empty set stays: the next request reuses it
         if answered:
             now = self._last[wid] = self._clock()
-            latency = now - w.since
-            self.typical = latency if not self.typical else self.typical + (latency - self.typical) * _EWMA
+            typical = self.typical
+            self.typical = typical + (now - w.since - typical) * _EWMA if typical else now - w.since
 
     def forget(self, worker_id: str) -> None:
         self._last.pop(worker_id, None)
+        if not self._waiting.get(worker_id, True):
+            del self._waiting[worker_id]
 
     def _arm(self) -> None:
         loop = asyncio.get_running_loop()
@@ -128,13 +128,13 @@ class HangDetector:
 
     def _check(self) -> None:
         self._timer = None
-        if not self._waiting:
+        if not any(self._waiting.values()):
             return
         now = self._clock()
         bar = self.threshold
         stuck: dict[str, set[Waiting]] = {}
         for wid, waiting in self._waiting.items():
-            if now - self._last.get(wid, -bar) <= bar:
+            if not waiting or now - self._last.get(wid, -bar) <= bar:
                 continue  # it answered something recently: slow maybe, not hung
             if now - min(w.since for w in waiting) > bar:
                 stuck[wid] = waiting
@@ -148,7 +148,7 @@ class HangDetector:
                 ep = next(iter(waiting)).endpoint
                 if ep.record.model in live_models:
                     self._trip(ep, waiting, now - min(w.since for w in waiting), bar)
-        if self._waiting:
+        if any(self._waiting.values()):
             self._arm()
 
     def _trip(self, ep: Endpoint, waiting: set[Waiting], waited: float, bar: float) -> None:
