@@ -19,7 +19,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from cli_check import check_command
+from cli_check import check_command, known_env
 from infera_sim.testing import start_sim
 
 from infera_core.testing.etcd import EtcdServer
@@ -84,6 +84,8 @@ def test_dockerfile_commands_and_installs_match_the_repo(dockerfile: Path) -> No
     [entry] = [json.loads(a) for k, a in steps if k == "ENTRYPOINT"]
     assert entry[0] == "infera-entrypoint"
     path = check_command(entry[1:])
+    env = {n for k, a in steps if k == "ENV" for n in re.findall(r"(INFERA_\w+)=", a)}
+    assert env and env <= known_env(entry[1:]), f"infera-run reads no {sorted(env - known_env(entry[1:]))}"
     if dockerfile.stem == "router":
         assert path == ["serve"]
         assert any(k == "HEALTHCHECK" and "infera-healthcheck" in a for k, a in steps)

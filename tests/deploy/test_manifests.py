@@ -16,7 +16,7 @@ from typing import Any
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
-from cli_check import check_command
+from cli_check import check_command, known_env
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -201,6 +201,9 @@ def test_overlay_command_lines_run_and_drain_numbers_agree(overlay: Path) -> Non
                 continue
             args = [substitute(a) for a in container.get("args", [])]
             path = check_command(image_entrypoint(container["image"]) + args)
+            infera_env = {e["name"] for e in container.get("env", []) if e["name"].startswith("INFERA_")}
+            unknown = infera_env - known_env(image_entrypoint(container["image"]) + args)
+            assert not unknown, f"{workload['metadata']['name']}: infera-run reads no {sorted(unknown)}"
             grace = pod["terminationGracePeriodSeconds"]
             pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
             if path[0] == "serve":
@@ -258,6 +261,8 @@ def test_compose_file_parses_and_its_command_lines_run() -> None:
         service = services[name]
         args = [substitute(a) for a in service["command"]]
         assert check_command(entrypoint(service["build"]["dockerfile"]) + args) == ["worker", "vllm"]
+        infera_env = {k for k in service.get("environment", {}) if k.startswith("INFERA_")}
+        assert infera_env <= known_env(entrypoint(service["build"]["dockerfile"]) + args)
         assert flag(args, "--advertise-host") == name  # reachable by its service name
         assert flag(args, "--etcd-endpoint") == "etcd:2379"
         [gpu] = service["deploy"]["resources"]["reservations"]["devices"]
