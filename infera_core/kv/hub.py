@@ -31,20 +31,19 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from infera_core.errors import UnknownNameError
+from infera_core.errors import InferaError, UnknownNameError
 from infera_core.kv.decode import MsgpackEventDecoder, parse_seq
 from infera_core.kv.events import IndexBatch, KvDecodeError, RawKvEventDecoder
 from infera_core.kv.index import KvIndex, WorkerView
 from infera_core.kv.metrics import KvMetrics
 from infera_core.kv.settings import KvSettings
 from infera_core.kv.sources import KvSources
-from infera_core.kv.zmq_sub import close_monitored, open_sub, redial
+from infera_core.kv.zmq_sub import close_monitored, open_sub, redial, replay
 from infera_core.transports import ZMQ, KvEventSource
 from infera_core.worker import WorkerRecord
 
 log = logging.getLogger("infera.kv.hub")
 
-END_SEQ = -1
 SILENCE_GRACE_S = 2.0
 """A routed request gets this long (at most ``kv_silence_s``) to produce KV events."""
 
@@ -256,6 +255,14 @@ class KvHub:
                     await sub.source.follow(sub.record, sub.rank, _Sink(self, sub))
             except asyncio.CancelledError:
                 raise
+            except (ConnectionError, InferaError) as exc:  # a transport's server is unreachable
+                log.warning(
+                    "worker %s: KV events via %s unavailable (%s); retrying in %.1f s",
+                    sub.record.worker_id,
+                    sub.record.kv_event_transport,
+                    exc,
+                    backoff,
+                )
             except Exception:
                 log.exception(
                     "worker %s: KV event subscription %s failed; retrying in %.1f s",
@@ -452,40 +459,16 @@ class KvHub:
 
     async def _replay(self, sub: Subscription, start: int, until: int) -> list[tuple[int, bytes]] | None:
         assert self._ctx is not None and sub.replay_endpoint is not None
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.settings.kv_max_message_bytes or -1)
-        sock.setsockopt(zmq.IPV6, 1)
-        sock.setsockopt(zmq.LINGER, 0)
-        out: list[tuple[int, bytes]] = []
-        deadline = time.monotonic() + self.settings.kv_replay_timeout_s
-        try:
-            sock.connect(sub.replay_endpoint)
-            await sock.send_multipart([b"", start.to_bytes(8, "big")])
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0 or not await sock.poll(int(left * 1000)):
-                    log.warning(
-                        "worker %s: KV replay from %s timed out", sub.record.worker_id, sub.replay_endpoint
-                    )
-                    return None
-                frames = await sock.recv_multipart()
-                while frames and frames[0] == b"":
-                    frames = frames[1:]
-                if len(frames) < 2:
-                    continue
-                seq = parse_seq(frames[-2])
-                if seq == END_SEQ:
-                    return out
-                if seq is None or seq < 0:
-                    self._bad_seq(sub, "a bad seq in a replay answer")
-                    continue
-                if start <= seq < until:
-                    out.append((seq, frames[-1]))
-        except zmq.ZMQError as exc:
-            log.warning("worker %s: KV replay failed: %s", sub.record.worker_id, exc)
-            return None
-        finally:
-            sock.close(0)
+        return await replay(
+            self._ctx,
+            sub.replay_endpoint,
+            start,
+            until,
+            wait_s=self.settings.kv_replay_timeout_s,
+            max_message=self.settings.kv_max_message_bytes,
+            worker_id=sub.record.worker_id,
+            on_bad_seq=lambda: self._bad_seq(sub, "a bad seq in a replay answer"),
+        )
 
     # -- reporting --------------------------------------------------------------------
     def silent_workers(self, now: float | None = None) -> list[str]:

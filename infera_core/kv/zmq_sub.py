@@ -1,4 +1,4 @@
-"""The hub's ZMQ SUB socket to one publisher, and what keeps it connected.
+"""The hub's ZMQ sockets to one publisher: the SUB socket, what keeps it connected, replay.
 
 ``MAXMSGSIZE`` bounds what one publisher can make the router buffer (``--kv-max-message-bytes``):
 libzmq drops a connection that sends a bigger message. It treats that as a protocol error
@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from infera_core.kv.decode import parse_seq
+
 log = logging.getLogger("infera.kv.hub")
+
+END_SEQ = -1
+"""The seq of a replay answer's last frame."""
 
 
 def open_sub(
@@ -62,3 +68,50 @@ def close_monitored(sock: zmq.asyncio.Socket, mon: zmq.asyncio.Socket) -> None:
         sock.disable_monitor()
     mon.close(0)
     sock.close(0)
+
+
+async def replay(
+    ctx: zmq.asyncio.Context,
+    endpoint: str,
+    start: int,
+    until: int,
+    *,
+    wait_s: float,
+    max_message: int,
+    worker_id: str,
+    on_bad_seq: Callable[[], None],
+) -> list[tuple[int, bytes]] | None:
+    """Batches ``[start, until)`` from a replay socket (DEALER ``[b"", start]`` → ``[b"",
+    (topic,) seq, payload]``… until seq -1); None when it fails or times out."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message or -1)
+    sock.setsockopt(zmq.IPV6, 1)
+    sock.setsockopt(zmq.LINGER, 0)
+    out: list[tuple[int, bytes]] = []
+    deadline = time.monotonic() + wait_s
+    try:
+        sock.connect(endpoint)
+        await sock.send_multipart([b"", start.to_bytes(8, "big")])
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not await sock.poll(int(left * 1000)):
+                log.warning("worker %s: KV replay from %s timed out", worker_id, endpoint)
+                return None
+            frames = await sock.recv_multipart()
+            while frames and frames[0] == b"":
+                frames = frames[1:]
+            if len(frames) < 2:
+                continue
+            seq = parse_seq(frames[-2])
+            if seq == END_SEQ:
+                return out
+            if seq is None or seq < 0:
+                on_bad_seq()
+                continue
+            if start <= seq < until:
+                out.append((seq, frames[-1]))
+    except zmq.ZMQError as exc:
+        log.warning("worker %s: KV replay failed: %s", worker_id, exc)
+        return None
+    finally:
+        sock.close(0)
