@@ -65,6 +65,10 @@ class KvRouting:
     async def stop(self) -> None:
         await self.hub.close()
 
+    async def start_transport(self, kind: str) -> None:
+        """Start the router side of KV-event transport ``kind`` now (one error line if it cannot)."""
+        await self.hub.sources.start(kind)
+
     def on_worker_added(self, record: WorkerRecord) -> None:
         self.tokens.observe_worker(record)
         if self.agreement.check(record):
@@ -97,4 +101,5 @@ def make_kv_routing(settings: Any, hooks: Any) -> KvRouting:
     fields = {k: getattr(settings, k) for k in KvSettings.model_fields if hasattr(settings, k)}
     routing = KvRouting(hooks.catalog(), KvSettings(**fields))
     routing.hub.sources.options = BackendOptions(settings)  # KV-event transport plugins' settings
+    routing.hub.sources.connect_timeout = getattr(settings, "connect_timeout", 5.0)
     return routing

@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from infera_core.backends import BackendOptions
+from infera_core.errors import InferaError, UnknownNameError
 from infera_core.transports import ZMQ, KvEventSource, KvSourceContext
 
 log = logging.getLogger("infera.kv.sources")
@@ -26,6 +27,8 @@ class KvSources:
         self.replay_timeout = replay_timeout
         self.options = BackendOptions()
         """Settings of KV-event transport plugins (the server hands its own)."""
+        self.connect_timeout = 5.0
+        """Seconds a source may take to reach its server (the server's ``--connect-timeout``)."""
         self._made: dict[str, asyncio.Future[KvEventSource | None]] = {}
 
     def installed(self, kind: str) -> bool:
@@ -42,9 +45,27 @@ class KvSources:
             raise RuntimeError(f"KV-event transport {kind!r} has no router-side source")
         return source
 
+    async def start(self, kind: str) -> None:
+        """Start ``kind``'s source now (``serve --kv-event-transport``), so a server it cannot
+        reach is one :class:`InferaError` line at start-up; nothing to do for ``zmq``."""
+        if kind == ZMQ:
+            return
+        if not self.installed(kind):
+            raise UnknownNameError("KV-event transport", kind, self.catalog.kv_event_transports.names())
+        try:
+            await self.get(kind)
+        except InferaError:
+            raise
+        except Exception as exc:
+            raise InferaError(
+                f"--kv-event-transport {kind}: the KV event source did not start: {exc or type(exc).__name__}"
+            ) from None
+
     async def _make(self, kind: str) -> KvEventSource | None:
         factory = self.catalog.kv_event_transports.get(kind)
-        ctx = KvSourceContext(replay_timeout=self.replay_timeout, options=self.options)
+        ctx = KvSourceContext(
+            connect_timeout=self.connect_timeout, replay_timeout=self.replay_timeout, options=self.options
+        )
         source: KvEventSource | None = factory.create_source(ctx)
         if source is not None:
             await source.start()

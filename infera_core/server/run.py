@@ -46,6 +46,9 @@ async def serve(settings: ServeSettings, hooks: InferaHooks, kv: KvComponent | N
     await discovery.start()
     try:
         await app.state.core.upstream.start()  # a transport that cannot start: one line, not a traceback
+        start_kv_transport = getattr(kv, "start_transport", None)
+        if start_kv_transport is not None:
+            await start_kv_transport(settings.kv_event_transport)
         server = uvicorn.Server(uvicorn_config(app, settings))
         log.info("serving on http://%s:%d (discovery %s)", settings.host, settings.port, settings.discovery)
         await server.serve()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -13,11 +14,12 @@ from pydantic import Field
 from infera_core.backends import BackendOptions
 from infera_core.cli import build_cli
 from infera_core.discovery.base import Discovery, DiscoverySettings
-from infera_core.errors import DuplicateNameError, UnknownNameError
+from infera_core.errors import DuplicateNameError, InferaError, UnknownNameError
 from infera_core.hookspecs import hookimpl
+from infera_core.kv.sources import KvSources
 from infera_core.registry import DiscoveryRegistry, KvEventTransportRegistry, RequestTransportRegistry
 from infera_core.scheduling.types import Endpoint
-from infera_core.server.transport import Upstream, UpstreamResponse, make_upstream
+from infera_core.server.transport import Upstream, UpstreamResponse, Upstreams, make_upstream
 from infera_core.settings import InferaSettings
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import serving, settings_for, until
@@ -244,3 +246,46 @@ def test_records_default_to_http_and_zmq_and_keep_unknown_transport_names() -> N
     assert (old.request_transport, old.kv_event_transport) == ("http", "zmq")
     new = WorkerRecord.from_json(old.to_json().replace(b'"http"', b'"quic"', 1))
     assert new.request_transport == "quic"
+
+
+class Unreachable:
+    """A transport whose server is down: its client and its KV source fail to start."""
+
+    name = "down"
+    description = "Always unreachable."
+    settings_model = None
+
+    def create_client(self, ctx: ClientContext) -> Upstream:
+        return self  # type: ignore[return-value]
+
+    def create_source(self, ctx: KvSourceContext) -> KvEventSource | None:
+        return self  # type: ignore[return-value]
+
+    async def start(self) -> None:
+        raise ConnectionError("nobody home at down://1")
+
+    async def close(self) -> None:
+        return None
+
+    async def attach_worker(self, ctx: WorkerContext) -> WorkerAttachment | None:
+        return None
+
+
+async def test_a_transport_that_cannot_start_is_one_line_naming_its_flag() -> None:
+    requests, kv_events = RequestTransportRegistry(), KvEventTransportRegistry()
+    requests.add(Unreachable())  # type: ignore[arg-type]
+    kv_events.add(Unreachable())  # type: ignore[arg-type]
+    upstreams = Upstreams(requests, ClientContext(), eager=["down"])
+    with pytest.raises(InferaError) as err:
+        await upstreams.start()
+    assert str(err.value) == "--request-transport down: the client did not start: nobody home at down://1"
+    sources = KvSources(SimpleNamespace(kv_event_transports=kv_events), replay_timeout=1.0)
+    with pytest.raises(InferaError) as err:
+        await sources.start("down")
+    assert str(err.value) == (
+        "--kv-event-transport down: the KV event source did not start: nobody home at down://1"
+    )
+    with pytest.raises(UnknownNameError, match="'owl'; available: down"):
+        await sources.start("owl")
+    await sources.start("zmq")  # the hub's own subscriber: nothing to start
+    await sources.close()
