@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 from infera_nats.responder import Responder
 from infera_nats.transport import NatsUpstream
+from infera_nats.transport_connect import NatsUnreachableError
 
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.transport import UpstreamError, UpstreamReadError
@@ -150,3 +151,41 @@ async def test_malformed_request_is_answered_and_skipped(hop: Hop, caplog: pytes
     resp = await hop.client.open(hop.endpoint, "/v1/chat/completions", PLAIN)  # still serving
     assert resp.status == 200
     resp.release()
+
+
+async def test_client_started_while_nats_is_down_connects_once_it_is_up() -> None:
+    """A router that made its NATS client while NATS was down (a worker on a transport it was not
+    started with) gets it working once NATS is up, without a restart."""
+    nats = NatsServer()  # not started yet
+    client = NatsUpstream(nats.url, connect_timeout=0.5, first_byte_timeout=5.0, idle_timeout=5.0)
+    up = FakeUpstream("w0")
+    await up.start()
+    responder: Responder | None = None
+    try:
+        with pytest.raises(NatsUnreachableError):
+            await client.start()
+        ep = Endpoint(record_for(up))
+        with pytest.raises(UpstreamError, match="not connected"):
+            await client.open(ep, "/v1/chat/completions", PLAIN)
+        nats.start()
+        responder = Responder("w0", up.url, nats.url, connect_timeout=2.0)
+        await responder.start()
+
+        async def answered() -> bool:
+            try:
+                resp = await client.open(ep, "/v1/chat/completions", PLAIN)
+            except UpstreamError:
+                await asyncio.sleep(0.1)
+                return False
+            resp.release()
+            return resp.status == 200
+
+        async with asyncio.timeout(10):
+            while not await answered():
+                pass
+    finally:
+        await client.close()
+        if responder is not None:
+            await responder.close(grace=0.5)
+        await up.stop()
+        nats.close()

@@ -289,25 +289,48 @@ class NatsUpstream:
         self._subjects: dict[str, tuple[str, str]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ready = asyncio.Event()
+        self._starting: asyncio.Task[None] | None = None
+        self._next_try = 0.0
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         try:
-            self.nc = nc = await connect_nats(
+            await self._connect()
+        finally:
+            self._ready.set()
+
+    async def _connect(self) -> None:
+        try:
+            nc = await connect_nats(
                 self.servers,
                 self.name,
                 self.connect_timeout,
                 on_disconnect=self._disconnected,
             )
-            self._inbox = nc.new_inbox()
-            await nc.subscribe(
-                self._inbox + ".*",
-                cb=self._on_msg,
-                pending_msgs_limit=-1,  # never dropped here: a response's seq stays gapless
-                pending_bytes_limit=0,
-            )
         finally:
-            self._ready.set()
+            self._next_try = asyncio.get_running_loop().time() + self.connect_timeout
+        self._inbox = nc.new_inbox()
+        await nc.subscribe(
+            self._inbox + ".*",
+            cb=self._on_msg,
+            pending_msgs_limit=-1,  # never dropped here: a response's seq stays gapless
+            pending_bytes_limit=0,
+        )
+        self.nc = nc
+
+    def _reconnect_later(self) -> None:
+        """The first connection failed (NATS was down when this client started): try again in
+        the background, at most once per ``connect_timeout`` (the client reconnects on its own
+        once it has connected)."""
+        loop = self._loop
+        if (
+            loop is None
+            or (self._starting is not None and not self._starting.done())
+            or loop.time() < self._next_try
+        ):
+            return
+        self._starting = task = loop.create_task(self._connect())
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # failures: tried again later
 
     async def _wait_ready(self, endpoint: Endpoint) -> Client:
         """The connection, waiting up to ``connect_timeout`` while :meth:`start` runs."""
@@ -318,7 +341,10 @@ class NatsUpstream:
             except TimeoutError:
                 raise UpstreamError(endpoint, "the NATS transport is not started yet", timeout=True) from None
         nc = self.nc
-        if nc is None or not nc.is_connected:
+        if nc is None:
+            self._reconnect_later()
+            raise TransportDownError(endpoint, "NATS is not connected")
+        if not nc.is_connected:
             raise TransportDownError(endpoint, "NATS is not connected")
         return nc
 
@@ -332,11 +358,15 @@ class NatsUpstream:
         self.nc = None
 
     def subjects(self, endpoint: Endpoint) -> tuple[str, str]:
-        """(request subject, cancel subject) of a worker (a record field may name the subject)."""
+        """(request subject, cancel subject) of a worker: its record's ``request_params.subject``,
+        else the default subject of its worker id."""
+        subject = _record_subject(endpoint)
+        if subject is not None:
+            return subject, wire.cancel_subject(subject)
         key = endpoint.worker_id
         found = self._subjects.get(key)
         if found is None:
-            subject = _record_subject(endpoint) or wire.request_subject(self.subject_prefix, key)
+            subject = wire.request_subject(self.subject_prefix, key)
             if len(self._subjects) > 4096:
                 self._subjects.clear()
             found = self._subjects[key] = (subject, wire.cancel_subject(subject))
