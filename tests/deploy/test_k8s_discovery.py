@@ -192,6 +192,21 @@ async def test_bookmarks_let_a_cut_watch_resume_without_a_relist() -> None:
             await discovery.close()
 
 
+async def test_events_torn_across_chunks_are_joined(api: StandinApiServer) -> None:
+    api.split_events = True
+    discovery = k8s(api)
+    await discovery.start()
+    stream = discovery.watch(sync_marker=True)
+    try:
+        assert await changes(stream, 1) == [("synced", "")]
+        await api.put_pod(worker_pod("w0"))
+        await api.put_pod(worker_pod("w1", ip="10.0.0.2"))
+        assert await changes(stream, 2) == [("put", "w0"), ("put", "w1")]
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+        await discovery.close()
+
+
 async def test_list_pages_with_continue_and_watch_renews_after_timeout_seconds(api: StandinApiServer) -> None:
     for i in range(5):
         await api.put_pod(worker_pod(f"w{i}", ip=f"10.0.0.{i + 1}"))

@@ -133,6 +133,8 @@ class StandinApiServer:
         """Watches may start from ``oldest - 1`` or later; older is 410 Gone."""
         self.fail_next = 0
         self.down = False
+        self.split_events = False
+        """When True every watch event is written as two chunks (a torn line the client must join)."""
         """While True every request is answered 503 (see :meth:`set_down`)."""
         self.requests: list[dict[str, str]] = []
         self._changed = asyncio.Condition()
@@ -314,7 +316,12 @@ class StandinApiServer:
         self, resp: web.StreamResponse, ns: str, selector: str, since: str, bookmarks: bool, seconds: float
     ) -> None:
         async def send(kind: str, obj: dict[str, Any]) -> None:
-            await resp.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+            line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+            if self.split_events:  # one event across two HTTP chunks, as a proxy may cut it
+                await resp.write(line[: len(line) // 2])
+                await asyncio.sleep(0.01)
+                line = line[len(line) // 2 :]
+            await resp.write(line)
 
         if since in ("", "0"):
             for pod in self._selected(ns, selector):
