@@ -189,3 +189,21 @@ async def test_client_started_while_nats_is_down_connects_once_it_is_up() -> Non
             await responder.close(grace=0.5)
         await up.stop()
         nats.close()
+
+
+async def test_two_responders_of_one_worker_share_its_requests(hop: Hop, nats_server: NatsServer) -> None:
+    """A second responder on the same subject (an overlapping restart) joins the queue group:
+    every request is answered exactly once."""
+    twin = Responder("w0", hop.up.url, nats_server.url, connect_timeout=2.0)
+    await twin.start()
+    try:
+        for _ in range(20):
+            resp = await hop.client.open(hop.endpoint, "/v1/chat/completions", PLAIN)
+            assert resp.status == 200
+            await resp.read()
+            resp.release()
+        assert hop.up.requests == 20
+        assert hop.responder.requests + twin.requests == 20
+        assert hop.responder.requests and twin.requests
+    finally:
+        await twin.close(grace=0.5)
