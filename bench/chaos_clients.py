@@ -315,30 +315,30 @@ async def malformed_bodies(stack: ChaosStack) -> Row:
     """Bodies that are not what the API expects: every one a 4xx, none a 5xx."""
     m = MODEL.encode()
     user = b'[{"role": "user", "content": "x"}]'
-    bodies = [
-        b"",
-        b"not json",
-        b"[1, 2, 3]",
-        b'"a string"',
-        b"{}",
-        b'{"model": 5, "messages": []}',
-        b'{"model": "%s", "messages": "hi"}' % m,
-        b'{"model": "%s", "messages": %s, "max_tokens": -1}' % (m, user),
-        b'{"model": "%s", "messages": %s, "max_tokens": 1e999}' % (m, user),
-        b'{"model": "%s", "messages": %s, "n": 99999999999999999999999}' % (m, user),
-        b'{"model": "\xff\xfe", "messages": []}',
-        b'{"model": "%s", "messages": [{"role": "user", "content": "\\ud800"}]}' % m,
-        b'{"model": "' + b"m" * 100_000 + b'", "messages": []}',
-    ]
+    bodies = {
+        "empty": b"",
+        "not JSON": b"not json",
+        "an array": b"[1, 2, 3]",
+        "a string": b'"a string"',
+        "{}": b"{}",
+        "model a number": b'{"model": 5, "messages": []}',
+        "messages a string": b'{"model": "%s", "messages": "hi"}' % m,
+        "max_tokens -1": b'{"model": "%s", "messages": %s, "max_tokens": -1}' % (m, user),
+        "max_tokens 1e999": b'{"model": "%s", "messages": %s, "max_tokens": 1e999}' % (m, user),
+        "n = 10^23": b'{"model": "%s", "messages": %s, "n": 99999999999999999999999}' % (m, user),
+        "invalid UTF-8": b'{"model": "\xff\xfe", "messages": []}',
+        "a lone surrogate": b'{"model": "%s", "messages": [{"role": "user", "content": "\\ud800"}]}' % m,
+        "a 100 kB model name": b'{"model": "' + b"m" * 100_000 + b'", "messages": []}',
+    }
     hdrs = stack.headers() | {"Content-Type": "application/json"}
     codes = []
     worst = []
     for path in ("/v1/chat/completions", "/v1/completions"):
-        for body in bodies:
+        for label, body in bodies.items():
             code = (await stack.client.post(f"{stack.root}{path}", content=body, headers=hdrs)).status_code
             codes.append(code)
             if code >= 500:
-                worst.append(f"{code} for `{body[-60:].decode(errors='replace')}` on {path}")
+                worst.append(f"{code} for {label} on {path}")
     traceback = "Traceback" in stack.log_text("serve")
     ok = not worst and not traceback
     sees = codes_text(codes) + "".join(f"; {w}" for w in worst)
