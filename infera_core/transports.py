@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from infera_core.backends import BackendOptions
+from infera_core.errors import InferaError
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -216,10 +217,21 @@ class WorkerTransports:
                 "request_transport": self.request.name,
                 "kv_event_transport": self.kv_events.name,
             }
-            for factory in (self.request, self.kv_events):
+            for flag, factory in (
+                ("--request-transport", self.request),
+                ("--kv-event-transport", self.kv_events),
+            ):
                 if factory is self.kv_events and ctx.kv_events is None:
                     continue  # the engine publishes no KV events: nothing to relay
-                attachment = await factory.attach_worker(ctx)
+                try:
+                    attachment = await factory.attach_worker(ctx)
+                except InferaError:
+                    raise
+                except Exception as exc:
+                    await self.close()
+                    raise InferaError(
+                        f"{flag} {factory.name}: the worker side did not start: {exc or type(exc).__name__}"
+                    ) from None
                 if attachment is not None:
                     self.attached.append(attachment)
                     fields.update(attachment.record_fields)

@@ -289,3 +289,22 @@ async def test_a_transport_that_cannot_start_is_one_line_naming_its_flag() -> No
         await sources.start("owl")
     await sources.start("zmq")  # the hub's own subscriber: nothing to start
     await sources.close()
+
+
+class BrokenResponder(PigeonTransport):
+    async def attach_worker(self, ctx: WorkerContext) -> WorkerAttachment | None:
+        raise ConnectionError("loft unreachable")
+
+
+class BrokenResponderPlugin:
+    @hookimpl
+    def infera_register_request_transports(self, registry: RequestTransportRegistry) -> None:
+        registry.add(BrokenResponder())
+
+
+async def test_a_worker_side_that_cannot_start_is_one_line_naming_its_flag() -> None:
+    transports = WorkerTransports(make_hooks(("broken", BrokenResponderPlugin())), "pigeon", "zmq")
+    ctx = WorkerContext(worker_id="w9", model="m", engine_url="http://127.0.0.1:1")
+    with pytest.raises(InferaError) as err:
+        await transports.attach(ctx)
+    assert str(err.value) == "--request-transport pigeon: the worker side did not start: loft unreachable"
