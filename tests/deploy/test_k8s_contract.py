@@ -191,3 +191,47 @@ async def test_launcher_publishes_its_record_on_its_pod_and_drains(tmp_path: Pat
                 if proc.returncode is None:
                     proc.kill()
                     await proc.wait()
+
+
+@pytest.mark.slow  # ~15-20 s: three infera-run processes
+async def test_prefill_and_decode_pods_are_paired_from_their_published_records(tmp_path: Path) -> None:
+    """The ``pd`` overlay's shape with sims: prefill and decode launchers publish their PD
+    records on their pods; the router pairs them (per-launch PD parameters included)."""
+    async with StandinApiServer() as api:
+        base_env = dict(os.environ, INFERA_K8S_API_SERVER=api.url, INFERA_K8S_NAMESPACE="default")
+        procs: list[asyncio.subprocess.Process] = []
+        try:
+            for role in ("prefill", "decode"):
+                pod = f"{role}-0"
+                labels = {"app.kubernetes.io/component": "infera-worker", "infera.io/role": role}
+                await api.put_pod(make_pod(pod, ip="127.0.0.1", labels=labels))
+                env = dict(base_env, INFERA_K8S_POD_NAME=pod, INFERA_K8S_READY_FILE=str(tmp_path / pod))
+                argv = [sys.executable, "-m", "infera_core", "worker", "sim", "--model", "m", "--role", role]
+                argv += ["--discovery-backend", "kubernetes", "--drain-timeout", "1"]
+                procs.append(
+                    await asyncio.create_subprocess_exec(
+                        *argv, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+                    )
+                )
+            port = free_port()
+            argv = [sys.executable, "-m", "infera_core", "serve", "--discovery-backend", "kubernetes"]
+            router = await asyncio.create_subprocess_exec(
+                *argv, "--port", str(port), env=base_env, stdout=asyncio.subprocess.DEVNULL
+            )
+            procs.append(router)
+            body = {"model": "m", "messages": [{"role": "user", "content": "hello " * 20}], "max_tokens": 4}
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10.0) as client:
+                url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                await until_status(client, url, body, router, lambda status: status == 200)
+                resp = await client.post("/v1/chat/completions", json=body)
+                assert resp.status_code == 200 and resp.headers["x-infera-worker"] == "decode-0"
+                metrics = (await client.get("/metrics")).text
+                assert any(
+                    line.startswith("infera_pd_pairs_total{") and "prefill-0" in line
+                    for line in metrics.splitlines()
+                )
+        finally:
+            for proc in procs:
+                if proc.returncode is None:
+                    proc.terminate()
+                    await asyncio.wait_for(proc.wait(), 30)
