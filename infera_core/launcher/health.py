@@ -7,6 +7,8 @@ or :func:`default_health_generate`), and reports when the verdict flips: unhealt
 ``failures`` checks in a row failed (timed out, refused, or a 5xx), healthy again at the
 first success. After a failure the next check starts at once, so with the defaults
 (interval 5 s, timeout 10 s, 2 failures) a hung engine is reported within 25 s.
+Prefill and decode workers are checked only when their adapter says how
+(:func:`checks_generation`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from infera_core.engine import EngineAdapter, HealthGenerate
 from infera_core.redact import redact_url
+from infera_core.worker import Role
 
 if TYPE_CHECKING:
     import httpx
@@ -25,6 +28,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("infera.launcher")
 
 PROBE_PROMPT = "ping"
+
+
+def checks_generation(adapter: EngineAdapter, role: Role) -> bool:
+    """Whether the launcher sends this worker generation checks: always with the adapter's own
+    :class:`HealthGenerate` method; with the default one only for ``mixed`` workers (a prefill or
+    decode leg of a PD engine may wait for transfer parameters a plain request lacks)."""
+    return isinstance(adapter, HealthGenerate) or Role(role) is Role.MIXED
 
 
 async def default_health_generate(client: httpx.AsyncClient, base_url: str, model: str) -> bool:

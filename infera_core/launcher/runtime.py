@@ -42,7 +42,7 @@ from infera_core.engine import EngineAdapter, LaunchContext, LaunchSpec
 from infera_core.errors import ConfigError, EngineError
 from infera_core.facade import InferaHooks
 from infera_core.launcher.address import advertise_host, free_port
-from infera_core.launcher.health import GenerationWatch, health_generate
+from infera_core.launcher.health import GenerationWatch, checks_generation, health_generate
 from infera_core.launcher.process import EngineProcess
 from infera_core.launcher.restart import RestartBudget, WorkerState
 from infera_core.launcher.settings import WorkerSettings
@@ -377,6 +377,11 @@ class WorkerLauncher:
     ) -> asyncio.Task[None] | None:
         s = self.settings
         if s.health_generate_interval <= 0:
+            return None
+        if not checks_generation(adapter, ctx.role):
+            log.info(
+                "worker %s: no generation check for a %s worker of %s", ctx.worker_id, ctx.role, self.engine
+            )
             return None
 
         def check() -> Awaitable[bool]:

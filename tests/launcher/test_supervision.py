@@ -16,7 +16,8 @@ from infera_core.discovery.base import ChangeKind, FleetChange
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 from infera_core.discovery.view import FleetView
 from infera_core.errors import EngineError
-from infera_core.launcher.health import GenerationWatch
+from infera_core.launcher.health import GenerationWatch, checks_generation
+from infera_core.launcher.health import health_generate as health_generate_check
 from infera_core.launcher.restart import WorkerState
 from infera_core.launcher.runtime import WorkerLauncher
 from infera_core.launcher.settings import RestartPolicy, WorkerSettings
@@ -24,8 +25,9 @@ from infera_core.settings import resolve
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.fleet import LauncherProcess
+from infera_core.testing.net import free_port
 from infera_core.up.settings import UpSettings
-from infera_core.worker import Status
+from infera_core.worker import Role, Status
 
 pytest.importorskip("infera_sim")
 
@@ -248,3 +250,37 @@ async def test_a_frozen_engine_leaves_rotation_and_comes_back_when_it_answers_ag
         await launcher.stop()
         await asyncio.gather(task, return_exceptions=True)
         await view.stop()
+
+
+def test_pd_legs_get_generation_checks_only_when_their_adapter_says_how() -> None:
+    from infera_sim.adapter import SimAdapter
+
+    assert checks_generation(SimAdapter(), Role.MIXED)
+    assert not checks_generation(SimAdapter(), Role.PREFILL)  # a plain request may wait for a KV transfer
+    sglang = pytest.importorskip("infera_sglang.adapter")
+    assert checks_generation(sglang.SglangAdapter(), Role.DECODE)
+
+
+async def test_sglang_adapter_uses_the_engines_own_health_generate() -> None:
+    from aiohttp import web
+
+    sglang = pytest.importorskip("infera_sglang.adapter")
+    answers = [200, 503]
+
+    async def health_generate(request: web.Request) -> web.Response:
+        return web.Response(status=answers.pop(0))
+
+    app = web.Application()
+    app.router.add_get("/health_generate", health_generate)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        adapter = sglang.SglangAdapter()
+        async with httpx.AsyncClient() as client:
+            base = f"http://127.0.0.1:{port}"
+            assert await health_generate_check(adapter, client, base, "m", within=5)
+            assert not await health_generate_check(adapter, client, base, "m", within=5)
+    finally:
+        await runner.cleanup()

@@ -211,3 +211,9 @@ class SglangAdapter:
 
     async def in_flight(self, client: httpx.AsyncClient, base_url: str) -> int | None:
         return await metrics_in_flight(client, base_url, IN_FLIGHT_METRICS)
+
+    async def health_generate(self, client: httpx.AsyncClient, base_url: str, model: str) -> bool:
+        """SGLang's own one-token check (it handles prefill/decode modes itself); the launcher
+        bounds it with --health-generate-timeout."""
+        response = await client.get(f"{base_url}/health_generate", timeout=None)
+        return response.status_code == 200
