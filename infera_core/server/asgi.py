@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMappi
 from typing import Any
 
 from infera_core.server.errors import ApiError
-from infera_core.server.validate import too_large
+from infera_core.server.validate import json_items, too_large, too_many_items
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -30,8 +30,11 @@ class ClientGone(Exception):
     """The client disconnected before its request body arrived."""
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    """The whole request body; 413 when it is (or announces to be) over ``limit``."""
+async def read_body(scope: Scope, receive: Receive, limit: int, max_items: int = 0) -> bytes:
+    """The whole request body; 413 when it is (or announces to be) over ``limit`` bytes or,
+    with ``max_items``, holds more JSON items (counted per chunk as it arrives, so such a
+    body is refused after its first megabyte or so: what the client still sends is read
+    and dropped by the server, never stored)."""
     for name, value in scope["headers"]:
         if name == b"content-length":
             try:
@@ -50,6 +53,7 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
         return body
     parts = [body]
     size = len(body)
+    items = json_items(body) if max_items else 0
     while True:
         msg = await receive()
         if msg["type"] != "http.request":
@@ -58,6 +62,10 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise too_large(limit)
+        if max_items:
+            items += json_items(chunk)
+            if items > max_items:
+                raise too_many_items(max_items)
         parts.append(chunk)
         if not msg.get("more_body"):
             return b"".join(parts)

@@ -78,7 +78,7 @@ class ProxyEndpoint:
             hooked = ON_DISCONNECT in scope
             if hooked:  # a disconnect while the body is read or parsed cancels us too
                 scope[ON_DISCONNECT] = _Canceller(task, gone)
-            raw = await read_body(scope, receive, self.limits.max_bytes)
+            raw = await read_body(scope, receive, self.limits.max_bytes, self.limits.max_items)
             body = await parse_body(raw, self.limits)
             if len(raw) > _YIELD_AFTER:
                 await _left_meanwhile(scope)

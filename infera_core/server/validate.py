@@ -54,11 +54,7 @@ async def parse_body(raw: bytes, limits: BodyLimits) -> dict[str, Any]:
         commas += c
         containers += k
         if commas + containers > limits.max_items:
-            raise ApiError(
-                413,
-                f"The request body holds more than {limits.max_items} JSON items (--max-json-items).",
-                code="too_many_json_items",
-            )
+            raise too_many_items(limits.max_items)
         if n > _CHUNK:
             await asyncio.sleep(0)
     body = parse_object(raw, limits.max_depth)
@@ -78,6 +74,19 @@ def _too_deep(body: object, limit: int) -> bool:
             if isinstance(value, (dict, list)):
                 stack.append((value, depth + 1))
     return False
+
+
+def json_items(chunk: bytes) -> int:
+    """An upper bound of the JSON values that start in ``chunk`` (its ``,`` ``{`` ``[`` bytes)."""
+    return chunk.count(b",") + chunk.count(b"{") + chunk.count(b"[")
+
+
+def too_many_items(limit: int) -> ApiError:
+    return ApiError(
+        413,
+        f"The request body holds more than {limit} JSON items (--max-json-items).",
+        code="too_many_json_items",
+    )
 
 
 def too_deep(limit: int) -> ApiError:
