@@ -176,14 +176,14 @@ async def test_bookmarks_let_a_cut_watch_resume_without_a_relist() -> None:
                 await api.put_pod(make_pod(f"other-{i}", labels={"app": "other"}))
             newest = api.version
             pending = asyncio.ensure_future(anext(stream))
-            async with asyncio.timeout(5):
+            async with asyncio.timeout(15):
                 while not any(q.get("watch") and int(q["resourceVersion"]) >= newest for q in api.requests):
                     await api.drop_watches()  # the client resumes from the last bookmark it saw
                     await asyncio.sleep(0.1)
             await api.compact()  # a resume from the list's version would now be 410 Gone
             await api.drop_watches()
             await api.put_pod(worker_pod("w1"))
-            change = await asyncio.wait_for(pending, 5)
+            change = await asyncio.wait_for(pending, 15)
             assert (change.kind, change.worker_id) == (ChangeKind.PUT, "w1")
             assert sum("watch" not in q for q in api.requests) == 2  # start() + the first list only
             assert all(q.get("allowWatchBookmarks") == "true" for q in api.requests if q.get("watch"))
@@ -219,7 +219,7 @@ async def test_list_pages_with_continue_and_watch_renews_after_timeout_seconds(a
         pending = asyncio.ensure_future(anext(stream))  # the watch ends after timeoutSeconds=1…
         await until(lambda: sum(q.get("watch") == "true" for q in api.requests) >= 2, within=10)  # renewed
         await api.put_pod(worker_pod("late"))
-        change = await asyncio.wait_for(pending, 5)
+        change = await asyncio.wait_for(pending, 15)
         assert (change.kind, change.worker_id) == (ChangeKind.PUT, "late")
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
