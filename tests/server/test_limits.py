@@ -318,3 +318,43 @@ def test_three_concurrent_31_mb_bodies_neither_stall_the_router_nor_grow_it() ->
     # bounds leave room for a loaded CI machine
     assert out["health_max_ms"] < 200, out
     assert out["rss_peak_mb"] - out["rss_before_mb"] < 100, out
+
+
+def test_up_takes_the_limits_from_flags_and_env() -> None:
+    """``infera-run up`` passes every limit to its server: a flag and an ``INFERA_*`` variable."""
+    import os
+    import re
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "INFERA_MAX_JSON_DEPTH": "3"}
+    cmd = [sys.executable, "-m", "infera_core", "up", "--workers", "0", "--port", "0", "--quiet"]
+    proc = subprocess.Popen(
+        [*cmd, "--max-header-bytes", "2048", "--idle-timeout", "0.5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        match = None
+        while match is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            match = re.search(r"Infera ready: http://127\.0\.0\.1:(\d+)/v1", line)
+        assert match is not None, "up never printed its ready line"
+        url = f"http://127.0.0.1:{match.group(1)}"
+        assert httpx.get(url + "/health", headers={"x-pad": "a" * 3000}).status_code == 431
+        deep = {"model": "m", "messages": [{"role": "user", "content": [[["x"]]]}]}
+        r = httpx.post(url + "/v1/chat/completions", json=deep)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "json_too_deep"
+        with socket.create_connection(("127.0.0.1", int(match.group(1))), timeout=10) as idle:
+            assert idle.recv(1) == b""  # closed after --idle-timeout, never used
+    finally:
+        proc.terminate()
+        proc.wait(20)
