@@ -1,4 +1,4 @@
-"""A few fast scenarios of ``bench/chaos.py`` against a real stack (etcd, serve, sim workers):
+"""The fast scenarios of ``bench/chaos.py`` against a real stack (etcd, serve, sim workers):
 each one loses nothing, and ordinary traffic after it still gets 200s."""
 
 from __future__ import annotations
@@ -21,10 +21,21 @@ FAST = [
     "deep_json",
     "huge_headers",
     "disconnect_during_body",
+    "disconnect_before_first_byte",
+    "stream_disconnect",
+    "api_keys",
+    "admin_surface",
+    "credentials_in_worker_url",
     "same_request_id",
+    "pool_at_cap",
     "killed_engine",
+    "worker_sigterm",
     "extra_bytes_after_response",
+    "ghost_record",
+    "kv_bad_frames",
 ]
+"""Every fast scenario but ``malformed_bodies``: its ``n = 10^23`` row is still open (see the
+chaos table in docs/operations.md)."""
 
 
 def _chaos() -> ModuleType:
@@ -46,5 +57,5 @@ async def test_fast_chaos_scenarios_lose_nothing() -> None:
     table = chaos.table(rows)
     assert len(rows) == len(FAST), table
     for row in rows:
-        assert row.ok and row.lost == "nothing", table
+        assert row.ok and row.lost.startswith("nothing"), table
     assert table.startswith("| what was tried | what the client sees | what is lost |")
