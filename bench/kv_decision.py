@@ -1,12 +1,15 @@
 """The router's own cost of one routing decision (filters + scorers + picker), per preset.
 
-A fleet of N workers whose KV views each hold 32 cached prompt prefixes (fed through the
-real ``KvIndex``), a few requests in flight on each; each decision routes a prompt that
-shares a prefix with one worker's cache. Tokenization is excluded (the prompt comes as
-token ids, hashed once per request as the server does). Reports the mean and p99 µs per
-decision for ``round-robin``, ``least-load`` and ``kv-aware``, side by side in one run.
+A fleet of N workers whose KV views each hold ``--prefixes`` cached prompt prefixes (fed
+through the real ``KvIndex``), a few requests in flight on each; each decision routes a
+prompt that shares a prefix with one worker's cache. Tokenization is excluded (the prompt
+comes as token ids, hashed once per request as the server does). The candidates are one
+list per model, as the server's endpoint table hands them to the scheduler. Reports the
+mean and p99 µs per decision for ``round-robin``, ``least-load`` and ``kv-aware``, side by
+side in one run, and the KV index's size (blocks, bytes per block, blocks evicted).
 
     .venv/bin/python bench/kv_decision.py [--workers 8,64,256] [--tokens 1024,8192] [--requests 2000]
+        [--prefixes 32] [--max-blocks 4000000]
 """
 
 from __future__ import annotations
@@ -40,10 +43,13 @@ def registry() -> PolicyRegistry:
     return reg
 
 
-def fleet(n: int, tokens: int, rng: random.Random) -> tuple[KvIndex, list[Endpoint], list[list[int]]]:
-    index = KvIndex()
+def fleet(
+    n: int, tokens: int, prefixes: int, max_blocks: int, rng: random.Random
+) -> tuple[KvIndex, list[Endpoint], list[list[int]]]:
+    index = KvIndex(max_blocks)
     endpoints = []
     prompts = []
+    nblocks = tokens // BS
     for i in range(n):
         rec = WorkerRecord(
             worker_id=f"w{i}",
@@ -56,18 +62,25 @@ def fleet(n: int, tokens: int, rng: random.Random) -> tuple[KvIndex, list[Endpoi
         ep.in_flight = rng.randrange(4)
         endpoints.append(ep)
         view = index.add_view(rec.worker_id, None, BS)
-        for j in range(32):
-            toks = rng.choices(VOCAB, k=tokens // BS * BS)
-            hashes: list[int | bytes] = [(i << 40) + (j << 20) + k for k in range(len(toks) // BS)]
+        for j in range(prefixes):
+            # distinct prompts per worker: a random first block, then a shared random tail
+            toks = rng.choices(VOCAB, k=BS) + TAIL[: (nblocks - 1) * BS]
+            hashes: list[int | bytes] = [(i << 40) + (j << 20) + k for k in range(nblocks)]
             index.apply(view, KvEventBatch(0.0, [BlockStored(hashes, None, toks, BS)]))
             if j == 0:
                 prompts.append(toks[: tokens // 2] + rng.choices(VOCAB, k=tokens // 2))
     return index, endpoints, prompts
 
 
-def measure(preset: str, n: int, tokens: int, requests: int, reg: PolicyRegistry) -> list[float]:
+TAIL: list[int] = []
+
+
+def measure(
+    preset: str, n: int, tokens: int, requests: int, prefixes: int, max_blocks: int, reg: PolicyRegistry
+) -> tuple[list[float], dict[str, object]]:
     rng = random.Random(1)
-    index, endpoints, prompts = fleet(n, tokens, rng)
+    TAIL[:] = random.Random(2).choices(VOCAB, k=tokens)
+    index, endpoints, prompts = fleet(n, tokens, prefixes, max_blocks, rng)
     deps = SchedulerDeps(kv_index=index, clock=time.monotonic)
     profile = build_profile(preset, reg.preset(preset).profile, reg, deps)
     out = []
@@ -75,11 +88,11 @@ def measure(preset: str, n: int, tokens: int, requests: int, reg: PolicyRegistry
         toks = prompts[r % len(prompts)]
         ctx = RequestContext(f"r{r}", "m", "/v1/completions", {"prompt": "x"}, token_ids=toks)
         t0 = time.perf_counter()
-        cands = profile.filter(ctx, list(endpoints))
+        cands = profile.filter(ctx, endpoints)
         ep = profile.pick(ctx, cands)
         out.append(time.perf_counter() - t0)
         profile.finished(ctx, ep, True)
-    return out
+    return out, index.stats()
 
 
 def main() -> None:
@@ -87,17 +100,31 @@ def main() -> None:
     ap.add_argument("--workers", default="8,64,256")
     ap.add_argument("--tokens", default="1024,8192")
     ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--prefixes", type=int, default=32, help="cached prompt prefixes per worker")
+    ap.add_argument("--max-blocks", type=int, default=KvIndex().max_blocks, help="the index's block cap")
     a = ap.parse_args()
     reg = registry()
-    print(f"{'workers':>7} {'tokens':>6} " + " ".join(f"{p + ' mean/p99 µs':>26}" for p in PRESETS))
+    print(
+        f"{'workers':>7} {'tokens':>6} "
+        + " ".join(f"{p + ' mean/p99 µs':>26}" for p in PRESETS)
+        + f" {'index blocks':>12} {'B/block':>7} {'evicted':>9}"
+    )
     for tokens in map(int, a.tokens.split(",")):
         for n in map(int, a.workers.split(",")):
             cells = []
+            stats: dict[str, object] = {}
             for preset in PRESETS:
-                t = measure(preset, n, tokens, a.requests, reg)
+                t, stats = measure(preset, n, tokens, a.requests, a.prefixes, a.max_blocks, reg)
                 p99 = statistics.quantiles(t, n=100)[98]
                 cells.append(f"{statistics.fmean(t) * 1e6:12.0f} / {p99 * 1e6:9.0f}")
-            print(f"{n:7d} {tokens:6d} " + " ".join(f"{c:>26}" for c in cells))
+            blocks = int(str(stats["blocks"]))
+            per_block = int(str(stats["memory_bytes"])) / max(1, blocks)
+            print(
+                f"{n:7d} {tokens:6d} "
+                + " ".join(f"{c:>26}" for c in cells)
+                + f" {blocks:12d} {per_block:7.0f} {stats['evicted_for_memory']!s:>9}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -9,12 +9,14 @@ the ``infera-policies`` distribution.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from infera_core.hookspecs import hookimpl
 from infera_core.registry import PolicyRegistry
+from infera_core.scheduling.arrays import FilterMemo, Floats, rows_of, state
 from infera_core.scheduling.config import PluginRef, ProfileConfig
 from infera_core.scheduling.types import (
     Endpoint,
@@ -42,18 +44,27 @@ class HealthFilter(Filter):
     """Keeps active endpoints whose breaker is closed, or open and due for a probe."""
 
     name = "health"
-    __slots__ = ("_clock",)
+    __slots__ = ("_clock", "_memo")
 
     def __init__(self, clock: object = None) -> None:
-        self._clock = clock if callable(clock) else time.monotonic
+        self._clock: Callable[[], float] = clock if callable(clock) else time.monotonic
+        self._memo = FilterMemo()
 
     def filter(self, ctx: RequestContext, candidates: list[Endpoint]) -> list[Endpoint]:
+        # the same table list, nothing changed since: the same answer (O(1), not O(workers))
+        memo = self._memo.get(candidates, None, self._clock)
+        if memo is not None:
+            return memo
         active = Status.ACTIVE
         out = [ep for ep in candidates if ep.record.status is active]
+        until = float("inf")
         if any(ep.breaker_open for ep in out):
             now = self._clock()
+            waiting = [ep.breaker_retry_at for ep in out if ep.breaker_open and now < ep.breaker_retry_at]
+            if waiting:
+                until = min(waiting)  # a probe falls due then: decide again
             out = [ep for ep in out if not ep.breaker_open or now >= ep.breaker_retry_at]
-        return out
+        return self._memo.put(candidates, None, out, until)
 
 
 class RoleParams(BaseModel):
@@ -67,17 +78,24 @@ class RoleFilter(Filter):
     """Keeps endpoints whose role matches the request's (or the configured roles)."""
 
     name = "role"
-    __slots__ = ("_roles",)
+    __slots__ = ("_memo", "_roles")
 
     def __init__(self, roles: list[Role] | None) -> None:
         self._roles = frozenset(roles) if roles else None
+        self._memo = FilterMemo()
 
     def filter(self, ctx: RequestContext, candidates: list[Endpoint]) -> list[Endpoint]:
         roles = self._roles
+        key = ctx.role if roles is None else None
+        memo = self._memo.get(candidates, key, None)
+        if memo is not None:
+            return memo
         if roles is None:
             role = ctx.role
-            return [ep for ep in candidates if ep.record.role is role]
-        return [ep for ep in candidates if ep.record.role in roles]
+            out = [ep for ep in candidates if ep.record.role is role]
+        else:
+            out = [ep for ep in candidates if ep.record.role in roles]
+        return self._memo.put(candidates, key, out)
 
 
 class RoundRobinPicker(Picker):
@@ -103,6 +121,16 @@ class MaxScorePicker(Picker):
 
     def __init__(self) -> None:
         self._next = 0
+
+    def pick_rows(self, ctx: RequestContext, candidates: Sequence[Endpoint], scores: Floats) -> Endpoint:
+        """:meth:`pick` over arrays (the same choice): ``scores`` aligned with ``candidates``."""
+        best = np.flatnonzero(scores >= scores.max() - 1e-9)
+        if len(best) > 1:
+            loads = state().in_flight[rows_of(candidates)[best]]
+            best = best[loads == loads.min()]
+        i = self._next
+        self._next = i + 1
+        return candidates[int(best[i % len(best)])]
 
     def pick(self, ctx: RequestContext, candidates: Sequence[Endpoint], scores: Sequence[float]) -> Endpoint:
         if not scores:

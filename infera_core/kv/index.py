@@ -18,6 +18,9 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+import numpy as np
+import numpy.typing as npt
+
 from infera_core.kv import accel
 from infera_core.kv.decode import tokens_from_packed
 from infera_core.kv.events import (
@@ -140,6 +143,7 @@ class KvIndex:
         "_blocks",
         "_credited",
         "_free_slots",
+        "_match_into",
         "_next_slot",
         "_views",
         "_views_by_slot",
@@ -147,6 +151,7 @@ class KvIndex:
         "routed_at",
         "total_evicted",
         "untrusted",
+        "version",
     )
 
     def __init__(self, max_blocks: int = 4_000_000) -> None:
@@ -154,6 +159,7 @@ class KvIndex:
         self._blocks: BlockStore = accel.ops.new_store()
         self._apply_payload: ApplyPayload | None = getattr(self._blocks, "apply_payload", None)
         self._batch_dp_rank = accel.ops.batch_dp_rank
+        self._match_into: Callable[..., None] | None = getattr(self._blocks, "match_into", None)
         self._views: dict[ViewKey, WorkerView] = {}
         self._credited: dict[ViewKey, WorkerView] = {}
         """The views scorers may credit: every view except stale ones (they lost events)."""
@@ -166,6 +172,8 @@ class KvIndex:
         """worker_id → wall time a KV-scored request was last routed there (silence check)."""
         self.untrusted: set[str] = set()
         """Workers flagged by the agreement check: their views are not credited by scorers."""
+        self.version = 0
+        """Changes whenever a view is added, dropped, re-sized or (un)credited (scorers cache slots)."""
 
     # -- views ----------------------------------------------------------------
     def add_view(self, worker_id: str, dp_rank: int | None, block_size: int) -> WorkerView:
@@ -175,7 +183,9 @@ class KvIndex:
             if view.block_size != block_size:
                 self.clear_view(view)
                 view.block_size = block_size
+                self.version += 1
             return view
+        self.version += 1
         if self._free_slots:
             slot = self._free_slots.pop()
         else:
@@ -202,6 +212,7 @@ class KvIndex:
     def set_stale(self, view: WorkerView, stale: bool) -> None:
         """Mark ``view`` stale (not credited by scorers) or trusted again."""
         view.stale = stale
+        self.version += 1
         if stale:
             self._credited.pop(view.key, None)
         elif self._views.get(view.key) is view:
@@ -216,6 +227,7 @@ class KvIndex:
     def drop_worker(self, worker_id: str) -> int:
         """Forget every view of ``worker_id``; returns how many were dropped."""
         dropped = self.views_of(worker_id)
+        self.version += 1
         for view in dropped:
             self.clear_view(view)
             del self._views[view.key]
@@ -402,6 +414,19 @@ class KvIndex:
             hashes = list(hashes)
         w0, w1, w2 = tier_weights
         return self._blocks.match(hashes, [-1 if v is None else v.slot for v in views], (w0, w1, w2))
+
+    def match_slots(
+        self, hashes: Sequence[int], slots: npt.NDArray[np.int64], tier_weights: tuple[float, float, float]
+    ) -> npt.NDArray[np.float64]:
+        """:meth:`match` for an array of view slots (-1: no view), as an array."""
+        if type(hashes) is not list:
+            hashes = list(hashes)
+        fast = self._match_into
+        if fast is not None:
+            out = np.zeros(len(slots), np.float64)
+            fast(hashes, np.ascontiguousarray(slots, np.int64), tier_weights, out)
+            return out
+        return np.asarray(self._blocks.match(hashes, slots.tolist(), tier_weights), np.float64)
 
     @staticmethod
     def naive_match(hashes: Sequence[int], held_sets: Sequence[set[int] | None]) -> list[int]:

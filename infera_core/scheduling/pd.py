@@ -35,7 +35,7 @@ from infera_core.pd import PdPairError, check_pair
 from infera_core.registry import PolicyRegistry
 from infera_core.scheduling.profile import Profile, build_profile
 from infera_core.scheduling.router_config import ProfileChoice
-from infera_core.scheduling.scheduler import CandidateSource, NoWorkerError, OverloadedError
+from infera_core.scheduling.scheduler import CandidateSource, NoWorkerError, OverloadedError, under_cap
 from infera_core.scheduling.types import Endpoint, RequestContext, RoutedEvent, SchedulerDeps
 from infera_core.worker import Role, WorkerRecord
 
@@ -289,7 +289,7 @@ class PdScheduler:
             raise NoWorkerError(f"no routable {side} worker for model {ctx.model!r}")
         cap = self.max_inflight
         if cap > 0:
-            eps = [ep for ep in eps if ep.in_flight < cap]
+            eps = under_cap(eps, cap)
             if not eps:
                 raise OverloadedError(f"every {side} worker for model {ctx.model!r} is at its in-flight cap")
         return profile.pick(ctx, eps)

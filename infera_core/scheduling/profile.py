@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from pydantic import ValidationError
 
 from infera_core.errors import ConfigError, UnknownNameError
 from infera_core.registry import PolicyRegistry
+from infera_core.scheduling.arrays import ARRAY_MIN
 from infera_core.scheduling.config import PluginRef, ProfileConfig
 from infera_core.scheduling.types import (
     Endpoint,
@@ -25,9 +27,14 @@ from infera_core.scheduling.types import (
 
 
 class Profile:
-    """One scheduling profile. ``name`` labels its routing-latency metric."""
+    """One scheduling profile. ``name`` labels its routing-latency metric.
 
-    __slots__ = ("filters", "name", "needs_tokens", "picker", "scorers", "weights")
+    With many candidates, when every scorer has ``score_rows`` and the picker ``pick_rows``
+    (the array forms, see :mod:`infera_core.scheduling.arrays`), scores are combined over
+    arrays; the choice is the same as the per-candidate path's.
+    """
+
+    __slots__ = ("array_min", "filters", "name", "needs_tokens", "picker", "scorers", "vectorized", "weights")
 
     def __init__(
         self,
@@ -42,6 +49,12 @@ class Profile:
         self.weights = tuple(w for _, w in scorers)
         self.picker = picker
         self.needs_tokens = any(s.needs_tokens for s in self.scorers)
+        self.vectorized = bool(self.scorers) and (
+            all(callable(getattr(s, "score_rows", None)) for s in self.scorers)
+            and callable(getattr(picker, "pick_rows", None))
+        )
+        self.array_min = ARRAY_MIN
+        """Candidates from which the array path is taken (tests set 0 or a huge number)."""
 
     def filter(self, ctx: RequestContext, candidates: list[Endpoint]) -> list[Endpoint]:
         for f in self.filters:
@@ -52,26 +65,35 @@ class Profile:
 
     def pick(self, ctx: RequestContext, candidates: list[Endpoint]) -> Endpoint:
         """Score the (already filtered, non-empty) candidates and pick one."""
-        scores: list[float]
-        if not self.scorers:
-            scores = []
+        if self.vectorized and len(candidates) >= self.array_min:
+            chosen = self._pick_rows(ctx, candidates)
         else:
-            # weighted sum of clamped scores, inlined: this runs per candidate per request
-            scorers, weights = self.scorers, self.weights
-            w = weights[0]
-            scores = [
-                (0.0 if s < 0.0 else w if s > 1.0 else s * w) for s in scorers[0].score(ctx, candidates)
-            ]
-            for k in range(1, len(scorers)):
-                w = weights[k]
-                scores = [
-                    a + (0.0 if s < 0.0 else w if s > 1.0 else s * w)
-                    for a, s in zip(scores, scorers[k].score(ctx, candidates), strict=True)
-                ]
-        chosen = self.picker.pick(ctx, candidates, scores)
+            chosen = self.picker.pick(ctx, candidates, self._scores(ctx, candidates))
         for scorer in self.scorers:
             scorer.on_routed(ctx, chosen)
         return chosen
+
+    def _scores(self, ctx: RequestContext, candidates: list[Endpoint]) -> list[float]:
+        if not self.scorers:
+            return []
+        # weighted sum of clamped scores, inlined: this runs per candidate per request
+        scorers, weights = self.scorers, self.weights
+        w = weights[0]
+        scores = [(0.0 if s < 0.0 else w if s > 1.0 else s * w) for s in scorers[0].score(ctx, candidates)]
+        for k in range(1, len(scorers)):
+            w = weights[k]
+            scores = [
+                a + (0.0 if s < 0.0 else w if s > 1.0 else s * w)
+                for a, s in zip(scores, scorers[k].score(ctx, candidates), strict=True)
+            ]
+        return scores
+
+    def _pick_rows(self, ctx: RequestContext, candidates: list[Endpoint]) -> Endpoint:
+        total = None
+        for scorer, w in zip(self.scorers, self.weights, strict=True):
+            part = np.clip(scorer.score_rows(ctx, candidates), 0.0, 1.0) * w  # type: ignore[attr-defined]
+            total = part if total is None else total + part
+        return self.picker.pick_rows(ctx, candidates, total)  # type: ignore[attr-defined,no-any-return]
 
     def finished(self, ctx: RequestContext, endpoint: Endpoint, ok: bool) -> None:
         for scorer in self.scorers:

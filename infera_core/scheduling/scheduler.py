@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
 from infera_core.registry import PolicyRegistry
+from infera_core.scheduling.arrays import ARRAY_MIN, Candidates, state
 from infera_core.scheduling.profile import Profile, build_profile
 from infera_core.scheduling.router_config import RouterConfig
 from infera_core.scheduling.types import Endpoint, RequestContext, RoutedEvent, SchedulerDeps
@@ -48,6 +49,15 @@ class CandidateSource(Protocol):
 
 
 Observer = Callable[[str, float], None]
+
+
+def under_cap(candidates: list[Endpoint], cap: int) -> list[Endpoint]:
+    """The candidates with fewer than ``cap`` requests in flight (over the arrays when many)."""
+    if len(candidates) < ARRAY_MIN:
+        return [ep for ep in candidates if ep.in_flight < cap]
+    cands = candidates if type(candidates) is Candidates else Candidates(candidates)
+    keep = state().in_flight[cands.rows] < cap
+    return cands.subset(keep) if keep.any() else []
 
 
 class Scheduler:
@@ -101,7 +111,7 @@ class Scheduler:
             raise NoWorkerError(f"no routable worker for model {ctx.model!r}")
         cap = self.max_inflight
         if cap > 0:
-            candidates = [ep for ep in candidates if ep.in_flight < cap]
+            candidates = under_cap(candidates, cap)
             if not candidates:
                 raise OverloadedError(f"every worker for model {ctx.model!r} is at its in-flight cap ({cap})")
         # direct mode picks among the healthy workers under their cap, like the policy does

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
+from infera_core.scheduling import arrays as _arrays
 from infera_core.worker import Role, WorkerRecord
 
 if TYPE_CHECKING:
@@ -23,49 +24,131 @@ PolicyKind = Literal["filter", "scorer", "picker"]
 
 
 class Endpoint:
-    """A routable worker as the scheduler sees it, with the router's own load accounting."""
+    """A routable worker as the scheduler sees it, with the router's own load accounting.
+
+    The load counters (``in_flight``, ``in_flight_prompt_tokens``, ``recent_dispatch``,
+    ``recent_dispatch_ts``, the engine's ``waiting`` from ``stats``) live in this endpoint's
+    row of :func:`infera_core.scheduling.arrays.state` so policies can read them for a whole
+    fleet at once; replacing ``record`` or moving the breaker marks cached filter results stale.
+    """
 
     __slots__ = (
-        "breaker_open",
-        "breaker_retry_at",
+        "_breaker_open",
+        "_breaker_retry_at",
+        "_record",
+        "_stats",
         "dp_rank",
-        "in_flight",
-        "in_flight_prompt_tokens",
         "picks",
-        "recent_dispatch",
-        "recent_dispatch_ts",
-        "record",
-        "stats",
+        "row",
         "upstream",
         "worker_id",
     )
 
     def __init__(self, record: WorkerRecord, dp_rank: int | None = None) -> None:
-        self.record = record
+        self.row = _arrays.state().alloc()
+        self._record = record
         self.worker_id = record.worker_id
         self.dp_rank = dp_rank if dp_rank is not None else record.dp_rank
-        self.in_flight = 0
-        self.in_flight_prompt_tokens = 0
         self.picks = 0
-        self.recent_dispatch = 0.0
-        self.recent_dispatch_ts = 0.0
-        self.breaker_open = False
-        self.breaker_retry_at = 0.0
-        """While the breaker is open: ``time.monotonic()`` after which one probe may go."""
-        self.stats: dict[str, float] = {}
-        """Engine-reported gauges (``running``, ``waiting``, ``kv_usage``…) when scraped."""
+        self._breaker_open = False
+        self._breaker_retry_at = 0.0
+        self._stats: dict[str, float] = {}
         self.upstream: Upstream = None  # type: ignore[assignment]
         """The client of the request transport that reaches this worker
         (:class:`infera_core.server.transport.Upstream`), set by the server's endpoint table
         from ``record.request_transport``; requests go through ``ep.upstream.open(...)``."""
 
+    def __del__(self) -> None:
+        try:
+            _arrays.state().release(self.row)
+        except Exception:  # interpreter shutdown, or __init__ failed before the row existed
+            pass
+
+    # -- counters in the shared arrays ------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        return int(_arrays.state().in_flight.item(self.row))
+
+    @in_flight.setter
+    def in_flight(self, value: int) -> None:
+        _arrays.state().in_flight[self.row] = value
+
+    @property
+    def in_flight_prompt_tokens(self) -> int:
+        return int(_arrays.state().prompt_tokens.item(self.row))
+
+    @in_flight_prompt_tokens.setter
+    def in_flight_prompt_tokens(self, value: int) -> None:
+        _arrays.state().prompt_tokens[self.row] = value
+
+    @property
+    def recent_dispatch(self) -> float:
+        return float(_arrays.state().recent.item(self.row))
+
+    @recent_dispatch.setter
+    def recent_dispatch(self, value: float) -> None:
+        st = _arrays.state()
+        st.recent[self.row] = value
+        st.recent_writes += 1
+
+    @property
+    def recent_dispatch_ts(self) -> float:
+        return float(_arrays.state().recent_ts.item(self.row))
+
+    @recent_dispatch_ts.setter
+    def recent_dispatch_ts(self, value: float) -> None:
+        st = _arrays.state()
+        st.recent_ts[self.row] = value
+        st.recent_writes += 1
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """Engine-reported gauges (``running``, ``waiting``, ``kv_usage``…) when scraped.
+        Assign a new dict to update them (``waiting`` is copied into the arrays)."""
+        return self._stats
+
+    @stats.setter
+    def stats(self, value: dict[str, float]) -> None:
+        self._stats = value
+        _arrays.state().waiting[self.row] = value.get("waiting", 0.0) if value else 0.0
+
+    # -- what the cached filters read ----------------------------------------------------
+    @property
+    def record(self) -> WorkerRecord:
+        return self._record
+
+    @record.setter
+    def record(self, value: WorkerRecord) -> None:
+        self._record = value
+        _arrays.state().changed()
+
+    @property
+    def breaker_open(self) -> bool:
+        return self._breaker_open
+
+    @breaker_open.setter
+    def breaker_open(self, value: bool) -> None:
+        if value is not self._breaker_open:
+            self._breaker_open = value
+            _arrays.state().changed()
+
+    @property
+    def breaker_retry_at(self) -> float:
+        """While the breaker is open: ``time.monotonic()`` after which one probe may go."""
+        return self._breaker_retry_at
+
+    @breaker_retry_at.setter
+    def breaker_retry_at(self, value: float) -> None:
+        self._breaker_retry_at = value
+        _arrays.state().changed()
+
     @property
     def url(self) -> str:
-        return self.record.url
+        return self._record.url
 
     @property
     def role(self) -> Role:
-        return self.record.role
+        return self._record.role
 
     def __repr__(self) -> str:
         return f"Endpoint({self.worker_id!r}, in_flight={self.in_flight})"

@@ -333,60 +333,38 @@ static int tier_empty(IndexObject *x, int t)
     return 1;
 }
 
-PyDoc_STRVAR(match_doc,
-             "match(hashes, slots, weights, /)\n--\n\n"
-                        "Tier-weighted cached-prefix length per slot (-1: none); see KvIndex.match.");
-
-static PyObject *Index_match(IndexObject *x, PyObject *const *args, Py_ssize_t nargs)
+/* The matching core: out[i] (zeroed by the caller) gets the tier-weighted cached-prefix
+ * length of slots[i] (-1: none; a slot listed twice scores at its last position). */
+static int match_core(IndexObject *x, PyObject *hashes, const int64_t *slots, Py_ssize_t nv, const double *w,
+                      double *out)
 {
-    if (nargs_is(nargs, 3, "match(hashes, slots, weights)") < 0)
-        return NULL;
-    PyObject *hashes = args[0], *slots = args[1];
-    double w[3];
-    if (!PyList_Check(hashes) || !PyList_Check(slots) || !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) < 3) {
-        PyErr_SetString(PyExc_TypeError, "match(list[int], list[int], tuple[float, float, float])");
-        return NULL;
-    }
-    for (int i = 0; i < 3; i++) {
-        w[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(args[2], i));
-        if (w[i] == -1.0 && PyErr_Occurred())
-            return NULL;
-    }
-    Py_ssize_t nv = PyList_GET_SIZE(slots), nh = PyList_GET_SIZE(hashes), nch = 0;
-    PyObject *out = PyList_New(nv);
-    if (out == NULL)
-        return NULL;
+    Py_ssize_t nh = PyList_GET_SIZE(hashes), nch = 0;
     for (Py_ssize_t i = 0; i < nv; i++) {
-        Py_ssize_t s = PyLong_AsSsize_t(PyList_GET_ITEM(slots, i));
-        if (s == -1 && PyErr_Occurred())
-            goto fail;
-        if (s >= MAX_SLOT) {
-            PyErr_Format(PyExc_ValueError, "slot %zd out of range", s);
-            goto fail;
+        if (slots[i] >= MAX_SLOT) {
+            PyErr_Format(PyExc_ValueError, "slot %lld out of range", (long long)slots[i]);
+            return -1;
         }
-        if (s >= 0 && s / 64 + 1 > nch)
-            nch = s / 64 + 1;
-        PyList_SET_ITEM(out, i, PyFloat_FromDouble(0.0));
-        if (PyList_GET_ITEM(out, i) == NULL)
-            goto fail;
+        if (slots[i] >= 0 && slots[i] / 64 + 1 > nch)
+            nch = (Py_ssize_t)(slots[i] / 64 + 1);
     }
     if (nch == 0 || nh == 0)
-        return out;
+        return 0;
     size_t nslots = (size_t)nch * 64;
     uint64_t *alive = calloc((size_t)nch, sizeof(uint64_t));
     Py_ssize_t *pos = malloc(nslots * sizeof(Py_ssize_t));
     Py_ssize_t *depth_of = malloc(nslots * sizeof(Py_ssize_t));
     double *credit = calloc(nslots, sizeof(double));
+    int rc = -1;
     if (alive == NULL || pos == NULL || depth_of == NULL || credit == NULL) {
         PyErr_NoMemory();
-        goto fail_free;
+        goto done;
     }
     for (size_t s = 0; s < nslots; s++)
         pos[s] = depth_of[s] = -1;
     for (Py_ssize_t i = 0; i < nv; i++) {
-        Py_ssize_t s = PyLong_AsSsize_t(PyList_GET_ITEM(slots, i));
+        int64_t s = slots[i];
         if (s >= 0) {
-            pos[s] = i; /* a slot listed twice scores at its last position, as in Python */
+            pos[s] = i;
             alive[s >> 6] |= 1ULL << (s & 63);
         }
     }
@@ -395,7 +373,7 @@ static PyObject *Index_match(IndexObject *x, PyObject *const *args, Py_ssize_t n
     for (Py_ssize_t k = 0; k < nh; k++) {
         long long hv = PyLong_AsLongLong(PyList_GET_ITEM(hashes, k));
         if (hv == -1 && PyErr_Occurred())
-            goto fail_free;
+            goto done;
         uint64_t h = (uint64_t)hv, any = 0;
         for (Py_ssize_t c = 0; c < nch; c++) {
             uint64_t a = alive[c], m;
@@ -426,29 +404,116 @@ static PyObject *Index_match(IndexObject *x, PyObject *const *args, Py_ssize_t n
     for (Py_ssize_t c = 0; c < nch; c++)
         for (uint64_t a = alive[c]; a; a &= a - 1)
             depth_of[c * 64 + __builtin_ctzll(a)] = depth;
-    for (size_t s = 0; s < nslots; s++) {
-        if (depth_of[s] < 0 || pos[s] < 0)
-            continue;
-        PyObject *f = PyFloat_FromDouble((double)depth_of[s] * w[0] - credit[s]);
-        if (f == NULL)
-            goto fail_free;
-        PyObject *old = PyList_GET_ITEM(out, pos[s]);
-        PyList_SET_ITEM(out, pos[s], f);
-        Py_DECREF(old);
+    for (size_t s = 0; s < nslots; s++)
+        if (depth_of[s] >= 0 && pos[s] >= 0)
+            out[pos[s]] = (double)depth_of[s] * w[0] - credit[s];
+    rc = 0;
+done:
+    free(alive);
+    free(pos);
+    free(depth_of);
+    free(credit);
+    return rc;
+}
+
+static int parse_weights(PyObject *t, double *w)
+{
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 3) {
+        PyErr_SetString(PyExc_TypeError, "weights must be a tuple[float, float, float]");
+        return -1;
     }
-    free(alive);
-    free(pos);
-    free(depth_of);
-    free(credit);
+    for (int i = 0; i < 3; i++) {
+        w[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(t, i));
+        if (w[i] == -1.0 && PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(match_doc,
+             "match(hashes, slots, weights, /)\n--\n\n"
+             "Tier-weighted cached-prefix length per slot (-1: none); see KvIndex.match.");
+
+static PyObject *Index_match(IndexObject *x, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs_is(nargs, 3, "match(hashes, slots, weights)") < 0)
+        return NULL;
+    PyObject *hashes = args[0], *slots = args[1];
+    double w[3];
+    if (!PyList_Check(hashes) || !PyList_Check(slots)) {
+        PyErr_SetString(PyExc_TypeError, "match(list[int], list[int], tuple[float, float, float])");
+        return NULL;
+    }
+    if (parse_weights(args[2], w) < 0)
+        return NULL;
+    Py_ssize_t nv = PyList_GET_SIZE(slots);
+    int64_t *sl = malloc((size_t)(nv ? nv : 1) * sizeof(int64_t));
+    double *res = calloc((size_t)(nv ? nv : 1), sizeof(double));
+    PyObject *out = NULL;
+    if (sl == NULL || res == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < nv; i++) {
+        Py_ssize_t s = PyLong_AsSsize_t(PyList_GET_ITEM(slots, i));
+        if (s == -1 && PyErr_Occurred())
+            goto done;
+        sl[i] = s;
+    }
+    if (match_core(x, hashes, sl, nv, w, res) < 0)
+        goto done;
+    out = PyList_New(nv);
+    for (Py_ssize_t i = 0; out != NULL && i < nv; i++) {
+        PyObject *f = PyFloat_FromDouble(res[i]);
+        if (f == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, f);
+    }
+done:
+    free(sl);
+    free(res);
     return out;
-fail_free:
-    free(alive);
-    free(pos);
-    free(depth_of);
-    free(credit);
-fail:
-    Py_DECREF(out);
-    return NULL;
+}
+
+PyDoc_STRVAR(match_into_doc,
+             "match_into(hashes, slots, weights, out, /)\n--\n\n"
+             "match() over buffers: slots a contiguous int64 buffer (-1: none), out a writable float64\n"
+             "buffer of the same length, zeroed by the caller, receiving each slot's score.");
+
+static PyObject *Index_match_into(IndexObject *x, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs_is(nargs, 4, "match_into(hashes, slots, weights, out)") < 0)
+        return NULL;
+    double w[3];
+    if (!PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "match_into: hashes must be a list[int]");
+        return NULL;
+    }
+    if (parse_weights(args[2], w) < 0)
+        return NULL;
+    Py_buffer sb, ob;
+    if (PyObject_GetBuffer(args[1], &sb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[3], &ob, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&sb);
+        return NULL;
+    }
+    int rc = -1;
+    if (sb.itemsize != 8 || sb.format == NULL || (strcmp(sb.format, "l") && strcmp(sb.format, "q"))) {
+        PyErr_SetString(PyExc_TypeError, "match_into: slots must be an int64 buffer");
+    } else if (ob.itemsize != 8 || ob.format == NULL || strcmp(ob.format, "d")) {
+        PyErr_SetString(PyExc_TypeError, "match_into: out must be a float64 buffer");
+    } else if (ob.len != sb.len) {
+        PyErr_SetString(PyExc_ValueError, "match_into: slots and out differ in length");
+    } else {
+        rc = match_core(x, args[0], (const int64_t *)sb.buf, sb.len / 8, w, (double *)ob.buf);
+    }
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&ob);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 /* -- the type ---------------------------------------------------------------------------- */
@@ -483,6 +548,7 @@ static PyMethodDef Index_methods[] = {
     FASTCALL(dump, "dump(slot, tier) -> ([(key, router hash)] oldest first, {router hash: extra copies})"),
     FASTCALL(masks, "masks(tier) -> {router hash: bitset of slots}"),
     FASTCALL(match, match_doc),
+    FASTCALL(match_into, match_into_doc),
     FASTCALL(apply_payload, apply_payload_doc),
     {"unique_hashes", (PyCFunction)Index_unique_hashes, METH_NOARGS, "distinct router hashes, summed over tiers"},
     {"memory_bytes", (PyCFunction)Index_memory_bytes, METH_NOARGS, "bytes allocated by the tables"},

@@ -12,9 +12,11 @@ import math
 import random
 from collections.abc import Sequence
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from infera_core.registry import PolicyRegistry
+from infera_core.scheduling.arrays import Floats, rows_of, state
 from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
 from infera_core.scheduling.types import (
     Endpoint,
@@ -61,6 +63,15 @@ class LeastLoadScorer(Scorer):
         if spread == 0:
             return [1.0] * len(loads)
         return [1.0 - (x - low) / spread for x in loads]
+
+    def score_rows(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> Floats:
+        """:meth:`score` over the arrays."""
+        loads = state().in_flight[rows_of(candidates)]
+        low = loads.min()
+        spread = loads.max() - low
+        if spread == 0:
+            return np.ones(len(loads), np.float64)
+        return 1.0 - (loads - low) / spread  # type: ignore[no-any-return]
 
 
 class PowerOfTwoPicker(Picker):
