@@ -84,6 +84,7 @@ class KvRelay:
         self.batches = 0
         self.messages = 0
         self.lost = 0
+        self.restarts = 0
 
     @property
     def subjects(self) -> list[str]:
@@ -133,37 +134,49 @@ class KvRelay:
                     await js.purge_stream(kv_wire.STREAM, subject=subject)
         await close_quietly(self.nc)
         self.nc = None
+        log.info(
+            "worker %s: KV relay stopped: %d batches relayed in %d messages, %d lost, %d engine restarts",
+            self.worker_id,
+            self.batches,
+            self.messages,
+            self.lost,
+            self.restarts,
+        )
 
     async def _pump(self, sock: zmq.asyncio.Socket, subject: str, replay: str | None) -> None:
         last: int | None = None
+        synced: int | None = None  # the last seq copied from the replay socket at start
         try:
             if replay is not None:  # what the engine published before we joined
                 got = await self._replay(replay, 0, 1 << 62)
                 for i in range(0, len(got), MAX_BATCHES):
                     await self._publish(subject, got[i : i + MAX_BATCHES])
-                last = got[-1][0] if got else None
+                last = synced = got[-1][0] if got else None
             while True:
-                frames = await sock.recv_multipart()
+                burst = [await sock.recv_multipart()]  # and whatever is queued behind it
+                size = len(burst[0][-1])
+                while (
+                    len(burst) < MAX_BATCHES
+                    and size < MAX_BYTES
+                    and cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN
+                ):
+                    burst.append(await sock.recv_multipart())
+                    size += len(burst[-1][-1])
                 batch: list[tuple[int, bytes]] = []
-                size = 0
-                while True:
-                    if len(frames) >= 3:
-                        seq = int.from_bytes(frames[-2], "big", signed=True)
-                        if last is not None and 0 < seq <= last:
-                            pass  # already relayed from the replay socket
-                        else:
-                            if last is not None and seq > last + 1 and replay is not None:
-                                batch.extend(await self._replay(replay, last + 1, seq))
-                            batch.append((seq, frames[-1]))
-                            size += len(frames[-1])
-                            last = seq
-                    if (
-                        len(batch) >= MAX_BATCHES
-                        or size >= MAX_BYTES
-                        or not cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN
-                    ):
-                        break
-                    frames = await sock.recv_multipart()
+                for frames in burst:
+                    if len(frames) < 3:
+                        continue
+                    seq = int.from_bytes(frames[-2], "big", signed=True)
+                    if synced is not None:
+                        if seq <= synced:
+                            continue  # already copied from the replay socket
+                        synced = None
+                    if last is not None and seq > last + 1 and replay is not None:
+                        batch.extend(await self._replay(replay, last + 1, seq))  # fill the gap
+                    elif last is not None and seq <= last:
+                        self.restarts += 1  # the engine restarted: its seq began again (passed on)
+                    batch.append((seq, frames[-1]))
+                    last = seq
                 if batch:
                     await self._publish(subject, batch)
         finally:
