@@ -46,6 +46,30 @@ async def hung_worker(stack: ChaosStack) -> Row:
 
 
 @scenario(fast=False)
+async def slow_worker(stack: ChaosStack) -> Row:
+    """A slow but live worker (every token 2.5 s) under traffic for 30 s stays in rotation."""
+    stack.add_worker("sim-slow", "--speedup", "1", "--itl-base-ms", "2500")
+    await stack.wait_active(stack.n_workers + 1, 120)
+    t0 = time.monotonic()
+    out = 0
+    codes: list[int] = []
+    while time.monotonic() - t0 < 30:
+        codes += await stack.burst(6, concurrency=3, max_tokens=2)
+        fleet = {w["worker_id"]: w for w in await stack.fleet()}
+        slow = fleet.get("sim-slow", {})
+        if slow.get("status") != "active" or slow.get("breaker") not in (None, "closed"):
+            out += 1
+    stack.stop_worker("sim-slow", fast=True)
+    ok = all(c == 200 for c in codes) and out == 0
+    where = "stayed in rotation" if out == 0 else f"was out of rotation at {out} checks"
+    return Row(
+        "a slow but live worker (2.5 s per token) under traffic for 30 s",
+        f"{codes_text(codes)}; it {where}",
+        ok=ok,
+    )
+
+
+@scenario(fast=False)
 async def erroring_worker(stack: ChaosStack) -> Row:
     stack.add_worker("sim-err", "--fault-error-rate", "1", "--fault-error-status", "500")
     await stack.wait_active(stack.n_workers + 1, 120)
