@@ -207,3 +207,17 @@ async def test_two_responders_of_one_worker_share_its_requests(hop: Hop, nats_se
         assert hop.responder.requests and twin.requests
     finally:
         await twin.close(grace=0.5)
+
+
+async def test_unreachable_nats_is_one_clear_error_without_credentials(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = NatsUpstream(
+        "nats://alice:s3cret@127.0.0.1:1", connect_timeout=0.5, first_byte_timeout=1.0, idle_timeout=1.0
+    )
+    with pytest.raises(NatsUnreachableError) as err:
+        await client.start()
+    await client.close()
+    assert "did not answer within 0.5 s" in str(err.value) and "127.0.0.1:1" in str(err.value)
+    assert "s3cret" not in str(err.value) and "s3cret" not in caplog.text
+    assert not [r for r in caplog.records if r.name.startswith("infera.nats")]  # the error says it all

@@ -16,6 +16,8 @@ import nats
 from nats.aio.client import Client
 from nats.errors import SlowConsumerError
 
+from infera_core.redact import redact_url
+
 log = logging.getLogger("infera.nats")
 
 RECONNECT_WAIT_S = 0.25
@@ -44,13 +46,15 @@ async def connect_nats(
     urls = split_servers(servers)
     if not urls:
         raise NatsUnreachableError("no NATS server URL given (--nats-url, env INFERA_NATS_URL)")
-    outage = [False]
+    outage = [True]  # errors before the first connection are in the one error raised below
+    last_error: list[BaseException] = []
 
     async def error_cb(exc: Exception) -> None:
         if isinstance(exc, SlowConsumerError):
             if on_slow_consumer is not None:
                 on_slow_consumer(exc)
             return
+        last_error[:] = [exc]
         if not outage[0]:
             outage[0] = True
             log.warning("%s: NATS connection error: %s", name, exc or type(exc).__name__)
@@ -82,9 +86,10 @@ async def connect_nats(
     except (TimeoutError, OSError, nats.errors.Error) as exc:
         with contextlib.suppress(Exception):
             await nc.close()
-        shown = ", ".join(urls)
+        shown = ", ".join(redact_url(u) for u in urls)
+        cause = last_error[0] if last_error else exc
         raise NatsUnreachableError(
-            f"NATS at {shown} did not answer within {connect_timeout:g} s ({type(exc).__name__})"
+            f"NATS at {shown} did not answer within {connect_timeout:g} s ({cause or type(cause).__name__})"
         ) from None
     outage[0] = False
     return nc
