@@ -407,7 +407,9 @@ def _why_stopped(lc: WorkerLauncher, task: asyncio.Task[int]) -> BaseException:
 
 
 def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    """The error's first line, without the engine-output tail an :class:`EngineError` announces."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text.removesuffix("; last output:")
 
 
 def _stderr_echo(line: str) -> None:
