@@ -24,7 +24,7 @@ from infera_core.launcher.settings import RestartPolicy, WorkerSettings
 from infera_core.settings import resolve
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.fleet import LauncherProcess
+from infera_core.testing.fleet import CliResult, LauncherProcess
 from infera_core.testing.net import free_port
 from infera_core.up.settings import UpSettings
 from infera_core.worker import Role, Status
@@ -284,3 +284,17 @@ async def test_sglang_adapter_uses_the_engines_own_health_generate() -> None:
             assert not await health_generate_check(adapter, client, base, "m", within=5)
     finally:
         await runner.cleanup()
+
+
+def test_worker_help_shows_the_supervision_flags(infera_cli: Callable[..., CliResult]) -> None:
+    out = infera_cli("worker", "standin", "--help")
+    text = " ".join(out.stdout.split())
+    for env_var in (
+        "INFERA_RESTART_ENGINE",
+        "INFERA_MAX_RESTARTS",
+        "INFERA_RESTART_BACKOFF",
+        "INFERA_HEALTH_GENERATE_INTERVAL",
+        "INFERA_HEALTH_GENERATE_TIMEOUT",
+    ):
+        assert env_var in text
+    assert "on-failure" in text
