@@ -5,10 +5,11 @@
 stream through an ordered consumer (ephemeral, in order, re-created from the last stream
 sequence after a gap, a missed heartbeat or a NATS restart) and hands every batch to the
 hub, which sequences, decodes and indexes it exactly as ZMQ batches
-(:mod:`infera_core.kv.hub`). The first ``follow`` of a publisher starts at the stream's
-first retained message — the stream *is* the replay buffer, so a router that starts late
-(or a second replica) rebuilds the same index; a later ``follow`` of the same publisher
-(after an error) resumes after the last message it delivered.
+(:mod:`infera_core.kv.hub`). Every ``follow`` starts at the stream's first retained
+message of that publisher — the stream *is* the replay buffer, so a router that starts
+late (or a second replica) rebuilds the same index; a ``follow`` started again after an
+error delivers the history once more, which the hub recognises (duplicates are skipped,
+or the view is rebuilt from seq 0).
 
 ``replay``: the stream has already delivered everything it holds, so the start of the
 history (``start == 0``) is answered with no batches, and any other gap with None (those
@@ -49,8 +50,6 @@ class NatsKvSource:
         self.prefix = subject_prefix
         self.name = name
         self.nc: Client | None = None
-        self.positions: dict[str, int] = {}
-        """Subject → the last stream sequence delivered (a new ``follow`` resumes after it)."""
         self.messages = 0
         self.malformed = 0
 
@@ -63,7 +62,7 @@ class NatsKvSource:
         self.nc = None
 
     def subject(self, record: WorkerRecord, rank: int | None) -> str:
-        given = record.kv_event_params.get("subject") if hasattr(record, "kv_event_params") else None
+        given = record.kv_event_params.get("subject")
         base = (
             given
             if isinstance(given, str) and given
@@ -76,16 +75,12 @@ class NatsKvSource:
         if nc is None:
             raise ConnectionError("the NATS KV source is not started")
         subject = self.subject(record, rank)
-        last = self.positions.get(subject)
-        js = nc.jetstream()
-        sub = await js.subscribe(
+        sub = await nc.jetstream().subscribe(
             subject,
             stream=kv_wire.STREAM,
             ordered_consumer=True,
             idle_heartbeat=HEARTBEAT_S,
-            config=_start_at(last + 1)
-            if last is not None
-            else ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
             pending_msgs_limit=-1,
             pending_bytes_limit=0,
         )
@@ -103,8 +98,6 @@ class NatsKvSource:
                     continue
                 for seq, payload in batches:
                     await sink.batch(seq, payload)
-                if msg.reply:
-                    self.positions[subject] = msg.metadata.sequence.stream
         finally:
             await sub.unsubscribe()
 
@@ -112,7 +105,3 @@ class NatsKvSource:
         self, record: WorkerRecord, rank: int | None, start: int, until: int
     ) -> list[tuple[int, bytes]] | None:
         return [] if start == 0 else None
-
-
-def _start_at(seq: int) -> ConsumerConfig:
-    return ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=seq)
