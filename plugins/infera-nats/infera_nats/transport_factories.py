@@ -22,7 +22,6 @@ from infera_nats import transport_wire as wire
 from infera_nats.settings import NatsSettings
 
 if TYPE_CHECKING:
-
     from infera_core.backends import BackendOptions
     from infera_core.server.transport import Upstream
     from infera_core.transports import KvEventSource, WorkerAttachment
