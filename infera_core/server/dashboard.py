@@ -48,7 +48,7 @@ ENGINE_SERIES = (RUNNING, WAITING, KV_USAGE, HITS, QUERIES)
 class EngineScraper:
     """Engine gauges per worker for the dashboard, refreshed in the background on demand."""
 
-    def __init__(self, core: RouterCore, interval: float = 2.0, timeout: float = 1.5) -> None:
+    def __init__(self, core: RouterCore, interval: float = 2.0, timeout: float = 3.0) -> None:
         self.core = core
         self.interval = interval
         self.timeout = timeout
@@ -77,9 +77,11 @@ class EngineScraper:
             async with limit:
                 try:
                     async with session.get(ep.url.rstrip("/") + "/metrics") as r:
-                        text = await r.text() if r.status == 200 else ""
+                        if r.status != 200:
+                            return
+                        text = await r.text()
                 except (aiohttp.ClientError, TimeoutError, ValueError):
-                    text = ""
+                    return  # a busy or gone worker keeps its last numbers until the next round
             self._update(ep.worker_id, parse_metrics(text, ENGINE_SERIES))
 
         try:

@@ -108,16 +108,18 @@ async def test_stats_show_the_fleet_traffic_and_engines(sims: list[SimHandle]) -
         async def mirrored() -> bool:
             latest.update(await stats())
             rows = latest["workers"]
+            # a hit rate once the engine had queries: the picked workers (kv-aware may pick one)
             return any(w.get("kv_blocks") for w in rows) and all(
-                "hit_rate" in w["engine_stats"] for w in rows
+                "running" in w["engine_stats"] and ("hit_rate" in w["engine_stats"] or not w["picks"])
+                for w in rows
             )
 
-        async with asyncio.timeout(15):
+        async with asyncio.timeout(40):
             while not await mirrored():  # noqa: ASYNC110 (state in other processes)
                 await asyncio.sleep(0.2)
         for w in latest["workers"]:
-            assert w["kv_stale"] is False
-            assert 0 <= w["engine_stats"]["hit_rate"] <= 1 and w["engine_stats"]["running"] == 0
+            assert w["kv_stale"] is False and w["engine_stats"]["running"] == 0
+            assert 0 <= w["engine_stats"].get("hit_rate", 0) <= 1
 
 
 async def test_page_is_one_self_contained_file(sims: list[SimHandle]) -> None:
@@ -216,16 +218,28 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         driver.quit()
 
 
-async def in_browser(driver: Any, predicate: Callable[[Any], Any], within: float = 20) -> Any:
+async def in_browser(driver: Any, predicate: Callable[[Any], Any], within: float = 30) -> Any:
     """Wait (in a thread: the server runs on this event loop) until ``predicate(driver)`` is truthy."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return await asyncio.to_thread(WebDriverWait(driver, within, poll_frequency=0.2).until, predicate)
+    wait = WebDriverWait(
+        driver, within, poll_frequency=0.2, ignored_exceptions=[StaleElementReferenceException]
+    )
+    return await asyncio.to_thread(wait.until, predicate)
 
 
 def cell(driver: Any, worker: str, cls: str) -> str | None:
-    found = driver.find_elements("css selector", f'tr[data-worker="{worker}"] td.{cls}')
-    return str(found[0].text) if found else None
+    """The text of one fleet-table cell (the page re-renders the table every second)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(10):
+        found = driver.find_elements("css selector", f'tr[data-worker="{worker}"] td.{cls}')
+        try:
+            return str(found[0].text) if found else None
+        except StaleElementReferenceException:
+            continue  # replaced between the lookup and the read: look it up again
+    raise AssertionError(f"the {worker} row never held still")
 
 
 async def test_dashboard_in_chromium_shows_the_fleet_and_a_drain(
