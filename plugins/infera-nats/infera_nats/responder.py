@@ -114,7 +114,8 @@ class Responder:
             log.warning(
                 "worker %s: malformed NATS request on %s skipped: %s", self.worker_id, msg.subject, exc
             )
-            await self._publish(reply, wire.frame(wire.FAIL, 0, f"malformed request: {exc}".encode()))
+            with contextlib.suppress(ConnectionError):
+                await self._publish(reply, wire.frame(wire.FAIL, 0, f"malformed request: {exc}".encode()))
             return
         self.requests += 1
         task = asyncio.create_task(self._serve(reply, path, headers, body))
