@@ -137,6 +137,11 @@ class InferaHttpProtocol(HttpToolsProtocol):
         gets the answer instead of a reset (closing with unread bytes sends an RST)."""
         self._rejected = True
         self._awaiting_headers = False
+        cycle = getattr(self, "cycle", None)
+        if cycle is not None and not cycle.response_complete:  # a request in flight: it is over
+            self._client_gone()
+            cycle.disconnected = True  # its response is never written
+            cycle.message_event.set()
         self.cycle = _CLOSED
         if self.transport.is_closing():
             return

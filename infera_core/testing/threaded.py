@@ -50,8 +50,9 @@ def served_in_thread(
     """Serve (memory discovery, ``workers`` stand-in upstreams of ``model``) until the block exits."""
     handler = _Collect()
     handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
-    root = logging.getLogger()
-    root.addHandler(handler)
+    loggers = [logging.getLogger(), logging.getLogger("uvicorn")]  # uvicorn's does not propagate
+    for logger in loggers:
+        logger.addHandler(handler)
     started = threading.Event()
     box: dict[str, Any] = {}
 
@@ -89,7 +90,8 @@ def served_in_thread(
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(box["stop"].set)
         thread.join(within)
-        root.removeHandler(handler)
+        for logger in loggers:
+            logger.removeHandler(handler)
 
 
 def report_line(request: Any, line: str) -> None:

@@ -358,3 +358,31 @@ def test_up_takes_the_limits_from_flags_and_env() -> None:
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+async def test_garbage_pipelined_behind_a_request_in_flight_gets_400_and_no_traceback(
+    ups: list[FakeUpstream], caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    ups[0].delay = 0.5
+    body = json.dumps(CHAT).encode()
+    async with stack(ups) as srv:
+        uvicorn_log = logging.getLogger("uvicorn")  # it does not propagate to the root logger
+        uvicorn_log.addHandler(caplog.handler)
+        reader, writer = await _connect(srv)
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await until(lambda: ups[0].requests == 1)  # the first request is in flight
+        writer.write(b"\x00\x01 not http at all\r\n\r\n")
+        status, answer, closed = await _response(reader)
+        assert status == 400 and closed
+        assert answer["error"]["code"] == "invalid_http"
+        series = srv.core.metrics.requests
+        await until(lambda: sum(v.value for v in series.children.values()) == 1, within=5)
+        assert all(ep.in_flight == 0 for ep in srv.core.table.by_id.values())
+        writer.close()
+        uvicorn_log.removeHandler(caplog.handler)
+    assert not [r for r in caplog.records if r.levelname == "ERROR" or r.exc_info], caplog.text
