@@ -210,10 +210,10 @@ def run(
 
 
 def profile_config(policy: str, reg: PolicyRegistry) -> ProfileConfig:
-    """A preset by name, or ``kv:OVERLAP,LOAD,RECENT,GUARD`` for a kv-aware variant (tuning)."""
+    """A preset by name, or ``kv:OVERLAP/LOAD/RECENT/FACTOR[/GAP]`` for a kv-aware variant (tuning)."""
     if policy.startswith("kv:"):
-        o, load, recent, guard = (float(x) for x in policy[3:].split("/"))
-        return kv_profile(o, load, recent, guard)
+        o, load, recent, guard, *gap = (float(x) for x in policy[3:].split("/"))
+        return kv_profile(o, load, recent, guard, *gap)
     return reg.preset(policy).profile
 
 
@@ -238,7 +238,7 @@ def main() -> None:
     ap.add_argument(
         "--policies",
         default="kv-aware,round-robin,least-load",
-        help="presets, or kv:OVERLAP/LOAD/RECENT/GUARD-FACTOR for a kv-aware variant",
+        help="presets, or kv:OVERLAP/LOAD/RECENT/GUARD-FACTOR[/GAP] for a kv-aware variant",
     )
     a = ap.parse_args()
     arrivals = load_trace(a.trace, a.rows, a.speedup, a.tokens_per_block, a.output_div)
