@@ -6,7 +6,8 @@ router's) and sends ``--concurrent`` bodies of ``--objects`` tiny message object
 process), while one keep-alive client polls ``GET /health`` every 10 ms. Reports the
 answers, /health latency (p50 / max) and the router's peak RSS (``VmHWM``).
 
-    .venv/bin/python bench/hostile_bodies.py [--objects 2500000] [--concurrent 3] [-- serve flags…]
+    .venv/bin/python bench/hostile_bodies.py [--objects 2500000] [--concurrent 3] [--shape tiny|text]
+        [-- serve flags…]
 
 Run it with ``PYTHONPATH`` at an older checkout to compare before/after.
 """
@@ -56,9 +57,19 @@ def _wait_up(port: int, within: float = 30.0) -> None:
     raise SystemExit("the router did not start")
 
 
-def measure(objects: int, concurrent: int, serve_args: list[str]) -> dict[str, float | list[str]]:
+def body_of(shape: str, objects: int) -> bytes:
+    """``tiny``: ``objects`` tiny message objects; ``text``: one message whose content is a
+    string as long as that body would be (a large body the router accepts and parses)."""
+    if shape == "text":
+        return b'{"model":"nope","messages":[{"role":"user","content":"' + b"a" * (13 * objects) + b'"}]}'
+    return b'{"model":"nope","messages":[' + b",".join([b'{"role":"u"}'] * objects) + b"]}"
+
+
+def measure(
+    objects: int, concurrent: int, serve_args: list[str], shape: str = "tiny"
+) -> dict[str, float | list[str]]:
     port = free_port()
-    body = b'{"model":"nope","messages":[' + b",".join([b'{"role":"u"}'] * objects) + b"]}"
+    body = body_of(shape, objects)
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         f.write(body)
         f.flush()
@@ -142,11 +153,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--objects", type=int, default=2_500_000)
     parser.add_argument("--concurrent", type=int, default=3)
+    parser.add_argument("--shape", choices=["tiny", "text"], default="tiny", help="see body_of()")
     args, serve_args = parser.parse_known_args()
     serve_args = [a for a in serve_args if a != "--"]
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     for concurrent in sorted({1, args.concurrent}):
-        out = measure(args.objects, concurrent, serve_args)
+        out = measure(args.objects, concurrent, serve_args, args.shape)
         print(
             f"{concurrent} × {out['body_mb']:.1f} MB: "
             + ", ".join(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
-from typing import Any
+from typing import Any, cast
 
 from infera_core.server.errors import ApiError
 from infera_core.server.validate import json_items, too_large, too_many_items
@@ -26,6 +26,10 @@ JSON_CT = (b"content-type", b"application/json")
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 
+_KEEP_BUFFER = 1 << 20
+"""Bodies of at least this many bytes are returned as the ``bytearray`` they were read into."""
+
+
 class ClientGone(Exception):
     """The client disconnected before its request body arrived."""
 
@@ -34,7 +38,8 @@ async def read_body(scope: Scope, receive: Receive, limit: int, max_items: int =
     """The whole request body; 413 when it is (or announces to be) over ``limit`` bytes or,
     with ``max_items``, holds more JSON items (counted per chunk as it arrives, so such a
     body is refused after its first megabyte or so: what the client still sends is read
-    and dropped by the server, never stored)."""
+    and dropped by the server, never stored). A body of 1 MiB or more is the ``bytearray``
+    it was read into (bytes-like everywhere it goes; not hashable, not to be mutated)."""
     for name, value in scope["headers"]:
         if name == b"content-length":
             try:
@@ -51,24 +56,24 @@ async def read_body(scope: Scope, receive: Receive, limit: int, max_items: int =
         if len(body) > limit:
             raise too_large(limit)
         return body
-    parts = [body]
-    size = len(body)
+    buf = bytearray(body)
     items = json_items(body) if max_items else 0
     while True:
         msg = await receive()
         if msg["type"] != "http.request":
             raise ClientGone
         chunk = msg.get("body", b"")
-        size += len(chunk)
-        if size > limit:
+        if len(buf) + len(chunk) > limit:
             raise too_large(limit)
         if max_items:
             items += json_items(chunk)
             if items > max_items:
                 raise too_many_items(max_items)
-        parts.append(chunk)
+        buf += chunk  # grown in place (a large block is remapped, not copied)
         if not msg.get("more_body"):
-            return b"".join(parts)
+            # a large body stays the bytearray it was read into: copying it into bytes
+            # would block the loop for tens of ms (every reader only reads it)
+            return cast(bytes, buf) if len(buf) >= _KEEP_BUFFER else bytes(buf)
 
 
 class ScopeHeaders(Mapping[str, str]):

@@ -386,3 +386,19 @@ async def test_garbage_pipelined_behind_a_request_in_flight_gets_400_and_no_trac
         writer.close()
         uvicorn_log.removeHandler(caplog.handler)
     assert not [r for r in caplog.records if r.levelname == "ERROR" or r.exc_info], caplog.text
+
+
+@pytest.mark.parametrize("transport", ["native", "aiohttp"])
+async def test_a_large_body_is_forwarded_byte_for_byte(ups: list[FakeUpstream], transport: str) -> None:
+    text = "é" * 1_500_000  # ~3 MB: read into one growing buffer, never joined or copied
+    body = json.dumps({"model": "fake-model", "messages": [{"role": "user", "content": text}]}).encode()
+    async with (
+        stack(ups, upstream_transport=transport) as srv,
+        httpx.AsyncClient(base_url=srv.url, timeout=30) as c,
+    ):
+        r = await c.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 200
+        assert ups[0].last_body == body
+        messages = {"model": "fake-model", "max_tokens": 5, "messages": [{"role": "user", "content": text}]}
+        r = await c.post("/v1/messages", json=messages)
+        assert r.status_code == 200 and r.json()["type"] == "message"
