@@ -1,0 +1,42 @@
+"""bench/saturation.py runs end to end on a short trace and ranks the policies sensibly."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACE = Path("/work/shared/workloads/mooncake_synthetic_trace.jsonl")
+
+
+def _table(out: str) -> dict[str, list[float]]:
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(r"^(kv-aware|round-robin)\s+([0-9.]+\s.*)$", line)
+        if m:
+            rows[m.group(1)] = [float(x) for x in m.group(2).split()]
+    return rows
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason=f"the Mooncake trace is not at {TRACE}")
+def test_kv_aware_caches_more_and_answers_sooner_than_round_robin_near_capacity() -> None:
+    script = str(ROOT / "bench" / "saturation.py")
+    args = ["--rows", "400", "--speedup", "45", "--policies", "kv-aware,round-robin", "--trace", str(TRACE)]
+    proc = subprocess.run(
+        [sys.executable, script, *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+    )
+    assert "pooled-LRU bound hit" in proc.stdout, proc.stdout
+    rows = _table(proc.stdout)
+    kv, rr = rows["kv-aware"], rows["round-robin"]
+    # columns: TTFT p50, p90, p99, hit, hit/bound, max/mean, preemptions, µs/decision
+    assert kv[3] > 2 * rr[3], proc.stdout
+    assert kv[1] <= rr[1], proc.stdout
+    assert 0.0 < kv[4] <= 1.0 + 1e-9, proc.stdout
