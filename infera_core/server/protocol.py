@@ -225,8 +225,10 @@ class InferaHttpProtocol(HttpToolsProtocol):
         super().on_message_complete()
         # uvicorn leaves reading paused after a large body's last chunk: resume, so that a
         # client leaving while its request is parsed or routed is seen (EOF or reset) at once.
-        # What a client pipelines next is bounded as ever (headers, then paused again).
-        self.flow.resume_reading()
+        # Not while a pipelined request waits: then reading stays paused until the responses
+        # went out (else a client could queue requests without bound).
+        if not self.pipeline:
+            self.flow.resume_reading()
 
     def _client_gone(self) -> None:
         """Tell the request in progress (its ``scope[ON_DISCONNECT]`` callback), once."""

@@ -402,3 +402,31 @@ async def test_a_large_body_is_forwarded_byte_for_byte(ups: list[FakeUpstream], 
         messages = {"model": "fake-model", "max_tokens": 5, "messages": [{"role": "user", "content": text}]}
         r = await c.post("/v1/messages", json=messages)
         assert r.status_code == 200 and r.json()["type"] == "message"
+
+
+async def test_pipelined_requests_are_not_read_ahead_without_bound(ups: list[FakeUpstream]) -> None:
+    ups[0].delay = 1.0  # the first request stays in flight while the client pipelines
+    body = json.dumps(CHAT).encode()
+    one = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    async with stack(ups) as srv:
+        _, writer = await _connect(srv)
+        writer.write(one)
+        await until(lambda: ups[0].requests == 1)
+        import gc
+
+        from infera_core.server.protocol import InferaHttpProtocol
+
+        protocols = [
+            o for o in gc.get_objects() if isinstance(o, InferaHttpProtocol) and o.pipeline is not None
+        ]
+        protocol = next(p for p in protocols if not p.transport.is_closing() and p.cycle is not None)
+        for _ in range(20_000):  # ~3 MB of pipelined requests
+            writer.write(one)
+        await asyncio.sleep(0.2)  # what the server would read ahead in the meantime
+        queued = len(protocol.pipeline)
+        ups[0].delay = 0.0
+        writer.transport.abort()
+        assert queued < 5_000  # what one read holds (uvicorn parses a read whole), not all 20,000
