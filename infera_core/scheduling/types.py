@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from pydantic import BaseModel
 
@@ -21,6 +21,39 @@ if TYPE_CHECKING:
     from infera_core.server.transport import Upstream
 
 PolicyKind = Literal["filter", "scorer", "picker"]
+
+
+T = TypeVar("T", int, float)
+
+
+class _Column(Generic[T]):
+    """An :class:`Endpoint` attribute stored in its row of one of the shared arrays' columns."""
+
+    __slots__ = ("column", "convert", "counted")
+
+    def __init__(self, column: str, convert: Callable[[Any], T], counted: bool = False) -> None:
+        self.column = column
+        self.convert: Callable[[Any], T] = convert
+        self.counted = counted
+        """Writes bump ``recent_writes`` (what is derived from the column is cached)."""
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> _Column[T]: ...
+
+    @overload
+    def __get__(self, obj: Endpoint, owner: type) -> T: ...
+
+    def __get__(self, obj: Endpoint | None, owner: type) -> _Column[T] | T:
+        if obj is None:
+            return self
+        value: T = self.convert(getattr(_arrays.state(), self.column).item(obj.row))
+        return value
+
+    def __set__(self, obj: Endpoint, value: T) -> None:
+        st = _arrays.state()
+        getattr(st, self.column)[obj.row] = value
+        if self.counted:
+            st.recent_writes += 1
 
 
 class Endpoint:
@@ -65,41 +98,10 @@ class Endpoint:
             pass
 
     # -- counters in the shared arrays ------------------------------------------------
-    @property
-    def in_flight(self) -> int:
-        return int(_arrays.state().in_flight.item(self.row))
-
-    @in_flight.setter
-    def in_flight(self, value: int) -> None:
-        _arrays.state().in_flight[self.row] = value
-
-    @property
-    def in_flight_prompt_tokens(self) -> int:
-        return int(_arrays.state().prompt_tokens.item(self.row))
-
-    @in_flight_prompt_tokens.setter
-    def in_flight_prompt_tokens(self, value: int) -> None:
-        _arrays.state().prompt_tokens[self.row] = value
-
-    @property
-    def recent_dispatch(self) -> float:
-        return float(_arrays.state().recent.item(self.row))
-
-    @recent_dispatch.setter
-    def recent_dispatch(self, value: float) -> None:
-        st = _arrays.state()
-        st.recent[self.row] = value
-        st.recent_writes += 1
-
-    @property
-    def recent_dispatch_ts(self) -> float:
-        return float(_arrays.state().recent_ts.item(self.row))
-
-    @recent_dispatch_ts.setter
-    def recent_dispatch_ts(self, value: float) -> None:
-        st = _arrays.state()
-        st.recent_ts[self.row] = value
-        st.recent_writes += 1
+    in_flight = _Column("in_flight", int)
+    in_flight_prompt_tokens = _Column("prompt_tokens", int)
+    recent_dispatch = _Column("recent", float, counted=True)
+    recent_dispatch_ts = _Column("recent_ts", float, counted=True)
 
     @property
     def stats(self) -> dict[str, float]:
