@@ -9,7 +9,7 @@ mean and p99 µs per decision for ``round-robin``, ``least-load`` and ``kv-aware
 side in one run, and the KV index's size (blocks, bytes per block, blocks evicted).
 
     .venv/bin/python bench/kv_decision.py [--workers 8,64,256] [--tokens 1024,8192] [--requests 2000]
-        [--prefixes 32] [--max-blocks 4000000]
+        [--prefixes 32] [--max-blocks 4000000] [--shared-prefix]
 """
 
 from __future__ import annotations
@@ -62,24 +62,45 @@ def fleet(
         ep.in_flight = rng.randrange(4)
         endpoints.append(ep)
         view = index.add_view(rec.worker_id, None, BS)
+        if SYSTEM:  # every worker caches the shared system prompt
+            hs: list[int | bytes] = [(1 << 62) + (i << 20) + k for k in range(len(SYSTEM) // BS)]
+            index.apply(view, KvEventBatch(0.0, [BlockStored(hs, None, SYSTEM, BS)]))
         for j in range(prefixes):
             # distinct prompts per worker: a random first block, then a shared random tail
             toks = rng.choices(VOCAB, k=BS) + TAIL[: (nblocks - 1) * BS]
             hashes: list[int | bytes] = [(i << 40) + (j << 20) + k for k in range(nblocks)]
-            index.apply(view, KvEventBatch(0.0, [BlockStored(hashes, None, toks, BS)]))
+            if not SYSTEM:
+                index.apply(view, KvEventBatch(0.0, [BlockStored(hashes, None, toks, BS)]))
+                if j == 0:
+                    prompts.append(toks[: tokens // 2] + rng.choices(VOCAB, k=tokens // 2))
+                continue
+            # after the system prompt: the worker's own half, then the request's own quarter
+            toks = toks[: len(toks) // 2]
+            hashes = hashes[: len(toks) // BS]
+            parent = (1 << 62) + (i << 20) + len(SYSTEM) // BS - 1
+            index.apply(view, KvEventBatch(0.0, [BlockStored(hashes, parent, toks, BS)]))
             if j == 0:
-                prompts.append(toks[: tokens // 2] + rng.choices(VOCAB, k=tokens // 2))
+                prompts.append(SYSTEM + toks[: tokens // 4] + rng.choices(VOCAB, k=tokens // 4))
     return index, endpoints, prompts
 
 
 TAIL: list[int] = []
+SYSTEM: list[int] = []
 
 
 def measure(
-    preset: str, n: int, tokens: int, requests: int, prefixes: int, max_blocks: int, reg: PolicyRegistry
+    preset: str,
+    n: int,
+    tokens: int,
+    requests: int,
+    prefixes: int,
+    max_blocks: int,
+    reg: PolicyRegistry,
+    shared: bool = False,
 ) -> tuple[list[float], list[float], dict[str, object]]:
     rng = random.Random(1)
     TAIL[:] = random.Random(2).choices(VOCAB, k=tokens)
+    SYSTEM[:] = random.Random(3).choices(VOCAB, k=tokens // 2) if shared else []
     index, endpoints, prompts = fleet(n, tokens, prefixes, max_blocks, rng)
     deps = SchedulerDeps(kv_index=index, clock=time.monotonic)
     profile = build_profile(preset, reg.preset(preset).profile, reg, deps)
@@ -105,6 +126,11 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--prefixes", type=int, default=32, help="cached prompt prefixes per worker")
     ap.add_argument("--max-blocks", type=int, default=KvIndex().max_blocks, help="the index's block cap")
+    ap.add_argument(
+        "--shared-prefix",
+        action="store_true",
+        help="every worker also caches one system prompt (half the tokens) that every request starts with",
+    )
     a = ap.parse_args()
     reg = registry()
     print(
@@ -117,7 +143,9 @@ def main() -> None:
             cells = []
             stats: dict[str, object] = {}
             for preset in PRESETS:
-                t, cpu, stats = measure(preset, n, tokens, a.requests, a.prefixes, a.max_blocks, reg)
+                t, cpu, stats = measure(
+                    preset, n, tokens, a.requests, a.prefixes, a.max_blocks, reg, a.shared_prefix
+                )
                 p99 = statistics.quantiles(t, n=100)[98]
                 cpu99 = statistics.quantiles(cpu, n=100)[98]
                 cells.append(f"{statistics.fmean(t) * 1e6:.0f} / {p99 * 1e6:.0f} / {cpu99 * 1e6:.0f}")
