@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from infera_policies.basic import register_basic
 from infera_policies.kv import ImbalanceGuard, register_kv
 
 from infera_core.builtin.policies import register_defaults
+from infera_core.kv import accel
 from infera_core.kv.events import BlockStored, KvEventBatch
 from infera_core.kv.index import KvIndex
 from infera_core.registry import PolicyRegistry
@@ -203,3 +205,22 @@ def test_in_flight_cap_over_arrays_keeps_the_same_workers() -> None:
     for cap in (1, 4, 9, 10):
         assert [e.worker_id for e in under_cap(eps, cap)] == [e.worker_id for e in eps if e.in_flight < cap]
     assert under_cap(eps, 0) == []
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_match_over_slot_arrays_equals_the_list_match(native: bool) -> None:
+    before = accel.ops
+    accel.use_native(native)
+    try:
+        rng = random.Random(11)
+        prefixes = [[rng.randrange(50) for _ in range(BS * 12)] for _ in range(6)]
+        index, eps = _fleet(rng, 150, Clock(), prefixes)
+    finally:
+        accel.ops = before
+    views = [index.view(ep.worker_id) for ep in eps]
+    for k in range(30):
+        toks = prefixes[k % 6][: BS * rng.randrange(1, 13)]
+        hashes = index.hash_prompt(toks, BS)
+        picked = [rng.choice(views) if rng.random() < 0.9 else None for _ in range(rng.randrange(1, 200))]
+        slots = np.array([-1 if v is None else v.slot for v in picked], np.int64)
+        assert index.match_slots(hashes, slots, (1.0, 0.5, 0.25)).tolist() == index.match(hashes, picked)
