@@ -25,6 +25,16 @@ from infera_core.errors import ConfigError, UnknownNameError
 from infera_core.registry import PolicyRegistry
 from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
 
+PREFERRED_POLICY = "kv-aware"
+"""The preset ``serve`` and ``up`` use when none is given and a plugin provides it."""
+FALLBACK_POLICY = "round-robin"
+"""The core preset used otherwise."""
+
+
+def default_policy(registry: PolicyRegistry) -> str:
+    """``kv-aware`` when an installed plugin (infera-policies) provides it, else ``round-robin``."""
+    return PREFERRED_POLICY if PREFERRED_POLICY in registry.preset_names() else FALLBACK_POLICY
+
 
 class ProfileChoice(BaseModel):
     """Either ``preset`` or an explicit profile (``filters``/``scorers``/``picker``)."""

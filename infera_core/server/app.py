@@ -35,7 +35,7 @@ from infera_core.discovery.base import Discovery, DiscoverySettings
 from infera_core.discovery.view import FleetView
 from infera_core.facade import InferaHooks
 from infera_core.redact import redact_url
-from infera_core.scheduling.router_config import RouterConfig, load_router_config
+from infera_core.scheduling.router_config import RouterConfig, default_policy, load_router_config
 from infera_core.scheduling.scheduler import build_scheduler
 from infera_core.scheduling.types import SchedulerDeps
 from infera_core.server.auth import (
@@ -128,7 +128,7 @@ def create_app(
     config = (
         load_router_config(settings.router_config)
         if settings.router_config
-        else RouterConfig(preset=settings.router_policy)
+        else RouterConfig(preset=settings.router_policy or default_policy(catalog.policies))
     )
     table = EndpointTable()
     metrics = ServerMetrics()

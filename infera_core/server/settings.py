@@ -41,7 +41,11 @@ class ServeSettings(InferaSettings, KvSettings, AuthSettings, LimitSettings):
     )
     static_file: str | None = Field(None, description="Worker list file for --discovery-backend static.")
     discovery_prefix: str = Field("/infera/workers/", description="Key prefix of worker records.")
-    router_policy: str = Field("round-robin", description="Named routing preset (see `infera-run policies`).")
+    router_policy: str | None = Field(
+        None,
+        description="Named routing preset (see `infera-run policies`)"
+        " [default: kv-aware if installed, else round-robin].",
+    )
     router_config: Path | None = Field(
         None, description="YAML routing profile (filters/scorers/picker, per-model overrides)."
     )

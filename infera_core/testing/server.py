@@ -26,10 +26,11 @@ from infera_core.testing.net import free_port
 
 
 def settings_for(**overrides: Any) -> ServeSettings:
-    """Serve settings for tests: memory discovery, a free port, short timeouts."""
+    """Serve settings for tests: memory discovery, a free port, round-robin, short timeouts."""
     values: dict[str, Any] = {
         "discovery": "memory",
         "port": free_port(),
+        "router_policy": "round-robin",  # serve's default is kv-aware when installed
         "connect_timeout": 2.0,
         "first_byte_timeout": 10.0,
         "stream_idle_timeout": 10.0,

@@ -27,13 +27,11 @@ from infera_core.errors import ConfigError, EngineError, InferaError
 from infera_core.facade import InferaHooks
 from infera_core.launcher.runtime import WorkerLauncher
 from infera_core.launcher.settings import WorkerSettings
+from infera_core.scheduling.router_config import default_policy as router_default_policy
 from infera_core.up.embedded_nats import start_embedded_nats, wants_embedded_nats
 from infera_core.up.settings import UpSettings
 
 log = logging.getLogger("infera.up")
-
-PREFERRED_POLICY = "kv-aware"
-FALLBACK_POLICY = "round-robin"
 
 _LIVE_GROUPS: set[int] = set()
 
@@ -57,9 +55,8 @@ class _Server(uvicorn.Server):
 
 
 def default_policy(hooks: InferaHooks) -> str:
-    """``kv-aware`` when a plugin provides it, else ``round-robin``."""
-    names = hooks.catalog().policies.preset_names()
-    return PREFERRED_POLICY if PREFERRED_POLICY in names else FALLBACK_POLICY
+    """``kv-aware`` when a plugin provides it, else ``round-robin`` (the same rule as ``serve``)."""
+    return router_default_policy(hooks.catalog().policies)
 
 
 def _bind(host: str, port: int) -> socket.socket:
