@@ -66,7 +66,9 @@ cd "$TMP"  # nothing from the source tree on sys.path
 check() { echo "+ infera-run $*" >&2; "$TMP/venv/bin/infera-run" "$@"; }
 check --version
 check --strict-plugins engines --json >/dev/null
-check --strict-plugins policies --json >/dev/null
+check --strict-plugins policies --json >"$TMP/policies.json"
+"$VPY" -c 'import json, sys; names = [p["name"] for p in json.load(open(sys.argv[1]))["presets"]]
+sys.exit(None if "kv-aware" in names else f"wheels: no kv-aware preset after installing infera-vllm: {names}")' "$TMP/policies.json"
 check --strict-plugins plugins --json --all >"$TMP/plugins.json"
 "$VPY" - "$TMP/plugins.json" "$ROOT" <<'PYEOF'
 import json, sys
@@ -77,7 +79,12 @@ rows = {r["name"]: r for r in json.load(open(sys.argv[1]))}
 problems = []
 if infera_core.__file__.startswith(sys.argv[2]):
     problems.append(f"infera_core imported from the source tree ({infera_core.__file__})")
-for name, dist in [("core", "infera-core"), ("vllm", "infera-vllm"), ("example_policy", "infera-example-policy")]:
+for name, dist in [
+    ("core", "infera-core"),
+    ("vllm", "infera-vllm"),
+    ("policies", "infera-policies"),  # a dependency of infera-vllm: kv-aware comes with it
+    ("example_policy", "infera-example-policy"),
+]:
     row = rows.get(name)
     if row is None:
         problems.append(f"plugin {name!r} not found; got {sorted(rows)}")
@@ -90,6 +97,17 @@ if not infera_kv_native.available or accel.ops.name != "native":
     problems.append("infera-kv-native wheel has no C extension (KV ingest would run pure Python)")
 if "presets" not in rows.get("example_policy", {}).get("provides", {}):
     problems.append("example_policy provides no presets from the installed wheel")
+# the headline feature: the installed serve routes kv-aware, by default and by name
+from infera_core.facade import InferaHooks
+from infera_core.server.app import create_app
+from infera_core.server.settings import ServeSettings
+
+hooks = InferaHooks.load()
+for given in (None, "kv-aware"):
+    app = create_app(ServeSettings(discovery="memory", router_policy=given), hooks)
+    preset = app.state.core.scheduler.default.name
+    if preset != "kv-aware":
+        problems.append(f"serve --router-policy {given or '(default)'} routes with {preset!r}, not kv-aware")
 if problems:
     print("wheels: " + "; ".join(problems), file=sys.stderr)
     sys.exit(1)
