@@ -14,7 +14,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from infera_core.discovery.base import DiscoveryFactory
 from infera_core.engine import EngineAdapter
-from infera_core.errors import DuplicateNameError, UnknownNameError
+from infera_core.errors import DuplicateNameError, PluginError, UnknownNameError
 from infera_core.kv.events import KvEventDecoder
 from infera_core.pd import PdTransport
 from infera_core.scheduling.config import ProfileConfig
@@ -38,10 +38,27 @@ class Entry(Generic[T]):
     owner: str
 
 
+def protocol_members(proto: type) -> list[str]:
+    """The public attributes and methods a protocol (and its protocol bases) declares."""
+    names: set[str] = set()
+    for base in proto.__mro__:
+        if base is object or not getattr(base, "_is_protocol", False) or base.__module__ == "typing":
+            continue
+        names.update(vars(base))
+        names.update(getattr(base, "__annotations__", {}))
+    return sorted(n for n in names if not n.startswith("_"))
+
+
 class Registry(Generic[T]):
-    """A name → object map with owners. ``kind`` names the registry in errors."""
+    """A name → object map with owners. ``kind`` names the registry in errors.
+
+    ``protocol``: what every registered object must provide; :meth:`add` checks it at
+    once, so a plugin that registers an incomplete object fails at load naming itself
+    and the missing members (not later, in a request, with an ``AttributeError``).
+    """
 
     kind = "object"
+    protocol: type | None = None
 
     def __init__(self, owner: str = "<core>", _shared: dict[str, Entry[T]] | None = None) -> None:
         self.owner = owner
@@ -58,7 +75,30 @@ class Registry(Generic[T]):
         """Subclasses with more state share it with their bound views here."""
 
     def add(self, obj: T) -> None:
+        self._check(obj)
         self._add(obj.name, obj)
+
+    def _check(self, obj: object) -> None:
+        """Raise :class:`PluginError` naming the plugin and what ``obj`` lacks."""
+        proto = self.protocol
+        if proto is None:
+            return
+        members = protocol_members(proto) or ["name"]
+        missing = [m for m in members if not hasattr(obj, m)]
+        uncallable = [
+            m
+            for m in members
+            if m not in missing and callable(getattr(proto, m, None)) and not callable(getattr(obj, m))
+        ]
+        if not missing and not uncallable:
+            return
+        name = getattr(obj, "name", None)
+        what = f"{self.kind} {name!r}" if isinstance(name, str) else f"a {self.kind} ({type(obj).__name__})"
+        parts = [f"missing {', '.join(missing)}"] if missing else []
+        parts += [f"not callable: {', '.join(uncallable)}"] if uncallable else []
+        raise PluginError(
+            f"plugin {self.owner!r} registered {what} that does not implement {proto.__name__}: {'; '.join(parts)}"
+        )
 
     def _add(self, name: str, obj: T) -> None:
         if not name:
@@ -95,30 +135,37 @@ class Registry(Generic[T]):
 
 class EngineRegistry(Registry[EngineAdapter]):
     kind = "engine"
+    protocol = EngineAdapter
 
 
 class KvDecoderRegistry(Registry[KvEventDecoder]):
     kind = "KV event decoder"
+    protocol = KvEventDecoder
 
 
 class PdTransportRegistry(Registry[PdTransport]):
     kind = "PD transport"
+    protocol = PdTransport
 
 
 class DiscoveryRegistry(Registry[DiscoveryFactory]):
     kind = "discovery backend"
+    protocol = DiscoveryFactory
 
 
 class TokenizerRegistry(Registry[TokenizerFactory]):
     kind = "tokenizer"
+    protocol = TokenizerFactory
 
 
 class RequestTransportRegistry(Registry[RequestTransportFactory]):
     kind = "request transport"
+    protocol = RequestTransportFactory
 
 
 class KvEventTransportRegistry(Registry[KvEventTransportFactory]):
     kind = "KV-event transport"
+    protocol = KvEventTransportFactory
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +190,11 @@ class PolicyRegistry(Registry[PolicyFactory]):
         self._presets = other._presets
 
     def add(self, obj: PolicyFactory) -> None:
+        if not isinstance(obj, PolicyFactory):
+            raise PluginError(
+                f"plugin {self.owner!r} registered a {type(obj).__name__} as a policy: "
+                "register infera_core.scheduling.types.PolicyFactory(name, kind, build, params, description)"
+            )
         self._add(f"{obj.kind}:{obj.name}", obj)
 
     def factory(self, kind: str, name: str) -> PolicyFactory:

@@ -13,6 +13,7 @@ from infera_core.plugins import make_plugin_manager
 from infera_core.registry import DiscoveryRegistry, EngineRegistry
 from infera_core.testing.fixtures import fake_entry_point, make_hooks
 from infera_core.testing.plugins import run_infera, write_distribution
+from infera_core.testing.standin_plugin import StandinAdapter
 
 BROKEN_MODULE = """
 raise ImportError("infera_broken_demo needs libfoo 9 [not installed]")
@@ -20,9 +21,10 @@ raise ImportError("infera_broken_demo needs libfoo 9 [not installed]")
 
 ENGINE_MODULE = """
 from infera_core.hookspecs import hookimpl
+from infera_core.testing.standin_plugin import StandinAdapter
 
 
-class Adapter:
+class Adapter(StandinAdapter):
     name = "twin"
     description = "demo engine"
     package_hint = "pip install nothing"
@@ -37,7 +39,7 @@ def infera_register_engines(registry):
 """
 
 
-class _Engine:
+class _Engine(StandinAdapter):
     description = "demo"
     package_hint = "pip install demo"
 
@@ -48,7 +50,7 @@ class _Engine:
 class _EnginePlugin:
     @hookimpl
     def infera_register_engines(self, registry: EngineRegistry) -> None:
-        registry.add(_Engine("alpha-engine"))  # type: ignore[arg-type]
+        registry.add(_Engine("alpha-engine"))
 
 
 @pytest.fixture
