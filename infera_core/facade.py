@@ -72,6 +72,18 @@ class Catalog:
     request_transports: RequestTransportRegistry
     kv_event_transports: KvEventTransportRegistry
 
+    def registries(self) -> list[Registry[Any]]:
+        return [
+            self.engines,
+            self.kv_decoders,
+            self.pd_transports,
+            self.policies,
+            self.discovery,
+            self.tokenizers,
+            self.request_transports,
+            self.kv_event_transports,
+        ]
+
     def provides(self) -> dict[str, dict[str, list[str]]]:
         """plugin name → {kind → [names]} for ``infera-run plugins``."""
         out: dict[str, dict[str, list[str]]] = {}
@@ -136,6 +148,11 @@ class InferaHooks:
                     "infera_register_kv_event_transports", KvEventTransportRegistry()
                 ),
             )
+            # lookups made straight on a registry (a router config's presets and policy
+            # names, transports…) name the failed plugins too, as require() does
+            problems = self.plugin_problems()
+            for reg in self._catalog.registries():
+                reg.note = problems
         return self._catalog
 
     # -- explicit requests -----------------------------------------------------

@@ -63,6 +63,9 @@ class Registry(Generic[T]):
     def __init__(self, owner: str = "<core>", _shared: dict[str, Entry[T]] | None = None) -> None:
         self.owner = owner
         self._entries: dict[str, Entry[T]] = {} if _shared is None else _shared
+        self.note = ""
+        """Appended to every "unknown name" error: the facade sets it to the plugins that
+        failed to load or were disabled (the name may have come from one of them)."""
 
     def bound(self, owner: str) -> Any:
         """A view of this registry that records ``owner`` for everything added."""
@@ -114,7 +117,7 @@ class Registry(Generic[T]):
         try:
             return self._entries[name].obj
         except KeyError:
-            raise UnknownNameError(self.kind, name, self.names()) from None
+            raise UnknownNameError(self.kind, name, self.names(), self.note) from None
 
     def owner_of(self, name: str) -> str:
         return self._entries[name].owner
@@ -201,7 +204,7 @@ class PolicyRegistry(Registry[PolicyFactory]):
         key = f"{kind}:{name}"
         if key not in self._entries:
             available = [n.split(":", 1)[1] for n in self.names() if n.startswith(kind + ":")]
-            raise UnknownNameError(kind, name, available)
+            raise UnknownNameError(kind, name, available, self.note)
         return self._entries[key].obj
 
     def add_preset(self, name: str, profile: ProfileConfig, description: str = "") -> None:
@@ -216,7 +219,7 @@ class PolicyRegistry(Registry[PolicyFactory]):
         try:
             return self._presets[name].obj
         except KeyError:
-            raise UnknownNameError("policy preset", name, self.preset_names()) from None
+            raise UnknownNameError("policy preset", name, self.preset_names(), self.note) from None
 
     def preset_names(self) -> list[str]:
         return sorted(self._presets)

@@ -102,7 +102,7 @@ class InferaApp(FastAPI):
 
 
 def make_discovery(settings: ServeSettings, hooks: InferaHooks) -> Discovery:
-    factory = hooks.catalog().discovery.get(settings.discovery)
+    factory = hooks.require("discovery_backend", settings.discovery)
     return factory.create(DiscoverySettings.of(settings))
 
 

@@ -244,3 +244,34 @@ def test_explicitly_requested_broken_engine_is_fatal_naming_the_failure(broken_d
     assert error.startswith("infera-run: error: unknown engine 'broken'; available: ")
     assert "sim" in error and "vllm" in error
     assert "plugin 'broken' (distribution infera-broken-demo) failed to load" in error and "libfoo 9" in error
+
+
+@pytest.mark.parametrize(
+    ("args", "unknown"),
+    [
+        (["--router-policy", "least-busy"], "unknown policy preset 'least-busy'"),
+        (["--discovery", "consul"], "unknown discovery backend 'consul'"),
+    ],
+)
+def test_serve_unknown_name_names_the_plugin_that_failed_to_load(
+    broken_dist: Path, args: list[str], unknown: str
+) -> None:
+    """The name may have come from the broken plugin: the one error line says so."""
+    proc = run_infera(["serve", "--discovery", "memory", "--port", "0", *args], pythonpath=[broken_dist])
+    assert proc.returncode != 0
+    err = proc.stderr.strip().splitlines()[-1]  # the error line (a load warning may precede it)
+    assert err.startswith("infera-run: error:") and unknown in err, proc.stderr
+    assert "plugin 'broken' (distribution infera-broken-demo) failed to load" in err, proc.stderr
+    assert "needs libfoo 9" in err, proc.stderr
+
+
+def test_router_config_unknown_scorer_names_the_plugin_that_failed_to_load(
+    broken_dist: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "router.yaml"
+    config.write_text("scorers: [{name: least-busy}]\n")
+    proc = run_infera(["serve", "--discovery", "memory", "--router-config", str(config)], [broken_dist])
+    assert proc.returncode != 0
+    err = proc.stderr.strip().splitlines()[-1]
+    assert "unknown scorer 'least-busy'" in err, proc.stderr
+    assert "plugin 'broken' (distribution infera-broken-demo) failed to load" in err, proc.stderr
