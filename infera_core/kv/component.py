@@ -35,6 +35,7 @@ class KvRouting:
             parse_model_specs(settings.tokenizer),
             cache_size=settings.tokenize_cache_size,
             offload_chars=settings.tokenize_offload_chars,
+            prefix_cache_bytes=int(settings.tokenize_prefix_cache_mb * (1 << 20)),
         )
         self.tokens.check_all()
         self.agreement = AgreementCheck(self.tokens, parse_block_sizes(settings.kv_block_size))

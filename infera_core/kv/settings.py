@@ -43,3 +43,9 @@ class KvSettings(BaseModel):
     tokenize_offload_chars: int = Field(
         4096, ge=0, description="Prompts longer than this (characters) are tokenized off the event loop."
     )
+    tokenize_prefix_cache_mb: float = Field(
+        256.0,
+        ge=0,
+        description="Memory (MiB) for chat conversation prefixes whose token ids are reused by the next turn "
+        "(incremental tokenization; 0 disables).",
+    )

@@ -22,6 +22,22 @@ class Tokenizer(Protocol):
 
 
 @runtime_checkable
+class PrefixTokenizer(Protocol):
+    """A tokenizer whose chat prompts can be tokenized incrementally (``tokenize/incremental.py``).
+
+    ``encode_chat(m, b)`` must equal ``encode_offsets(render_chat(m, b))[0]``.
+    """
+
+    def render_chat(self, messages: list[dict[str, Any]], body: dict[str, Any]) -> str:
+        """The chat template applied to ``messages``: the text the engine tokenizes."""
+        ...
+
+    def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        """Ids and start character offsets of ``text``'s tokens, no special tokens added."""
+        ...
+
+
+@runtime_checkable
 class TokenizerFactory(Protocol):
     @property
     def name(self) -> str: ...

@@ -103,6 +103,11 @@ class HfTokenizer:
         text = self.render_chat(messages, body)
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
+    def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        """Ids and start character offsets of ``text``'s tokens, no special tokens added."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        return list(enc.ids), [start for start, _ in enc.offsets]
+
 
 class HfTokenizerFactory:
     """Tokenizer ``hf``: option ``path`` = a model directory or a ``tokenizer.json``."""

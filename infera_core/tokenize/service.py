@@ -8,8 +8,12 @@ Which tokenizer (first match wins):
    ``sim``), so ``infera-run up`` with sim workers needs no configuration.
 
 Token-id prompts are used as given. Each request is tokenized at most once (the
-result lands in ``RequestContext.token_ids``), long prompts off the event loop, and
-results are kept in a bounded LRU keyed by (model, digest of the prompt). A failure
+result lands in ``RequestContext.token_ids``), long prompts off the event loop (the
+default thread pool: ``tokenizers`` releases the GIL), and results are kept in a
+bounded LRU keyed by (model, digest of the prompt). Chat requests of tokenizers that
+can render their template (:class:`~infera_core.tokenize.base.PrefixTokenizer`) are
+tokenized incrementally: a turn that extends an earlier conversation only tokenizes
+its new suffix (:mod:`infera_core.tokenize.incremental`, bounded by bytes). A failure
 leaves ``token_ids`` empty and sets ``ctx.tokenize_failed``: the request is still
 routed (by load) and ``infera_routing_tokenize_failures_total`` counts it.
 """
@@ -24,11 +28,12 @@ from collections.abc import Iterable
 from typing import Any
 
 import msgspec
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from infera_core.errors import ConfigError, InferaError, UnknownNameError
 from infera_core.scheduling.types import RequestContext
-from infera_core.tokenize.base import Tokenizer
+from infera_core.tokenize.base import PrefixTokenizer, Tokenizer
+from infera_core.tokenize.incremental import PrefixTokenCache
 from infera_core.worker import WorkerRecord
 
 log = logging.getLogger("infera.tokenize")
@@ -96,6 +101,7 @@ class RoutingTokenizers:
         configured: dict[str, TokenizerSpec] | None = None,
         cache_size: int = 4096,
         offload_chars: int = 4096,
+        prefix_cache_bytes: int = 256 << 20,
     ) -> None:
         self.factories = factories
         self.configured = dict(configured or {})
@@ -106,6 +112,7 @@ class RoutingTokenizers:
         self.failures: dict[str, int] = {}
         self.counts: dict[tuple[str, str], int] = {}
         self._enc = msgspec.json.Encoder()
+        self.prefixes = PrefixTokenCache(prefix_cache_bytes)
 
     # -- which tokenizer ------------------------------------------------------------------
     def observe_worker(self, record: WorkerRecord) -> None:
@@ -186,14 +193,16 @@ class RoutingTokenizers:
         extra = (b.get("add_generation_prompt"), b.get("chat_template_kwargs"))
         return hashlib.blake2b(self._enc.encode((parts, extra)), digest_size=16).digest()
 
-    @staticmethod
-    def _encode(tok: Tokenizer, ctx: RequestContext) -> list[int]:
+    def _encode(self, tok: Tokenizer, ctx: RequestContext) -> list[int]:
         body = ctx.body
         messages = body.get("messages")
         if isinstance(messages, list):
             system = body.get("system")
             if system is not None:  # Anthropic messages API
                 messages = [{"role": "system", "content": _text(system)}, *messages]
+            if isinstance(tok, PrefixTokenizer):
+                text = tok.render_chat(messages, body)
+                return self.prefixes.encode(f"{ctx.model}\0{tok.fingerprint}", text, tok.encode_offsets)
             return tok.encode_chat(messages, body)
         prompt = body.get("prompt")
         if isinstance(prompt, list):
@@ -224,8 +233,32 @@ class RoutingTokenizers:
         )
         for (model, source), n in self.counts.items():
             done.add_metric([model, source], n)
+        p = self.prefixes
+        inc = CounterMetricFamily(
+            "infera_routing_tokenize_prefix",
+            "Incremental chat tokenization: requests that reused a cached conversation prefix (hit), "
+            "found none (miss), or failed the boundary check (fallback)",
+            labels=["outcome"],
+        )
+        for outcome, n in (("hit", p.hits), ("miss", p.misses), ("fallback", p.fallbacks)):
+            inc.add_metric([outcome], n)
+        reused = CounterMetricFamily(
+            "infera_routing_tokenize_prefix_tokens",
+            "Tokens of incrementally tokenized chat prompts, reused from the cache or tokenized",
+            labels=["source"],
+        )
+        reused.add_metric(["reused"], p.reused_tokens)
+        reused.add_metric(["tokenized"], p.new_tokens)
+        held = GaugeMetricFamily(
+            "infera_routing_tokenize_prefix_cache_bytes",
+            "Approximate bytes held by the conversation-prefix cache",
+        )
+        held.add_metric([], p.bytes)
         yield fails
         yield done
+        yield inc
+        yield reused
+        yield held
 
 
 def _given_tokens(body: dict[str, Any]) -> list[int] | None:
