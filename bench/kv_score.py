@@ -6,15 +6,26 @@ unrelated blocks, then times (a) hashing the prompt's blocks, (b) the one-pass m
 over all workers (``KvIndex.match``), (c) a naive per-worker dict walk. Tokenization
 is timed separately with a BPE tokenizer trained on the spot (``tokenizers``).
 
-Run: ``.venv/bin/python bench/kv_score.py``
+The multi-turn rows time the whole routing cost of one chat turn through the router's
+tokenizer service (render the chat template, tokenize off the event loop, hash the
+blocks, match them over 64 workers) for a conversation whose first turn has 32k
+tokens and whose later turns each add an assistant reply and a user message: with
+incremental tokenization (the default) and without (full tokenization every turn).
+
+Run: ``.venv/bin/python bench/kv_score.py`` (``--multi-turn`` for those rows only)
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import random
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from infera_core.kv.events import BlockStored, KvEventBatch
 from infera_core.kv.index import KvIndex, WorkerView
@@ -65,7 +76,71 @@ def tokenization_ms(n_tokens: int) -> float | None:
     return _time(lambda: tok.encode(text).ids, 5) * 1e3
 
 
+async def _conversation_costs(model_dir: Path, prefix_bytes: int, turns: int, first: str) -> list[float]:
+    from infera_core.bench.workloads import WordSource
+    from infera_core.facade import InferaHooks
+    from infera_core.scheduling.types import RequestContext
+    from infera_core.tokenize.service import RoutingTokenizers, parse_model_specs
+
+    tokens = RoutingTokenizers(
+        InferaHooks.load().catalog().tokenizers,
+        parse_model_specs([f"m=hf:{model_dir}"]),
+        cache_size=0,
+        prefix_cache_bytes=prefix_bytes,
+    )
+    index, _, views = build(1024, 64, random.Random(5))
+    words = WordSource(11)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are helpful."}]
+    messages.append({"role": "user", "content": first})
+    costs = []
+    for t in range(turns):
+        ctx = RequestContext(f"r{t}", "m", "/v1/chat/completions", {"messages": list(messages)})
+        t0 = time.perf_counter()
+        await tokens.fill(ctx)
+        index.match(KvIndex.hash_prompt(ctx.token_ids or [], BS), views)
+        costs.append(time.perf_counter() - t0)
+        assert ctx.token_ids and not ctx.tokenize_failed
+        messages.append({"role": "assistant", "content": words.text(60)})
+        messages.append({"role": "user", "content": words.text(30)})
+    return costs
+
+
+def multi_turn(turns: int = 12, n_tokens: int = 32768) -> None:
+    from infera_core.bench.workloads import WordSource
+    from infera_core.testing.tiny_tokenizer import make_tiny_model_dir
+    from infera_core.tokenize.hf import HfTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = make_tiny_model_dir(tmp, vocab=4096)
+        tok = HfTokenizer(model_dir)
+        words = WordSource(10)
+        first = words.text(n_tokens // 8)
+        while len(tok.encode(first)) < n_tokens:
+            first += " " + words.text(128)
+        n_first = len(tok.encode_chat([{"role": "user", "content": first}], {}))
+        print(
+            f"multi-turn chat, first turn {n_first} tokens, +~300 tokens a turn; routing cost per turn in ms"
+        )
+        print(f"{'tokenization':>12} {'turn 1':>7} {'later p50':>9} {'later max':>9}")
+        for label, prefix_bytes in (("full", 0), ("incremental", 256 << 20)):
+            costs = asyncio.run(_conversation_costs(model_dir, prefix_bytes, turns, first))
+            later = costs[1:]
+            print(
+                f"{label:>12} {costs[0] * 1e3:7.2f} {statistics.median(later) * 1e3:9.2f} {max(later) * 1e3:9.2f}"
+            )
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--multi-turn", action="store_true", help="only the multi-turn chat rows")
+    ap.add_argument("--turns", type=int, default=12, help="turns of the multi-turn conversation")
+    args = ap.parse_args()
+    if not args.multi_turn:
+        single_prompt()
+    multi_turn(args.turns)
+
+
+def single_prompt() -> None:
     rng = random.Random(0)
     print(f"block size {BS}; median of repeated runs; times in ms")
     print(
