@@ -10,7 +10,7 @@ import pytest
 from infera_core.scheduling.types import Endpoint, Filter, Picker, RequestContext, SchedulerDeps, Scorer
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.plugins import run_infera
-from infera_core.worker import WorkerRecord
+from infera_core.worker import Role, WorkerRecord
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -42,9 +42,14 @@ def test_policies_command_shows_scorer_schema_and_preset() -> None:
     assert preset["profile"]["picker"]["name"] == "max-score"
 
 
-def _endpoint(worker_id: str, model: str = "m", **labels: str) -> Endpoint:
+def _endpoint(worker_id: str, role: Role = Role.MIXED, **labels: str) -> Endpoint:
     record = WorkerRecord(
-        worker_id=worker_id, url=f"http://127.0.0.1/{worker_id}", model=model, engine="sim", labels=labels
+        worker_id=worker_id,
+        url=f"http://127.0.0.1/{worker_id}",
+        model="m",
+        engine="sim",
+        role=role,
+        labels=labels,
     )
     return Endpoint(record)
 
@@ -74,7 +79,7 @@ def test_preset_is_selectable_and_routes_to_the_labelled_worker() -> None:
     cands = [
         _endpoint("plain-1"),
         _endpoint("fav", preferred="true"),
-        _endpoint("other", model="x", preferred="true"),
+        _endpoint("prefill-only", Role.PREFILL, preferred="true"),  # the role filter drops it
     ]
     ctx = RequestContext("r1", "m", "/v1/chat/completions", {"model": "m", "messages": []})
     for _ in range(5):

@@ -49,7 +49,7 @@ PREFER_LABEL = PolicyFactory(
 )
 
 EXAMPLE_LABELLED = ProfileConfig(
-    filters=[PluginRef(name="model"), PluginRef(name="health")],
+    filters=[PluginRef(name="health"), PluginRef(name="role")],
     scorers=[ScorerRef(name="prefer-label", weight=1.0)],
     picker=PluginRef(name="max-score"),
 )
@@ -61,5 +61,5 @@ def infera_register_policies(registry: PolicyRegistry) -> None:
     registry.add_preset(
         "example-labelled",
         EXAMPLE_LABELLED,
-        "Healthy workers of the model; prefer those labelled preferred=true.",
+        "Healthy serving workers of the model (no prefill/decode-only); prefer those labelled preferred=true.",
     )
