@@ -13,7 +13,7 @@ launcher POSTs a ``max_tokens=1`` completion to ``/v1/completions``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -47,6 +47,22 @@ class EngineOption:
     @property
     def envvar(self) -> str:
         return "INFERA_" + self.name.upper()
+
+
+@dataclass(frozen=True, slots=True)
+class FlagAlias:
+    """An engine's own spelling of a setting Infera manages (e.g. vLLM ``--tensor-parallel-size``).
+
+    ``target`` is the Infera flag it stands for (``--tp``, ``--port``, ``--role``), or ``""``
+    when Infera always does it (the flag is accepted and dropped, e.g. ``--enable-kv-events``).
+    ``values`` translates engine values to Infera's (SGLang ``--disaggregation-mode null``
+    → ``--role mixed``). Adapters list them in :meth:`FlagAliases.flag_aliases`; the
+    ``python -m infera.engine.<name>`` form and flags after ``--`` accept them.
+    """
+
+    target: str
+    takes_value: bool = True
+    values: Mapping[str, str] | None = None
 
 
 @dataclass(slots=True)
@@ -161,3 +177,21 @@ class HealthGenerate(Protocol):
     async def health_generate(self, client: httpx.AsyncClient, base_url: str, model: str) -> bool:
         """True when the engine answered a one-token generation (False or an exception: it failed)."""
         ...
+
+
+@runtime_checkable
+class FlagAliases(Protocol):
+    """Optional adapter method: engine spellings of what Infera manages (see :class:`FlagAlias`)."""
+
+    def flag_aliases(self) -> Mapping[str, FlagAlias]: ...
+
+
+@runtime_checkable
+class ServedBlockSize(Protocol):
+    """Optional adapter method: the KV block size the running engine really uses.
+
+    Called once the engine is ready, before the worker registers; the answer replaces
+    ``kv_events.block_size`` in the worker record (None: keep what ``record_fields`` said).
+    """
+
+    async def served_block_size(self, client: httpx.AsyncClient, base_url: str) -> int | None: ...

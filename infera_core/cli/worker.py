@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import click
 
 from infera_core.backends import backend_models
-from infera_core.engine import EngineAdapter, EngineOption
+from infera_core.engine import EngineAdapter, EngineOption, FlagAliases
 from infera_core.facade import InferaHooks
+from infera_core.launcher.flags import split_flat
 from infera_core.launcher.runtime import run_worker
 from infera_core.launcher.settings import WorkerSettings
 from infera_core.settings import click_options, compose_settings, read_config_file, resolve
@@ -123,3 +125,23 @@ class EngineGroup(click.Group):
 )
 def worker_cmd() -> None:
     pass
+
+
+def flat_worker_args(hooks: InferaHooks, engine: str, args: list[str]) -> list[str]:
+    """``worker <engine>`` argv for one flat flag list (``python -m infera.engine.<engine> …``).
+
+    Infera's flags are taken, the engine's spellings of Infera settings are translated
+    (``--tensor-parallel-size 2`` → ``--tp 2``), everything else goes after ``--``.
+    """
+    adapter = hooks.require("engine", engine)
+    command = _engine_command(hooks, adapter)
+    taken = {"--help": False}
+    for param in command.params:
+        if isinstance(param, click.Option):
+            for opt in (*param.opts, *param.secondary_opts):
+                taken[opt] = not param.is_flag
+    aliases = adapter.flag_aliases() if isinstance(adapter, FlagAliases) else {}
+    infera, rest = split_flat(args, taken, aliases)
+    if "--model-path" in infera and "--model" not in infera and not os.environ.get("INFERA_MODEL"):
+        infera += ["--model", infera[infera.index("--model-path") + 1]]  # SGLang's seed form
+    return ["worker", engine, *infera, "--", *rest]

@@ -42,7 +42,9 @@ from infera_core.engine import EngineAdapter, LaunchContext, LaunchSpec
 from infera_core.errors import ConfigError, EngineError
 from infera_core.facade import InferaHooks
 from infera_core.launcher.address import advertise_host, free_port
+from infera_core.launcher.flags import launch_options
 from infera_core.launcher.health import GenerationWatch, checks_generation, health_generate
+from infera_core.launcher.learned import with_served_block_size
 from infera_core.launcher.process import EngineProcess
 from infera_core.launcher.restart import RestartBudget, WorkerState
 from infera_core.launcher.settings import WorkerSettings
@@ -201,7 +203,7 @@ class WorkerLauncher:
             if not self._registered.is_set():
                 raise  # it never served: a restart would fail the same way
             return exc
-        self.record = self._record(adapter, ctx)
+        self.record = await with_served_block_size(adapter, client, ctx.url, self._record(adapter, ctx))
         assert self._transports is not None
         via = await self._transports.attach(self._transport_context(ctx, self.record))
         self.record = self.record.model_copy(update=via)
@@ -257,8 +259,7 @@ class WorkerLauncher:
                 "--discovery static is read-only: a worker cannot register there; "
                 "use --etcd-endpoint or --discovery memory"
             )
-        options = {o.name: o.default for o in adapter.options()}
-        options.update({k: v for k, v in self.options.items() if v is not None})
+        options, engine_args = launch_options(adapter, self.options, self.engine_args)
         port = s.port or free_port(s.host)
         adv = advertise_host(s.host, s.advertise_host)
         self.context = LaunchContext(
@@ -269,7 +270,7 @@ class WorkerLauncher:
             host=s.host,
             port=port,
             advertise_host=adv,
-            engine_args=list(self.engine_args),
+            engine_args=engine_args,
             options=options,
             engine_python=s.engine_python,
             free_port=lambda: free_port(s.host),

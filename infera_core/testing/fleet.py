@@ -55,10 +55,10 @@ def standin_environ(dist_dir: Path, **extra: str) -> dict[str, str]:
 class LauncherProcess:
     """A launcher subprocess (``infera-run worker <engine> …``) with its output collected."""
 
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], module: str = "infera_core") -> None:
         self.args = args
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "infera_core", *args],
+            [sys.executable, "-m", module, *args],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -9,10 +9,10 @@ discovery. Never imports ATOM.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields
+from infera_core.engine import EngineOption, FlagAlias, LaunchContext, LaunchSpec, RecordFields
 from infera_core.engine_support import free_ports, http_ok, locate_engine, reject_managed_flags
 from infera_core.errors import EngineError
 from infera_core.worker import PdInfo, Role
@@ -33,6 +33,15 @@ MANAGED_FLAGS = {
     "--block-size": "--block-size",
     "--kv-transfer-config": "--role",
 }
+
+ALIASES: Mapping[str, FlagAlias] = {
+    "--server-port": FlagAlias("--port"),
+    "--tensor-parallel-size": FlagAlias("--tp"),
+    "-tp": FlagAlias("--tp"),
+    "--block-size": FlagAlias("--block-size"),
+    "--enable-kv-events": FlagAlias("", takes_value=False),
+}
+"""ATOM's spellings of what Infera manages (``python -m infera.engine.atom``, or after ``--``)."""
 
 OPTIONS: tuple[EngineOption, ...] = (
     EngineOption("tp", int, 1, "Tensor-parallel size (ATOM -tp)."),
@@ -75,6 +84,9 @@ class AtomAdapter:
 
     def options(self) -> Sequence[EngineOption]:
         return OPTIONS
+
+    def flag_aliases(self) -> Mapping[str, FlagAlias]:
+        return ALIASES
 
     def build_launch(self, ctx: LaunchContext) -> LaunchSpec:
         check_discovery(ctx)

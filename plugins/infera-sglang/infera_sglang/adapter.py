@@ -9,10 +9,10 @@ Never imports SGLang.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields
+from infera_core.engine import EngineOption, FlagAlias, LaunchContext, LaunchSpec, RecordFields
 from infera_core.engine_support import (
     bracket_host,
     dp_layout,
@@ -48,6 +48,22 @@ MANAGED_FLAGS = {
     "--disaggregation-bootstrap-port": "infera's PD bootstrap (advertised in the worker record)",
     "--disaggregation-transfer-backend": "--transfer-backend",
 }
+
+ALIASES: Mapping[str, FlagAlias] = {
+    "--tp-size": FlagAlias("--tp"),
+    "--tensor-parallel-size": FlagAlias("--tp"),
+    "--dp": FlagAlias("--dp-size"),
+    "--data-parallel-size": FlagAlias("--dp-size"),
+    "--dp-size": FlagAlias("--dp-size"),
+    "--page-size": FlagAlias("--page-size"),
+    "--disaggregation-mode": FlagAlias(
+        "--role", values={"null": "mixed", "prefill": "prefill", "decode": "decode"}
+    ),
+    "--disaggregation-transfer-backend": FlagAlias("--transfer-backend"),
+    "--enable-kv-events": FlagAlias("", takes_value=False),
+}
+"""SGLang's spellings of what Infera manages (``python -m infera.engine.sglang``, or after ``--``)."""
+SERVER_INFO_PATHS = ("/get_server_info", "/server_info")
 
 OPTIONS: tuple[EngineOption, ...] = (
     EngineOption(
@@ -120,6 +136,9 @@ class SglangAdapter:
 
     def options(self) -> Sequence[EngineOption]:
         return OPTIONS
+
+    def flag_aliases(self) -> Mapping[str, FlagAlias]:
+        return ALIASES
 
     def build_launch(self, ctx: LaunchContext) -> LaunchSpec:
         reject_managed_flags(ctx.engine_args, MANAGED_FLAGS)
@@ -208,6 +227,15 @@ class SglangAdapter:
 
     async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
         return await http_ok(client, f"{base_url}/health")
+
+    async def served_block_size(self, client: httpx.AsyncClient, base_url: str) -> int | None:
+        """The page size SGLang really uses (``page_size`` in its server info)."""
+        for path in SERVER_INFO_PATHS:
+            response = await client.get(f"{base_url}{path}")
+            if response.status_code == 200:
+                size = response.json().get("page_size")
+                return size if isinstance(size, int) else None
+        return None
 
     async def in_flight(self, client: httpx.AsyncClient, base_url: str) -> int | None:
         return await metrics_in_flight(client, base_url, IN_FLIGHT_METRICS)

@@ -9,10 +9,11 @@ external-LB data parallel and the PD connector. Never imports vLLM.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields
+from infera_core.engine import EngineOption, FlagAlias, LaunchContext, LaunchSpec, RecordFields
 from infera_core.engine_support import (
     EngineLocation,
     bracket_host,
@@ -38,24 +39,44 @@ MANAGED_FLAGS = {
     "--host": "infera's --host",
     "--port": "infera's --port",
     "--served-model-name": "infera's --model",
-    "--block-size": "--block-size",
     "--kv-events-config": "infera's KV events (always on)",
+    # aliases (ALIASES) the launcher turns into options before the adapter sees them:
+    "--block-size": "--block-size",
     "--tensor-parallel-size": "--tp",
     "-tp": "--tp",
-    "--data-parallel-size": "infera's --dp-size",
-    "-dp": "infera's --dp-size",
-    "--data-parallel-rank": "infera's --dp-rank",
-    "-dpr": "infera's --dp-rank",
-    "--kv-transfer-config": "--role and --pd-connector",
+    "--data-parallel-size": "--dp-size",
+    "-dp": "--dp-size",
+    "--data-parallel-rank": "--dp-rank",
+    "-dpr": "--dp-rank",
+    "--kv-transfer-config": "--kv-transfer-config",
 }
+
+ALIASES: Mapping[str, FlagAlias] = {
+    "--tensor-parallel-size": FlagAlias("--tp"),
+    "-tp": FlagAlias("--tp"),
+    "--data-parallel-size": FlagAlias("--dp-size"),
+    "-dp": FlagAlias("--dp-size"),
+    "--data-parallel-rank": FlagAlias("--dp-rank"),
+    "-dpr": FlagAlias("--dp-rank"),
+    "--block-size": FlagAlias("--block-size"),
+    "--kv-transfer-config": FlagAlias("--kv-transfer-config"),
+    "--enable-kv-events": FlagAlias("", takes_value=False),
+}
+"""vLLM's spellings of what Infera manages (``python -m infera.engine.vllm``, or after ``--``)."""
+
+CONNECTORS = {"NixlConnector": "nixl", "MooncakeConnector": "mooncake"}
+ROLE_KV = {Role.PREFILL: ("kv_producer", "kv_both"), Role.DECODE: ("kv_consumer", "kv_both")}
+DEFAULT_BLOCK_SIZE = 16
+"""vLLM's default block size on GPUs; the recorded size is replaced by the served one."""
+CACHE_INFO = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.MULTILINE)
 
 OPTIONS: tuple[EngineOption, ...] = (
     EngineOption(
         "block_size",
         int,
-        16,
-        "KV block size (vLLM --block-size); also the router's hashing block. "
-        "vLLM on CPU accepts only multiples of 32: use --block-size 32 there.",
+        None,
+        "KV block size (vLLM --block-size) [default: vLLM's own]; the size vLLM really uses "
+        "(its cache_config_info metric) is the one recorded for the router's hashing.",
     ),
     EngineOption("tp", int, 1, "Tensor-parallel size (vLLM --tensor-parallel-size)."),
     EngineOption(
@@ -70,6 +91,13 @@ OPTIONS: tuple[EngineOption, ...] = (
         int,
         0,
         "Port vLLM publishes KV events on (0: pick a free one; replay uses another).",
+    ),
+    EngineOption(
+        "kv_transfer_config",
+        str,
+        None,
+        "vLLM --kv-transfer-config JSON, merged with what --role prefill/decode needs "
+        "(kv_connector picks the connector; a kv_role contradicting --role is refused).",
     ),
     EngineOption("dp_size", int, 1, "External-LB data-parallel size (one launcher per rank)."),
     EngineOption("dp_rank", int, None, "This launcher's data-parallel rank (0 … --dp-size - 1)."),
@@ -93,11 +121,30 @@ def _rank_offset(ctx: LaunchContext) -> int:
     return (rank or 0) if size > 1 else 0
 
 
-def _block_size(ctx: LaunchContext) -> int:
-    size = int(ctx.options.get("block_size") or 16)
+def _block_size(ctx: LaunchContext) -> int | None:
+    """The user's block size, or None for vLLM's own default."""
+    if ctx.options.get("block_size") in (None, ""):
+        return None
+    size = int(ctx.options["block_size"])
     if size <= 0:
         raise EngineError(f"--block-size {size}: must be a positive number of tokens")
     return size
+
+
+def _user_transfer(ctx: LaunchContext) -> dict[str, Any]:
+    """The user's ``--kv-transfer-config`` as a dict ({} when not given)."""
+    raw = ctx.options.get("kv_transfer_config")
+    if raw in (None, ""):
+        return {}
+    if isinstance(raw, dict):
+        return dict(raw)
+    try:
+        value = json.loads(str(raw))
+    except json.JSONDecodeError as exc:
+        raise EngineError(f"--kv-transfer-config: not JSON ({exc.msg}): {raw}") from None
+    if not isinstance(value, dict):
+        raise EngineError(f"--kv-transfer-config: expected a JSON object, got {raw}")
+    return value
 
 
 class VllmAdapter:
@@ -112,6 +159,9 @@ class VllmAdapter:
 
     def options(self) -> Sequence[EngineOption]:
         return OPTIONS
+
+    def flag_aliases(self) -> Mapping[str, FlagAlias]:
+        return ALIASES
 
     def locate(self, ctx: LaunchContext) -> EngineLocation:
         return locate_engine(
@@ -159,12 +209,13 @@ class VllmAdapter:
             ctx.host,
             "--port",
             str(ctx.port),
-            "--block-size",
-            str(_block_size(ctx)),
             "--enable-prefix-caching",
             "--kv-events-config",
             json.dumps(kv_config, separators=(",", ":")),
         ]
+        block = _block_size(ctx)
+        if block is not None:
+            flags += ["--block-size", str(block)]
         tp = int(ctx.options.get("tp") or 1)
         if tp != 1:
             flags += ["--tensor-parallel-size", str(tp)]
@@ -183,18 +234,40 @@ class VllmAdapter:
         return flags + list(ctx.engine_args)
 
     def _connector(self, ctx: LaunchContext) -> str:
+        named = _user_transfer(ctx).get("kv_connector")
+        if named is not None:
+            if named not in CONNECTORS:
+                raise EngineError(
+                    f"--kv-transfer-config kv_connector {named}: --role {ctx.role.value} needs "
+                    f"{' or '.join(CONNECTORS)} (or drop --role for your own connector)"
+                )
+            return CONNECTORS[named]
         connector = str(ctx.options.get("pd_connector") or "nixl")
         if connector not in ("nixl", "mooncake"):
             raise EngineError(f"--pd-connector {connector}: choose nixl or mooncake")
         return connector
 
     def _kv_transfer_config(self, ctx: LaunchContext) -> dict[str, Any] | None:
+        user = _user_transfer(ctx)
         if ctx.role is Role.MIXED:
-            return None
+            return user or None  # the user's own connector (e.g. offloading), unchanged
         if self._connector(ctx) == "mooncake":
             role = "kv_producer" if ctx.role is Role.PREFILL else "kv_consumer"
-            return {"kv_connector": "MooncakeConnector", "kv_role": role, "engine_id": ctx.worker_id}
-        return {"kv_connector": "NixlConnector", "kv_role": "kv_both", "engine_id": ctx.worker_id}
+            ours = {"kv_connector": "MooncakeConnector", "kv_role": role, "engine_id": ctx.worker_id}
+        else:
+            ours = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "engine_id": ctx.worker_id}
+        kv_role = user.get("kv_role")
+        if kv_role is not None and kv_role not in ROLE_KV[ctx.role]:
+            raise EngineError(
+                f"--kv-transfer-config kv_role {kv_role} contradicts --role {ctx.role.value} "
+                f"(use {' or '.join(ROLE_KV[ctx.role])}, or leave kv_role out)"
+            )
+        if user.get("engine_id", ctx.worker_id) != ctx.worker_id:
+            raise EngineError(
+                f"--kv-transfer-config engine_id {user['engine_id']}: Infera sets it to the worker id "
+                f"({ctx.worker_id}); pass --worker-id instead"
+            )
+        return {**user, **ours, "kv_role": kv_role or ours["kv_role"]}
 
     def _pd_env(self, ctx: LaunchContext) -> dict[str, str]:
         if ctx.role is Role.MIXED:
@@ -210,7 +283,7 @@ class VllmAdapter:
         kv = KvEventsInfo(
             endpoint=f"tcp://{host}:{ports['kv']}",
             format="vllm",
-            block_size=_block_size(ctx),
+            block_size=_block_size(ctx) or DEFAULT_BLOCK_SIZE,
             replay_endpoint=f"tcp://{host}:{ports['replay']}",
             topic=KV_TOPIC,
         )
@@ -239,6 +312,12 @@ class VllmAdapter:
 
     async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
         return await http_ok(client, f"{base_url}/health")
+
+    async def served_block_size(self, client: httpx.AsyncClient, base_url: str) -> int | None:
+        """The block size vLLM really uses (``vllm:cache_config_info{block_size=…}`` on /metrics)."""
+        response = await client.get(f"{base_url}/metrics")
+        found = CACHE_INFO.search(response.text) if response.status_code == 200 else None
+        return int(found.group(1)) if found else None
 
     async def in_flight(self, client: httpx.AsyncClient, base_url: str) -> int | None:
         return await metrics_in_flight(client, base_url, IN_FLIGHT_METRICS)

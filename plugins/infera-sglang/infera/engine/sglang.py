@@ -1,0 +1,12 @@
+"""``python -m infera.engine.sglang [flags]``: run sglang as a fleet worker from one flat flag list.
+
+Infera's flags (``--model``, ``--host``, ``--port``, ``--etcd-endpoint``…) are taken, the
+engine's spellings of what Infera manages are translated (see the plugin README's table),
+everything else goes to the engine. ``infera`` and ``infera.engine`` are namespace packages
+(PEP 420) shared by the engine plugins: no ``__init__.py``.
+"""
+
+from infera_core.launcher.alias import flat_main_for
+
+if __name__ == "__main__":
+    flat_main_for("sglang")()
