@@ -75,8 +75,13 @@ class HfTokenizer:
     def fingerprint(self) -> str:
         return self._fingerprint
 
+    def _encode(self, text: str, add_special_tokens: bool) -> Any:
+        # encode_batch, not encode: only the batch call releases the GIL (tokenizers'
+        # Python binding), so a long prompt tokenized in a thread leaves the event loop free.
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+
     def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text).ids)
+        return list(self._encode(text, True).ids)
 
     def render_chat(self, messages: list[dict[str, Any]], body: dict[str, Any]) -> str:
         if self._template is None:
@@ -101,11 +106,11 @@ class HfTokenizer:
 
     def encode_chat(self, messages: list[dict[str, Any]], body: dict[str, Any]) -> list[int]:
         text = self.render_chat(messages, body)
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+        return list(self._encode(text, False).ids)
 
     def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
         """Ids and start character offsets of ``text``'s tokens, no special tokens added."""
-        enc = self._tok.encode(text, add_special_tokens=False)
+        enc = self._encode(text, False)
         return list(enc.ids), [start for start, _ in enc.offsets]
 
 

@@ -7,6 +7,7 @@ turn's token ids) and is compared with a full tokenization of the same request.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -175,3 +176,26 @@ def test_any_extension_tokenizes_like_the_whole_text(
     assert cache.encode("m", second, tok.encode_offsets) == tok.encode_offsets(second)[0]
     edited = second[: len(second) // 2] + "ka" + second[len(second) // 2 :]  # diverges inside the prefix
     assert cache.encode("m", edited, tok.encode_offsets) == tok.encode_offsets(edited)[0]
+
+
+async def test_the_event_loop_keeps_running_while_a_long_prompt_is_tokenized(tiny_dir: Path) -> None:
+    tokens = _service(tiny_dir)
+    ticks = 0
+    running = True
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while running:
+            await asyncio.sleep(0.001)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0.01)
+    ticks = 0
+    ctx = RequestContext("r", "tiny", "/v1/completions", {"prompt": WordSource(2).text(12000)})
+    await tokens.fill(ctx)  # ~40k tokens: tens of ms in a thread that does not hold the GIL
+    seen = ticks
+    running = False
+    await task
+    assert ctx.token_ids and len(ctx.token_ids) > 30000
+    assert seen >= 5  # with the GIL held (Tokenizer.encode) the loop got 0-2 ticks
