@@ -125,12 +125,29 @@ def adopt_option_aliases(
 def launch_options(
     adapter: EngineAdapter, given: Mapping[str, Any], engine_args: list[str]
 ) -> tuple[dict[str, Any], list[str]]:
-    """The adapter's options (defaults, then ``given``, then aliases after ``--``) and the engine flags left."""
+    """The adapter's options (defaults, then ``given``, then flags after ``--``) and the engine flags left.
+
+    After ``--``, an adapter option's own flag (``--block-size 32``, a third-party engine's
+    ``--command …``) and the adapter's aliases (:class:`FlagAlias`) set the option, so
+    ``infera-run up … -- <engine flags>`` reaches every option ``worker`` has.
+    """
+    declared = {o.flag: o for o in adapter.options()}
+    aliases: dict[str, FlagAlias] = {f: FlagAlias(f, takes_value=not o.is_flag) for f, o in declared.items()}
+    aliases.update(adapter.flag_aliases() if isinstance(adapter, FlagAliases) else {})
     options = {k: v for k, v in given.items() if v is not None}
-    rest = adopt_option_aliases(
-        engine_args,
-        adapter.flag_aliases() if isinstance(adapter, FlagAliases) else {},
-        {o.flag: o.name for o in adapter.options()},
-        options,
-    )
+    adopted: dict[str, Any] = {}
+    rest = adopt_option_aliases(engine_args, aliases, {f: o.name for f, o in declared.items()}, adopted)
+    for flag, opt in declared.items():
+        if opt.name not in adopted:
+            continue
+        value = adopted[opt.name]
+        if isinstance(value, str) and opt.type in (int, float):
+            try:
+                value = opt.type(value)
+            except ValueError:
+                raise ConfigError(f"{flag} {value}: expected a number (after --)") from None
+        old = options.get(opt.name)
+        if old is not None and str(old) != str(value):
+            raise ConfigError(f"conflicting flags: {flag} {old} and {flag} {value} (after --)")
+        options[opt.name] = value
     return {**{o.name: o.default for o in adapter.options()}, **options}, rest

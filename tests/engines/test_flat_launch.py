@@ -122,21 +122,27 @@ def test_same_setting_twice_with_one_value_is_fine(hooks: InferaHooks) -> None:
         (
             "vllm",
             "--block-size 32 --enable-kv-events --max-model-len 64",
-            {"block_size": "32"},
+            {"block_size": 32},
             ["--max-model-len", "64"],
         ),
-        ("vllm", "--tensor-parallel-size=2 --port 9", {"tp": "2"}, ["--port", "9"]),
-        ("sglang", "--page-size 64 --tp-size 2 --dp 2", {"page_size": "64", "tp": "2", "dp_size": "2"}, []),
+        ("vllm", "--tensor-parallel-size=2 --port 9", {"tp": 2}, ["--port", "9"]),
+        ("sglang", "--page-size 64 --tp-size 2 --dp 2", {"page_size": 64, "tp": 2, "dp_size": 2}, []),
         (
             "atom",
             "-tp 2 --block-size 32 --server-port 9",
-            {"tp": "2", "block_size": "32"},
+            {"tp": 2, "block_size": 32},
             ["--server-port", "9"],
+        ),
+        (
+            "sim",
+            "--speedup 10 --block-size 32 --max-tokens 4",
+            {"speedup": 10.0, "block_size": 32},
+            ["--max-tokens", "4"],
         ),
     ],
 )
 def test_engine_spellings_after_the_separator_become_options(
-    hooks: InferaHooks, engine: str, after: str, options: dict[str, str], rest: list[str]
+    hooks: InferaHooks, engine: str, after: str, options: dict[str, object], rest: list[str]
 ) -> None:
     """``infera-run up … -- --block-size 32`` and ``worker … -- --tp-size 2`` set the adapter's options;
     settings Infera's own flags own (``--port``) stay, for the adapter to refuse with the flag to use."""
