@@ -9,7 +9,7 @@ Which tokenizer (first match wins):
 
 Token-id prompts are used as given. Each request is tokenized at most once (the
 result lands in ``RequestContext.token_ids``), long prompts off the event loop (the
-default thread pool: ``tokenizers`` releases the GIL), and results are kept in a
+default thread pool; the ``hf`` tokenizer releases the GIL while encoding), and results are kept in a
 bounded LRU keyed by (model, digest of the prompt). Chat requests of tokenizers that
 can render their template (:class:`~infera_core.tokenize.base.PrefixTokenizer`) are
 tokenized incrementally: a turn that extends an earlier conversation only tokenizes
