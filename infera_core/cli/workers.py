@@ -36,11 +36,19 @@ class WorkersSettings(InferaSettings):
     etcd_endpoint: str | None = Field(
         None, description="etcd endpoint(s): host:port, http://host:port, or a comma list."
     )
-    etcd_prefix: str = Field(DEFAULT_PREFIX, description="etcd key prefix of worker records.")
+    discovery_prefix: str = Field(
+        DEFAULT_PREFIX,
+        description="Key prefix of worker records (the same as serve's).",
+        json_schema_extra={"aliases": ["--etcd-prefix"]},
+    )
     static_file: str | None = Field(
         None, description="Worker list file (YAML/JSON) of --discovery-backend static."
     )
-    connect_timeout: float = Field(5.0, gt=0, description="Seconds to wait for the discovery backend.")
+    discovery_timeout: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds to wait for the discovery backend.",
+    )
 
 
 async def list_fleet(hooks: InferaHooks, settings: WorkersSettings) -> list[WorkerRecord]:

@@ -55,7 +55,8 @@ class DiscoverySettings:
     def of(cls, source: object, **overrides: Any) -> DiscoverySettings:
         """From a command's settings (``serve``, ``worker``, ``up``, ``workers``): the fields
         they name alike (``etcd_endpoint`` as a list or a comma list, ``etcd_prefix`` or
-        ``discovery_prefix``, ``lease_ttl``, ``static_file``, ``connect_timeout``) plus every
+        ``discovery_prefix``, ``lease_ttl``, ``static_file``, ``discovery_timeout`` or
+        ``connect_timeout``) plus every
         plugin backend's settings (``options``); ``overrides`` win."""
         raw = getattr(source, "etcd_endpoint", None) or []
         items = raw.split(",") if isinstance(raw, str) else list(raw)
@@ -66,6 +67,8 @@ class DiscoverySettings:
         for name in ("lease_ttl", "static_file", "connect_timeout"):
             if getattr(source, name, None) is not None:
                 values[name] = getattr(source, name)
+        if getattr(source, "discovery_timeout", None) is not None:  # worker, workers
+            values["connect_timeout"] = source.discovery_timeout  # type: ignore[attr-defined]
         values["options"] = BackendOptions(source)
         values.update(overrides)
         return cls(**values)

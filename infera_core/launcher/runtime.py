@@ -461,7 +461,7 @@ class WorkerLauncher:
             engine_url=ctx.url,
             kv_events=record.kv_events,
             dp_size=record.dp_size,
-            connect_timeout=s.connect_timeout,
+            connect_timeout=s.discovery_timeout,
             options=BackendOptions(s),
         )
 

@@ -54,13 +54,20 @@ class WorkerSettings(InferaSettings):
     etcd_endpoint: str | None = Field(
         None, description="etcd endpoint(s): host:port, http://host:port, or a comma list."
     )
-    etcd_prefix: str = Field(DEFAULT_PREFIX, description="etcd key prefix of worker records.")
+    discovery_prefix: str = Field(
+        DEFAULT_PREFIX,
+        description="Key prefix of worker records (the same as serve's).",
+        json_schema_extra={"aliases": ["--etcd-prefix"]},
+    )
     static_file: str | None = Field(None, description="Worker list file of --discovery static.")
     lease_ttl: float = Field(
         10.0, gt=0, description="Registration lease TTL in seconds (heartbeat every TTL/3)."
     )
-    connect_timeout: float = Field(
-        5.0, gt=0, description="Seconds to wait for the discovery backend at start-up."
+    discovery_timeout: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds to wait for the discovery backend at start-up (serve's"
+        " --connect-timeout is to a worker).",
     )
     ready_timeout: float = Field(600.0, gt=0, description="Seconds to wait for the engine to serve.")
     drain_timeout: float = Field(30.0, ge=0, description="Seconds to wait for in-flight requests on SIGTERM.")

@@ -40,7 +40,11 @@ class ServeSettings(InferaSettings, KvSettings, AuthSettings, LimitSettings):
         json_schema_extra={"flag": "--etcd-endpoint"},
     )
     static_file: str | None = Field(None, description="Worker list file for --discovery-backend static.")
-    discovery_prefix: str = Field("/infera/workers/", description="Key prefix of worker records.")
+    discovery_prefix: str = Field(
+        "/infera/workers/",
+        description="Key prefix of worker records.",
+        json_schema_extra={"aliases": ["--etcd-prefix"]},
+    )
     router_policy: str | None = Field(
         None,
         description="Named routing preset (see `infera-run policies`)"

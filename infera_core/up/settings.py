@@ -29,9 +29,9 @@ class UpSettings(InferaSettings, LimitSettings, AuthSettings):
     policy: str | None = Field(
         None,
         description="Routing preset (see `infera-run policies`) [default: kv-aware if installed, else round-robin].",
-        json_schema_extra={"flag": "--policy"},
+        json_schema_extra={"flag": "--router-policy", "aliases": ["--policy"]},
     )
-    router_config: Path | None = Field(None, description="YAML routing profile instead of --policy.")
+    router_config: Path | None = Field(None, description="YAML routing profile instead of --router-policy.")
     host: str = Field("127.0.0.1", description="Address the server listens on.")
     port: int = Field(8000, ge=0, le=65535, description="Server port (0: a free port).")
     etcd_endpoint: str | None = Field(

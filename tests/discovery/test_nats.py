@@ -162,7 +162,7 @@ def test_workers_command_with_nats_down_is_one_line() -> None:
     dead = f"nats://127.0.0.1:{free_port()}"
     result = CliRunner().invoke(
         build_cli(make_hooks()),
-        ["workers", "--discovery-backend", "nats", "--nats-url", dead, "--connect-timeout", "1"],
+        ["workers", "--discovery-backend", "nats", "--nats-url", dead, "--discovery-timeout", "1"],
     )
     assert result.exit_code != 0 and isinstance(result.exception, DiscoveryError)
     assert dead in str(result.exception)

@@ -151,7 +151,7 @@ async def test_second_signal_skips_the_drain_wait(
 async def test_unreachable_etcd_at_startup_is_one_clear_error(launch_worker: Launch) -> None:
     dead = f"127.0.0.1:{free_port()}"
     worker = launch_worker(
-        "standin", "--model", "m", "--etcd-endpoint", dead, "--connect-timeout", "1", "--worker-id", "w1"
+        "standin", "--model", "m", "--etcd-endpoint", dead, "--discovery-timeout", "1", "--worker-id", "w1"
     )
     code = await worker.exited(within=20)
     errors = [line for line in worker.output().splitlines() if line.startswith("infera-run: error:")]

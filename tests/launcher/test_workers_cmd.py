@@ -53,7 +53,7 @@ def test_lists_a_static_file_and_reports_errors(tmp_path: Path, infera_cli: Call
     bad = infera_cli("workers", "--static-file", str(path))
     assert bad.code == 1 and bad.stderr.startswith("infera-run: error: --static-file")
     unreachable = infera_cli(
-        "workers", "--etcd-endpoint", f"127.0.0.1:{free_port()}", "--connect-timeout", "1"
+        "workers", "--etcd-endpoint", f"127.0.0.1:{free_port()}", "--discovery-timeout", "1"
     )
     assert unreachable.code == 1 and "cannot reach etcd" in unreachable.stderr
     assert "Traceback" not in bad.stderr + unreachable.stderr
