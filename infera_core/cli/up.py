@@ -13,14 +13,15 @@ from typing import Any
 import click
 from rich.console import Console
 
+from infera_core.cli.engine_help import UpCommand
 from infera_core.errors import InferaError
 from infera_core.facade import InferaHooks
-from infera_core.settings import SettingsCommand, click_options, command_settings, config_option, resolve
+from infera_core.settings import click_options, command_settings, config_option, resolve
 from infera_core.up.settings import UpSettings
 
 
 @click.command(
-    "up", cls=SettingsCommand, base=UpSettings, context_settings={"allow_interspersed_args": False}
+    "up", cls=UpCommand, base=UpSettings, context_settings={"allow_interspersed_args": False}
 )
 @config_option
 @click_options(UpSettings)

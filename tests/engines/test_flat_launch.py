@@ -216,3 +216,31 @@ def _free_port() -> int:
     from infera_core.launcher.address import free_port
 
     return free_port("127.0.0.1")
+
+
+def test_up_help_lists_each_engines_options() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "infera_core", "up", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=clean_environ(),
+    )
+    assert out.returncode == 0, out.stderr
+    vllm = out.stdout.split("(--engine vllm):", 1)[1]
+    assert "--block-size" in vllm and "--tensor-parallel-size" in vllm and "--kv-transfer-config" in vllm
+
+
+@pytest.mark.slow
+async def test_up_passes_engine_options_after_the_separator() -> None:
+    """``infera-run up -- --block-size 32`` reaches the adapter: the engine and the record agree."""
+    from infera_core.up.settings import UpSettings
+    from infera_core.up.stack import Stack
+
+    settings = UpSettings(workers=1, port=0, quiet=True, drain_timeout=1)
+    async with Stack(settings, engine_args=["--block-size", "32", "--speedup", "inf"]) as stack:
+        (launcher,) = stack.launchers
+        assert launcher.record is not None and launcher.record.kv_events is not None
+        assert launcher.record.kv_events.block_size == 32
+        assert launcher.context is not None and launcher.context.options["speedup"] == float("inf")
