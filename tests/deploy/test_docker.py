@@ -182,7 +182,13 @@ def test_router_entrypoint_and_healthcheck(tmp_path: Path) -> None:
         argv = ["sh", str(ENTRYPOINT), "serve", "--discovery", "static", "--static-file", str(workers)]
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            wait_port("127.0.0.1", port, timeout=60)
+            try:
+                wait_port("127.0.0.1", port, timeout=60)
+            except TimeoutError:
+                proc.kill()
+                raise AssertionError(
+                    f"the router did not listen; its output:\n{proc.communicate()[0]}"
+                ) from None
             for _ in range(100):
                 result = subprocess.run(check, env=env, capture_output=True, text=True, timeout=30)
                 if result.returncode == 0:
