@@ -8,13 +8,14 @@ import time
 from pathlib import Path
 
 import click
-from pydantic import Field
+from pydantic import Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
 from infera_core.discovery.base import DiscoverySettings
 from infera_core.errors import ConfigError
 from infera_core.facade import InferaHooks
+from infera_core.launcher.settings import with_legacy_env
 from infera_core.redact import redact_url
 from infera_core.settings import (
     InferaSettings,
@@ -36,6 +37,8 @@ class WorkersSettings(InferaSettings):
     etcd_endpoint: str | None = Field(
         None, description="etcd endpoint(s): host:port, http://host:port, or a comma list."
     )
+    _legacy_env = model_validator(mode="before")(with_legacy_env)
+
     discovery_prefix: str = Field(
         DEFAULT_PREFIX,
         description="Key prefix of worker records (the same as serve's).",

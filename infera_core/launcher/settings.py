@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
+from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from infera_core.discovery.base import DiscoverySettings
 from infera_core.errors import ConfigError
@@ -17,6 +19,19 @@ class RestartPolicy(StrEnum):
 
     NEVER = "never"
     ON_FAILURE = "on-failure"
+
+
+LEGACY_ENV = {"discovery_prefix": "INFERA_ETCD_PREFIX", "discovery_timeout": "INFERA_CONNECT_TIMEOUT"}
+"""Old environment spellings ``worker`` and ``workers`` still read (below every new source)."""
+
+
+def with_legacy_env(data: Any) -> Any:
+    """Fill a setting from its old environment variable when nothing newer gave it."""
+    if isinstance(data, dict):
+        for name, env in LEGACY_ENV.items():
+            if name not in data and os.environ.get(env):
+                data[name] = os.environ[env]
+    return data
 
 
 class WorkerSettings(InferaSettings):
@@ -54,6 +69,8 @@ class WorkerSettings(InferaSettings):
     etcd_endpoint: str | None = Field(
         None, description="etcd endpoint(s): host:port, http://host:port, or a comma list."
     )
+    _legacy_env = model_validator(mode="before")(with_legacy_env)
+
     discovery_prefix: str = Field(
         DEFAULT_PREFIX,
         description="Key prefix of worker records (the same as serve's).",
