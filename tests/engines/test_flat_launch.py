@@ -58,7 +58,7 @@ SEED_TABLE = [
         "--model-path p --tp-size 8 --dp-size 8 --enable-dp-attention --page-size 16 "
         "--disaggregation-mode decode --ep-size 8",
         "--model-path p --tp 8 --dp-size 8 --page-size 16 --role decode --model p "
-        "-- --enable-dp-attention --ep-size 8",
+        "-- --ep-size 8",
     ),
     (
         "sglang",

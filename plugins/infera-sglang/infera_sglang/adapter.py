@@ -61,6 +61,7 @@ ALIASES: Mapping[str, FlagAlias] = {
     ),
     "--disaggregation-transfer-backend": FlagAlias("--transfer-backend"),
     "--enable-kv-events": FlagAlias("", takes_value=False),
+    "--enable-dp-attention": FlagAlias("", takes_value=False),  # added with --dp-size > 1
 }
 """SGLang's spellings of what Infera manages (``python -m infera.engine.sglang``, or after ``--``)."""
 SERVER_INFO_PATHS = ("/get_server_info", "/server_info")
