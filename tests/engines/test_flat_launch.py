@@ -57,8 +57,7 @@ SEED_TABLE = [
         "sglang",
         "--model-path p --tp-size 8 --dp-size 8 --enable-dp-attention --page-size 16 "
         "--disaggregation-mode decode --ep-size 8",
-        "--model-path p --tp 8 --dp-size 8 --page-size 16 --role decode --model p "
-        "-- --ep-size 8",
+        "--model-path p --tp 8 --dp-size 8 --page-size 16 --role decode --model p -- --ep-size 8",
     ),
     (
         "sglang",
@@ -126,6 +125,12 @@ def test_same_setting_twice_with_one_value_is_fine(hooks: InferaHooks) -> None:
             ["--max-model-len", "64"],
         ),
         ("vllm", "--tensor-parallel-size=2 --port 9", {"tp": 2}, ["--port", "9"]),
+        (
+            "vllm",
+            "-dpn 1 -dp 2 --data-parallel-start-rank 0",
+            {"dp_rank": 1, "dp_size": 2},
+            ["--data-parallel-start-rank", "0"],
+        ),
         ("sglang", "--page-size 64 --tp-size 2 --dp 2", {"page_size": 64, "tp": 2, "dp_size": 2}, []),
         (
             "atom",

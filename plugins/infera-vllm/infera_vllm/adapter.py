@@ -47,7 +47,9 @@ MANAGED_FLAGS = {
     "--data-parallel-size": "--dp-size",
     "-dp": "--dp-size",
     "--data-parallel-rank": "--dp-rank",
-    "-dpr": "--dp-rank",
+    "-dpn": "--dp-rank",
+    "--data-parallel-start-rank": "--dp-rank (external LB: one launcher per rank)",
+    "-dpr": "--dp-rank (external LB: one launcher per rank)",
     "--kv-transfer-config": "--kv-transfer-config",
 }
 
@@ -57,7 +59,7 @@ ALIASES: Mapping[str, FlagAlias] = {
     "--data-parallel-size": FlagAlias("--dp-size"),
     "-dp": FlagAlias("--dp-size"),
     "--data-parallel-rank": FlagAlias("--dp-rank"),
-    "-dpr": FlagAlias("--dp-rank"),
+    "-dpn": FlagAlias("--dp-rank"),  # vLLM's short form; -dpr is --data-parallel-start-rank
     "--block-size": FlagAlias("--block-size"),
     "--kv-transfer-config": FlagAlias("--kv-transfer-config"),
     "--enable-kv-events": FlagAlias("", takes_value=False),
