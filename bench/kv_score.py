@@ -87,6 +87,7 @@ async def _conversation_costs(model_dir: Path, prefix_bytes: int, turns: int, fi
         parse_model_specs([f"m=hf:{model_dir}"]),
         cache_size=0,
         prefix_cache_bytes=prefix_bytes,
+        prefix_wait_ms=0,  # time the whole prompt's tokenization
     )
     index, _, views = build(1024, 64, random.Random(5))
     words = WordSource(11)

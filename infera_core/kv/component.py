@@ -36,6 +36,7 @@ class KvRouting:
             cache_size=settings.tokenize_cache_size,
             offload_chars=settings.tokenize_offload_chars,
             prefix_cache_bytes=int(settings.tokenize_prefix_cache_mb * (1 << 20)),
+            prefix_wait_ms=settings.tokenize_prefix_wait_ms,
         )
         self.tokens.check_all()
         self.agreement = AgreementCheck(self.tokens, parse_block_sizes(settings.kv_block_size))

@@ -49,3 +49,9 @@ class KvSettings(BaseModel):
         description="Memory (MiB) for chat conversation prefixes whose token ids are reused by the next turn "
         "(incremental tokenization; 0 disables).",
     )
+    tokenize_prefix_wait_ms: float = Field(
+        20.0,
+        ge=0,
+        description="When a chat turn's new suffix is still being tokenized after this long (ms), route on the "
+        "blocks of the conversation prefix already known (0: always wait).",
+    )

@@ -97,8 +97,19 @@ class PrefixTokenCache:
             out.append(h)
         return out
 
-    def encode(self, scope: str, text: str, encode_offsets: EncodeOffsets) -> list[int]:
-        """Token ids of ``text`` (as ``encode_offsets(text)[0]``), reusing a cached prefix's."""
+    def encode(
+        self,
+        scope: str,
+        text: str,
+        encode_offsets: EncodeOffsets,
+        on_prefix: Callable[[list[int]], object] | None = None,
+    ) -> list[int]:
+        """Token ids of ``text`` (as ``encode_offsets(text)[0]``), reusing a cached prefix's.
+
+        ``on_prefix(ids)`` is called with the reused prefix's ids before the rest is
+        tokenized (provisional: should the boundary check fail, the whole text is
+        tokenized and may differ near the end of that prefix).
+        """
         if self.max_bytes <= 0:
             return encode_offsets(text)[0]
         keys = self._chunk_keys(scope, text)
@@ -109,7 +120,7 @@ class PrefixTokenCache:
                 if prev is not None:
                     self._lru.move_to_end(id(prev))
                     break
-        done = self._extend(prev, text, encode_offsets) if prev is not None else None
+        done = self._extend(prev, text, encode_offsets, on_prefix) if prev is not None else None
         if done is None:
             ids, starts_list = encode_offsets(text)
             starts = array("i", starts_list)
@@ -129,7 +140,11 @@ class PrefixTokenCache:
         return ids
 
     def _extend(
-        self, prev: _Entry, text: str, encode_offsets: EncodeOffsets
+        self,
+        prev: _Entry,
+        text: str,
+        encode_offsets: EncodeOffsets,
+        on_prefix: Callable[[list[int]], object] | None,
     ) -> tuple[list[int], array[int], int] | None:
         common = common_prefix_len(prev.text, text)
         starts = prev.starts
@@ -139,6 +154,8 @@ class PrefixTokenCache:
             self._fallback()
             return None
         offset = starts[cut]
+        if on_prefix is not None:
+            on_prefix(prev.ids[:cut])
         tail_ids, tail_starts = encode_offsets(text[offset:])
         check = max(1, self.margin // 2)  # the last tokens before ``common`` may differ: text follows them
         if (

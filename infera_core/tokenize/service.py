@@ -24,7 +24,7 @@ import asyncio
 import hashlib
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -102,6 +102,7 @@ class RoutingTokenizers:
         cache_size: int = 4096,
         offload_chars: int = 4096,
         prefix_cache_bytes: int = 256 << 20,
+        prefix_wait_ms: float = 20.0,
     ) -> None:
         self.factories = factories
         self.configured = dict(configured or {})
@@ -113,6 +114,7 @@ class RoutingTokenizers:
         self.counts: dict[tuple[str, str], int] = {}
         self._enc = msgspec.json.Encoder()
         self.prefixes = PrefixTokenCache(prefix_cache_bytes)
+        self.prefix_wait_s = prefix_wait_ms / 1e3
 
     # -- which tokenizer ------------------------------------------------------------------
     def observe_worker(self, record: WorkerRecord) -> None:
@@ -174,14 +176,16 @@ class RoutingTokenizers:
             return
         try:
             if _size(ctx.body) > self.offload_chars:
-                ids = await asyncio.to_thread(self._encode, tok, ctx)
+                ids, whole = await self._offloaded(tok, ctx)
             else:
-                ids = self._encode(tok, ctx)
+                ids, whole = self._encode(tok, ctx), True
         except Exception as exc:
             self._failed(ctx, f"{type(exc).__name__}: {exc}")
             return
         ctx.token_ids = ids
-        self._count(ctx.model, "tokenizer")
+        self._count(ctx.model, "tokenizer" if whole else "prefix")
+        if not whole:
+            return
         if self.cache_size:
             self._cache[key] = ids
             if len(self._cache) > self.cache_size:
@@ -193,7 +197,22 @@ class RoutingTokenizers:
         extra = (b.get("add_generation_prompt"), b.get("chat_template_kwargs"))
         return hashlib.blake2b(self._enc.encode((parts, extra)), digest_size=16).digest()
 
-    def _encode(self, tok: Tokenizer, ctx: RequestContext) -> list[int]:
+    async def _offloaded(self, tok: Tokenizer, ctx: RequestContext) -> tuple[list[int], bool]:
+        """Tokenize in a thread; after ``prefix_wait_s`` settle for the conversation prefix
+        already known (if any): routing then uses its blocks while the suffix is still being
+        tokenized (the result still lands in the prefix cache for the next turn)."""
+        known: list[list[int]] = []
+        fut = asyncio.ensure_future(asyncio.to_thread(self._encode, tok, ctx, known.append))
+        if self.prefix_wait_s > 0:
+            done, _ = await asyncio.wait({fut}, timeout=self.prefix_wait_s)
+            if not done and known:
+                fut.add_done_callback(_consume)
+                return known[0], False
+        return await fut, True
+
+    def _encode(
+        self, tok: Tokenizer, ctx: RequestContext, on_prefix: Callable[[list[int]], object] | None = None
+    ) -> list[int]:
         body = ctx.body
         messages = body.get("messages")
         if isinstance(messages, list):
@@ -202,7 +221,8 @@ class RoutingTokenizers:
                 messages = [{"role": "system", "content": _text(system)}, *messages]
             if isinstance(tok, PrefixTokenizer):
                 text = tok.render_chat(messages, body)
-                return self.prefixes.encode(f"{ctx.model}\0{tok.fingerprint}", text, tok.encode_offsets)
+                scope = f"{ctx.model}\0{tok.fingerprint}"
+                return self.prefixes.encode(scope, text, tok.encode_offsets, on_prefix)
             return tok.encode_chat(messages, body)
         prompt = body.get("prompt")
         if isinstance(prompt, list):
@@ -259,6 +279,12 @@ class RoutingTokenizers:
         yield inc
         yield reused
         yield held
+
+
+def _consume(fut: asyncio.Future[list[int]]) -> None:
+    """Retrieve a background tokenization's outcome (its failure is not the request's)."""
+    if not fut.cancelled() and fut.exception() is not None:
+        log.debug("background tokenization failed: %s", fut.exception())
 
 
 def _given_tokens(body: dict[str, Any]) -> list[int] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,10 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _service(tiny_dir: Path) -> RoutingTokenizers:
     return RoutingTokenizers(
-        InferaHooks.load().catalog().tokenizers, parse_model_specs([f"tiny=hf:{tiny_dir}"]), cache_size=0
+        InferaHooks.load().catalog().tokenizers,
+        parse_model_specs([f"tiny=hf:{tiny_dir}"]),
+        cache_size=0,
+        prefix_wait_ms=0,  # always the whole prompt (routing on a known prefix: its own test)
     )
 
 
@@ -199,3 +203,50 @@ async def test_the_event_loop_keeps_running_while_a_long_prompt_is_tokenized(tin
     await task
     assert ctx.token_ids and len(ctx.token_ids) > 30000
     assert seen >= 5  # with the GIL held (Tokenizer.encode) the loop got 0-2 ticks
+
+
+class _GatedTokenizer(HfTokenizer):
+    """The real tokenizer, whose encoding waits (bounded) while ``gate`` is closed."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        self.gate.wait(10)
+        return super().encode_offsets(text)
+
+
+async def test_a_turn_routes_on_the_known_prefix_while_its_suffix_is_tokenized(tiny_dir: Path) -> None:
+    tokens = RoutingTokenizers(
+        InferaHooks.load().catalog().tokenizers,
+        parse_model_specs([f"tiny=hf:{tiny_dir}"]),
+        prefix_wait_ms=200,
+    )
+    tok = _GatedTokenizer(tiny_dir)
+    assert tokens.tokenizer_for("tiny") is not None
+    tokens._models["tiny"].tokenizer = tok
+    words = WordSource(5)
+    messages = [{"role": "user", "content": words.text(2000)}]
+    await tokens.fill(RequestContext("r1", "tiny", "/v1/chat/completions", {"messages": list(messages)}))
+    messages += [
+        {"role": "assistant", "content": words.text(100)},
+        {"role": "user", "content": words.text(50)},
+    ]
+    tok.gate.clear()  # the suffix "takes long"
+    ctx = RequestContext("r2", "tiny", "/v1/chat/completions", {"messages": list(messages)})
+    await tokens.fill(ctx)
+    full = tok.encode_chat(messages, {})
+    tok.gate.set()
+    assert ctx.token_ids is not None and 0 < len(ctx.token_ids) < len(full)
+    assert full[: len(ctx.token_ids)] == ctx.token_ids  # routed on the known prefix's blocks
+    assert tokens.counts[("tiny", "prefix")] == 1
+    for _ in range(500):  # the suffix finishes in the background and serves the next turn
+        if tokens.prefixes.hits == 1 and len(tokens.prefixes) == 1:
+            break
+        await asyncio.sleep(0.01)
+    messages.append({"role": "assistant", "content": words.text(80)})
+    last = RequestContext("r3", "tiny", "/v1/chat/completions", {"messages": list(messages)})
+    await tokens.fill(last)
+    assert last.token_ids == tok.encode_chat(messages, {}) and tokens.prefixes.hits == 2
