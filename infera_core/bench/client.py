@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -104,6 +105,7 @@ async def send(
     t0: float,
     limit_s: float,
     keep_text: bool = False,
+    headers: Mapping[str, str] | None = None,
 ) -> RequestResult:
     """POST ``body`` to ``url`` (streaming) and return its timings; never raises."""
     start = time.perf_counter()
@@ -114,7 +116,7 @@ async def send(
     usage_out: int | None = None
     try:
         async with asyncio.timeout(limit_s):
-            async with session.post(url, json=body) as resp:
+            async with session.post(url, json=body, headers=headers) as resp:
                 for h in _WORKER_HEADERS:
                     if h in resp.headers:
                         res.worker = resp.headers[h]

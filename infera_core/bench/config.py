@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode
 
 from infera_core.settings import InferaSettings
@@ -82,6 +82,16 @@ class BenchSettings(InferaSettings):
     engine: str = Field("sim", description="--policies: engine of the local stack's workers")
     engine_args: str | None = Field(
         None, description="--policies: extra engine flags (one string, shell-split)"
+    )
+    api_key: SecretStr | None = Field(
+        None,
+        description="API key sent as 'Authorization: Bearer' with every request (a router with "
+        "--api-key-file). Prefer the env var to the flag.",
+    )
+    admin_token: SecretStr | None = Field(
+        None,
+        description="The router's admin token, to read its /metrics and /v1/workers (picks, "
+        "routing latency, cache hit rate). Prefer the env var to the flag.",
     )
     seed: int = Field(0, description="Random seed for workload generation")
     timeout: float = Field(300.0, gt=0, description="Seconds before one request counts as timed out")

@@ -86,6 +86,8 @@ def run_config(s: BenchSettings, url: str, label: str = "", stop: asyncio.Event 
         label=label or url,
         progress=not s.quiet,
         stop=stop,
+        api_key=s.api_key.get_secret_value() if s.api_key else None,
+        admin_token=s.admin_token.get_secret_value() if s.admin_token else None,
     )
 
 

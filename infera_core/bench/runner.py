@@ -66,6 +66,10 @@ class BenchConfig:
     label: str = ""
     progress: bool = True
     extra_body: dict[str, Any] = field(default_factory=dict)
+    api_key: str | None = None
+    """Sent as ``Authorization: Bearer`` with every request and ``/v1/models``."""
+    admin_token: str | None = None
+    """Sent to the router's admin routes (``/metrics``, ``/v1/workers``), never to workers."""
     stop: asyncio.Event | None = None
     """Set it to stop sending new sessions; requests in flight finish and the run is summarized."""
 
@@ -100,9 +104,19 @@ class RunResult:
         return out
 
 
-async def _default_model(session: aiohttp.ClientSession, root: str) -> str:
+def _bearer(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+async def _default_model(session: aiohttp.ClientSession, root: str, headers: dict[str, str]) -> str:
     try:
-        async with session.get(f"{root}/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with session.get(f"{root}/v1/models", timeout=timeout, headers=headers) as resp:
+            if resp.status in (401, 403):
+                raise BenchError(
+                    f"--url {root}: /v1/models answered {resp.status} (the router wants an API key):"
+                    " pass --api-key or INFERA_API_KEY"
+                )
             data = await resp.json(content_type=None)
             return str(data["data"][0]["id"])
     except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
@@ -145,7 +159,15 @@ class _Runner:
             body = build_body(
                 s.api, self.model, prompt, turn.max_tokens, self.cfg.ignore_eos, self.cfg.extra_body
             )
-            res = await send(self.session, self._url(s.api), body, self.t0, self.cfg.timeout, keep_text=multi)
+            res = await send(
+                self.session,
+                self._url(s.api),
+                body,
+                self.t0,
+                self.cfg.timeout,
+                keep_text=multi,
+                headers=_bearer(self.cfg.api_key),
+            )
             res.group = turn.group
             self.results.append(res)
             self.advance(1)
@@ -219,9 +241,11 @@ def _live_text(runner: _Runner, sampler: MetricsSampler) -> str:
 PICKS = "infera_worker_picks_total"
 
 
-async def _router_snapshot(session: aiohttp.ClientSession, root: str) -> dict[str, dict[str, Any]]:
+async def _router_snapshot(
+    session: aiohttp.ClientSession, root: str, headers: dict[str, str]
+) -> dict[str, dict[str, Any]]:
     """Routing-decision histograms and picks per worker from the router's ``/metrics``."""
-    text = await fetch_text(session, f"{root}/metrics")
+    text = await fetch_text(session, f"{root}/metrics", headers=headers)
     if not text:
         return {}
     out: dict[str, dict[str, Any]] = {PICKS: by_label(text, PICKS, "worker")}
@@ -265,14 +289,15 @@ async def run_bench(
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        model = cfg.model or await _default_model(session, root)
-        workers = {u: u for u in cfg.metrics_urls} or await fetch_workers(session, root)
-        if not workers and QUERIES in (await fetch_text(session, f"{root}/metrics") or ""):
+        admin = _bearer(cfg.admin_token)
+        model = cfg.model or await _default_model(session, root, _bearer(cfg.api_key))
+        workers = {u: u for u in cfg.metrics_urls} or await fetch_workers(session, root, admin)
+        if not workers and QUERIES in (await fetch_text(session, f"{root}/metrics", headers=admin) or ""):
             workers = {root: root}  # the target is an engine itself (vLLM-style /metrics)
         interval = max(cfg.scrape_interval, len(workers) / 64)
         sampler = MetricsSampler(session, workers, interval)
         runner = _Runner(cfg, session, model, root)
-        router_before = await _router_snapshot(session, root)
+        router_before = await _router_snapshot(session, root, admin)
         open_loop = any(s.at is not None for s in sessions)
         progress = Progress(
             TextColumn("[bold]{task.description}"),
@@ -309,7 +334,7 @@ async def run_bench(
                     await tick
                 cache = await sampler.stop()
             progress.update(task, live=_live_text(runner, sampler))
-        router_after = await _router_snapshot(session, root)
+        router_after = await _router_snapshot(session, root, admin)
     router = _router_summary(router_before, router_after)
     summary = summarize(runner.results, duration, cfg.slo, cache if workers else None)
     picks = _picks(router_before, router_after)

@@ -109,9 +109,14 @@ def histogram_delta(after: Mapping[str, Any], before: Mapping[str, Any] | None) 
     }
 
 
-async def fetch_text(session: aiohttp.ClientSession, url: str, limit_s: float = 5.0) -> str | None:
+async def fetch_text(
+    session: aiohttp.ClientSession,
+    url: str,
+    limit_s: float = 5.0,
+    headers: Mapping[str, str] | None = None,
+) -> str | None:
     try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=limit_s)) as resp:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=limit_s), headers=headers) as resp:
             if resp.status != 200:
                 return None
             return await resp.text()
@@ -119,10 +124,14 @@ async def fetch_text(session: aiohttp.ClientSession, url: str, limit_s: float = 
         return None
 
 
-async def fetch_workers(session: aiohttp.ClientSession, root: str) -> dict[str, str]:
-    """worker id → engine base URL, from the router's ``GET /v1/workers`` (empty if none)."""
+async def fetch_workers(
+    session: aiohttp.ClientSession, root: str, headers: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """worker id → engine base URL, from the router's ``GET /v1/workers`` (empty if none;
+    ``headers`` carry the admin token)."""
     try:
-        async with session.get(f"{root}/v1/workers", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with session.get(f"{root}/v1/workers", timeout=timeout, headers=headers) as resp:
             if resp.status != 200:
                 return {}
             data = await resp.json(content_type=None)

@@ -18,6 +18,7 @@ from rich.table import Table
 from infera_core.bench.runner import BenchConfig, RunResult, run_bench
 from infera_core.bench.scrape import fetch_workers
 from infera_core.bench.workloads import shared_prefix_workload
+from infera_core.errors import ConfigError
 from infera_core.up.stack import Stack
 
 
@@ -50,8 +51,14 @@ async def run_demo(
 ) -> tuple[RunResult, RunResult]:
     """(the ``baseline`` policy, the stack's policy) on the same workload and the same workers."""
     w = w or DemoWorkload()
+    # the admin token reads /v1/workers and /metrics and is accepted as an API key (no limits)
+    token = stack.settings.admin_token.get_secret_value() if stack.settings.admin_token else None
+    if stack.settings.api_key_file is not None and token is None:
+        raise ConfigError("--demo with --api-key-file needs --admin-token (the demo sends it as its key)")
     async with aiohttp.ClientSession() as session:
-        workers = await fetch_workers(session, stack.root)
+        workers = await fetch_workers(
+            session, stack.root, {"Authorization": f"Bearer {token}"} if token else None
+        )
     urls = sorted(workers.values())
     sessions = shared_prefix_workload(
         w.groups, w.prefix_len, w.questions_per_group, w.question_len, w.output_len, seed=7
@@ -59,10 +66,24 @@ async def run_demo(
     model = stack.settings.model
     async with stack.side_server(baseline) as side_url:
         await reset_caches(urls)
-        cfg = BenchConfig(url=side_url, model=model, concurrency=w.concurrency, label=baseline)
+        cfg = BenchConfig(
+            url=side_url,
+            model=model,
+            concurrency=w.concurrency,
+            label=baseline,
+            api_key=token,
+            admin_token=token,
+        )
         base = await run_bench(sessions, cfg, console)
     await reset_caches(urls)
-    cfg = BenchConfig(url=stack.url, model=model, concurrency=w.concurrency, label=f"infera ({stack.policy})")
+    cfg = BenchConfig(
+        url=stack.url,
+        model=model,
+        concurrency=w.concurrency,
+        label=f"infera ({stack.policy})",
+        api_key=token,
+        admin_token=token,
+    )
     routed = await run_bench(sessions, cfg, console)
     return base, routed
 
