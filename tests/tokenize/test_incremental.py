@@ -108,6 +108,10 @@ async def test_multi_turn_workload_agrees_with_full_tokenization(tiny_dir: Path)
     p = tokens.prefixes
     assert p.fallbacks == 0 and p.misses == 6 and p.hits == len(requests) - 6
     assert p.reused_tokens > 3 * p.new_tokens  # later turns: only the new messages are tokenized
+    samples = {(m.name, tuple(smp.labels.values())): smp.value for m in tokens.collect() for smp in m.samples}
+    assert samples[("infera_routing_tokenize_prefix", ("hit",))] == p.hits
+    assert samples[("infera_routing_tokenize_prefix_tokens", ("reused",))] == p.reused_tokens
+    assert samples[("infera_routing_tokenize_prefix_cache_bytes", ())] == p.bytes > 0
 
 
 @pytest.mark.skipif(not TRACE.is_file(), reason="shared Mooncake-shaped trace not present")
