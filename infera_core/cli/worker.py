@@ -42,8 +42,11 @@ register it for discovery, and drain it on SIGTERM/SIGINT (a second signal stops
 
 {description}
 
-Everything after -- is passed to the engine unchanged, e.g.
-infera-run worker {engine} --model m --etcd-endpoint 127.0.0.1:2379 -- --some-engine-flag 1"""
+Everything after -- is passed to the engine unchanged, except the engine options below (and
+the engine's own spellings of them, e.g. --tensor-parallel-size for --tp), which set them, e.g.
+infera-run worker {engine} --model m --etcd-endpoint 127.0.0.1:2379 -- --some-engine-flag 1
+
+vllm, sglang and atom also take one flat list: python -m infera.engine.<engine> --model m --port 30000 …"""
 
 
 def _engine_option(opt: EngineOption) -> click.Option:

@@ -77,8 +77,8 @@ OPTIONS: tuple[EngineOption, ...] = (
         "block_size",
         int,
         None,
-        "KV block size (vLLM --block-size) [default: vLLM's own]; the size vLLM really uses "
-        "(its cache_config_info metric) is the one recorded for the router's hashing.",
+        "KV block size (vLLM --block-size) [default: vLLM's own; on CPU only multiples of 32]; "
+        "the size vLLM really uses (its cache_config_info metric) is recorded for the router's hashing.",
     ),
     EngineOption("tp", int, 1, "Tensor-parallel size (vLLM --tensor-parallel-size)."),
     EngineOption(
