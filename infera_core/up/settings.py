@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from infera_core.launcher.settings import RestartPolicy
 from infera_core.server.auth_settings import AuthSettings
@@ -15,6 +17,15 @@ from infera_core.settings import InferaSettings
 class UpSettings(InferaSettings, LimitSettings, AuthSettings):
     """The embedded single-machine stack (its server's connection and request limits from
     :class:`LimitSettings`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _router_policy_env(cls, data: Any) -> Any:
+        """``INFERA_ROUTER_POLICY`` (serve's variable) selects up's preset too, below
+        ``--router-policy`` and ``INFERA_POLICY``."""
+        if isinstance(data, dict) and "policy" not in data and os.environ.get("INFERA_ROUTER_POLICY"):
+            data["policy"] = os.environ["INFERA_ROUTER_POLICY"]
+        return data
 
     workers: int = Field(4, ge=0, description="Number of engine workers to start (0: server only).")
     engine: str = Field("sim", description="Engine of every worker (see `infera-run engines`).")
@@ -28,7 +39,8 @@ class UpSettings(InferaSettings, LimitSettings, AuthSettings):
     model_path: str | None = Field(None, description="Weights path or hub id [default: --model].")
     policy: str | None = Field(
         None,
-        description="Routing preset (see `infera-run policies`) [default: kv-aware if installed, else round-robin].",
+        description="Routing preset (see `infera-run policies`; env INFERA_ROUTER_POLICY works too)"
+        " [default: kv-aware if installed, else round-robin].",
         json_schema_extra={"flag": "--router-policy", "aliases": ["--policy"]},
     )
     router_config: Path | None = Field(None, description="YAML routing profile instead of --router-policy.")

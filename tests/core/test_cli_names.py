@@ -106,3 +106,11 @@ def test_worker_and_workers_still_read_the_old_environment_spellings(monkeypatch
     for model in (WorkerSettings, WorkersSettings):
         settings = model()
         assert (settings.discovery_prefix, settings.discovery_timeout) == ("/new/", 3.0)
+
+
+def test_up_reads_serves_router_policy_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infera_core.up.settings import UpSettings
+
+    monkeypatch.setenv("INFERA_ROUTER_POLICY", "random")
+    assert UpSettings().policy == "random"
+    assert UpSettings(policy="least-load").policy == "least-load"  # the flag wins
