@@ -168,28 +168,20 @@ def test_vllm_block_size_is_not_forced(hooks: InferaHooks) -> None:
     assert got["block_size"] is None
 
 
-def test_flat_help_lists_infera_and_engine_options() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "infera.engine.vllm", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=clean_environ(),
+def run_python(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=60, check=False, env=clean_environ()
     )
+
+
+def test_flat_help_lists_infera_and_engine_options() -> None:
+    out = run_python("-m", "infera.engine.vllm", "--help")
     assert out.returncode == 0, out.stderr
     assert "--etcd-endpoint" in out.stdout and "--kv-transfer-config" in out.stdout
 
 
 def test_flat_conflict_exits_with_one_line() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "infera.engine.vllm", "--model", "m", "--tp", "2", "-tp", "4"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=clean_environ(),
-    )
+    out = run_python("-m", "infera.engine.vllm", "--model", "m", "--tp", "2", "-tp", "4")
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [
         "infera.engine.vllm: error: conflicting flags: --tp 2 and -tp 4 set the same thing (--tp)"
@@ -224,14 +216,7 @@ def _free_port() -> int:
 
 
 def test_up_help_lists_each_engines_options() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "infera_core", "up", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=clean_environ(),
-    )
+    out = run_python("-m", "infera_core", "up", "--help")
     assert out.returncode == 0, out.stderr
     vllm = out.stdout.split("(--engine vllm):", 1)[1]
     assert "--block-size" in vllm and "--tensor-parallel-size" in vllm and "--kv-transfer-config" in vllm

@@ -11,6 +11,7 @@ import pytest
 from engine_env import make_engine_env
 from infera_sglang.adapter import SglangAdapter
 from infera_vllm.adapter import VllmAdapter
+from test_vllm_adapter import ctx as vllm_ctx
 
 from infera_core.engine import LaunchContext
 from infera_core.errors import EngineError
@@ -27,20 +28,10 @@ VLLM_METRICS = (
 
 
 def ctx(**kw: object) -> LaunchContext:
-    ports = iter(range(43000, 43100))
-    base: dict[str, object] = {
-        "worker_id": "w1",
-        "model": "tiny",
-        "model_path": "/models/tiny",
-        "role": Role.MIXED,
-        "host": "127.0.0.1",
-        "port": 8100,
-        "advertise_host": "10.0.0.5",
-        "options": {"block_size": None, "tp": 1, "pd_connector": "nixl", "kv_events_port": 0},
-        "free_port": lambda: next(ports),
-    }
-    base.update(kw)
-    return LaunchContext(**base)  # type: ignore[arg-type]
+    """The vLLM adapter tests' context, with no block size asked for."""
+    c = vllm_ctx(**kw)
+    c.options["block_size"] = None
+    return c
 
 
 @pytest.fixture
