@@ -138,3 +138,14 @@ def test_kv_transfer_config_conflicts_are_one_line(
     with pytest.raises(EngineError, match=message) as err:
         VllmAdapter().build_launch(c)
     assert "\n" not in str(err.value)
+
+
+async def test_the_agreement_check_compares_the_served_size() -> None:
+    from infera_core.kv.agreement import AgreementCheck
+    from infera_core.tokenize.service import RoutingTokenizers
+
+    async with served({"/metrics": httpx.Response(200, text=VLLM_METRICS)}) as client:
+        learned = await with_served_block_size(VllmAdapter(), client, "http://e", record(16))
+    assert AgreementCheck(RoutingTokenizers({}), {"tiny": 128}).check(learned) == []
+    (reason,) = AgreementCheck(RoutingTokenizers({}), {"tiny": 16}).check(learned)
+    assert reason.startswith("block_size 128 != router's 16")
