@@ -234,3 +234,24 @@ async def test_up_passes_engine_options_after_the_separator() -> None:
         assert launcher.record is not None and launcher.record.kv_events is not None
         assert launcher.record.kv_events.block_size == 32
         assert launcher.context is not None and launcher.context.options["speedup"] == float("inf")
+
+
+@pytest.mark.slow
+def test_seed_atom_command_runs_verbatim(tmp_path: Path, etcd_server: EtcdServer) -> None:
+    """The seed's ATOM command: ``--server-port`` is the HTTP port the record advertises."""
+    env = make_engine_env(
+        tmp_path, "atom.entrypoints.openai_server", source=standin_source("atom_openai_server")
+    )
+    port = _free_port()
+    args = (
+        f"--model ds --server-port {port} --host 127.0.0.1 -tp 1 --etcd-endpoint {etcd_server.endpoint} "
+        f"--worker-id seed-atom --engine-python {env.python} --drain-timeout 1 --kv-cache-dtype fp8"
+    ).split()
+    proc = LauncherProcess(args, clean_environ(), module="infera.engine.atom")
+    try:
+        record = wait_registered(etcd_server, proc, "seed-atom")
+        assert record.engine == "atom" and record.url == f"http://127.0.0.1:{port}"
+        assert f"--server-port {port}" in proc.output() and "--kv-cache-dtype fp8" in proc.output()
+    finally:
+        proc.signal(15)
+        proc.wait(60)
