@@ -128,6 +128,7 @@ def test_mixed_worker_passes_the_users_connector_unchanged(vllm_cpu: str) -> Non
         (Role.DECODE, '{"kv_connector":"LMCacheConnectorV1"}', "kv_connector LMCacheConnectorV1"),
         (Role.DECODE, '{"engine_id":"other"}', "engine_id other"),
         (Role.DECODE, "{not json", "not JSON"),
+        (Role.MIXED, '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}', "add --role prefill"),
     ],
 )
 def test_kv_transfer_config_conflicts_are_one_line(

@@ -252,6 +252,12 @@ class VllmAdapter:
     def _kv_transfer_config(self, ctx: LaunchContext) -> dict[str, Any] | None:
         user = _user_transfer(ctx)
         if ctx.role is Role.MIXED:
+            one_sided = {"kv_producer": "prefill", "kv_consumer": "decode"}.get(str(user.get("kv_role")))
+            if one_sided is not None:
+                raise EngineError(
+                    f"--kv-transfer-config kv_role {user['kv_role']} makes a {one_sided} worker: "
+                    f"add --role {one_sided} (this worker is registered as mixed)"
+                )
             return user or None  # the user's own connector (e.g. offloading), unchanged
         if self._connector(ctx) == "mooncake":
             role = "kv_producer" if ctx.role is Role.PREFILL else "kv_consumer"
