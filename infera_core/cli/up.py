@@ -20,9 +20,7 @@ from infera_core.settings import click_options, command_settings, config_option,
 from infera_core.up.settings import UpSettings
 
 
-@click.command(
-    "up", cls=UpCommand, base=UpSettings, context_settings={"allow_interspersed_args": False}
-)
+@click.command("up", cls=UpCommand, base=UpSettings, context_settings={"allow_interspersed_args": False})
 @config_option
 @click_options(UpSettings)
 @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)

@@ -15,13 +15,15 @@ EXAMPLE = ROOT / "examples/infera-example-policy/infera_example_policy/plugin.py
 
 
 def _packages() -> list[Path]:
-    """Every import package of every distribution in the repository."""
+    """Every regular import package of every distribution in the repository (the engine
+    plugins' shared ``infera`` namespace package cannot carry a marker: PEP 561 puts it in
+    a namespace's regular subpackages, and ``infera.engine`` has only modules)."""
     out = []
     for pyproject in [ROOT / "pyproject.toml", *sorted(ROOT.glob("*/*/pyproject.toml"))]:
         tool = tomllib.loads(pyproject.read_text()).get("tool", {})
         names = tool.get("hatch", {}).get("build", {}).get("targets", {}).get("wheel", {}).get("packages")
         names = names or tool.get("setuptools", {}).get("packages", [])
-        out += [pyproject.parent / n for n in names]
+        out += [pyproject.parent / n for n in names if (pyproject.parent / n / "__init__.py").exists()]
     return out
 
 
