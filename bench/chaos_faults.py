@@ -49,7 +49,9 @@ async def hung_worker(stack: ChaosStack) -> Row:
 async def slow_worker(stack: ChaosStack) -> Row:
     """A slow but live worker (every token 2.5 s) under traffic for 30 s stays in rotation."""
     stack.add_worker("sim-slow", "--speedup", "1", "--itl-base-ms", "2500")
-    await stack.wait_active(stack.n_workers + 1, 120)
+    if await stack.wait_active(stack.n_workers + 1, 120) is None:
+        stack.stop_worker("sim-slow", fast=True)
+        return Row("a slow but live worker (2.5 s per token)", "it never registered", "-", False)
     t0 = time.monotonic()
     out = 0
     codes: list[int] = []

@@ -180,7 +180,8 @@ class ChaosStack:
         args += ["--worker-id", worker_id, "--drain-timeout", "10", "--lease-ttl", "5"]
         if restart:
             args += ["--restart-engine", "on-failure", "--restart-backoff", "0.5"]
-        args += ["--", "--speedup", str(self.speedup), *engine_args]
+        speedup = [] if "--speedup" in engine_args else ["--speedup", str(self.speedup)]
+        args += ["--", *speedup, *engine_args]
         self.workers[worker_id] = self._spawn(worker_id, args)
 
     def stop_worker(
