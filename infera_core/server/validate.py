@@ -121,10 +121,24 @@ def _model(body: dict[str, Any]) -> str:
     return model
 
 
+MAX_CHOICES = 128
+"""The most choices one request may ask for (``n``, ``best_of``), as OpenAI's API allows: a
+larger fan-out is refused here rather than forwarded (an engine asked for 10^23 choices can
+wedge, and the router's hang detection would carry the same body to the next worker)."""
+
+
 def _stream(body: dict[str, Any]) -> None:
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean.", "stream", "invalid_type")
+    for field in ("n", "best_of"):
+        value = body.get(field)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_CHOICES:
+            raise bad_request(
+                f"'{field}' must be an integer from 1 to {MAX_CHOICES}.", field, "invalid_value"
+            )
 
 
 def check_chat(body: dict[str, Any]) -> str:
