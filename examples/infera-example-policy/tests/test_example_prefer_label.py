@@ -47,6 +47,6 @@ def test_params_are_validated() -> None:
 def test_preset_is_registered(infera_hooks: Callable[..., InferaHooks]) -> None:
     hooks = infera_hooks(("example_policy", "infera_example_policy.plugin"), installed=False)
     preset = hooks.catalog().policies.preset("example-labelled")
-    assert [f.name for f in preset.profile.filters] == ["model", "health"]
+    assert [f.name for f in preset.profile.filters] == ["health", "role"]
     assert [s.name for s in preset.profile.scorers] == ["prefer-label"]
     assert preset.profile.picker.name == "max-score"
