@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from infera_core.testing.net import free_port, wait_port
+from infera_core.testing.net import free_port, stop_process, wait_port
 
 
 def etcd_binary() -> str | None:
@@ -86,13 +86,7 @@ class EtcdServer:
         raise TimeoutError(f"etcd on {self.endpoint} not healthy after {timeout}s")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.proc = None
         if getattr(self, "log", None):
             self.log.close()

@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from infera_core.testing.net import free_port, wait_port
+from infera_core.testing.net import free_port, stop_process, wait_port
 
 
 def nats_server_binary() -> str | None:
@@ -51,13 +51,7 @@ class NatsServer:
         wait_port("127.0.0.1", self.port, timeout)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.proc = None
         if self._log is not None:
             self._log.close()  # type: ignore[attr-defined]

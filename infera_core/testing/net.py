@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 
 
@@ -24,3 +25,15 @@ def wait_port(host: str, port: int, timeout: float = 10.0) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s") from None
             time.sleep(0.02)
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, grace: float = 5.0) -> None:
+    """SIGTERM ``proc`` (if it still runs), SIGKILL it after ``grace`` seconds, and reap it."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
