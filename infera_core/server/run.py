@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -12,6 +15,8 @@ import uvicorn
 from infera_core.errors import InferaError
 from infera_core.facade import InferaHooks
 from infera_core.server.app import KvComponent, create_app, make_discovery
+from infera_core.server.multiproc import process_count, supervise
+from infera_core.server.peers import Peers
 from infera_core.server.protocol import protocol_class
 from infera_core.server.settings import ServeSettings
 
@@ -35,36 +40,79 @@ def uvicorn_config(app: Any, settings: ServeSettings, log_level: str = "warning"
     )
 
 
-async def serve(settings: ServeSettings, hooks: InferaHooks, kv: KvComponent | None = None) -> None:
-    """Start discovery (clear error if unreachable), then serve until SIGINT/SIGTERM."""
+async def serve(
+    settings: ServeSettings,
+    hooks: InferaHooks,
+    kv: KvComponent | None = None,
+    *,
+    sock: socket.socket | None = None,
+    peers: Peers | None = None,
+    on_ready: Callable[[], object] | None = None,
+) -> None:
+    """Start discovery (clear error if unreachable), then serve until SIGINT/SIGTERM.
+
+    ``sock``: a bound socket to listen on (one of ``--processes N``), ``peers``: this
+    process among them (whole-router routes), ``on_ready``: called once it serves."""
     discovery = make_discovery(settings, hooks)
     if kv is None:
         from infera_core.kv.component import make_kv_routing
 
         kv = make_kv_routing(settings, hooks)
     app = create_app(settings, hooks, discovery=discovery, kv=kv, start_discovery=False)
+    if peers is not None:
+        peers.install(app, kv, settings.public_metrics)
     await discovery.start()
+    ready: asyncio.Task[None] | None = None
     try:
         await app.state.core.upstream.start()  # a transport that cannot start: one line, not a traceback
         start_kv_transport = getattr(kv, "start_transport", None)
         if start_kv_transport is not None:
             await start_kv_transport(settings.kv_event_transport)
+        if peers is not None:
+            await peers.start()
         server = uvicorn.Server(uvicorn_config(app, settings))
-        log.info("serving on http://%s:%d (discovery %s)", settings.host, settings.port, settings.discovery)
-        await server.serve()
+        if peers is None:
+            log.info(
+                "serving on http://%s:%d (discovery %s)", settings.host, settings.port, settings.discovery
+            )
+        if on_ready is not None:
+            ready = asyncio.create_task(_when_started(server, on_ready))
+        await server.serve(sockets=[sock] if sock is not None else None)
         if not server.started:
             raise InferaError(
                 f"the server did not start on {settings.host}:{settings.port} (see the log above)"
             )
     finally:
+        if ready is not None:
+            ready.cancel()
+        if peers is not None:
+            await peers.close()
         await discovery.close()
 
 
-def run(settings: ServeSettings, hooks: InferaHooks) -> None:
+async def _when_started(server: uvicorn.Server, then: Callable[[], object]) -> None:
+    while not server.started:  # noqa: ASYNC110 (uvicorn sets a flag, no event)
+        await asyncio.sleep(0.02)
+    then()
+
+
+def run_process(settings: ServeSettings, hooks: InferaHooks, **kwargs: Any) -> None:
+    """:func:`serve` on a fresh uvloop until stopped (``kwargs`` as :func:`serve`'s)."""
     import uvloop
 
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(serve(settings, hooks))
+            runner.run(serve(settings, hooks, **kwargs))
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled: a clean stop
         log.info("stopped")
+
+
+def run(settings: ServeSettings, hooks: InferaHooks) -> None:
+    """``infera-run serve``: one process, or ``--processes N`` under a supervisor."""
+    count = process_count(settings)
+    if count == 1:
+        run_process(settings, hooks)
+        return
+    status = supervise(settings, hooks, count)
+    if status:
+        sys.exit(status)

@@ -19,6 +19,12 @@ class ServeSettings(InferaSettings, KvSettings, AuthSettings, LimitSettings):
 
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=0, le=65535, description="Port to listen on.")
+    processes: int = Field(
+        0,
+        ge=0,
+        description="Server processes sharing the port (SO_REUSEPORT), each with the fleet view and"
+        " the KV index, metrics summed over all of them; 0: one per CPU core; 1: a single process.",
+    )
     discovery: str = Field(
         "etcd",
         description="Discovery backend: etcd, nats, memory, static… (see `infera-run plugins`).",
