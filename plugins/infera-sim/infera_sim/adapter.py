@@ -35,6 +35,19 @@ class SimAdapter:
         return (
             EngineOption("block_size", int, 16, "KV block size in tokens"),
             EngineOption("cache_blocks", int, 4096, "KV cache capacity in blocks"),
+            EngineOption(
+                "cpu_blocks",
+                int,
+                None,
+                "CPU tier capacity in blocks: GPU evictions move there, as with vLLM KV offloading "
+                "[default: 0, none]",
+            ),
+            EngineOption(
+                "cpu_load_tokens_per_s",
+                float,
+                None,
+                "speed of loading a CPU-tier prefix back to the GPU [default: 200000 tokens/s]",
+            ),
             EngineOption("speedup", float, 1.0, "simulated time runs this much faster ('inf' = no sleeping)"),
             EngineOption(
                 "kv_events_layout",
@@ -72,7 +85,15 @@ class SimAdapter:
             "--kv-replay-port", str(replay),
             "--role", str(ctx.role),
         ]  # fmt: skip
-        for name in ("block_size", "cache_blocks", "speedup", "kv_events_layout", "pd_protocol"):
+        for name in (
+            "block_size",
+            "cache_blocks",
+            "cpu_blocks",
+            "cpu_load_tokens_per_s",
+            "speedup",
+            "kv_events_layout",
+            "pd_protocol",
+        ):
             if opts.get(name) is not None:
                 flags += ["--" + name.replace("_", "-"), str(opts[name])]
         if bootstrap is not None:

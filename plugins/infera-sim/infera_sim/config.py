@@ -31,6 +31,8 @@ class SimConfig:
     # KV cache
     block_size: int = 16
     cache_blocks: int = 4096
+    cpu_blocks: int = 0
+    cpu_load_tokens_per_s: float = 200000.0
     kv_events_port: int | None = None
     kv_replay_port: int | None = None
     kv_events_layout: str = "map"
@@ -102,6 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
     a("--eos-rate", type=_rate, default=d.eos_rate, help="per-token probability of EOS (not with ignore_eos)")
     a("--block-size", type=int, default=d.block_size, help="KV block size in tokens")
     a("--cache-blocks", type=int, default=d.cache_blocks, help="KV cache capacity in blocks")
+    a(
+        "--cpu-blocks",
+        type=int,
+        default=d.cpu_blocks,
+        help="CPU tier capacity in blocks: GPU evictions move there (vLLM KV offloading; 0 = none)",
+    )
+    a(
+        "--cpu-load-tokens-per-s",
+        type=_positive_float,
+        default=d.cpu_load_tokens_per_s,
+        help="speed of loading a CPU-tier prefix back to the GPU, in tokens/s",
+    )
     a("--kv-events-port", type=int, default=None, help="ZMQ PUB port for KV events (0 = free; unset = off)")
     a("--kv-replay-port", type=int, default=None, help="ZMQ ROUTER replay port (0 = free; unset = off)")
     a("--kv-events-layout", choices=KV_LAYOUTS, default=d.kv_events_layout, help="map (vLLM>=0.24) or array")
@@ -160,6 +174,8 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     for name, value in (("--block-size", cfg.block_size), ("--cache-blocks", cfg.cache_blocks)):
         if value <= 0:
             parser.error(f"{name} must be > 0")
+    if cfg.cpu_blocks < 0:
+        parser.error("--cpu-blocks must be >= 0")
     if cfg.max_num_seqs <= 0 or cfg.max_num_batched_tokens <= 0:
         parser.error("--max-num-seqs and --max-num-batched-tokens must be > 0")
     return cfg

@@ -4,7 +4,8 @@ Each step schedules running requests first (one decode token each, or the next p
 chunk), then admits waiting requests while ``max_num_seqs`` and the KV cache allow,
 within a token budget of ``max_num_batched_tokens`` (chunked prefill). A step lasts
 ``prefill_tokens / prefill_tokens_per_s`` plus, when anything decodes,
-``itl_base_ms + itl_slope_ms × running``. Time is simulated: with a finite
+``itl_base_ms + itl_slope_ms × running``, plus ``loaded tokens / cpu_load_tokens_per_s``
+for prefixes loaded back from the CPU tier (``--cpu-blocks``). Time is simulated: with a finite
 ``--speedup`` the loop sleeps ``step / speedup``; with ``inf`` it never sleeps. Metrics
 record simulated seconds.
 """
@@ -33,8 +34,9 @@ class SimEngine:
     def __init__(self, cfg: SimConfig, tokenizer: EngineTokenizer, publish: Publish | None = None) -> None:
         self.cfg = cfg
         self.tokenizer = tokenizer
-        self.cache = KvCache(cfg.cache_blocks, cfg.block_size)
+        self.cache = KvCache(cfg.cache_blocks, cfg.block_size, cpu_blocks=cfg.cpu_blocks)
         self.metrics = SimMetrics(cfg.model)
+        self.metrics.offload = cfg.cpu_blocks > 0
         self.publish = publish
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
@@ -44,6 +46,8 @@ class SimEngine:
         self._work = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wall0 = 0.0
+        self._load_tokens = 0
+        """Tokens loaded from the CPU tier by the requests admitted in the step being planned."""
         self.held = 0
         """Requests accepted outside the step loop (``--fault-hang``, PD waits): counted as waiting."""
 
@@ -112,6 +116,7 @@ class SimEngine:
         budget = cfg.max_num_batched_tokens
         plan: list[tuple[SimRequest, int]] = []
         prefill_tokens = 0
+        self._load_tokens = 0
         decoding = 0
         for r in self.running:
             if budget <= 0:
@@ -136,6 +141,8 @@ class SimEngine:
             prefill_tokens += chunk
             plan.append((r, chunk))
         duration = prefill_tokens / cfg.prefill_tokens_per_s
+        if self._load_tokens:
+            duration += self._load_tokens / cfg.cpu_load_tokens_per_s
         if decoding:
             duration += (cfg.itl_base_ms + cfg.itl_slope_ms * len(self.running)) / 1000.0
         return plan, duration
@@ -148,24 +155,33 @@ class SimEngine:
         resumed = r.num_generated > 0
         tokens = r.all_tokens() if resumed else r.prompt
         hashes = block_hashes(tokens, bs)
-        hits = cache.match(hashes, (len(tokens) - 1) // bs)
+        limit = (len(tokens) - 1) // bs
+        hits = cache.match(hashes, limit)
+        offloaded = cache.cpu_prefix(hashes, len(hits), limit)
+        cached = len(hits) + len(offloaded)
         received = int(r.pd.get("received", 0)) if r.pd and not resumed else 0
-        computed = max(len(hits) * bs, min(received, len(tokens) - 1))
+        computed = max(cached * bs, min(received, len(tokens) - 1))
         need_now = -(-len(tokens) // bs) - len(hits)
         if cache.available(hits) < need_now:
             return False
         cache.acquire(hits)
-        r.blocks = hits + cache.allocate(need_now)
+        loaded = cache.load(offloaded, hashes[len(hits) - 1] if hits else None)
+        r.blocks = hits + loaded + cache.allocate(need_now - len(loaded))
         r.hashes = hashes
-        r.committed = len(hits)
+        r.committed = cached
         r.target = len(tokens)
         r.num_computed = computed
-        self.metrics.prefix_queries += len(tokens)
-        self.metrics.prefix_hits += len(hits) * bs
+        metrics = self.metrics
+        metrics.prefix_queries += len(tokens)
+        metrics.prefix_hits += len(hits) * bs
+        if cache.cpu is not None:  # vLLM counts connector (offloaded) hits apart from GPU hits
+            metrics.external_queries += len(tokens) - len(hits) * bs
+            metrics.external_hits += len(loaded) * bs
+            self._load_tokens += len(loaded) * bs
         if not resumed:
             r.num_cached = computed
             self.metrics.prompt_tokens += len(tokens)
-        if computed > len(hits) * bs:
+        if computed > cached * bs:
             self._commit(r, computed)
         return True
 

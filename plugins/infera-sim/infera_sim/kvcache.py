@@ -8,6 +8,8 @@
 * Every change a subscriber must see is appended to :attr:`KvCache.events` as a
   normalized event (``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``); the
   engine publishes them once per step.
+* With a CPU tier (``cpu_blocks`` > 0, :mod:`infera_sim.offload`) an evicted block moves
+  there instead of vanishing, and :meth:`KvCache.load` brings blocks back.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from infera_core.kv.events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, KvEvent
+from infera_sim.offload import HostTier
 
 _MASK64 = (1 << 64) - 1
 _blake2b = hashlib.blake2b
@@ -46,20 +49,25 @@ def block_hashes(
 class Block:
     """One physical KV block."""
 
-    __slots__ = ("block_id", "hash", "ref")
+    __slots__ = ("block_id", "hash", "parent", "ref", "tokens")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.hash: int | None = None
         self.ref = 0
+        self.parent: int | None = None
+        """Parent hash and token ids: kept only with a CPU tier (what offloading publishes)."""
+        self.tokens: Sequence[int] = ()
 
 
 class KvCache:
     """A block pool with prefix caching and LRU eviction; collects events in :attr:`events`."""
 
-    __slots__ = ("block_size", "blocks", "cached", "events", "free", "medium", "num_blocks")
+    __slots__ = ("block_size", "blocks", "cached", "cpu", "events", "free", "medium", "num_blocks")
 
-    def __init__(self, num_blocks: int, block_size: int = 16, medium: str = "GPU") -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int = 16, medium: str = "GPU", cpu_blocks: int = 0
+    ) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.medium = medium
@@ -68,6 +76,8 @@ class KvCache:
         """Unreferenced blocks, eviction order first (uncached ones at the front)."""
         self.cached: dict[int, Block] = {}
         self.events: list[KvEvent] = []
+        self.cpu = HostTier(cpu_blocks, block_size) if cpu_blocks > 0 else None
+        """The CPU tier blocks evicted from this pool move to (None: evicted blocks are lost)."""
 
     # -- queries -------------------------------------------------------------------------
     def match(self, hashes: Sequence[int], max_blocks: int) -> list[Block]:
@@ -79,6 +89,18 @@ class KvCache:
             if block is None:
                 break
             out.append(block)
+        return out
+
+    def cpu_prefix(self, hashes: Sequence[int], start: int, stop: int) -> list[int]:
+        """The run of ``hashes[start:stop]`` held on the CPU tier and not on the GPU."""
+        out: list[int] = []
+        cpu, cached = self.cpu, self.cached
+        if cpu is None:
+            return out
+        for h in hashes[start:stop]:
+            if h in cached or h not in cpu:
+                break
+            out.append(h)
         return out
 
     def available(self, hits: Sequence[Block] = ()) -> int:
@@ -116,6 +138,8 @@ class KvCache:
             if block.hash is not None:
                 del self.cached[block.hash]
                 self.events.append(BlockRemoved([block.hash], self.medium))
+                if self.cpu is not None:
+                    self.cpu.put(block.hash, block.parent, block.tokens, self.events)
                 block.hash = None
             block.ref = 1
             out.append(block)
@@ -157,10 +181,37 @@ class KvCache:
                 run_start, run_parent = i, prev
             block = blocks[start + i]
             block.hash = h
+            if self.cpu is not None:
+                block.parent = prev
+                block.tokens = token_ids[i * bs : (i + 1) * bs]
             self.cached[h] = block
             run.append(h)
             prev = h
         self._flush(run, run_parent, token_ids[run_start * bs : (run_start + len(run)) * bs])
+
+    def load(self, hashes: Sequence[int], parent: int | None) -> list[Block]:
+        """Load blocks held on the CPU tier (a run following ``parent``) into new GPU blocks.
+
+        They leave the CPU tier first, so the GPU evictions this allocation causes cannot
+        drop them; then one ``BlockStored`` on the GPU for the run. Returns the blocks
+        (referenced once, as :meth:`allocate` does).
+        """
+        cpu = self.cpu
+        if cpu is None or not hashes:
+            return []
+        entries = cpu.take(hashes, self.events)
+        blocks = self.allocate(len(hashes))
+        tokens: list[int] = []
+        prev = parent
+        for block, h, entry in zip(blocks, hashes, entries, strict=True):
+            block.hash = h
+            block.parent = prev
+            block.tokens = entry.tokens
+            self.cached[h] = block
+            tokens.extend(entry.tokens)
+            prev = h
+        self.events.append(BlockStored(list(hashes), parent, tokens, self.block_size, None, self.medium))
+        return blocks
 
     def _flush(self, run: list[BlockHash], parent: int | None, token_ids: Sequence[int]) -> None:
         if run:
@@ -183,5 +234,7 @@ class KvCache:
         for block in self.cached.values():
             block.hash = None
         self.cached.clear()
+        if self.cpu is not None:
+            self.cpu.clear()
         self.events.append(AllBlocksCleared())
         return True

@@ -42,9 +42,12 @@ class SimMetrics:
 
     __slots__ = (
         "e2e",
+        "external_hits",
+        "external_queries",
         "generation_tokens",
         "itl",
         "labels",
+        "offload",
         "preemptions",
         "prefix_hits",
         "prefix_queries",
@@ -59,6 +62,10 @@ class SimMetrics:
         self.generation_tokens = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.offload = False
+        """A CPU tier exists: export its queries and hits (tokens) as vLLM's connector does."""
+        self.external_queries = 0
+        self.external_hits = 0
         self.preemptions = 0
         self.success: dict[str, int] = {}
         self.ttft = Histogram(
@@ -92,6 +99,19 @@ class SimMetrics:
             self.prefix_queries,
         )
         metric("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in tokens.", self.prefix_hits)
+        if self.offload:
+            metric(
+                "vllm:external_prefix_cache_queries_total",
+                "counter",
+                "External prefix cache queries from KV connector cross-instance cache sharing, in tokens.",
+                self.external_queries,
+            )
+            metric(
+                "vllm:external_prefix_cache_hits_total",
+                "counter",
+                "External prefix cache hits from KV connector cross-instance cache sharing, in tokens.",
+                self.external_hits,
+            )
         metric(
             "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", self.prompt_tokens
         )
