@@ -22,6 +22,18 @@ class LimitSettings(BaseModel):
         description="Seconds a client has to send a request's complete headers once it started"
         " (slow clients get 408 and the connection is closed).",
     )
+    body_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds a client may leave between two reads of a request's body once its headers"
+        " arrived (like nginx's client_body_timeout; a body that stalls gets 408, nothing is routed).",
+    )
+    min_body_rate: float = Field(
+        1024.0,
+        ge=0,
+        description="Bytes per second a request body must average once --body-timeout has passed since its"
+        " headers (a body trickled slower gets 408; 0: no minimum).",
+    )
     idle_timeout: float = Field(
         60.0,
         gt=0,

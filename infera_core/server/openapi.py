@@ -46,7 +46,7 @@ _FAILURES = {
     "401": "An API key is required (--api-key-file) and was missing or unknown.",
     "403": "The API key may not use this model, or direct routing without the admin token.",
     "404": "Unknown model.",
-    "408": "The request headers did not arrive within --header-timeout.",
+    "408": "The request headers (--header-timeout) or body (--body-timeout) did not arrive in time.",
     "413": "The body is over --max-body-bytes, or holds more than --max-json-items items.",
     "429": "A worker or API-key budget is at its limit (Retry-After says when to retry).",
     "431": "The request line and headers are over --max-header-bytes.",

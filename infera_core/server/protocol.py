@@ -7,7 +7,9 @@
   ``max_connections`` gets 503 and is closed; one idle for ``idle_timeout`` (never used,
   or between requests) is closed; a request whose headers are not complete within
   ``header_timeout`` of its first byte gets 408; a request line + headers over
-  ``max_header_bytes`` gets 431. Deadlines are plain timestamps checked by one timer per
+  ``max_header_bytes`` gets 431; a body that stops for ``body_timeout`` between two reads,
+  or averages under ``min_body_rate`` bytes/s once ``body_timeout`` passed since its
+  headers, gets 408 and its request is never dispatched. Deadlines are plain timestamps checked by one timer per
   server (:class:`_Sweeper`), so a request pays for no timer of its own.
 """
 
@@ -103,6 +105,9 @@ class InferaHttpProtocol(HttpToolsProtocol):
     deadline = 0.0
     """When this connection is closed unless something happens first (0: no deadline)."""
     _awaiting_headers = False
+    _awaiting_body = False
+    _body_start = 0.0
+    _body_bytes = 0
     _header_bytes = 0
     _fresh = False
     _rejected = False
@@ -114,7 +119,8 @@ class InferaHttpProtocol(HttpToolsProtocol):
         state = self.server_state
         sweeper: _Sweeper | None = getattr(state, "infera_sweeper", None)
         if sweeper is None:
-            every = min(1.0, max(0.05, min(limits.header_timeout, limits.idle_timeout) / 4))
+            shortest = min(limits.header_timeout, limits.body_timeout, limits.idle_timeout)
+            every = min(1.0, max(0.05, shortest / 4))
             sweeper = _Sweeper(self.loop, self.connections, every)
             state.infera_sweeper = sweeper  # type: ignore[attr-defined]
         sweeper.arm()
@@ -136,7 +142,7 @@ class InferaHttpProtocol(HttpToolsProtocol):
         client still sends is read and dropped for up to ``_LINGER`` seconds, so that it
         gets the answer instead of a reset (closing with unread bytes sends an RST)."""
         self._rejected = True
-        self._awaiting_headers = False
+        self._awaiting_headers = self._awaiting_body = False
         cycle = getattr(self, "cycle", None)
         if cycle is not None and not cycle.response_complete:  # a request in flight: it is over
             self._client_gone()
@@ -171,12 +177,49 @@ class InferaHttpProtocol(HttpToolsProtocol):
                     code="header_timeout",
                 )
             )
+        elif self._awaiting_body and not self._rejected:
+            self._body_expired()
         elif not self.transport.is_closing():
             self.transport.close()
+
+    def _body_deadline(self, now: float) -> float:
+        """When a body that receives nothing more is too slow: ``body_timeout`` after the last
+        read, and no later than where its average rate falls under ``min_body_rate``."""
+        limits = self.limits
+        deadline = now + limits.body_timeout
+        if limits.min_body_rate:
+            rate_bound = self._body_start + max(limits.body_timeout, self._body_bytes / limits.min_body_rate)
+            deadline = min(deadline, rate_bound)
+        return deadline
+
+    def _body_expired(self) -> None:
+        now = self.loop.time()
+        if self.flow.read_paused:  # the app has not taken what arrived: not the client's fault
+            self._body_start = now
+            self._body_bytes = 0
+            self.deadline = now + self.limits.body_timeout
+            return
+        limits = self.limits
+        if now - self._body_start <= limits.body_timeout:
+            why = f"sent no body bytes for {limits.body_timeout:g} s"
+        else:
+            why = f"sent its body slower than {limits.min_body_rate:g} bytes/s (--min-body-rate)"
+        log.info("closing a connection whose client %s", why)
+        self._reject(
+            ApiError(
+                408,
+                f"The request body did not arrive in time: the client {why} (--body-timeout"
+                f" {limits.body_timeout:g} s).",
+                code="body_timeout",
+            )
+        )
 
     def data_received(self, data: bytes) -> None:
         if self._rejected:
             return
+        if self._awaiting_body:  # cleared by on_message_complete if this read ends the body
+            self._body_bytes += len(data)
+            self.deadline = self._body_deadline(self.loop.time())
         super().data_received(data)
         if self._awaiting_headers and not self._rejected:
             # Only chunks after the one a request began in count: an under-count of at most
@@ -220,8 +263,16 @@ class InferaHttpProtocol(HttpToolsProtocol):
             self._too_large_headers()
             return
         super().on_headers_complete()
+        if self.cycle is not _CLOSED:  # the body's clock starts (on_message_complete stops it)
+            self._awaiting_body = True
+            self._body_start = now = self.loop.time()
+            self._body_bytes = 0
+            self.deadline = now + self.limits.body_timeout
 
     def on_message_complete(self) -> None:
+        if self._awaiting_body:
+            self._awaiting_body = False
+            self.deadline = 0.0
         super().on_message_complete()
         # uvicorn leaves reading paused after a large body's last chunk: resume, so that a
         # client leaving while its request is parsed or routed is seen (EOF or reset) at once.

@@ -430,3 +430,69 @@ async def test_pipelined_requests_are_not_read_ahead_without_bound(ups: list[Fak
         ups[0].delay = 0.0
         writer.transport.abort()
         assert queued < 5_000  # what one read holds (uvicorn parses a read whole), not all 20,000
+
+
+async def _post_head(writer: asyncio.StreamWriter, length: int) -> None:
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % length
+    )
+    await writer.drain()
+
+
+async def test_a_body_that_stops_after_the_headers_gets_408_and_is_not_routed(
+    ups: list[FakeUpstream],
+) -> None:
+    async with stack(ups, body_timeout=0.5) as srv:
+        reader, writer = await _connect(srv)
+        body = json.dumps(CHAT).encode()
+        await _post_head(writer, len(body))
+        writer.write(body[:10])  # then nothing more
+        status, answer, closed = await _response(reader, within=10)
+        assert status == 408 and closed
+        assert answer["error"]["code"] == "body_timeout"
+        assert "--body-timeout" in answer["error"]["message"]
+        assert ups[0].requests == 0
+        assert all(ep.in_flight == 0 and ep.picks == 0 for ep in srv.core.table.by_id.values())
+        writer.close()
+        # a client sending its body at once is served as before
+        async with httpx.AsyncClient(base_url=srv.url) as c:
+            assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200
+
+
+async def test_a_body_trickled_one_byte_at_a_time_is_cut_off(ups: list[FakeUpstream]) -> None:
+    """Bytes keep coming (each gap well under --body-timeout), but far under --min-body-rate."""
+    async with stack(ups, body_timeout=0.6, min_body_rate=1000) as srv:
+        reader, writer = await _connect(srv)
+        body = json.dumps(CHAT).encode()
+        await _post_head(writer, len(body))
+        answer = asyncio.ensure_future(_response(reader, within=10))
+        sent = 0
+        with contextlib.suppress(ConnectionError):
+            for byte in body:
+                if answer.done():
+                    break
+                writer.write(bytes([byte]))
+                sent += 1
+                await asyncio.sleep(0.05)
+        status, err, closed = await answer
+        assert sent < len(body)  # cut off before it finished
+        assert status == 408 and closed
+        assert err["error"]["code"] == "body_timeout" and "bytes/s" in err["error"]["message"]
+        assert ups[0].requests == 0
+        writer.close()
+
+
+async def test_a_slow_but_steady_body_within_the_limits_is_served(ups: list[FakeUpstream]) -> None:
+    async with stack(ups, body_timeout=0.5, min_body_rate=10) as srv:
+        reader, writer = await _connect(srv)
+        body = json.dumps(CHAT).encode()
+        await _post_head(writer, len(body))
+        for i in range(0, len(body), 8):  # gaps under --body-timeout, rate above --min-body-rate
+            writer.write(body[i : i + 8])
+            await asyncio.sleep(0.05)
+        async with asyncio.timeout(10):
+            head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        assert ups[0].requests == 1
+        writer.close()
