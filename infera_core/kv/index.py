@@ -148,6 +148,7 @@ class KvIndex:
         "_views",
         "_views_by_slot",
         "max_blocks",
+        "ranked_workers",
         "routed_at",
         "total_evicted",
         "untrusted",
@@ -174,6 +175,9 @@ class KvIndex:
         """Workers flagged by the agreement check: their views are not credited by scorers."""
         self.version = 0
         """Changes whenever a view is added, dropped, re-sized or (un)credited (scorers cache slots)."""
+        self.ranked_workers: set[str] = set()
+        """Workers with per-DP-rank views (``dp_rank`` not None): DP-attention servers are scored
+        by their best rank (:mod:`infera_core.scheduling.dp`)."""
 
     # -- views ----------------------------------------------------------------
     def add_view(self, worker_id: str, dp_rank: int | None, block_size: int) -> WorkerView:
@@ -193,6 +197,8 @@ class KvIndex:
             self._next_slot += 1
         view = WorkerView(worker_id, dp_rank, slot, block_size, self._blocks)
         self._views[view.key] = view
+        if dp_rank is not None:
+            self.ranked_workers.add(worker_id)
         if not view.stale:
             self._credited[view.key] = view
         self._views_by_slot[slot] = view
@@ -222,12 +228,13 @@ class KvIndex:
         return list(self._views.values())
 
     def views_of(self, worker_id: str) -> list[WorkerView]:
-        return [v for v in self._views.values() if v.worker_id == worker_id]
+        return [v for v in list(self._views.values()) if v.worker_id == worker_id]
 
     def drop_worker(self, worker_id: str) -> int:
         """Forget every view of ``worker_id``; returns how many were dropped."""
         dropped = self.views_of(worker_id)
         self.version += 1
+        self.ranked_workers.discard(worker_id)
         for view in dropped:
             self.clear_view(view)
             del self._views[view.key]
@@ -373,7 +380,7 @@ class KvIndex:
         view.unknown_removed += self._blocks.remove(view.slot, medium_tier(medium), block_hashes)[1]
 
     def block_count(self) -> int:
-        return sum(v.block_count() for v in self._views.values())
+        return sum(v.block_count() for v in list(self._views.values()))  # read from other threads too
 
     def _enforce_bound(self) -> None:
         """Drop the oldest entries of the largest views until under ``max_blocks``."""

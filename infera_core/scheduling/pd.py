@@ -22,7 +22,6 @@ like any profile. Only pairs that pass ``check_pair`` are ever formed.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable, Collection, Container, Sequence
 from enum import StrEnum
@@ -33,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from infera_core.errors import ConfigError
 from infera_core.pd import PdPairError, check_pair
 from infera_core.registry import PolicyRegistry
+from infera_core.scheduling.dp import DpRanks
 from infera_core.scheduling.profile import Profile, build_profile
 from infera_core.scheduling.router_config import ProfileChoice
 from infera_core.scheduling.scheduler import CandidateSource, NoWorkerError, OverloadedError, under_cap
@@ -139,7 +139,7 @@ class PdScheduler:
         self._notify = notify
         self._topo: dict[str, tuple[list[Endpoint], Topology]] = {}
         self._compat: dict[tuple[_Key, _Key], str | None] = {}
-        self._rr: dict[str, itertools.count[int]] = {}
+        self.dp = DpRanks(kv_index)
 
     def plan(self, model: str) -> _Plan:
         return self.plans.get(model, self.default)
@@ -295,23 +295,9 @@ class PdScheduler:
         return profile.pick(ctx, eps)
 
     def _rank(self, ep: Endpoint, ctx: RequestContext | None) -> int | None:
-        """The DP rank to steer to on a DP-attention endpoint (one URL, ``dp_size`` ranks)."""
-        size = ep.record.dp_size
-        if size <= 1 or ep.dp_rank is not None:
-            return None
-        index = self.kv_index
-        if ctx is not None and ctx.token_ids and index is not None:
-            views = [v for v in index.views_of(ep.worker_id) if v.dp_rank is not None and v.dp_rank < size]
-            if views:
-                hashes = ctx.cached_block_hashes(views[0].block_size, index.hash_prompt)
-                scores = index.match(hashes, views)
-                best = max(range(len(views)), key=lambda i: scores[i])
-                if scores[best] > 0:
-                    return int(views[best].dp_rank)
-        counter = self._rr.get(ep.worker_id)
-        if counter is None:
-            counter = self._rr[ep.worker_id] = itertools.count()
-        return next(counter) % size
+        """The DP rank to steer to on a DP-attention endpoint (one URL, ``dp_size`` ranks):
+        the prefill's rank holding the longest prefix, else in turn (:class:`DpRanks`)."""
+        return self.dp.choose(ep, ctx)
 
     def finished(self, ctx: RequestContext, ep: Endpoint, ok: bool) -> None:
         plan = self.plan(ctx.model)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from infera_core.registry import PolicyRegistry
 from infera_core.scheduling.arrays import ARRAY_MIN, Candidates, state
+from infera_core.scheduling.dp import DpRanks
 from infera_core.scheduling.profile import Profile, build_profile
 from infera_core.scheduling.router_config import RouterConfig
 from infera_core.scheduling.types import Endpoint, RequestContext, RoutedEvent, SchedulerDeps
@@ -68,6 +69,7 @@ class Scheduler:
         "_observe",
         "default",
         "direct",
+        "dp",
         "max_inflight",
         "per_model",
         "source",
@@ -83,9 +85,12 @@ class Scheduler:
         max_inflight: int = 0,
         observe: Observer | None = None,
         notify: Callable[[RoutedEvent], None] | None = None,
+        kv_index: Any = None,
     ) -> None:
         self.source = source
         self.default = default
+        self.dp = DpRanks(kv_index)
+        """Chooses the rank of a picked DP-attention endpoint (``X-Data-Parallel-Rank``)."""
         self.per_model = per_model or {}
         self.direct = direct
         self.max_inflight = max_inflight
@@ -167,4 +172,5 @@ def build_scheduler(
         max_inflight=max_inflight,
         observe=observe,
         notify=notify,
+        kv_index=deps.kv_index,
     )

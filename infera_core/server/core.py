@@ -17,6 +17,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from infera_core.scheduling.dp import DP_RANK_HEADER
 from infera_core.scheduling.scheduler import (
     NoWorkerError,
     OverloadedError,
@@ -133,10 +134,12 @@ class RouterCore:
                 raise
             self.breakers.picked(ep)
             ep.in_flight += 1
+            rank = self.scheduler.dp.choose(ep, ctx) if ep.record.dp_size > 1 else None
+            sent = headers if rank is None else {**headers, DP_RANK_HEADER: str(rank)}
             hangs = self.hangs
             wait = hangs.begin(ep) if hangs is not None else None
             try:
-                resp = await ep.upstream.open(ep, path, body, headers)
+                resp = await ep.upstream.open(ep, path, body, sent)
             except PoolTimeoutError as exc:
                 if hangs is not None:
                     hangs.end(wait, False)

@@ -39,6 +39,8 @@ class SimConfig:
     kv_events_topic: str = "kv-events"
     kv_replay_buffer: int = 10000
     dp_rank: int | None = None
+    dp_size: int = 1
+    """DP-attention ranks behind this one server (SGLang ``--dp-size``): each its own engine."""
     # timing
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
@@ -122,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--kv-events-topic", default=d.kv_events_topic, help="ZMQ topic frame")
     a("--kv-replay-buffer", type=int, default=d.kv_replay_buffer, help="batches kept for replay")
     a("--dp-rank", type=int, default=None, help="dp_rank written in KV event batches")
+    a(
+        "--dp-size",
+        type=int,
+        default=d.dp_size,
+        help="DP-attention ranks behind this server, as SGLang --dp-size: rank r has its own engine and"
+        " KV cache, publishes on --kv-events-port + r (replay port + r) with dp_rank r; the"
+        " X-Data-Parallel-Rank header picks the rank, round robin without it",
+    )
     a("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once")
     a("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, help="token budget per step")
     a("--prefill-tokens-per-s", type=_positive_float, default=d.prefill_tokens_per_s, help="prefill speed")
@@ -178,4 +188,8 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         parser.error("--cpu-blocks must be >= 0")
     if cfg.max_num_seqs <= 0 or cfg.max_num_batched_tokens <= 0:
         parser.error("--max-num-seqs and --max-num-batched-tokens must be > 0")
+    if cfg.dp_size < 1:
+        parser.error("--dp-size must be >= 1")
+    if cfg.dp_size > 1 and cfg.dp_rank is not None:
+        parser.error("--dp-rank is for one rank per server; with --dp-size > 1 every batch names its rank")
     return cfg

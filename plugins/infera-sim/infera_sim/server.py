@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+import zmq
 from aiohttp import web
 
 from infera_sim import __version__
@@ -30,6 +31,7 @@ from infera_sim.sse import stream
 from infera_sim.tokenizer import make_tokenizer
 
 log = logging.getLogger("infera_sim")
+DP_RANK_HEADER = "X-Data-Parallel-Rank"
 _json = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 SIM_KEY: web.AppKey[SimServer] = web.AppKey("sim", object)  # type: ignore[arg-type]
@@ -52,7 +54,15 @@ class SimServer:
         self.cfg = cfg
         self.tokenizer = make_tokenizer(cfg.tokenizer_json, cfg.vocab_size)
         self.publisher: KvPublisher | None = None
-        self.engine = SimEngine(cfg, self.tokenizer)
+        self.engines = [SimEngine(cfg, self.tokenizer) for _ in range(max(1, cfg.dp_size))]
+        """One engine per DP-attention rank (``--dp-size``; one without it)."""
+        self.engine = self.engines[0]
+        for engine in self.engines[1:]:  # one /metrics for the server: the ranks' counters add up
+            engine.metrics = self.engine.metrics
+        self.publishers: list[KvPublisher] = []
+        self.dp_requests = [0] * len(self.engines)
+        """Requests each rank served (``/sim/info``: where the router steered them)."""
+        self._next_rank = 0
         self.pd = PdManager(cfg)
         self.started = time.monotonic()
         self.requests_seen = 0
@@ -64,25 +74,16 @@ class SimServer:
     async def start(self, app: web.Application) -> None:
         cfg = self.cfg
         if cfg.kv_events_port is not None:
-            self.publisher = KvPublisher(
-                "*" if cfg.host in ("0.0.0.0", "") else cfg.host,
-                cfg.kv_events_port,
-                cfg.kv_replay_port,
-                topic=cfg.kv_events_topic,
-                layout=cfg.kv_events_layout,
-                dp_rank=cfg.dp_rank if cfg.dp_rank is not None else 0,
-                buffer=cfg.kv_replay_buffer,
-                drop_rate=cfg.fault_kv_drop_rate,
-                duplicate_rate=cfg.fault_kv_duplicate_rate,
-                reorder=cfg.fault_kv_reorder,
-                seed=cfg.seed,
-            )
-            self.publisher.start()
-            self.engine.publish = self.publisher.publish
+            self.publishers = bind_publishers(cfg)
+            self.publisher = self.publishers[0]
+            for engine, publisher in zip(self.engines, self.publishers, strict=True):
+                publisher.start()
+                engine.publish = publisher.publish
         await self.pd.start()
-        task = asyncio.get_running_loop().create_task(self.engine.run())
-        task.add_done_callback(self._engine_stopped)
-        self._tasks.append(task)
+        for engine in self.engines:
+            task = asyncio.get_running_loop().create_task(engine.run())
+            task.add_done_callback(self._engine_stopped)
+            self._tasks.append(task)
 
     def _engine_stopped(self, task: asyncio.Task[None]) -> None:
         """Like a dead vLLM engine core: a failed step loop takes the process down."""
@@ -94,9 +95,9 @@ class SimServer:
         for task in self._tasks:
             task.cancel()
         await self.pd.close()
-        if self.publisher is not None:
-            self.publisher.flush_held()
-            self.publisher.close()
+        for publisher in self.publishers:
+            publisher.flush_held()
+            publisher.close()
 
     def info(self) -> dict[str, Any]:
         p = self.publisher
@@ -111,7 +112,28 @@ class SimServer:
             "block_size": self.cfg.block_size,
             "fingerprint": self.tokenizer.fingerprint,
             "pid": os.getpid(),
+            "dp_size": len(self.engines),
+            "dp_requests": list(self.dp_requests),
         }
+
+    def _rank_engine(self, request: web.Request) -> SimEngine:
+        """The engine of the rank ``X-Data-Parallel-Rank`` names (as SGLang reads it), else the next in turn."""
+        n = len(self.engines)
+        header = request.headers.get(DP_RANK_HEADER)
+        if header is None:
+            rank = self._next_rank % n
+            self._next_rank += 1
+        else:
+            try:
+                rank = int(header)
+            except ValueError:
+                raise ApiError(
+                    f"Invalid {DP_RANK_HEADER} header: must be an integer, got {header!r}"
+                ) from None
+            if not 0 <= rank < n:
+                raise ApiError(f"{DP_RANK_HEADER} {rank} is outside this server's {n} DP ranks")
+        self.dp_requests[rank] += 1
+        return self.engines[rank]
 
     # -- handlers ------------------------------------------------------------------------
     async def _body(self, request: web.Request) -> dict[str, Any]:
@@ -146,9 +168,10 @@ class SimServer:
         if fault is not None:
             return fault
         try:
+            engine = self._rank_engine(request)
             body = await self._body(request)
             parsed = parse(body, self.tokenizer, self.cfg, chat)
-            need = max(self.engine.blocks_needed(len(p), parsed.max_tokens) for p in parsed.prompts)
+            need = max(engine.blocks_needed(len(p), parsed.max_tokens) for p in parsed.prompts)
             if need > self.cfg.cache_blocks:
                 raise ApiError(
                     f"The request needs {need} KV cache blocks but the cache holds {self.cfg.cache_blocks} "
@@ -157,18 +180,18 @@ class SimServer:
                 )
             rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
             reqs = parsed.make_requests(rid)
-            self.engine.held += 1
+            engine.held += 1
             try:
                 await self.pd.prepare(body, reqs)
             finally:
-                self.engine.held -= 1
+                engine.held -= 1
         except ApiError as err:
             return api_error(err)
         wake = asyncio.Event()
         for r in reqs:
             r.wake = wake
             r.stream = parsed.stream
-            self.engine.add(r)
+            engine.add(r)
         created = int(time.time())
         rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
         try:
@@ -189,7 +212,7 @@ class SimServer:
         finally:
             for r in reqs:
                 if not r.done:
-                    self.engine.abort(r)
+                    engine.abort(r)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self.generate(request, chat=False)
@@ -253,10 +276,17 @@ class SimServer:
         return json_response({"version": f"infera-sim-{__version__}"})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.engine.render_metrics(), content_type="text/plain")
+        if len(self.engines) == 1:
+            text = self.engine.render_metrics()
+        else:
+            engines = self.engines
+            usage = sum(e.cache.usage for e in engines) / len(engines)
+            running, waiting = sum(e.num_running for e in engines), sum(e.num_waiting for e in engines)
+            text = self.engine.metrics.render(running, waiting, usage)
+        return web.Response(text=text, content_type="text/plain")
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
-        ok = self.engine.reset_prefix_cache()
+        ok = all([e.reset_prefix_cache() for e in self.engines])
         if not ok:
             err = error_body(
                 "Requests are running; the prefix cache was not reset.", "ConflictError", None, 409
@@ -269,11 +299,54 @@ class SimServer:
 
     async def sim_cache(self, request: web.Request) -> web.Response:
         """Hashes of every cached block, and the publisher's next sequence number (tests)."""
-        seq = self.publisher.seq if self.publisher else None
-        cache = self.engine.cache
+        text = request.query.get("rank", "0")
+        rank = int(text) if text.isdigit() else -1
+        if not 0 <= rank < len(self.engines):
+            return json_response(error_body(f"no DP rank {rank}", "NotFoundError", "rank", 404), 404)
+        seq = self.publishers[rank].seq if self.publishers else None
+        cache = self.engines[rank].cache
         return json_response(
             {"block_hashes": sorted(cache.contents()), "next_seq": seq, "used_blocks": cache.used}
         )
+
+
+def bind_publishers(cfg: SimConfig) -> list[KvPublisher]:
+    """One KV publisher per DP rank on consecutive ports (SGLang's layout: rank r on port + r,
+    replay port + r, ``dp_rank`` r in every batch); port 0 picks a free consecutive range."""
+    assert cfg.kv_events_port is not None
+    host = "*" if cfg.host in ("0.0.0.0", "") else cfg.host
+    n = max(1, cfg.dp_size)
+    single = cfg.dp_rank if cfg.dp_rank is not None else 0
+    for _ in range(50 if n > 1 and (cfg.kv_events_port == 0 or cfg.kv_replay_port == 0) else 1):
+        publishers: list[KvPublisher] = []
+        try:
+            for r in range(n):
+                first = publishers[0] if publishers else None
+                port = cfg.kv_events_port if first is None else first.port + r
+                replay = cfg.kv_replay_port
+                if first is not None and first.replay_port is not None:
+                    replay = first.replay_port + r
+                publishers.append(
+                    KvPublisher(
+                        host,
+                        port,
+                        replay,
+                        topic=cfg.kv_events_topic,
+                        layout=cfg.kv_events_layout,
+                        dp_rank=r if n > 1 else single,
+                        buffer=cfg.kv_replay_buffer,
+                        drop_rate=cfg.fault_kv_drop_rate,
+                        duplicate_rate=cfg.fault_kv_duplicate_rate,
+                        reorder=cfg.fault_kv_reorder,
+                        seed=cfg.seed + r,
+                    )
+                )
+            return publishers
+        except zmq.ZMQError as exc:
+            for p in publishers:
+                p.close()
+            last = exc
+    raise OSError(f"KV event ports for {n} DP rank(s) not bindable: {last}")
 
 
 def create_app(cfg: SimConfig) -> web.Application:
