@@ -228,7 +228,7 @@ class KvIndex:
         return list(self._views.values())
 
     def views_of(self, worker_id: str) -> list[WorkerView]:
-        return [v for v in list(self._views.values()) if v.worker_id == worker_id]
+        return [v for v in self._views.values() if v.worker_id == worker_id]
 
     def drop_worker(self, worker_id: str) -> int:
         """Forget every view of ``worker_id``; returns how many were dropped."""
@@ -380,7 +380,7 @@ class KvIndex:
         view.unknown_removed += self._blocks.remove(view.slot, medium_tier(medium), block_hashes)[1]
 
     def block_count(self) -> int:
-        return sum(v.block_count() for v in list(self._views.values()))  # read from other threads too
+        return sum(v.block_count() for v in self._views.values())
 
     def _enforce_bound(self) -> None:
         """Drop the oldest entries of the largest views until under ``max_blocks``."""

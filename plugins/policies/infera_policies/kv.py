@@ -57,7 +57,6 @@ from infera_core.scheduling.types import (
 
 BASE_FILTERS = [PluginRef(name="health"), PluginRef(name="role")]
 CLOCK_KEY = "infera_policies.dispatch_clock"
-FILL_CLOCK_KEY = "infera_policies.fill_clock"
 
 
 class DispatchClock:
@@ -316,59 +315,6 @@ class RecentDispatchScorer(Scorer):
         self.clock.dispatched(endpoint)
 
 
-class FillParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    half_life: float = Field(
-        256.0, gt=0, description="Dispatches (of this server) after which sent uncached tokens weigh half."
-    )
-
-
-class CacheFillScorer(Scorer):
-    """1 for the worker whose cache took the fewest new blocks lately (uncached prompt tokens sent, decayed).
-
-    Each routed request adds the prompt tokens the chosen worker did not hold on GPU (from
-    the KV index) to that worker's count, decayed by half every ``half_life`` dispatches.
-    Every worker's cache evicts its least recently used blocks, so sending the next
-    uncached prompt to the worker that filled least lately evicts the oldest blocks of the
-    whole fleet — as one cache the size of the fleet would — and spreads prefill work.
-    """
-
-    name = "cache-fill"
-    needs_tokens = True
-    __slots__ = ("clock", "index")
-
-    def __init__(self, index: Any, clock: DispatchClock) -> None:
-        self.index = index
-        self.clock = clock
-
-    def _fill(self, rows: Rows) -> Floats:
-        st, clock = state(), self.clock
-        return st.fill[rows] * np.exp((clock.n - st.fill_ts[rows]) * math.log(clock.factor))  # type: ignore[no-any-return]
-
-    def score(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
-        return relative_inverse(self._fill(rows_of(candidates))).tolist()  # type: ignore[no-any-return]
-
-    def score_rows(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> Floats:
-        """:meth:`score` over the arrays."""
-        return relative_inverse(self._fill(rows_of(candidates)))
-
-    def on_routed(self, ctx: RequestContext, endpoint: Endpoint) -> None:
-        ids = ctx.token_ids
-        n = len(ids) if ids else _estimate_tokens(ctx.body)
-        index = self.index
-        if ids and index is not None:
-            view = index.views_by_key.get((endpoint.worker_id, endpoint.dp_rank))
-            if view is not None and view.worker_id not in index.untrusted:
-                hashes = ctx.cached_block_hashes(view.block_size, index.hash_prompt)
-                if hashes:
-                    n -= int(index.match(hashes, [view], (1.0, 0.0, 0.0))[0]) * view.block_size
-        st, row, clock = state(), endpoint.row, self.clock
-        st.fill[row] = float(self._fill(np.array([row]))[0]) + max(0, n)
-        clock.n += 1
-        st.fill_ts[row] = clock.n
-
-
 class GuardParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -446,15 +392,6 @@ def register_kv(registry: PolicyRegistry) -> None:
     def guard(p: Any, d: SchedulerDeps) -> Filter:
         return ImbalanceGuard(dispatch_clock(d), p)
 
-    def fill(p: Any, d: SchedulerDeps) -> Scorer:
-        clock = d.extra.get(FILL_CLOCK_KEY)
-        if not isinstance(clock, DispatchClock):
-            clock = d.extra[FILL_CLOCK_KEY] = DispatchClock(FillParams().half_life)
-        if isinstance(p, FillParams):
-            clock.half_life = p.half_life
-            clock.factor = 0.5 ** (1.0 / p.half_life)
-        return CacheFillScorer(d.kv_index, clock)
-
     registry.add(PolicyFactory("kv-overlap", "scorer", overlap, OverlapParams, KvOverlapScorer.__doc__ or ""))
     registry.add(
         PolicyFactory("load", "scorer", lambda p, d: LoadScorer(p), LoadParams, LoadScorer.__doc__ or "")
@@ -463,7 +400,6 @@ def register_kv(registry: PolicyRegistry) -> None:
         PolicyFactory("recent-dispatch", "scorer", recent, RecentParams, RecentDispatchScorer.__doc__ or "")
     )
     registry.add(PolicyFactory("imbalance-guard", "filter", guard, GuardParams, ImbalanceGuard.__doc__ or ""))
-    registry.add(PolicyFactory("cache-fill", "scorer", fill, FillParams, CacheFillScorer.__doc__ or ""))
     registry.add_preset(
         "kv-aware",
         kv_profile(1.0, 0.1, 0.05, 1.2, 16.0),
