@@ -24,6 +24,7 @@ from infera_core.engine_support import (
 )
 from infera_core.errors import EngineError
 from infera_core.worker import KvEventsInfo, PdInfo, Role
+from infera_sglang.parallel import decode_radix_flags, parallel_flags
 
 if TYPE_CHECKING:  # httpx is slow to import; the launcher passes the client in
     import httpx
@@ -179,12 +180,7 @@ class SglangAdapter:
             "--kv-events-config",
             json.dumps(kv_config, separators=(",", ":")),
         ]
-        tp = int(ctx.options.get("tp") or 1)
-        if tp != 1:
-            flags += ["--tp-size", str(tp)]
-        dp = _dp(ctx)
-        if dp > 1:
-            flags += ["--dp-size", str(dp), "--enable-dp-attention"]
+        flags += parallel_flags(ctx, _dp(ctx))  # --tp-size defaults to --dp-size under DP-attention
         if ctx.role is not Role.MIXED:
             flags += [
                 "--disaggregation-mode",
@@ -194,6 +190,7 @@ class SglangAdapter:
             ]
             if ctx.role is Role.PREFILL:
                 flags += ["--disaggregation-bootstrap-port", str(ports["bootstrap"])]
+        flags += decode_radix_flags(ctx)  # a decode worker's KV events need its radix cache
         return flags + list(ctx.engine_args)
 
     def record_fields(self, ctx: LaunchContext) -> RecordFields:

@@ -1,0 +1,86 @@
+"""SGLang argv for DP-attention (``--tp-size`` defaults to ``--dp-size``) and decode workers'
+radix cache (``--disaggregation-decode-enable-radix-cache``, so a decode worker publishes KV events).
+
+Checked against SGLang's ``server_args.py``: DP-attention requires ``tp_size % dp_size == 0``;
+``--disaggregation-decode-enable-radix-cache`` is a store-true flag that SGLang refuses with
+speculative decoding, ``--enable-hisparse`` and the ``fake`` transfer backend.
+"""
+
+from __future__ import annotations
+
+import pytest
+from infera_sglang.adapter import SglangAdapter
+from infera_sglang.parallel import DECODE_RADIX_FLAG
+
+from infera_core.engine import LaunchContext
+from infera_core.errors import EngineError
+from infera_core.worker import Role
+
+
+def ctx(**kw: object) -> LaunchContext:
+    ports = iter(range(43000, 43100))
+    options: dict[str, object] = {
+        "page_size": 16,
+        "tp": 1,
+        "transfer_backend": "mooncake",
+        "kv_events_port": 0,
+    }
+    options.update(kw.pop("options", {}))  # type: ignore[call-overload]
+    base: dict[str, object] = {
+        "worker_id": "s1",
+        "model": "qwen",
+        "model_path": "/models/qwen",
+        "role": Role.MIXED,
+        "host": "0.0.0.0",
+        "port": 30000,
+        "advertise_host": "10.0.0.7",
+        "options": options,
+        "free_port": lambda: next(ports),
+    }
+    base.update(kw)
+    return LaunchContext(**base)  # type: ignore[arg-type]
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+@pytest.mark.parametrize(("dp", "tp", "want"), [(8, 1, "8"), (2, 1, "2"), (2, 4, "4"), (4, 8, "8")])
+def test_dp_attention_gets_a_tp_size_sglang_accepts(dp: int, tp: int, want: str) -> None:
+    argv = SglangAdapter().engine_flags(ctx(dp_size=dp, options={"tp": tp}))
+    assert flag(argv, "--tp-size") == want
+    assert int(want) % dp == 0  # SGLang's own check
+    assert flag(argv, "--dp-size") == str(dp) and "--enable-dp-attention" in argv
+
+
+def test_without_dp_the_tp_size_is_the_users() -> None:
+    assert "--tp-size" not in SglangAdapter().engine_flags(ctx())
+    assert flag(SglangAdapter().engine_flags(ctx(options={"tp": 4})), "--tp-size") == "4"
+
+
+def test_a_tp_size_that_is_no_multiple_of_dp_is_one_error() -> None:
+    with pytest.raises(EngineError, match=r"--tp 3 with --dp-size 2: .*tp_size % dp_size == 0"):
+        SglangAdapter().engine_flags(ctx(dp_size=2, options={"tp": 3}))
+
+
+def test_decode_workers_keep_a_radix_cache_for_their_kv_events() -> None:
+    decode = SglangAdapter().engine_flags(ctx(role=Role.DECODE))
+    assert decode.count(DECODE_RADIX_FLAG) == 1
+    assert flag(decode, "--disaggregation-mode") == "decode"
+    for role in (Role.PREFILL, Role.MIXED):
+        assert DECODE_RADIX_FLAG not in SglangAdapter().engine_flags(ctx(role=role))
+
+
+@pytest.mark.parametrize(
+    "engine_args",
+    [
+        [DECODE_RADIX_FLAG],  # the user's own: not twice
+        ["--disable-radix-cache"],
+        ["--speculative-algorithm", "EAGLE"],
+        ["--speculative-algorithm=EAGLE3"],
+        ["--enable-hisparse"],
+    ],
+)
+def test_no_radix_flag_where_sglang_would_refuse_it(engine_args: list[str]) -> None:
+    argv = SglangAdapter().engine_flags(ctx(role=Role.DECODE, engine_args=engine_args))
+    assert argv.count(DECODE_RADIX_FLAG) == (1 if DECODE_RADIX_FLAG in engine_args else 0)
