@@ -29,7 +29,7 @@ class KvRouting:
 
     def __init__(self, catalog: Any, settings: KvSettings | None = None, registry: Any = None) -> None:
         self.settings = settings = settings or KvSettings()
-        self.hub = KvHub(catalog, None, settings)
+        self.hub = KvHub(catalog, None, settings, thread=True)
         self.tokens = RoutingTokenizers(
             catalog.tokenizers,
             parse_model_specs(settings.tokenizer),
@@ -69,7 +69,7 @@ class KvRouting:
 
     async def start_transport(self, kind: str) -> None:
         """Start the router side of KV-event transport ``kind`` now (one error line if it cannot)."""
-        await self.hub.sources.start(kind)
+        await self.hub.start_source(kind)
 
     def on_worker_added(self, record: WorkerRecord) -> None:
         self.tokens.observe_worker(record)

@@ -12,6 +12,14 @@ is cleared. A worker that leaves the fleet loses its view.
 Frames ``[topic, seq(8B BE), payload]``; replay: DEALER sends ``[b"", start_seq]`` and
 reads ``[b"", (topic,) seq, payload]`` until a seq of -1 (8B signed).
 
+**Off the proxying loop**: with ``thread=True`` (the server's :class:`~infera_core.kv.component.KvRouting`)
+every subscription, decode and index update runs on an event loop of its own in the
+``kv-ingest`` thread, so event churn in a large fleet does not queue behind (or delay)
+proxied requests on the server's loop; fleet changes are handed to that loop in order.
+Scorers read the index from the server's loop: each read is one dict lookup or one call
+into the native store (which holds the GIL), so a read sees a batch wholly applied or
+not at all. Reports (``cache_view``, metrics) iterate copies of the hub's tables.
+
 That is the built-in ``zmq`` KV-event transport. A worker whose record names another
 transport (``kv_event_transport``, e.g. ``nats``) is followed through that transport's
 :class:`~infera_core.transports.KvEventSource` (one per transport, made on first use):
@@ -24,9 +32,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -43,6 +52,8 @@ from infera_core.transports import ZMQ, KvEventSource
 from infera_core.worker import WorkerRecord
 
 log = logging.getLogger("infera.kv.hub")
+
+T = TypeVar("T")
 
 SILENCE_GRACE_S = 2.0
 """A routed request gets this long (at most ``kv_silence_s``) to produce KV events."""
@@ -141,8 +152,14 @@ class Subscription:
 class KvHub:
     """See the module docstring. ``catalog`` needs ``kv_decoders``; ``registry`` is prometheus'."""
 
-    def __init__(self, catalog: Any, registry: Any = None, settings: KvSettings | None = None) -> None:
+    def __init__(
+        self, catalog: Any, registry: Any = None, settings: KvSettings | None = None, thread: bool = False
+    ) -> None:
         self.settings = settings or KvSettings()
+        self.thread = thread
+        """Ingest on the ``kv-ingest`` thread's own loop (see the module docstring)."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
         self.catalog = catalog
         self.index = KvIndex(self.settings.kv_index_max_blocks)
         self.subs: dict[str, list[Subscription]] = {}
@@ -156,14 +173,55 @@ class KvHub:
             self.metrics.register(registry)
 
     # -- lifecycle ----------------------------------------------------------------
+    def _ingest_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            import uvloop
+
+            loop = uvloop.new_event_loop()
+            self._thread = threading.Thread(target=loop.run_forever, name="kv-ingest", daemon=True)
+            self._thread.start()
+            self._loop = loop
+        return self._loop
+
+    async def on_ingest(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` where ingestion runs: the ``kv-ingest`` thread's loop when threaded."""
+        if not self.thread:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._ingest_loop()))
+
+    def _in_order(self, fn: Callable[..., None], *args: Any) -> None:
+        """Call ``fn`` on the ingest loop (after what was handed to it before), or now."""
+        loop = self._loop
+        if loop is not None and threading.current_thread() is not self._thread:
+            loop.call_soon_threadsafe(fn, *args)
+        else:
+            fn(*args)
+
     async def start(self) -> None:
+        await self.on_ingest(self._start())
+
+    async def close(self) -> None:
+        await self.on_ingest(self._close())
+        loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            await asyncio.to_thread(thread.join, 10)
+            if not thread.is_alive():
+                loop.close()
+            self._loop = self._thread = None
+
+    async def start_source(self, kind: str) -> None:
+        """Start KV-event transport ``kind``'s source where ingestion runs (one error line if it cannot)."""
+        await self.on_ingest(self.sources.start(kind))
+
+    async def _start(self) -> None:
         self._ctx = zmq.asyncio.Context()
         self._closed = False
         for record in list(self.records.values()):
             self._subscribe(record)
         self._monitor = asyncio.create_task(self._watch_silence(), name="kv-silence-monitor")
 
-    async def close(self) -> None:
+    async def _close(self) -> None:
         self._closed = True
         tasks = [s.task for subs in self.subs.values() for s in subs if s.task is not None]
         if self._monitor is not None:
@@ -184,6 +242,12 @@ class KvHub:
     # -- fleet changes --------------------------------------------------------------
     def worker_added(self, record: WorkerRecord) -> None:
         """A new or updated record; (re)subscribes when its KV events settings changed."""
+        self._in_order(self._worker_added, record)
+
+    def worker_removed(self, worker_id: str) -> None:
+        self._in_order(self._worker_removed, worker_id)
+
+    def _worker_added(self, record: WorkerRecord) -> None:
         old = self.records.get(record.worker_id)
         self.records[record.worker_id] = record
         if old is not None and old.kv_events == record.kv_events and old.dp_size == record.dp_size:
@@ -195,7 +259,7 @@ class KvHub:
         if self._ctx is not None:
             self._subscribe(record)
 
-    def worker_removed(self, worker_id: str) -> None:
+    def _worker_removed(self, worker_id: str) -> None:
         self.records.pop(worker_id, None)
         self.index.routed_at.pop(worker_id, None)
         self._unsubscribe(worker_id)
@@ -482,7 +546,7 @@ class KvHub:
         limit = self.settings.kv_silence_s
         routed_at = self.index.routed_at
         out = []
-        for worker_id, subs in self.subs.items():
+        for worker_id, subs in list(self.subs.items()):
             rec = self.records.get(worker_id)
             routed = routed_at.get(worker_id)
             grace = min(SILENCE_GRACE_S, limit)
@@ -513,7 +577,7 @@ class KvHub:
     def cache_view(self, worker_id: str) -> dict[str, Any]:
         """What the router mirrors of one worker (``GET /v1/admin/cache-view/{worker_id}``)."""
         rec = self.records.get(worker_id)
-        subs = self.subs.get(worker_id, [])
+        subs = list(self.subs.get(worker_id, []))
         views = [v.summary() for v in self.index.views_of(worker_id)]
         last_event = max((s.last_event_at for s in subs if s.last_event_at is not None), default=None)
         return {

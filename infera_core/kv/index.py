@@ -202,6 +202,7 @@ class KvIndex:
         if not view.stale:
             self._credited[view.key] = view
         self._views_by_slot[slot] = view
+        self.version += 1  # again once done: a scorer on another thread may have read the first
         return view
 
     def view(self, worker_id: str, dp_rank: int | None = None) -> WorkerView | None:
@@ -223,12 +224,13 @@ class KvIndex:
             self._credited.pop(view.key, None)
         elif self._views.get(view.key) is view:
             self._credited[view.key] = view
+        self.version += 1  # again once done (the hub may ingest on its own thread)
 
     def views(self) -> list[WorkerView]:
         return list(self._views.values())
 
     def views_of(self, worker_id: str) -> list[WorkerView]:
-        return [v for v in self._views.values() if v.worker_id == worker_id]
+        return [v for v in list(self._views.values()) if v.worker_id == worker_id]
 
     def drop_worker(self, worker_id: str) -> int:
         """Forget every view of ``worker_id``; returns how many were dropped."""
@@ -241,6 +243,7 @@ class KvIndex:
             self._credited.pop(view.key, None)
             del self._views_by_slot[view.slot]
             self._free_slots.append(view.slot)
+        self.version += 1  # again once done (the hub may ingest on its own thread)
         return len(dropped)
 
     def clear_view(self, view: WorkerView) -> None:
@@ -380,7 +383,7 @@ class KvIndex:
         view.unknown_removed += self._blocks.remove(view.slot, medium_tier(medium), block_hashes)[1]
 
     def block_count(self) -> int:
-        return sum(v.block_count() for v in self._views.values())
+        return sum(v.block_count() for v in list(self._views.values()))  # read from other threads too
 
     def _enforce_bound(self) -> None:
         """Drop the oldest entries of the largest views until under ``max_blocks``."""

@@ -49,7 +49,7 @@ class KvMetrics(Collector):
         now = time.time()
         stale = silent = 0
         silent_ids = set(hub.silent_workers(now))
-        for worker_id, subs in hub.subs.items():
+        for worker_id, subs in list(hub.subs.items()):  # the ingest thread may change it
             views = hub.index.views_of(worker_id)
             applied.add_metric([worker_id], sum(v.events_applied for v in views))
             parent.add_metric([worker_id], sum(v.unknown_parent for v in views))

@@ -108,6 +108,7 @@ class Peers:
             auth = self._auth()
             return auth.usage()["keys"] if auth is not None else None
         if kind == "process":
+            index = getattr(self._kv, "index", None)
             return {
                 "process": self.index,
                 "pid": os.getpid(),
@@ -115,6 +116,11 @@ class Peers:
                 "requests": self._requests(),
                 "picks": {ep.worker_id: ep.picks for ep in core.table.by_id.values()},
                 "in_flight": sum(ep.in_flight for ep in core.table.by_id.values()),
+                "kv_blocks": {
+                    wid: sum(v.block_count() for v in index.views_of(wid)) for wid in core.table.by_id
+                }
+                if index is not None
+                else {},
             }
         raise ValueError(f"unknown snapshot kind {kind!r}")
 

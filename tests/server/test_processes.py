@@ -1,0 +1,306 @@
+"""``infera-run serve --processes 2`` as a user runs it: real etcd, sim workers with ZMQ KV
+events, real HTTP with a new connection per request (``SO_REUSEPORT`` spreads connections,
+not requests)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from infera_core.discovery.base import DiscoverySettings
+from infera_core.discovery.etcd import EtcdDiscovery
+from infera_core.testing.etcd import EtcdServer, etcd_binary
+from infera_core.testing.net import free_port
+from infera_core.worker import KvEventsInfo, WorkerRecord
+
+sim_testing = pytest.importorskip("infera_sim.testing")
+
+pytestmark = pytest.mark.skipif(etcd_binary() is None, reason="etcd is not installed")
+
+MODEL = "sim-model"
+BS = 16
+INFERA_RUN = str(Path(sys.executable).with_name("infera-run"))
+CLOSE = {"connection": "close"}
+
+
+def _record(i: int, sim: Any) -> WorkerRecord:
+    return WorkerRecord(
+        worker_id=f"sim-{i}",
+        url=sim.url,
+        model=MODEL,
+        engine="sim",
+        kv_events=KvEventsInfo(
+            endpoint=sim.kv_events_endpoint,
+            replay_endpoint=sim.replay_endpoint,
+            format="vllm",
+            block_size=BS,
+            fingerprint="infera-sim-v1:vocab=32000",
+        ),
+    )
+
+
+class Stack:
+    """etcd, two sims registered in it, and ``serve --processes N`` in front of them."""
+
+    def __init__(self, proc: subprocess.Popen[str], url: str, sims: list[Any]) -> None:
+        self.proc = proc
+        self.url = url
+        self.sims = sims
+
+    async def get(self, client: httpx.AsyncClient, path: str) -> httpx.Response:
+        r = await client.get(self.url + path, headers=CLOSE)
+        assert r.status_code == 200, r.text
+        return r
+
+    async def from_each(self, client: httpx.AsyncClient, path: str, n: int = 2) -> dict[str, httpx.Response]:
+        """``path`` as answered by each of the ``n`` processes (new connections until each answered)."""
+        seen: dict[str, httpx.Response] = {}
+        for _ in range(200):
+            r = await self.get(client, path)
+            seen.setdefault(r.headers["x-infera-process"], r)
+            if len(seen) == n:
+                return seen
+        raise AssertionError(f"only processes {sorted(seen)} answered {path}")
+
+    async def processes(self, client: httpx.AsyncClient) -> list[dict[str, Any]]:
+        body = (await self.get(client, "/v1/admin/processes")).json()
+        data: list[dict[str, Any]] = body["data"]
+        return data
+
+    async def complete(self, client: httpx.AsyncClient, prompt: str, **extra: Any) -> httpx.Response:
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 2, **extra}
+        return await client.post(self.url + "/v1/completions", json=body, headers=CLOSE)
+
+
+async def _until(check: Callable[[], Any], within: float = 30.0) -> Any:
+    async with asyncio.timeout(within):
+        while True:
+            got = await check()
+            if got:
+                return got
+            await asyncio.sleep(0.1)
+
+
+@contextlib.asynccontextmanager
+async def stack(*serve_args: str, processes: int = 2, **sim_flags: Any) -> AsyncIterator[Stack]:
+    flags = {"block_size": BS, **sim_flags}
+    with ExitStack() as sync:
+        etcd = EtcdServer()
+        etcd.start()
+        sync.callback(etcd.close)
+        sims = [sync.enter_context(sim_testing.start_sim(**flags)) for _ in range(2)]
+        async with AsyncExitStack() as stack:
+            disc = EtcdDiscovery(DiscoverySettings(etcd_endpoints=[etcd.endpoint]))
+            await disc.start()
+            stack.push_async_callback(disc.close)
+            for i, sim in enumerate(sims):
+                reg = await disc.register(_record(i, sim))
+                stack.push_async_callback(reg.deregister)
+            port = free_port()
+            argv = [INFERA_RUN, "serve", "--port", str(port), "--etcd-endpoint", etcd.endpoint]
+            argv += ["--processes", str(processes), *serve_args]
+            env = dict(os.environ, INFERA_LOG_LEVEL="warning")
+            proc = _popen(argv, env)
+            st = Stack(proc, f"http://127.0.0.1:{port}", sims)
+            try:
+                async with httpx.AsyncClient(timeout=30) as client:
+
+                    async def up() -> bool:
+                        if proc.poll() is not None:
+                            raise AssertionError(f"serve exited: {proc.stdout.read() if proc.stdout else ''}")
+                        try:
+                            r = await client.get(st.url + "/v1/admin/processes", headers=CLOSE)
+                        except httpx.HTTPError:
+                            return False
+                        if processes == 1:
+                            return r.status_code == 404
+                        return r.status_code == 200 and len(r.json()["data"]) == processes
+
+                    await _until(up)
+                    await _until(lambda: _healthy(client, st, processes))
+                yield st
+            finally:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+                    try:
+                        proc.wait(20)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+
+
+async def _healthy(client: httpx.AsyncClient, st: Stack, processes: int) -> bool:
+    """Every process sees both workers."""
+    seen = set()
+    for _ in range(40):
+        r = await client.get(st.url + "/health", headers=CLOSE)
+        if r.status_code != 200 or r.json()["active_workers"] != 2:
+            return False
+        seen.add(r.headers.get("x-infera-process", "?"))
+        if processes == 1 or len(seen) == processes:
+            return True
+    return True  # /health does not say which process answered; 40 answers in a row were healthy
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_requests_spread_over_processes_and_every_route_counts_all_of_them() -> None:
+    async with stack("--router-policy", "round-robin") as st, httpx.AsyncClient(timeout=30) as client:
+        sent = 40
+        for i in range(sent):
+            assert (await st.complete(client, f"hello {i}")).status_code == 200
+        per_process = {p["process"]: p["requests"] for p in await st.processes(client)}
+        assert sorted(per_process) == [0, 1]
+        assert all(n > 0 for n in per_process.values()), per_process  # both answered
+        assert sum(per_process.values()) == sent
+
+        for proc_id, r in (await st.from_each(client, "/metrics")).items():
+            text = r.text
+            assert _sample(text, "infera_requests_total", status="200") == sent, proc_id
+            assert _sample(text, "infera_process_requests_total") == sent
+            assert _sample(text, "infera_server_processes_reporting") == 2
+            assert re.search(r'infera_process_requests_total\{process="0"\} [1-9]', text)
+            assert re.search(r'infera_process_requests_total\{process="1"\} [1-9]', text)
+
+        workers = {k: r.json() for k, r in (await st.from_each(client, "/v1/workers")).items()}
+        assert workers["0"] == workers["1"]
+        assert sum(w["picks"] for w in workers["0"]["data"]) == sent
+
+        for r in (await st.from_each(client, "/v1/admin/stats")).values():
+            stats = r.json()
+            assert sum(row["count"] for row in stats["requests"]) == sent
+            assert sum(w["picks"] for w in stats["workers"]) == sent
+            e2e = stats["histograms"]["e2e"]["series"]
+            assert sum(sum(s["counts"]) for s in e2e.values()) == sent
+
+
+async def test_a_cached_prefix_lands_on_the_same_worker_whichever_process_routes_it() -> None:
+    async with stack("--router-policy", "kv-aware") as st, httpx.AsyncClient(timeout=30) as client:
+        prefixes = [" ".join(f"p{p}w{i}" for i in range(400)) for p in range(8)]  # ~25 blocks each
+        holder: dict[int, str] = {}
+        for p, prefix in enumerate(prefixes):
+            r = await st.complete(client, prefix + " first")
+            assert r.status_code == 200
+            holder[p] = r.headers["x-infera-worker"]
+        held = {w: list(holder.values()).count(w) for w in set(holder.values())}
+
+        async def indexed_everywhere() -> bool:
+            procs = await st.processes(client)
+            return all(p["kv_blocks"].get(w, 0) >= 24 * n for p in procs for w, n in held.items())
+
+        await _until(indexed_everywhere)  # each process's own index holds every prefix
+        same: dict[int, int] = {0: 0, 1: 0}
+        routed: dict[int, int] = {0: 0, 1: 0}
+        before = {p["process"]: p["requests"] for p in await st.processes(client)}
+        for q in range(4):
+            for p, prefix in enumerate(prefixes):
+                r = await st.complete(client, f"{prefix} question {q}")
+                assert r.status_code == 200
+                after = {p["process"]: p["requests"] for p in await st.processes(client)}
+                (by,) = [i for i in after if after[i] != before[i]]  # the process that routed it
+                before = after
+                routed[by] += 1
+                same[by] += r.headers["x-infera-worker"] == holder[p]
+        fraction = sum(same.values()) / sum(routed.values())
+        print(f"cached prefix on the worker that holds it: {fraction:.0%} (per process {same} of {routed})")
+        assert all(n > 0 for n in routed.values()), routed  # both processes routed some
+        assert fraction >= 0.95, (same, routed)
+
+
+async def test_sigterm_drains_every_process_without_losing_a_request() -> None:
+    # 100 tokens at 50 ms each: every stream is still running when SIGTERM arrives
+    async with (
+        stack("--router-policy", "round-robin", itl_base_ms=50) as st,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        tasks: list[asyncio.Task[str]] = []
+
+        async def one(i: int, started: asyncio.Event) -> str:
+            body = {"model": MODEL, "prompt": f"drain {i}", "max_tokens": 100, "stream": True}
+            text = ""
+            async with client.stream("POST", st.url + "/v1/completions", json=body, headers=CLOSE) as r:
+                assert r.status_code == 200
+                async for chunk in r.aiter_text():
+                    text += chunk
+                    started.set()
+            return text
+
+        procs: list[dict[str, Any]] = []
+        while len(tasks) < 40 and not (procs and all(p["in_flight"] > 0 for p in procs)):
+            started = asyncio.Event()
+            tasks.append(asyncio.create_task(one(len(tasks), started)))
+            await asyncio.wait_for(started.wait(), 30)
+            procs = await st.processes(client)
+        assert all(p["in_flight"] > 0 for p in procs), procs  # both processes hold streams
+        st.proc.send_signal(signal.SIGTERM)
+        bodies = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        assert all(b.rstrip().endswith("data: [DONE]") for b in bodies)
+        assert await asyncio.to_thread(st.proc.wait, 30) == 0
+        with pytest.raises(httpx.ConnectError):
+            await client.get(st.url + "/health")
+
+
+async def test_a_killed_process_is_restarted_and_serving_goes_on() -> None:
+    async with stack("--router-policy", "round-robin") as st, httpx.AsyncClient(timeout=30) as client:
+        victim = (await st.processes(client))[1]
+        os.kill(victim["pid"], signal.SIGKILL)
+
+        async def replaced() -> bool:
+            try:
+                procs = await st.processes(client)
+            except httpx.HTTPError:  # a connection the killed process had accepted, or queued
+                return False
+            return len(procs) == 2 and victim["pid"] not in {p["pid"] for p in procs}
+
+        await _until(replaced)
+        for i in range(20):
+            assert (await st.complete(client, f"after {i}")).status_code == 200
+        assert st.proc.poll() is None
+        out = await asyncio.to_thread(_stop, st.proc)
+        assert f"server process 1 (pid {victim['pid']}) was killed by SIGKILL; restarting it" in out
+
+
+async def test_one_process_is_the_server_itself() -> None:
+    async with (
+        stack("--router-policy", "round-robin", processes=1) as st,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        r = await st.complete(client, "hi")
+        assert r.status_code == 200
+        assert "x-infera-process" not in (await st.get(client, "/metrics")).headers
+        children = await asyncio.to_thread(_children, st.proc.pid)
+        assert children == []  # no supervisor, no extra process
+
+
+def _popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def _children(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    return out
