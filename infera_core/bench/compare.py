@@ -4,13 +4,32 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+from pathlib import Path
 
 from rich.console import Console
 
 from infera_core.bench.config import BenchSettings
 from infera_core.bench.plan import make_sessions, run_config
 from infera_core.bench.runner import RunResult, api_root, run_bench
+from infera_core.errors import ConfigError
 from infera_core.facade import InferaHooks
+
+CONFIG_SUFFIXES = (".yaml", ".yml")
+
+
+def policy_variant(entry: str) -> tuple[str, str | None, Path | None]:
+    """One ``--policies`` entry → (label, preset, router config file).
+
+    A preset name (``kv-aware``) is used as is; a path ending in ``.yaml``/``.yml`` is a
+    router config (``--router-config``): a variant of a preset with other weights, e.g.
+    ``kv-overlap`` with ``cpu: 0``. Its label is the file's stem.
+    """
+    if entry.endswith(CONFIG_SUFFIXES):
+        path = Path(entry)
+        if not path.is_file():
+            raise ConfigError(f"--policies: router config {entry} not found")
+        return path.stem, None, path
+    return entry, entry, None
 
 
 def _label(url: str, all_urls: list[str]) -> str:
@@ -36,13 +55,15 @@ async def run_targets(
 
         for noisy in ("infera.launcher", "httpx"):
             logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
-        for policy in [p.strip() for p in s.policies.split(",") if p.strip()]:
+        variants = [policy_variant(p.strip()) for p in s.policies.split(",") if p.strip()]
+        for policy, preset, config in variants:
             if stop is not None and stop.is_set():
                 break
             up = UpSettings(
                 workers=s.workers,
                 engine=s.engine,
-                policy=policy,
+                policy=preset,
+                router_config=config,
                 model=s.model or "sim-model",
                 port=0,
                 quiet=True,

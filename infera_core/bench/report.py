@@ -33,10 +33,23 @@ _ROWS: list[tuple[str, str, str]] = [
     ("goodput req/s", "goodput_requests_per_s", "f2"),
     ("SLO attainment", "slo_attainment", "pct"),
     ("prefix-cache hit rate", "prefix_cache_hit_rate", "pct"),
+    ("offloaded-tier hit rate", "offload_hit_rate", "pct"),
     ("cached tokens (usage)", "usage_cached_fraction", "pct"),
     ("load max/mean", "load_imbalance", "f2"),
     ("errors", "errors", "errors"),
 ]
+
+
+OPTIONAL_ROWS = {"offload_hit_rate"}
+"""Rows shown only when some run has a value (workers with an offloaded KV tier)."""
+
+
+def _rows(runs: Sequence[RunResult]) -> list[tuple[str, str, str]]:
+    return [
+        row
+        for row in _ROWS
+        if row[1] not in OPTIONAL_ROWS or any(_get(r.summary, row[1]) is not None for r in runs)
+    ]
 
 
 def _get(summary: dict[str, Any], path: str) -> Any:
@@ -80,7 +93,7 @@ def terminal_table(runs: Sequence[RunResult], title: str = "Infera bench", capti
     table.add_column("metric")
     for r in runs:
         table.add_column(r.label, justify="right")
-    for label, path, kind in _ROWS:
+    for label, path, kind in _rows(runs):
         table.add_row(label, *(fmt(r.summary, path, kind) for r in runs))
     for r in runs:
         if r.router:
@@ -119,7 +132,7 @@ def markdown(runs: Sequence[RunResult], meta: dict[str, Any], plots: Sequence[st
         lines.append(f"- **{k}**: `{v}`")
     lines += ["", "| metric | " + " | ".join(r.label for r in runs) + " |"]
     lines.append("|---|" + "---:|" * len(runs))
-    for label, path, kind in _ROWS:
+    for label, path, kind in _rows(runs):
         lines.append(f"| {label} | " + " | ".join(fmt(r.summary, path, kind) for r in runs) + " |")
     names = sorted({n for r in runs for n in r.router})
     for n in names:

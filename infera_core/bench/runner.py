@@ -94,6 +94,7 @@ class RunResult:
             "router": self.router,
             "cache": {
                 "hits": self.cache.hits,
+                "offload_hits": self.cache.offload_hits,
                 "queries": self.cache.queries,
                 "per_worker": self.cache.per_worker,
                 "timeline": self.cache.timeline,

@@ -18,9 +18,11 @@ from infera_core.bench.stats import CacheStats
 
 HITS = "vllm:prefix_cache_hits_total"
 QUERIES = "vllm:prefix_cache_queries_total"
+OFFLOAD_HITS = "vllm:external_prefix_cache_hits_total"
+"""Tokens a KV connector supplied (vLLM's CPU offloading, LMCache; the sim's CPU tier)."""
 REQUESTS = ("vllm:request_success_total", "vllm:e2e_request_latency_seconds_count")
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
-WANTED = (HITS, QUERIES, PROMPT_TOKENS, *REQUESTS)
+WANTED = (HITS, QUERIES, OFFLOAD_HITS, PROMPT_TOKENS, *REQUESTS)
 
 
 def parse_metrics(text: str, names: Iterable[str] = WANTED) -> dict[str, float]:
@@ -223,9 +225,18 @@ class MetricsSampler:
             req_key = next((k for k in REQUESTS if k in m), None)
             per[w] = {
                 "hits": d[HITS],
+                "offload_hits": d[OFFLOAD_HITS],
                 "queries": d[QUERIES],
                 "prompt_tokens": d[PROMPT_TOKENS],
                 "requests": d[req_key] if req_key else 0.0,
             }
         hits, queries = self._totals()
-        return CacheStats(queries=queries, hits=hits, per_worker=per, timeline=list(self._timeline))
+        offloaded = any(OFFLOAD_HITS in m for m in self._last.values())
+        offload_hits = sum(v["offload_hits"] for v in per.values()) if offloaded else None
+        return CacheStats(
+            queries=queries,
+            hits=hits,
+            offload_hits=offload_hits,
+            per_worker=per,
+            timeline=list(self._timeline),
+        )

@@ -94,6 +94,10 @@ class CacheStats:
 
     queries: float = 0.0
     hits: float = 0.0
+    """GPU prefix-cache hits (tokens)."""
+    offload_hits: float | None = None
+    """Tokens loaded from an offloaded tier (CPU/disk: ``vllm:external_prefix_cache_hits``);
+    None when no worker exports it."""
     per_worker: dict[str, dict[str, float]] = field(default_factory=dict)
     timeline: list[tuple[float, float, float]] = field(default_factory=list)
     """(seconds from start, cumulative hits, cumulative queries) samples."""
@@ -101,6 +105,13 @@ class CacheStats:
     @property
     def hit_rate(self) -> float | None:
         return self.hits / self.queries if self.queries > 0 else None
+
+    @property
+    def offload_hit_rate(self) -> float | None:
+        """Prompt tokens served from the offloaded tier, as a fraction of all queried."""
+        if self.offload_hits is None or self.queries <= 0:
+            return None
+        return self.offload_hits / self.queries
 
 
 def summarize(
@@ -139,6 +150,7 @@ def summarize(
         "goodput_requests_per_s": good / dur,
         "slo_attainment": good / len(results) if results else None,
         "prefix_cache_hit_rate": cache.hit_rate if cache else None,
+        "offload_hit_rate": cache.offload_hit_rate if cache else None,
         "usage_cached_fraction": usage_hit,
         "requests_per_worker": dict(workers) or (_metric_requests(cache) if cache else {}),
     }
