@@ -19,7 +19,12 @@ router's CPU per request (utime+stime of the router process and its children fro
 request over sglang-router's and over the native HTTP hop's.
 
     .venv/bin/python bench/proxy_overhead.py [--requests 2000] [--concurrency 1,16,64] [--router-nice -10]
-        [--transports native,aiohttp,nats] [--skip-sglang] [--api-keys]
+        [--transports native,aiohttp,nats] [--skip-sglang] [--api-keys] [--processes 1,2]
+
+``--processes 1,2`` runs each Infera variant once per ``serve --processes`` value (targets
+``infera``, ``infera-p2``…; default 1) and adds each one's req/s over the one-process run.
+Every row also says what the fake upstreams and the load generator cost (their CPU per
+request): on a small machine all three share the cores the router would scale onto.
 
 ``--api-keys`` runs every Infera router with ``--api-key-file`` (one key, budgets too large
 to bite) and sends the key with every request: compare a run with and without it.
@@ -61,6 +66,8 @@ CLIENT_HEADERS: dict[str, str] = {}
 """Sent with every request (``--api-keys``: the bench key; direct upstreams ignore it)."""
 SERVE_FLAGS: list[str] = []
 """Extra ``infera-run serve`` flags (``--api-keys``: ``--api-key-file``)."""
+UPSTREAM_PID: list[int] = []
+"""The fake upstreams' process (its CPU per request is reported with every row)."""
 
 
 def write_key_file(tmp: Path) -> Path:
@@ -248,6 +255,8 @@ class Row:
     concurrency: int
     result: Result
     cpu_us: float | None
+    upstream_us: float | None = None
+    client_us: float | None = None
 
 
 def measure(
@@ -257,13 +266,18 @@ def measure(
         for c in concurrencies:
             n = total if not stream else max(total // 2, c * 4)
             cpu0 = cpu_seconds(pid) if pid else 0.0
+            up0 = [cpu_seconds(p) for p in UPSTREAM_PID]
+            me0 = time.process_time()
             res = run_load(urls, stream, c, n)
             cpu = (cpu_seconds(pid) - cpu0) / n * 1e6 if pid else None
-            rows.append(Row(target, "stream-64" if stream else "json", c, res, cpu))
+            up = sum(cpu_seconds(p) - u for p, u in zip(UPSTREAM_PID, up0, strict=True)) / n * 1e6
+            me = (time.process_time() - me0) / n * 1e6
+            rows.append(Row(target, "stream-64" if stream else "json", c, res, cpu, up, me))
             print(
                 f"  {target:14s} {'stream' if stream else 'json':6s} c={c:<3d} {res.rps:8.0f} req/s "
                 f"p50 {res.p50 * 1e3:7.2f} ms p99 {res.p99 * 1e3:7.2f} ms"
                 + (f" cpu {cpu:6.0f} µs/req" if cpu is not None else "")
+                + f" upstreams {up:4.0f} client {me:4.0f} µs/req"
                 + (f" errors {res.errors}" if res.errors else ""),
                 file=sys.stderr,
                 flush=True,
@@ -273,8 +287,9 @@ def measure(
 def table(rows: list[Row]) -> str:
     direct = {(r.mode, r.concurrency): r.result for r in rows if r.target == "direct"}
     out = [
-        "| target | mode | conc | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | router CPU µs/req |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| target | mode | conc | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | router CPU µs/req"
+        " | upstreams CPU µs/req | client CPU µs/req |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         d = direct.get((r.mode, r.concurrency))
@@ -284,10 +299,34 @@ def table(rows: list[Row]) -> str:
         err = f" ({r.result.errors} errors)" if r.result.errors else ""
         out.append(
             f"| {r.target} | {r.mode} | {r.concurrency} | {r.result.rps:.0f}{err} | {r.result.p50 * 1e3:.2f} | "
-            f"{r.result.p99 * 1e3:.2f} | {add50} | {add99} | {cpu} |"
+            f"{r.result.p99 * 1e3:.2f} | {add50} | {add99} | {cpu} | {_us(r.upstream_us)} | {_us(r.client_us)} |"
         )
     out.extend(cpu_ratios(rows))
+    out.extend(scaling(rows))
     return "\n".join(out)
+
+
+def _us(v: float | None) -> str:
+    return f"{v:.0f}" if v is not None else "-"
+
+
+def scaling(rows: list[Row]) -> list[str]:
+    """req/s of each ``serve --processes N`` run (targets ``…-pN``) over the one-process run."""
+    base = {(r.target, r.mode, r.concurrency): r.result.rps for r in rows}
+    multi = [r for r in rows if "-p" in r.target]
+    if not multi:
+        return []
+    cases = list(dict.fromkeys((r.mode, r.concurrency) for r in multi))
+    out = ["", "| req/s vs 1 process | " + " | ".join(f"{m} c{c}" for m, c in cases) + " |"]
+    out.append("|---|" + "---:|" * len(cases))
+    for target in dict.fromkeys(r.target for r in multi):
+        one = target.rsplit("-p", 1)[0]
+        cells = []
+        for m, c in cases:
+            a, b = base.get((target, m, c)), base.get((one, m, c))
+            cells.append(f"{a:.0f} / {b:.0f} = {a / b:.2f}×" if a and b else "-")
+        out.append(f"| {target} | " + " | ".join(cells) + " |")
+    return out
 
 
 def cpu_ratios(rows: list[Row]) -> list[str]:
@@ -344,13 +383,35 @@ def measure_nats(
     fleet.write_text(yaml.safe_dump({"workers": workers}))
     port = free_port()
     argv = [*nice, str(Path(sys.executable).with_name("infera-run")), "--log-level", "warning", "serve"]
-    argv += ["--port", str(port), "--request-transport", "nats"]
+    argv += ["--port", str(port), "--request-transport", "nats", "--processes", "1"]
     argv += ["--discovery", "static", "--static-file", str(fleet), "--router-policy", "round-robin"]
     argv += SERVE_FLAGS
     with process(argv, f"http://127.0.0.1:{port}/health", env={"INFERA_NATS_URL": nats_url}) as proc:
         print("infera-nats", file=sys.stderr)
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         measure("infera-nats", [url], proc.pid, concurrencies, total, rows)
+
+
+def measure_serve(
+    target: str,
+    transport: str,
+    procs: int,
+    fleet: Path,
+    nice: list[str],
+    concurrencies: list[int],
+    total: int,
+    rows: list[Row],
+) -> None:
+    """``infera-run serve --processes procs`` over the static fleet (HTTP upstreams)."""
+    port = free_port()
+    argv = [*nice, str(Path(sys.executable).with_name("infera-run")), "--log-level", "warning", "serve"]
+    argv += ["--port", str(port), "--upstream-transport", transport, "--processes", str(procs)]
+    argv += ["--discovery", "static", "--static-file", str(fleet), "--router-policy", "round-robin"]
+    argv += SERVE_FLAGS
+    with process(argv, f"http://127.0.0.1:{port}/health") as proc:
+        print(target, file=sys.stderr)
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        measure(target, [url], proc.pid, concurrencies, total, rows)
 
 
 def main() -> None:
@@ -374,6 +435,11 @@ def main() -> None:
         action="store_true",
         help="run Infera with --api-key-file (one key, budgets that never bite); every request sends the key",
     )
+    ap.add_argument(
+        "--processes",
+        default="1",
+        help="`serve --processes` values to run each Infera variant with (comma list, e.g. 1,2)",
+    )
     ap.add_argument("--serve-upstreams", help=argparse.SUPPRESS)
     ap.add_argument("--serve-responders", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -391,9 +457,12 @@ def main() -> None:
     py = sys.executable
     nice = ["nice", "-n", str(args.router_nice)] if args.router_nice else []
     with (
-        process([py, __file__, "--serve-upstreams", ",".join(map(str, ports))], up_urls[0] + "/health"),
+        process(
+            [py, __file__, "--serve-upstreams", ",".join(map(str, ports))], up_urls[0] + "/health"
+        ) as ups,
         tempfile.TemporaryDirectory() as tmp,
     ):
+        UPSTREAM_PID.append(ups.pid)
         if args.api_keys:
             CLIENT_HEADERS["Authorization"] = f"Bearer {API_KEY}"
             SERVE_FLAGS.extend(["--api-key-file", str(write_key_file(Path(tmp)))])
@@ -412,25 +481,10 @@ def main() -> None:
                 with nats_plane(ports) as nats_url:
                     measure_nats(nats_url, up_urls, Path(tmp), nice, concurrencies, args.requests, rows)
                 continue
-            target = "infera" if transport == "native" else f"infera-{transport}"
-            port = free_port()
-            argv = [
-                *nice,
-                str(Path(py).with_name("infera-run")),
-                "--log-level",
-                "warning",
-                "serve",
-                "--port",
-                str(port),
-                "--upstream-transport",
-                transport,
-            ]
-            argv += ["--discovery", "static", "--static-file", str(fleet), "--router-policy", "round-robin"]
-            argv += SERVE_FLAGS
-            with process(argv, f"http://127.0.0.1:{port}/health") as proc:
-                print(target, file=sys.stderr)
-                url = f"http://127.0.0.1:{port}/v1/chat/completions"
-                measure(target, [url], proc.pid, concurrencies, args.requests, rows)
+            for procs in [int(p) for p in args.processes.split(",")]:
+                base = "infera" if transport == "native" else f"infera-{transport}"
+                target = base if procs == 1 else f"{base}-p{procs}"
+                measure_serve(target, transport, procs, fleet, nice, concurrencies, args.requests, rows)
 
         if not args.skip_sglang and importlib.util.find_spec("sglang_router") is not None:
             port = free_port()
