@@ -6,6 +6,15 @@ argv/env to spawn, polls its readiness check, asks it for the in-flight count wh
 draining, and asks it which worker-record fields (KV events, PD) to publish.
 Adapters never import their engine package.
 
+Adapters keep no state of their own: everything about one launch lives in its
+:class:`LaunchContext` (``ctx.ports`` holds the ports the adapter picked, so
+``build_launch``, ``record_fields`` and the checks agree), what ``build_launch`` found
+goes in the :class:`LaunchSpec` (``engine_version``), and the checks on the running
+engine (``is_ready``, ``in_flight``, ``health_generate``, ``served_block_size``) get one
+:class:`RunningEngine` carrying that context, the launcher's HTTP client and the base URL.
+An adapter written for the old ``(client, base_url)`` checks is refused when it is
+registered, with an error naming its plugin (:func:`old_check_signatures`).
+
 An adapter may also implement :class:`HealthGenerate` (a one-token generation the
 launcher sends at an interval to prove the engine still answers); without it the
 launcher POSTs a ``max_tokens=1`` completion to ``/v1/completions``.
@@ -13,6 +22,7 @@ launcher POSTs a ``max_tokens=1`` completion to ``/v1/completions``.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -92,6 +102,10 @@ class LaunchContext:
     dp_size: int = 1
     discovery: str | None = None
     """Name of the discovery backend the launcher registers with (``etcd``, ``memory``…), if known."""
+    ports: dict[str, int] = field(default_factory=dict)
+    """Ports the adapter picked for this launch, by name (``{"kv": 5557, …}``): pick them once,
+    on first use, and read them from here, so ``build_launch``, ``record_fields`` and the
+    checks on the running engine agree. Empty at the start of each launch."""
 
     @property
     def url(self) -> str:
@@ -113,6 +127,33 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables (merged over the launcher's environment)."""
     cwd: str | None = None
+    engine_version: str | None = None
+    """The engine's version, when ``build_launch`` learned it (e.g. by probing the engine's
+    interpreter); the worker record carries it unless ``record_fields`` names one."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunningEngine:
+    """One launched engine, as the adapter's checks on it see it.
+
+    ``is_ready``, ``in_flight``, ``health_generate`` and ``served_block_size`` receive one:
+    ``engine.client`` (the launcher's ``httpx.AsyncClient``, 5 s timeout), ``engine.url``
+    (the engine's base URL, ``ctx.url`` unless given) and ``engine.ctx`` (the launch
+    context: options, ports the adapter picked, role…).
+    """
+
+    ctx: LaunchContext
+    client: httpx.AsyncClient
+    url: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.url:
+            object.__setattr__(self, "url", self.ctx.url)
+
+    @property
+    def model(self) -> str:
+        """The served model name (what a generation check sends as ``model``)."""
+        return self.ctx.model
 
 
 @dataclass(slots=True)
@@ -156,12 +197,18 @@ class EngineAdapter(Protocol):
         """Worker-record fields (KV events endpoint, PD params…) for this launch."""
         ...
 
-    async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
-        """True once the engine serves requests (usually ``GET /health`` is 200)."""
+    async def is_ready(self, engine: RunningEngine) -> bool:
+        """True once the engine serves requests (usually ``GET /health`` is 200).
+
+        Polled every 0.2 s until ready, then every ``--health-interval`` while serving; an
+        exception counts as not ready."""
         ...
 
-    async def in_flight(self, client: httpx.AsyncClient, base_url: str) -> int | None:
-        """Requests running or waiting in the engine, or None when unknown."""
+    async def in_flight(self, engine: RunningEngine) -> int | None:
+        """Requests running or waiting in the engine, or None when unknown.
+
+        Polled while draining: the engine stops once it is 0. None (or an exception) means
+        unknown, and the drain then waits the whole ``--drain-timeout``."""
         ...
 
 
@@ -174,7 +221,7 @@ class HealthGenerate(Protocol):
     :func:`infera_core.launcher.health.default_health_generate`.
     """
 
-    async def health_generate(self, client: httpx.AsyncClient, base_url: str, model: str) -> bool:
+    async def health_generate(self, engine: RunningEngine) -> bool:
         """True when the engine answered a one-token generation (False or an exception: it failed)."""
         ...
 
@@ -194,4 +241,27 @@ class ServedBlockSize(Protocol):
     ``kv_events.block_size`` in the worker record (None: keep what ``record_fields`` said).
     """
 
-    async def served_block_size(self, client: httpx.AsyncClient, base_url: str) -> int | None: ...
+    async def served_block_size(self, engine: RunningEngine) -> int | None: ...
+
+
+CHECKS = ("is_ready", "in_flight", "health_generate", "served_block_size")
+"""The adapter methods that check a running engine; each takes one :class:`RunningEngine`."""
+
+
+def old_check_signatures(adapter: object) -> list[str]:
+    """The adapter's checks that cannot be called with one :class:`RunningEngine`, e.g.
+    ``is_ready(client, base_url)`` written for the old contract ([] when all are current)."""
+    old = []
+    for name in CHECKS:
+        method = getattr(adapter, name, None)
+        if method is None or not callable(method):
+            continue
+        try:
+            signature = inspect.signature(method)
+        except (TypeError, ValueError):  # a builtin or C callable: cannot tell, trust it
+            continue
+        try:
+            signature.bind(object())
+        except TypeError:
+            old.append(f"{name}({', '.join(signature.parameters)})")
+    return old

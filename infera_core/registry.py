@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from infera_core.discovery.base import DiscoveryFactory
-from infera_core.engine import EngineAdapter
+from infera_core.engine import EngineAdapter, old_check_signatures
 from infera_core.errors import DuplicateNameError, PluginError, UnknownNameError
 from infera_core.kv.events import KvEventDecoder
 from infera_core.pd import PdTransport
@@ -139,6 +139,17 @@ class Registry(Generic[T]):
 class EngineRegistry(Registry[EngineAdapter]):
     kind = "engine"
     protocol = EngineAdapter
+
+    def _check(self, obj: object) -> None:
+        super()._check(obj)
+        old = old_check_signatures(obj)
+        if old:
+            raise PluginError(
+                f"plugin {self.owner!r} registered engine {getattr(obj, 'name', '?')!r} with checks written "
+                f"for the old adapter contract: {', '.join(old)}; each now takes one RunningEngine "
+                "(engine.client, engine.url, engine.ctx), e.g. async def is_ready(self, engine) "
+                "(see docs/plugin-guide.md, 'Engine plugins')"
+            )
 
 
 class KvDecoderRegistry(Registry[KvEventDecoder]):

@@ -16,14 +16,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
-from infera_core.engine import EngineAdapter, HealthGenerate
+from infera_core.engine import EngineAdapter, HealthGenerate, RunningEngine
 from infera_core.redact import redact_url
 from infera_core.worker import Role
-
-if TYPE_CHECKING:
-    import httpx
 
 log = logging.getLogger("infera.launcher")
 
@@ -37,36 +33,34 @@ def checks_generation(adapter: EngineAdapter, role: Role) -> bool:
     return isinstance(adapter, HealthGenerate) or Role(role) is Role.MIXED
 
 
-async def default_health_generate(client: httpx.AsyncClient, base_url: str, model: str) -> bool:
+async def default_health_generate(engine: RunningEngine) -> bool:
     """POST a ``max_tokens=1`` completion to ``/v1/completions``: any answer below 500 proves life.
 
     No timeout of its own: the caller (:func:`health_generate`) bounds it."""
-    body = {"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0.0}
-    resp = await client.post(
-        f"{base_url}/v1/completions",
+    body = {"model": engine.model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0.0}
+    resp = await engine.client.post(
+        f"{engine.url}/v1/completions",
         json=body,
         headers={"X-Request-Id": "infera-health-generate"},
         timeout=None,
     )
     if resp.status_code >= 500:
-        log.debug("generation check at %s: HTTP %d", redact_url(base_url), resp.status_code)
+        log.debug("generation check at %s: HTTP %d", redact_url(engine.url), resp.status_code)
         return False
     return True
 
 
-async def health_generate(
-    adapter: EngineAdapter, client: httpx.AsyncClient, base_url: str, model: str, within: float
-) -> bool:
+async def health_generate(adapter: EngineAdapter, engine: RunningEngine, within: float) -> bool:
     """One generation check, failed unless it answers within ``within`` seconds; never raises."""
     try:
         async with asyncio.timeout(within):
             if isinstance(adapter, HealthGenerate):
-                return bool(await adapter.health_generate(client, base_url, model))
-            return await default_health_generate(client, base_url, model)
+                return bool(await adapter.health_generate(engine))
+            return await default_health_generate(engine)
     except TimeoutError:
         return False
     except Exception as exc:  # refused, reset, a bad answer: the check failed
-        log.debug("generation check at %s failed: %s", redact_url(base_url), exc)
+        log.debug("generation check at %s failed: %s", redact_url(engine.url), exc)
         return False
 
 

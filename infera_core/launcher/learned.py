@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
-from infera_core.engine import EngineAdapter, ServedBlockSize
+from infera_core.engine import EngineAdapter, RunningEngine, ServedBlockSize
 from infera_core.launcher.waits import quietly
 from infera_core.worker import WorkerRecord
-
-if TYPE_CHECKING:
-    import httpx
 
 log = logging.getLogger("infera.launcher")
 
 
 async def with_served_block_size(
-    adapter: EngineAdapter, client: httpx.AsyncClient, base_url: str, record: WorkerRecord
+    adapter: EngineAdapter, engine: RunningEngine, record: WorkerRecord
 ) -> WorkerRecord:
     """``record`` with ``kv_events.block_size`` set to what the engine reports it uses.
 
@@ -24,7 +20,7 @@ async def with_served_block_size(
     """
     if record.kv_events is None or not isinstance(adapter, ServedBlockSize):
         return record
-    served = await quietly(adapter.served_block_size(client, base_url), default=None)
+    served = await quietly(adapter.served_block_size(engine), default=None)
     if served is None or served <= 0 or served == record.kv_events.block_size:
         return record
     log.info(

@@ -38,7 +38,7 @@ import httpx
 
 from infera_core.backends import BackendOptions
 from infera_core.discovery.base import Discovery, Registration
-from infera_core.engine import EngineAdapter, LaunchContext, LaunchSpec
+from infera_core.engine import EngineAdapter, LaunchContext, LaunchSpec, RunningEngine
 from infera_core.errors import ConfigError, EngineError
 from infera_core.facade import InferaHooks
 from infera_core.launcher.address import advertise_host, free_port
@@ -203,7 +203,9 @@ class WorkerLauncher:
             if not self._registered.is_set():
                 raise  # it never served: a restart would fail the same way
             return exc
-        self.record = await with_served_block_size(adapter, client, ctx.url, self._record(adapter, ctx))
+        self.record = await with_served_block_size(
+            adapter, RunningEngine(ctx, client), self._record(adapter, ctx, spec)
+        )
         assert self._transports is not None
         via = await self._transports.attach(self._transport_context(ctx, self.record))
         self.record = self.record.model_copy(update=via)
@@ -285,14 +287,14 @@ class WorkerLauncher:
             self._discovery_started = True
         return self._discovery
 
-    def _record(self, adapter: EngineAdapter, ctx: LaunchContext) -> WorkerRecord:
+    def _record(self, adapter: EngineAdapter, ctx: LaunchContext, spec: LaunchSpec) -> WorkerRecord:
         fields = adapter.record_fields(ctx)
         return WorkerRecord(
             worker_id=ctx.worker_id,
             url=ctx.url,
             model=ctx.model,
             engine=self.engine,
-            engine_version=fields.engine_version,
+            engine_version=fields.engine_version or spec.engine_version,
             role=ctx.role,
             status=Status.ACTIVE,
             dp_rank=fields.dp_rank if fields.dp_rank is not None else ctx.dp_rank,
@@ -324,7 +326,7 @@ class WorkerLauncher:
                     raise self._engine_died(
                         exited.result(), ctx, why=f"exited with code {exited.result()} before it was ready"
                     )
-                if await quietly(adapter.is_ready(client, ctx.url), default=False):
+                if await quietly(adapter.is_ready(RunningEngine(ctx, client)), default=False):
                     return True
                 if loop.time() > deadline:
                     raise self._engine_died(
@@ -349,7 +351,7 @@ class WorkerLauncher:
                     return self._engine_died(exited.result(), ctx)
                 if self._drain.is_set():
                     return None
-                if await quietly(adapter.is_ready(client, ctx.url), default=False):
+                if await quietly(adapter.is_ready(RunningEngine(ctx, client)), default=False):
                     failures = 0
                     continue
                 failures += 1
@@ -386,7 +388,7 @@ class WorkerLauncher:
             return None
 
         def check() -> Awaitable[bool]:
-            return health_generate(adapter, client, ctx.url, ctx.model, s.health_generate_timeout)
+            return health_generate(adapter, RunningEngine(ctx, client), s.health_generate_timeout)
 
         watch = GenerationWatch(
             check,
@@ -423,7 +425,7 @@ class WorkerLauncher:
         settle = min(DRAIN_SETTLE, self.settings.drain_timeout)
         unknown_logged = False
         while not self._skip_wait.is_set() and loop.time() < deadline and self.process.returncode is None:
-            count = await quietly(adapter.in_flight(client, ctx.url), default=None)
+            count = await quietly(adapter.in_flight(RunningEngine(ctx, client)), default=None)
             if count is None and not unknown_logged:
                 log.info(
                     "worker %s: engine does not report in-flight requests; waiting --drain-timeout %gs",

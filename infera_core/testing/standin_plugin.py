@@ -10,9 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-import httpx
-
-from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields
+from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields, RunningEngine
 from infera_core.engine_support import http_ok, metrics_in_flight
 from infera_core.hookspecs import hookimpl
 from infera_core.registry import EngineRegistry
@@ -58,11 +56,11 @@ class StandinAdapter:
     def record_fields(self, ctx: LaunchContext) -> RecordFields:
         return RecordFields(engine_version="0.0-standin", labels={"standin": "1"})
 
-    async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
-        return await http_ok(client, f"{base_url}/health")
+    async def is_ready(self, engine: RunningEngine) -> bool:
+        return await http_ok(engine.client, f"{engine.url}/health")
 
-    async def in_flight(self, client: httpx.AsyncClient, base_url: str) -> int | None:
-        return await metrics_in_flight(client, base_url, ["vllm:num_requests_running"])
+    async def in_flight(self, engine: RunningEngine) -> int | None:
+        return await metrics_in_flight(engine.client, engine.url, ["vllm:num_requests_running"])
 
 
 @hookimpl

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from pydantic import BaseModel, Field
 
 from infera_core.cli import build_cli
-from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields
+from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields, RunningEngine
 from infera_core.facade import InferaHooks
 from infera_core.hookspecs import hookimpl
 from infera_core.registry import EngineRegistry, PolicyRegistry
@@ -44,10 +44,10 @@ class DemoAdapter:
     def record_fields(self, ctx: LaunchContext) -> RecordFields:
         return RecordFields()
 
-    async def is_ready(self, client: Any, base_url: str) -> bool:
+    async def is_ready(self, engine: RunningEngine) -> bool:
         return True
 
-    async def in_flight(self, client: Any, base_url: str) -> int | None:
+    async def in_flight(self, engine: RunningEngine) -> int | None:
         return None
 
 

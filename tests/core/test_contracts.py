@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields
+from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields, RunningEngine
 from infera_core.scheduling.types import (
     Endpoint,
     Filter,
@@ -56,10 +56,10 @@ class GoodAdapter:
             pd=PdInfo(protocol="good-pd", params={"bootstrap_port": ctx.free_port()}),
         )
 
-    async def is_ready(self, client: Any, base_url: str) -> bool:
+    async def is_ready(self, engine: RunningEngine) -> bool:
         return True
 
-    async def in_flight(self, client: Any, base_url: str) -> int | None:
+    async def in_flight(self, engine: RunningEngine) -> int | None:
         return 0
 
 

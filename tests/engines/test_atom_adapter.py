@@ -44,7 +44,9 @@ def atom_python(tmp_path: Path) -> str:
 def test_openai_server_with_server_port_and_tp(atom_python: str) -> None:
     adapter = AtomAdapter()
     c = ctx(engine_python=atom_python, engine_args=["--kv_cache_dtype", "fp8"])
-    argv = adapter.build_launch(c).argv
+    spec = adapter.build_launch(c)
+    argv = spec.argv
+    assert spec.engine_version == "0.1.0"
     assert argv[:3] == [atom_python, "-m", "atom.entrypoints.openai_server"]
     assert flag(argv, "--model") == "/models/ds"
     assert flag(argv, "--served-model-name") == "ds"
@@ -54,7 +56,7 @@ def test_openai_server_with_server_port_and_tp(atom_python: str) -> None:
     assert argv[-2:] == ["--kv_cache_dtype", "fp8"]
     assert "--kv-transfer-config" not in argv
     fields = adapter.record_fields(c)
-    assert fields.engine_version == "0.1.0" and fields.pd is None and fields.kv_events is None
+    assert fields.pd is None and fields.kv_events is None
 
 
 @pytest.mark.parametrize(("role", "kv_role"), [(Role.PREFILL, "kv_producer"), (Role.DECODE, "kv_consumer")])

@@ -26,6 +26,8 @@ from real_vllm import (
     wait_registered,
 )
 
+from infera_core.engine import RunningEngine
+from infera_core.testing.contracts import sample_launch_context
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
 
@@ -34,7 +36,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 async def in_flight(adapter: VllmAdapter, url: str) -> int | None:
     async with httpx.AsyncClient(timeout=5) as client:
-        return await adapter.in_flight(client, url)
+        return await adapter.in_flight(RunningEngine(sample_launch_context(), client, url))
 
 
 def completion(url: str, prompt: str, **extra: object) -> dict[str, object]:

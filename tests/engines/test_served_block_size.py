@@ -13,7 +13,7 @@ from infera_sglang.adapter import SglangAdapter
 from infera_vllm.adapter import VllmAdapter
 from test_vllm_adapter import ctx as vllm_ctx
 
-from infera_core.engine import LaunchContext
+from infera_core.engine import LaunchContext, RunningEngine
 from infera_core.errors import EngineError
 from infera_core.launcher.learned import with_served_block_size
 from infera_core.worker import KvEventsInfo, Role, Status, WorkerRecord
@@ -48,6 +48,11 @@ def served(routes: dict[str, httpx.Response]) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.MockTransport(handler))
 
 
+def running(client: httpx.AsyncClient) -> RunningEngine:
+    """The engine at http://e as the adapter's checks see it."""
+    return RunningEngine(ctx(), client, "http://e")
+
+
 def record(block_size: int) -> WorkerRecord:
     kv = KvEventsInfo(endpoint="tcp://10.0.0.5:1", format="vllm", block_size=block_size)
     return WorkerRecord(
@@ -66,23 +71,23 @@ def test_vllm_gets_no_block_size_unless_asked(vllm_cpu: str) -> None:
 
 async def test_vllm_served_block_size_from_cache_config_info() -> None:
     async with served({"/metrics": httpx.Response(200, text=VLLM_METRICS)}) as client:
-        assert await VllmAdapter().served_block_size(client, "http://e") == 128
+        assert await VllmAdapter().served_block_size(running(client)) == 128
     async with served({"/metrics": httpx.Response(200, text="vllm:num_requests_running 0\n")}) as client:
-        assert await VllmAdapter().served_block_size(client, "http://e") is None
+        assert await VllmAdapter().served_block_size(running(client)) is None
 
 
 async def test_sglang_served_page_size_from_server_info() -> None:
     info = httpx.Response(200, json={"page_size": 64, "tp_size": 1})
     async with served({"/server_info": info}) as client:
-        assert await SglangAdapter().served_block_size(client, "http://e") == 64
+        assert await SglangAdapter().served_block_size(running(client)) == 64
 
 
 async def test_the_record_carries_the_served_size_the_agreement_check_reads() -> None:
     async with served({"/metrics": httpx.Response(200, text=VLLM_METRICS)}) as client:
-        learned = await with_served_block_size(VllmAdapter(), client, "http://e", record(16))
+        learned = await with_served_block_size(VllmAdapter(), running(client), record(16))
     assert learned.kv_events is not None and learned.kv_events.block_size == 128
     async with served({}) as client:  # no answer: what record_fields said stays
-        kept = await with_served_block_size(VllmAdapter(), client, "http://e", record(16))
+        kept = await with_served_block_size(VllmAdapter(), running(client), record(16))
     assert kept.kv_events is not None and kept.kv_events.block_size == 16
 
 
@@ -146,7 +151,7 @@ async def test_the_agreement_check_compares_the_served_size() -> None:
     from infera_core.tokenize.service import RoutingTokenizers
 
     async with served({"/metrics": httpx.Response(200, text=VLLM_METRICS)}) as client:
-        learned = await with_served_block_size(VllmAdapter(), client, "http://e", record(16))
+        learned = await with_served_block_size(VllmAdapter(), running(client), record(16))
     assert AgreementCheck(RoutingTokenizers({}), {"tiny": 128}).check(learned) == []
     (reason,) = AgreementCheck(RoutingTokenizers({}), {"tiny": 16}).check(learned)
     assert reason.startswith("block_size 128 != router's 16")

@@ -43,7 +43,9 @@ def sglang_python(tmp_path: Path) -> str:
 def test_launch_server_with_page_size_metrics_and_kv_events(sglang_python: str) -> None:
     adapter = SglangAdapter()
     c = ctx(engine_python=sglang_python, engine_args=["--mem-fraction-static", "0.8"])
-    argv = adapter.build_launch(c).argv
+    spec = adapter.build_launch(c)
+    argv = spec.argv
+    assert spec.engine_version == "0.5.23"
     assert argv[:3] == [sglang_python, "-m", "sglang.launch_server"]
     assert flag(argv, "--model-path") == "/models/qwen"
     assert flag(argv, "--served-model-name") == "qwen"
@@ -57,7 +59,6 @@ def test_launch_server_with_page_size_metrics_and_kv_events(sglang_python: str) 
     for absent in ("--tp-size", "--dp-size", "--enable-dp-attention", "--disaggregation-mode"):
         assert absent not in argv
     fields = adapter.record_fields(c)
-    assert fields.engine_version == "0.5.23"
     assert fields.kv_events is not None
     assert fields.kv_events.format == "sglang" and fields.kv_events.block_size == 16
     assert fields.kv_events.endpoint == "tcp://10.0.0.7:" + kv["endpoint"].rsplit(":", 1)[1]

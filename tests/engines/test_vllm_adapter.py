@@ -9,7 +9,7 @@ import pytest
 from engine_env import make_engine_env
 from infera_vllm.adapter import API_SERVER_MODULE, VllmAdapter
 
-from infera_core.engine import LaunchContext
+from infera_core.engine import LaunchContext, RunningEngine
 from infera_core.errors import EngineError
 from infera_core.worker import Role
 
@@ -71,9 +71,8 @@ def test_vllm_cpu_runs_the_api_server_module_with_translated_flags(vllm_cpu: str
 def test_record_advertises_kv_events_where_vllm_binds(vllm_cpu: str) -> None:
     adapter = VllmAdapter()
     c = ctx(engine_python=vllm_cpu)
-    adapter.build_launch(c)
+    assert adapter.build_launch(c).engine_version == "0.32.0"
     fields = adapter.record_fields(c)
-    assert fields.engine_version == "0.32.0"
     assert fields.kv_events is not None
     assert fields.kv_events.endpoint == "tcp://10.0.0.5:41000"
     assert fields.kv_events.replay_endpoint == "tcp://10.0.0.5:41001"
@@ -200,8 +199,9 @@ async def test_in_flight_sums_running_and_waiting_from_metrics() -> None:
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
         adapter = VllmAdapter()
-        assert await adapter.in_flight(client, "http://e") == 5
-        assert await adapter.is_ready(client, "http://e")
+        engine = RunningEngine(ctx(), client, "http://e")
+        assert await adapter.in_flight(engine) == 5
+        assert await adapter.is_ready(engine)
 
 
 def test_dp_from_the_adapter_flags_when_the_launcher_has_none(vllm_cpu: str) -> None:

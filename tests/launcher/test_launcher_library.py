@@ -11,7 +11,7 @@ import pytest
 
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 from infera_core.discovery.view import FleetView
-from infera_core.engine import LaunchContext, LaunchSpec
+from infera_core.engine import LaunchContext, LaunchSpec, RunningEngine
 from infera_core.errors import ConfigError, DiscoveryError, EngineError
 from infera_core.facade import InferaHooks
 from infera_core.hookspecs import hookimpl
@@ -153,7 +153,7 @@ def test_python_dash_m_alias_is_infera_run_worker(
 class _NoInFlightCount(StandinAdapter):
     """An engine that does not report in-flight requests."""
 
-    async def in_flight(self, client: httpx.AsyncClient, base_url: str) -> int | None:
+    async def in_flight(self, engine: RunningEngine) -> int | None:
         return None
 
 

@@ -15,6 +15,7 @@ import pytest
 from infera_core.discovery.base import ChangeKind, FleetChange
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 from infera_core.discovery.view import FleetView
+from infera_core.engine import RunningEngine
 from infera_core.errors import EngineError
 from infera_core.launcher.health import GenerationWatch, checks_generation
 from infera_core.launcher.health import health_generate as health_generate_check
@@ -22,6 +23,7 @@ from infera_core.launcher.restart import WorkerState
 from infera_core.launcher.runtime import WorkerLauncher
 from infera_core.launcher.settings import RestartPolicy, WorkerSettings
 from infera_core.settings import resolve
+from infera_core.testing.contracts import sample_launch_context
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.fleet import CliResult, LauncherProcess
@@ -279,9 +281,9 @@ async def test_sglang_adapter_uses_the_engines_own_health_generate() -> None:
     try:
         adapter = sglang.SglangAdapter()
         async with httpx.AsyncClient() as client:
-            base = f"http://127.0.0.1:{port}"
-            assert await health_generate_check(adapter, client, base, "m", within=5)
-            assert not await health_generate_check(adapter, client, base, "m", within=5)
+            engine = RunningEngine(sample_launch_context(port=port), client)
+            assert await health_generate_check(adapter, engine, within=5)
+            assert not await health_generate_check(adapter, engine, within=5)
     finally:
         await runner.cleanup()
 

@@ -12,7 +12,7 @@ from infera_sim.testing import KvMirror
 from infera_sim.tokenizer import SimTokenizerFactory
 
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
-from infera_core.engine import LaunchContext
+from infera_core.engine import LaunchContext, RunningEngine
 from infera_core.errors import EngineError
 from infera_core.launcher.runtime import WorkerLauncher
 from infera_core.launcher.settings import WorkerSettings
@@ -93,8 +93,9 @@ async def test_launcher_runs_a_sim_worker() -> None:
                 assert resp.status_code == 200
                 cache = (await client.get(record.url + "/sim/cache")).json()
                 adapter = SimAdapter()
-                assert await adapter.is_ready(client, record.url)
-                assert await adapter.in_flight(client, record.url) == 0
+                engine = RunningEngine(_ctx(), client, record.url)
+                assert await adapter.is_ready(engine)
+                assert await adapter.in_flight(engine) == 0
             await asyncio.to_thread(mirror.sync, cache["next_seq"])
             assert mirror.blocks == set(cache["block_hashes"]) and mirror.blocks
         finally:

@@ -10,6 +10,9 @@ import pytest
 from infera_sim.adapter import SimAdapter
 from infera_sim.testing import start_sim
 
+from infera_core.engine import RunningEngine
+from infera_core.testing.contracts import sample_launch_context
+
 BODY = {"prompt": "hello", "max_tokens": 2}
 
 
@@ -62,7 +65,8 @@ async def test_hang_accepts_and_never_answers() -> None:
                 await client.post(sim.url + "/v1/completions", json=BODY, timeout=0.5)
             hung = asyncio.create_task(client.post(sim.url + "/v1/completions", json=BODY, timeout=30))
             await asyncio.sleep(0.3)
-            assert await adapter.in_flight(client, sim.url) == 1  # a drain would wait for it
-            assert await adapter.is_ready(client, sim.url)
+            engine = RunningEngine(sample_launch_context(), client, sim.url)
+            assert await adapter.in_flight(engine) == 1  # a drain would wait for it
+            assert await adapter.is_ready(engine)
             hung.cancel()
         assert sim.proc.poll() is None

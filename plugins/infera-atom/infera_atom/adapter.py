@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from infera_core.engine import EngineOption, FlagAlias, LaunchContext, LaunchSpec, RecordFields
+from infera_core.engine import (
+    EngineOption,
+    FlagAlias,
+    LaunchContext,
+    LaunchSpec,
+    RecordFields,
+    RunningEngine,
+)
 from infera_core.engine_support import free_ports, http_ok, locate_engine, reject_managed_flags
 from infera_core.errors import EngineError
 from infera_core.worker import PdInfo, Role
-
-if TYPE_CHECKING:  # httpx is slow to import; the launcher passes the client in
-    import httpx
 
 SERVER_MODULE = "atom.entrypoints.openai_server"
 REQUIRED_DISCOVERY = "etcd"
@@ -56,11 +60,9 @@ OPTIONS: tuple[EngineOption, ...] = (
 
 
 def _ports(ctx: LaunchContext) -> dict[str, int]:
-    ports: dict[str, int] | None = ctx.options.get("_atom_ports")
-    if ports is None:
-        ports = {"handshake": int(ctx.options.get("handshake_port") or 0) or free_ports(ctx)[0]}
-        ctx.options["_atom_ports"] = ports
-    return ports
+    if not ctx.ports:
+        ctx.ports["handshake"] = int(ctx.options.get("handshake_port") or 0) or free_ports(ctx)[0]
+    return ctx.ports
 
 
 def check_discovery(ctx: LaunchContext) -> None:
@@ -78,9 +80,6 @@ class AtomAdapter:
     name = "atom"
     description = "ROCm ATOM OpenAI server: etcd discovery only, Mooncake PD on /v1/completions"
     package_hint = "pip install git+https://github.com/ROCm/ATOM.git (ROCm machines)"
-
-    def __init__(self) -> None:
-        self._versions: dict[str, str | None] = {}
 
     def options(self) -> Sequence[EngineOption]:
         return OPTIONS
@@ -100,8 +99,9 @@ class AtomAdapter:
             package_hint=self.package_hint,
             engine_label="ATOM",
         )
-        self._versions[ctx.worker_id] = where.probe.version
-        return LaunchSpec(argv=[where.python, "-m", SERVER_MODULE, *flags])
+        return LaunchSpec(
+            argv=[where.python, "-m", SERVER_MODULE, *flags], engine_version=where.probe.version
+        )
 
     def engine_flags(self, ctx: LaunchContext) -> list[str]:
         """Every ATOM flag (pure: no probe)."""
@@ -140,10 +140,10 @@ class AtomAdapter:
                 "tp_size": int(ctx.options.get("tp") or 1),
             }
             pd = PdInfo(protocol="atom-mooncake", params=params)
-        return RecordFields(engine_version=self._versions.get(ctx.worker_id), pd=pd)
+        return RecordFields(pd=pd)
 
-    async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
-        return await http_ok(client, f"{base_url}/health")
+    async def is_ready(self, engine: RunningEngine) -> bool:
+        return await http_ok(engine.client, f"{engine.url}/health")
 
-    async def in_flight(self, client: httpx.AsyncClient, base_url: str) -> int | None:
+    async def in_flight(self, engine: RunningEngine) -> int | None:
         return None

@@ -10,9 +10,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from infera_core.engine import EngineOption, FlagAlias, LaunchContext, LaunchSpec, RecordFields
+from infera_core.engine import (
+    EngineOption,
+    FlagAlias,
+    LaunchContext,
+    LaunchSpec,
+    RecordFields,
+    RunningEngine,
+)
 from infera_core.engine_support import (
     bracket_host,
     dp_layout,
@@ -25,9 +32,6 @@ from infera_core.engine_support import (
 from infera_core.errors import EngineError
 from infera_core.worker import KvEventsInfo, PdInfo, Role
 from infera_sglang.parallel import decode_radix_flags, parallel_flags
-
-if TYPE_CHECKING:  # httpx is slow to import; the launcher passes the client in
-    import httpx
 
 LAUNCH_MODULE = "sglang.launch_server"
 KV_TOPIC = "kv-events"
@@ -115,15 +119,13 @@ def _dp(ctx: LaunchContext) -> int:
 
 
 def _ports(ctx: LaunchContext) -> dict[str, int]:
-    ports: dict[str, int] | None = ctx.options.get("_sglang_ports")
-    if ports is None:
+    if not ctx.ports:
         n = _dp(ctx)
         wanted = int(ctx.options.get("kv_events_port") or 0)
         kv = wanted or free_ports(ctx, n, consecutive=True)[0]
         replay = free_ports(ctx, n, consecutive=True)[0]
-        ports = {"kv": kv, "replay": replay, "bootstrap": free_ports(ctx)[0]}
-        ctx.options["_sglang_ports"] = ports
-    return ports
+        ctx.ports.update(kv=kv, replay=replay, bootstrap=free_ports(ctx)[0])
+    return ctx.ports
 
 
 class SglangAdapter:
@@ -132,9 +134,6 @@ class SglangAdapter:
     name = "sglang"
     description = "SGLang server (sglang.launch_server): page-size KV events, DP-attention, bootstrap PD"
     package_hint = "pip install 'sglang[all]'"
-
-    def __init__(self) -> None:
-        self._versions: dict[str, str | None] = {}
 
     def options(self) -> Sequence[EngineOption]:
         return OPTIONS
@@ -153,8 +152,9 @@ class SglangAdapter:
             package_hint=self.package_hint,
             engine_label="SGLang",
         )
-        self._versions[ctx.worker_id] = where.probe.version
-        return LaunchSpec(argv=[where.python, "-m", LAUNCH_MODULE, *flags])
+        return LaunchSpec(
+            argv=[where.python, "-m", LAUNCH_MODULE, *flags], engine_version=where.probe.version
+        )
 
     def engine_flags(self, ctx: LaunchContext) -> list[str]:
         """Every SGLang flag (pure: no probe)."""
@@ -216,30 +216,29 @@ class SglangAdapter:
                 params["bootstrap_port"] = ports["bootstrap"]
             pd = PdInfo(protocol="sglang-bootstrap", params=params)
         return RecordFields(
-            engine_version=self._versions.get(ctx.worker_id),
             kv_events=kv,
             pd=pd,
             dp_rank=None,
             dp_size=dp,
         )
 
-    async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
-        return await http_ok(client, f"{base_url}/health")
+    async def is_ready(self, engine: RunningEngine) -> bool:
+        return await http_ok(engine.client, f"{engine.url}/health")
 
-    async def served_block_size(self, client: httpx.AsyncClient, base_url: str) -> int | None:
+    async def served_block_size(self, engine: RunningEngine) -> int | None:
         """The page size SGLang really uses (``page_size`` in its server info)."""
         for path in SERVER_INFO_PATHS:
-            response = await client.get(f"{base_url}{path}")
+            response = await engine.client.get(f"{engine.url}{path}")
             if response.status_code == 200:
                 size = response.json().get("page_size")
                 return size if isinstance(size, int) else None
         return None
 
-    async def in_flight(self, client: httpx.AsyncClient, base_url: str) -> int | None:
-        return await metrics_in_flight(client, base_url, IN_FLIGHT_METRICS)
+    async def in_flight(self, engine: RunningEngine) -> int | None:
+        return await metrics_in_flight(engine.client, engine.url, IN_FLIGHT_METRICS)
 
-    async def health_generate(self, client: httpx.AsyncClient, base_url: str, model: str) -> bool:
+    async def health_generate(self, engine: RunningEngine) -> bool:
         """SGLang's own one-token check (it handles prefill/decode modes itself); the launcher
         bounds it with --health-generate-timeout."""
-        response = await client.get(f"{base_url}/health_generate", timeout=None)
+        response = await engine.client.get(f"{engine.url}/health_generate", timeout=None)
         return response.status_code == 200

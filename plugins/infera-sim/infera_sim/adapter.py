@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields
+from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields, RunningEngine
 from infera_core.engine_support import bracket_host
 from infera_core.errors import EngineError
 from infera_core.worker import KvEventsInfo, PdInfo
@@ -14,9 +13,6 @@ from infera_sim import __version__
 from infera_sim.config import KV_LAYOUTS, PD_PROTOCOLS, SimConfig, build_parser
 from infera_sim.metrics import parse_gauges
 from infera_sim.tokenizer import make_tokenizer
-
-if TYPE_CHECKING:  # httpx is slow to import; the launcher passes the client in
-    import httpx
 
 _INFLIGHT = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
@@ -27,9 +23,6 @@ class SimAdapter:
     name = "sim"
     description = "Simulated engine speaking vLLM's HTTP, KV event and metrics formats (no GPU needed)."
     package_hint = "pip install infera-sim"
-
-    def __init__(self) -> None:
-        self._ports: dict[str, tuple[int, int, int | None]] = {}
 
     def options(self) -> Sequence[EngineOption]:
         return (
@@ -66,11 +59,12 @@ class SimAdapter:
         )
 
     def _ports_for(self, ctx: LaunchContext) -> tuple[int, int, int | None]:
-        ports = self._ports.get(ctx.worker_id)
-        if ports is None:
-            bootstrap = ctx.free_port() if str(ctx.role) == "prefill" else None
-            ports = self._ports[ctx.worker_id] = (ctx.free_port(), ctx.free_port(), bootstrap)
-        return ports
+        """KV publisher, replay and (prefill) bootstrap ports, picked once per launch (``ctx.ports``)."""
+        if not ctx.ports:
+            ctx.ports.update(kv=ctx.free_port(), replay=ctx.free_port())
+            if str(ctx.role) == "prefill":
+                ctx.ports["bootstrap"] = ctx.free_port()
+        return ctx.ports["kv"], ctx.ports["replay"], ctx.ports.get("bootstrap")
 
     def _argv_flags(self, ctx: LaunchContext) -> list[str]:
         kv, replay, bootstrap = self._ports_for(ctx)
@@ -153,19 +147,19 @@ class SimAdapter:
             labels={"engine": "sim"},
         )
 
-    async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
+    async def is_ready(self, engine: RunningEngine) -> bool:
         import httpx
 
         try:
-            return (await client.get(base_url + "/health", timeout=2.0)).status_code == 200
+            return (await engine.client.get(engine.url + "/health", timeout=2.0)).status_code == 200
         except httpx.HTTPError:
             return False
 
-    async def in_flight(self, client: httpx.AsyncClient, base_url: str) -> int | None:
+    async def in_flight(self, engine: RunningEngine) -> int | None:
         import httpx
 
         try:
-            resp = await client.get(base_url + "/metrics", timeout=2.0)
+            resp = await engine.client.get(engine.url + "/metrics", timeout=2.0)
         except httpx.HTTPError:
             return None
         if resp.status_code != 200:

