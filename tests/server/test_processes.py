@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
@@ -304,3 +305,37 @@ def _stop(proc: subprocess.Popen[str]) -> str:
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
     return out
+
+
+async def test_kv_ingest_runs_off_the_proxying_loop() -> None:
+    """A stalled KV ingest (a flood of events) does not hold up proxying: the server still
+    answers while the ``kv-ingest`` thread is busy, and the index catches up after."""
+    from infera_core.kv.component import KvRouting
+    from infera_core.kv.settings import KvSettings
+    from infera_core.testing.fixtures import make_hooks
+    from infera_core.testing.server import serving, settings_for
+
+    hooks = make_hooks()
+    kv = KvRouting(hooks.catalog(), KvSettings())
+    with sim_testing.start_sim(block_size=BS) as sim:
+        async with serving(settings_for(router_policy="kv-aware"), hooks, kv=kv) as srv:
+            srv.store.put(_record(0, sim))
+            await srv.wait_workers(1)
+            loop = kv.hub._loop
+            assert loop is not None and loop is not asyncio.get_running_loop()
+            stalled_until = asyncio.Event()
+            running = asyncio.get_running_loop()
+            loop.call_soon_threadsafe(time.sleep, 5.0)  # the ingest loop is busy for 5 s
+            loop.call_soon_threadsafe(running.call_soon_threadsafe, stalled_until.set)
+            async with httpx.AsyncClient(timeout=30) as client:
+                body = {"model": MODEL, "prompt": " ".join(f"w{i}" for i in range(100)), "max_tokens": 2}
+                r = await client.post(srv.url + "/v1/completions", json=body)
+                assert r.status_code == 200
+                assert not stalled_until.is_set()  # answered while ingest was still stalled
+                await asyncio.wait_for(stalled_until.wait(), 30)
+
+                async def indexed() -> bool:
+                    view = (await client.get(srv.url + "/v1/admin/cache-view/sim-0")).json()
+                    return int(view["blocks"]) > 0
+
+                await _until(indexed)  # the events published meanwhile were applied after
