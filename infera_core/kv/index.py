@@ -39,7 +39,17 @@ log = logging.getLogger("infera.kv.index")
 TIER_GPU, TIER_CPU, TIER_DISK = 0, 1, 2
 TIERS = (TIER_GPU, TIER_CPU, TIER_DISK)
 TIER_NAMES = ("gpu", "cpu", "disk")
-_MEDIUM_TIER = {None: 0, "GPU": 0, "HBM": 0, "CPU": 1, "CPU_PINNED": 1, "DISK": 2, "EXTERNAL": 2}
+_MEDIUM_TIER = {
+    None: 0,
+    "GPU": 0,
+    "HBM": 0,
+    "CPU": 1,
+    "CPU_PINNED": 1,
+    "DISK": 2,
+    "STORAGE": 2,
+    "EXTERNAL": 2,
+}
+"""Engines' ``medium`` names: vLLM GPU/CPU/STORAGE, SGLang GPU/CPU_PINNED/DISK/EXTERNAL, LMCache "cpu"."""
 ViewKey = tuple[str, int | None]
 ApplyPayload = Callable[[int, bytes, int, set[int]], tuple[int, int, int, int, int, int] | None]
 """A store's native batch ingestion (``infera_kv_native.Index.apply_payload``)."""
@@ -341,7 +351,14 @@ class KvIndex:
     @staticmethod
     def _bad_block_size(view: WorkerView, block_size: int, events: int = 1) -> None:
         """Stored blocks at another block size than the record's: prompts could never match them."""
-        if not view.bad_block_size:
+        if not view.bad_block_size and block_size == 0:
+            log.warning(
+                "worker %s: KV events store blocks with no token ids (block_size 0: vLLM's offloading "
+                "connector without kv_connector_extra_config.self_describing_kv_events, which Infera "
+                "sets when it launches vLLM with --kv-offloading-size); not indexed",
+                view.worker_id,
+            )
+        elif not view.bad_block_size:
             log.warning(
                 "worker %s: KV events have block_size %d but its record says %d; not indexed",
                 view.worker_id,
