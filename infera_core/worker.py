@@ -46,6 +46,10 @@ class KvEventsInfo(BaseModel):
     """True when DP rank ``r`` of this endpoint publishes on ``endpoint``'s port + ``r``
     (SGLang DP-attention: one server, ``dp_size`` publishers); ``dp_rank`` in each batch says
     which rank sent it."""
+    seq_frames: bool = True
+    """False when the publisher sends ``[topic, payload]`` (or ``[payload]``) without vLLM's
+    sequence frame (ATOM): the subscriber numbers batches itself, cannot see or replay a gap,
+    and clears the view when the connection drops."""
 
 
 class PdInfo(BaseModel):

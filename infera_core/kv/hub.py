@@ -10,7 +10,9 @@ refilled for ``refill_s``. A publisher whose seq goes back to 0 restarted: its v
 is cleared. A worker that leaves the fleet loses its view.
 
 Frames ``[topic, seq(8B BE), payload]``; replay: DEALER sends ``[b"", start_seq]`` and
-reads ``[b"", (topic,) seq, payload]`` until a seq of -1 (8B signed).
+reads ``[b"", (topic,) seq, payload]`` until a seq of -1 (8B signed). A publisher without
+the seq frame (``kv_events.seq_frames = False``, ATOM's ``[topic, payload]``) is numbered
+here; its view is cleared (stale until refilled) whenever its connection drops.
 
 **Off the proxying loop**: with ``thread=True`` (the server's :class:`~infera_core.kv.component.KvRouting`)
 every subscription, decode and index update runs on an event loop of its own in the
@@ -353,7 +355,10 @@ class KvHub:
             while True:
                 frames = await sock.recv_multipart()
                 if len(frames) < 3:
-                    sub.undecodable += 1
+                    if frames and not kv.seq_frames:  # [topic, payload] (ATOM): numbered here
+                        await self._on_batch(sub, 0 if sub.last_seq is None else sub.last_seq + 1, frames[-1])
+                    else:
+                        sub.undecodable += 1
                     continue
                 seq = parse_seq(frames[-2])
                 if seq is None:
@@ -373,6 +378,9 @@ class KvHub:
             sub.endpoint,
             self.settings.kv_max_message_bytes,
         )
+        kv = sub.record.kv_events
+        if kv is not None and not kv.seq_frames:  # no seq: what was lost cannot be told or replayed
+            self._clear(sub, stale=True)
 
     def _bad_seq(self, sub: Subscription, what: str) -> None:
         """A frame whose seq cannot be trusted: counted and skipped (a real gap shows at the next one)."""

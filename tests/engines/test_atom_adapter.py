@@ -51,12 +51,13 @@ def test_openai_server_with_server_port_and_tp(atom_python: str) -> None:
     assert flag(argv, "--model") == "/models/ds"
     assert flag(argv, "--served-model-name") == "ds"
     assert flag(argv, "--server-port") == "8888"
-    assert "--port" not in argv  # ATOM's --port is its internal engine port
+    assert flag(argv, "--port") != "8006"  # ATOM's internal engine port: a free one per worker
     assert flag(argv, "-tp") == "8"
     assert argv[-2:] == ["--kv_cache_dtype", "fp8"]
     assert "--kv-transfer-config" not in argv
     fields = adapter.record_fields(c)
-    assert fields.pd is None and fields.kv_events is None
+    assert fields.pd is None
+    assert fields.kv_events is not None and fields.kv_events.format == "atom"  # ATOM's own publisher
 
 
 @pytest.mark.parametrize(("role", "kv_role"), [(Role.PREFILL, "kv_producer"), (Role.DECODE, "kv_consumer")])

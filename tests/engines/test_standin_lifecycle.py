@@ -100,7 +100,9 @@ def test_atom_worker_with_stand_in(tmp_path: Path, etcd_server: EtcdServer) -> N
     )
     try:
         record = wait_registered(etcd_server, proc, "atom-1")
-        assert record.engine == "atom" and record.kv_events is None
+        assert record.engine == "atom"
+        kv = record.kv_events  # ATOM's own publisher (ATOM_KV_EVENTS_*), no seq frame
+        assert kv is not None and kv.format == "atom" and kv.seq_frames is False
         assert "-m atom.entrypoints.openai_server --model ds --served-model-name ds" in proc.output()
         assert "--server-port" in proc.output()
         body = {"model": "ds", "prompt": "hello there", "max_tokens": 2}

@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from infera_atom.kv_events import engine_port_flags, kv_event_env, kv_events_info, kv_events_port
 from infera_core.engine import (
     EngineOption,
     FlagAlias,
@@ -56,13 +57,33 @@ OPTIONS: tuple[EngineOption, ...] = (
         0,
         "Mooncake handshake port for --role prefill/decode (0: pick a free one); advertised in the record.",
     ),
+    EngineOption(
+        "engine_port",
+        int,
+        0,
+        "ATOM's internal engine port (its --port, default 8006: torch.distributed's MASTER_PORT). "
+        "0: a free one per worker, so ATOM workers on one host do not collide.",
+    ),
+    EngineOption(
+        "kv_events_port",
+        int,
+        0,
+        "Port ATOM's KV event publisher binds (ATOM_KV_EVENTS_ENDPOINT); 0: a free one.",
+    ),
 )
 
 
 def _ports(ctx: LaunchContext) -> dict[str, int]:
-    if not ctx.ports:
+    if "handshake" not in ctx.ports:
         ctx.ports["handshake"] = int(ctx.options.get("handshake_port") or 0) or free_ports(ctx)[0]
     return ctx.ports
+
+
+def _block_size(ctx: LaunchContext) -> int:
+    block = int(ctx.options.get("block_size") or 16)
+    if block <= 0:
+        raise EngineError(f"--block-size {block}: must be a positive number of tokens")
+    return block
 
 
 def check_discovery(ctx: LaunchContext) -> None:
@@ -100,14 +121,14 @@ class AtomAdapter:
             engine_label="ATOM",
         )
         return LaunchSpec(
-            argv=[where.python, "-m", SERVER_MODULE, *flags], engine_version=where.probe.version
+            argv=[where.python, "-m", SERVER_MODULE, *flags],
+            env=kv_event_env(kv_events_port(ctx)),
+            engine_version=where.probe.version,
         )
 
     def engine_flags(self, ctx: LaunchContext) -> list[str]:
         """Every ATOM flag (pure: no probe)."""
-        block = int(ctx.options.get("block_size") or 16)
-        if block <= 0:
-            raise EngineError(f"--block-size {block}: must be a positive number of tokens")
+        block = _block_size(ctx)
         flags = [
             "--model",
             ctx.served_path,
@@ -130,6 +151,7 @@ class AtomAdapter:
                 "http_port": ctx.port,
             }
             flags += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
+        flags += engine_port_flags(ctx)  # ATOM's internal --port: one per worker
         return flags + list(ctx.engine_args)
 
     def record_fields(self, ctx: LaunchContext) -> RecordFields:
@@ -140,7 +162,7 @@ class AtomAdapter:
                 "tp_size": int(ctx.options.get("tp") or 1),
             }
             pd = PdInfo(protocol="atom-mooncake", params=params)
-        return RecordFields(pd=pd)
+        return RecordFields(kv_events=kv_events_info(ctx, _block_size(ctx)), pd=pd)
 
     async def is_ready(self, engine: RunningEngine) -> bool:
         return await http_ok(engine.client, f"{engine.url}/health")

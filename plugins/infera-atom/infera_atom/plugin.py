@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from infera_core.hookspecs import hookimpl
-from infera_core.registry import EngineRegistry, PdTransportRegistry
+from infera_core.registry import EngineRegistry, KvDecoderRegistry, PdTransportRegistry
 
 
 @hookimpl
@@ -18,3 +18,10 @@ def infera_register_pd_transports(registry: PdTransportRegistry) -> None:
     from infera_atom.pd import AtomMooncakeTransport
 
     registry.add(AtomMooncakeTransport())
+
+
+@hookimpl
+def infera_register_kv_event_decoders(registry: KvDecoderRegistry) -> None:
+    from infera_atom.kv_events import AtomEventDecoder
+
+    registry.add(AtomEventDecoder())
