@@ -6,6 +6,8 @@
 * :mod:`infera_core.testing.etcd` — start a real etcd on loopback.
 * :mod:`infera_core.testing.contracts` — contract test suites to subclass
   (``EngineAdapterContract``, ``ScorerContract``, ``FilterContract``, ``PickerContract``).
+* :mod:`infera_core.testing.engine_contract` — the engine kit behind ``EngineAdapterContract``:
+  its checks against a stand-in of the engine (``StandinEndpoints``) and the launcher-flag clash check.
 * :mod:`infera_core.testing.plugins` — install a throw-away plugin distribution in a
   temp dir and run the real ``infera-run`` against it.
 """

@@ -24,14 +24,10 @@ import os
 import random
 import re
 import socket
-import subprocess
-import sys
-import textwrap
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 from unittest import mock
 
-from infera_core.engine import EngineAdapter, EngineOption, LaunchContext, LaunchSpec, RecordFields
 from infera_core.scheduling.types import (
     Endpoint,
     Filter,
@@ -41,11 +37,12 @@ from infera_core.scheduling.types import (
     SchedulerDeps,
     Scorer,
 )
+from infera_core.testing.engine_contract import EngineAdapterContract, sample_launch_context
 from infera_core.testing.transport_contracts import (
     KvEventTransportContract,
     RequestTransportContract,
 )
-from infera_core.worker import KvEventsInfo, PdInfo, Role, Status, WorkerRecord
+from infera_core.worker import KvEventsInfo, Role, Status, WorkerRecord
 
 __all__ = [
     "EngineAdapterContract",
@@ -59,11 +56,7 @@ __all__ = [
     "sample_launch_context",
 ]
 
-ENGINE_MODULES = ("torch", "vllm", "sglang", "atom")
-"""Packages no plugin module may import at import time."""
-
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-_IDENT_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
 class IOAttempted(AssertionError):
@@ -97,25 +90,6 @@ def no_io() -> Iterator[None]:
         yield
     if attempts:
         raise IOAttempted(f"I/O attempted in a policy call: {', '.join(attempts)}")
-
-
-def sample_launch_context(**overrides: Any) -> LaunchContext:
-    """A plausible :class:`LaunchContext` for a mixed worker on loopback."""
-    ports = iter(range(41000, 41100))
-    values: dict[str, Any] = {
-        "worker_id": "w-contract-0",
-        "model": "contract-model",
-        "model_path": None,
-        "role": Role.MIXED,
-        "host": "127.0.0.1",
-        "port": 40999,
-        "advertise_host": "127.0.0.1",
-        "engine_args": [],
-        "options": {},
-        "free_port": lambda: next(ports),
-    }
-    values.update(overrides)
-    return LaunchContext(**values)
 
 
 def random_record(rng: random.Random, index: int, model: str = "contract-model") -> WorkerRecord:
@@ -291,84 +265,3 @@ class FilterContract(_PolicyContract):
                 a = [e.worker_id for e in flt.filter(ctx, list(cands))]
                 b = [e.worker_id for e in flt.filter(ctx, list(cands))]
             assert a == b, f"filter results differ for the same input: {a} / {b}"
-
-
-class EngineAdapterContract:
-    """An engine adapter: identity, options, launch spec and record fields are well formed."""
-
-    adapter: ClassVar[Any]
-    """An instance of your adapter (what ``infera_register_engines`` adds)."""
-
-    def launch_context(self) -> LaunchContext:
-        """The context used for ``build_launch``; override to set required options."""
-        defaults = {o.name: o.default for o in self.adapter.options()}
-        return sample_launch_context(options=defaults)
-
-    def test_satisfies_protocol(self) -> None:
-        assert isinstance(self.adapter, EngineAdapter), "adapter lacks EngineAdapter methods"
-
-    def test_identity(self) -> None:
-        a = self.adapter
-        assert isinstance(a.name, str) and _NAME_RE.match(a.name), f"bad engine name {a.name!r}"
-        assert isinstance(a.description, str) and a.description.strip(), "adapter needs a description"
-        assert isinstance(a.package_hint, str) and a.package_hint.strip(), "adapter needs a package_hint"
-
-    def test_options(self) -> None:
-        opts = list(self.adapter.options())
-        names = []
-        for o in opts:
-            assert isinstance(o, EngineOption), f"option {o!r} is not an EngineOption"
-            assert _IDENT_RE.match(o.name), f"option name {o.name!r} must be a python identifier"
-            names.append(o.name)
-            if o.choices is not None and o.default is not None:
-                assert o.default in o.choices, f"default of {o.flag} not among its choices"
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        assert not dupes, f"duplicate option names: {dupes}"
-
-    def test_build_launch(self) -> None:
-        spec = self.adapter.build_launch(self.launch_context())
-        assert isinstance(spec, LaunchSpec), f"build_launch returned {type(spec).__name__}"
-        assert spec.argv and all(isinstance(a, str) for a in spec.argv), f"argv must be strings: {spec.argv}"
-        assert all(isinstance(k, str) and isinstance(v, str) for k, v in spec.env.items()), "env must be str"
-
-    def test_record_fields(self) -> None:
-        ctx = self.launch_context()
-        fields = self.adapter.record_fields(ctx)
-        assert isinstance(fields, RecordFields), f"record_fields returned {type(fields).__name__}"
-        if fields.kv_events is not None:
-            assert isinstance(fields.kv_events, KvEventsInfo), "kv_events must be a KvEventsInfo"
-            KvEventsInfo.model_validate(fields.kv_events.model_dump())
-        if fields.pd is not None:
-            assert isinstance(fields.pd, PdInfo), "pd must be a PdInfo"
-            PdInfo.model_validate(fields.pd.model_dump())
-        record = WorkerRecord(
-            worker_id=ctx.worker_id,
-            url=ctx.url,
-            model=ctx.model,
-            engine=self.adapter.name,
-            engine_version=fields.engine_version,
-            role=ctx.role,
-            dp_rank=fields.dp_rank,
-            dp_size=fields.dp_size,
-            kv_events=fields.kv_events,
-            pd=fields.pd,
-            labels=fields.labels,
-        )
-        assert WorkerRecord.from_json(record.to_json()) == record
-
-    def test_module_imports_no_engine(self) -> None:
-        module = type(self.adapter).__module__
-        code = textwrap.dedent(
-            f"""
-            import importlib, sys
-            importlib.import_module({module!r})
-            print(",".join(m for m in {ENGINE_MODULES!r} if m in sys.modules))
-            """
-        )
-        # the child sees the same import path (test modules, editable installs)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        out = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False, env=env
-        )
-        assert out.returncode == 0, f"importing {module} failed: {out.stderr.strip()[-500:]}"
-        assert not out.stdout.strip(), f"importing {module} imported {out.stdout.strip()}"

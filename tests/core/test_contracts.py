@@ -12,6 +12,7 @@ import pytest
 from pydantic import BaseModel
 
 from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields, RunningEngine
+from infera_core.engine_support import http_ok, metrics_in_flight
 from infera_core.scheduling.types import (
     Endpoint,
     Filter,
@@ -48,19 +49,21 @@ class GoodAdapter:
         )
 
     def record_fields(self, ctx: LaunchContext) -> RecordFields:
-        port = ctx.free_port()
+        port = ctx.ports.setdefault("kv", ctx.free_port())
         return RecordFields(
             kv_events=KvEventsInfo(
                 endpoint=f"tcp://{ctx.advertise_host}:{port}", format="good", block_size=16
             ),
-            pd=PdInfo(protocol="good-pd", params={"bootstrap_port": ctx.free_port()}),
+            pd=PdInfo(
+                protocol="good-pd", params={"bootstrap_port": ctx.ports.setdefault("pd", ctx.free_port())}
+            ),
         )
 
     async def is_ready(self, engine: RunningEngine) -> bool:
-        return True
+        return await http_ok(engine.client, f"{engine.url}/health")
 
     async def in_flight(self, engine: RunningEngine) -> int | None:
-        return 0
+        return await metrics_in_flight(engine.client, engine.url, ["vllm:num_requests_running"])
 
 
 class LoadScorer(Scorer):
