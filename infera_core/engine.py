@@ -32,6 +32,8 @@ from infera_core.worker import KvEventsInfo, PdInfo, Role
 if TYPE_CHECKING:  # httpx costs ~0.4 s to import: only the launcher's probes need it
     import httpx
 
+    from infera_core.transfer import TransferHooks, TransferPlan
+
 
 @dataclass(frozen=True, slots=True)
 class EngineOption:
@@ -106,6 +108,11 @@ class LaunchContext:
     """Ports the adapter picked for this launch, by name (``{"kv": 5557, …}``): pick them once,
     on first use, and read them from here, so ``build_launch``, ``record_fields`` and the
     checks on the running engine agree. Empty at the start of each launch."""
+    hooks: TransferHooks | None = None
+    """The loaded plugins (the launcher sets it): adapters ask them for KV transfer connectors
+    and let them amend the transfer plan (:mod:`infera_core.transfer`). None: built-ins only."""
+    kv_transfer: TransferPlan | None = None
+    """This launch's KV transfer plan once built (:func:`infera_core.transfer.resolve_plan`)."""
 
     @property
     def url(self) -> str:

@@ -26,6 +26,7 @@ from infera_core.registry import (
     RequestTransportRegistry,
     TokenizerRegistry,
 )
+from infera_core.transfer import TransferConnectorRegistry
 
 if TYPE_CHECKING:
     import click
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from infera_core.pd import PdTransport
     from infera_core.scheduling.types import PolicyFactory, RoutedEvent
     from infera_core.tokenize.base import TokenizerFactory
+    from infera_core.transfer import TransferConnector, TransferPlan
     from infera_core.transports import KvEventTransportFactory, RequestTransportFactory
     from infera_core.worker import WorkerRecord
 
@@ -71,6 +73,7 @@ class Catalog:
     tokenizers: TokenizerRegistry
     request_transports: RequestTransportRegistry
     kv_event_transports: KvEventTransportRegistry
+    transfer_connectors: TransferConnectorRegistry
 
     def registries(self) -> list[Registry[Any]]:
         return [
@@ -82,6 +85,7 @@ class Catalog:
             self.tokenizers,
             self.request_transports,
             self.kv_event_transports,
+            self.transfer_connectors,
         ]
 
     def provides(self) -> dict[str, dict[str, list[str]]]:
@@ -96,6 +100,7 @@ class Catalog:
             ("tokenizers", self.tokenizers),
             ("request_transports", self.request_transports),
             ("kv_event_transports", self.kv_event_transports),
+            ("transfer_connectors", self.transfer_connectors),
         ]
         for kind, reg in groups:
             for entry in reg.entries():
@@ -146,6 +151,9 @@ class InferaHooks:
                 ),
                 kv_event_transports=self._collect(
                     "infera_register_kv_event_transports", KvEventTransportRegistry()
+                ),
+                transfer_connectors=self._collect(
+                    "infera_register_transfer_connectors", TransferConnectorRegistry()
                 ),
             )
             # lookups made straight on a registry (a router config's presets and policy
@@ -236,6 +244,14 @@ class InferaHooks:
     def mutate_engine_launch(self, context: LaunchContext, spec: LaunchSpec) -> None:
         """Let every plugin adjust the engine argv/env. A failure here is fatal (bad launch)."""
         self._broadcast("infera_mutate_engine_launch", strict=True, context=context, spec=spec)
+
+    def transfer_connectors(self, engine: str) -> dict[str, TransferConnector]:
+        """The KV transfer connectors plugins registered for ``engine``, by name."""
+        return self.catalog().transfer_connectors.for_engine(engine)
+
+    def amend_kv_transfer(self, context: LaunchContext, plan: TransferPlan) -> None:
+        """Let every plugin amend a launch's KV transfer plan. A failure here is fatal (bad launch)."""
+        self._broadcast("infera_amend_kv_transfer", strict=True, context=context, plan=plan)
 
     def worker_added(self, record: WorkerRecord) -> None:
         self._broadcast("infera_worker_added", record=record)

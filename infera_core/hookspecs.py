@@ -7,9 +7,10 @@ Two kinds of hooks:
   registry already bound to the calling plugin's name; the plugin adds named
   objects to it. A name added twice fails at start-up, naming both owners.
 * **Broadcast hooks** fire for every plugin that implements them: engine launch
-  mutation, and fleet / routing notifications. They return nothing. An exception
-  in a notification is logged and does not stop the others; one in
-  ``infera_mutate_engine_launch`` or ``infera_register_commands`` is fatal.
+  mutation, KV transfer amendment, and fleet / routing notifications. They return
+  nothing. An exception in a notification is logged and does not stop the others; one
+  in ``infera_mutate_engine_launch``, ``infera_amend_kv_transfer`` or
+  ``infera_register_commands`` is fatal.
 
 Core never calls ``pm.hook.*`` directly: it goes through
 :class:`infera_core.facade.InferaHooks`, which has one typed method per hook.
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
         TokenizerRegistry,
     )
     from infera_core.scheduling.types import RoutedEvent
+    from infera_core.transfer import TransferConnectorRegistry, TransferPlan
     from infera_core.worker import WorkerRecord
 
 PROJECT_NAME = "infera"
@@ -133,6 +135,19 @@ def infera_register_tokenizers(registry: TokenizerRegistry) -> None:
 
 
 @hookspec
+def infera_register_transfer_connectors(registry: TransferConnectorRegistry) -> None:
+    """Add KV transfer connectors (:class:`infera_core.transfer.TransferConnector`).
+
+    Fires once when the catalog is built. A connector belongs to one engine
+    (``connector.engine``) and is found by its Infera name (``--pd-connector``) or one of
+    its engine spellings (``connector.native``: the ``kv_connector`` of the user's
+    ``--kv-transfer-config``). For a prefill or decode launch the engine adapter asks it
+    to ``build(ctx, user)`` a :class:`~infera_core.transfer.TransferPlan`: the engine's
+    transfer config, flags and environment, and the ``pd`` the worker record advertises.
+    """
+
+
+@hookspec
 def infera_register_commands(cli: click.Group) -> None:
     """Add subcommands to the ``infera-run`` click group.
 
@@ -148,6 +163,18 @@ def infera_mutate_engine_launch(context: LaunchContext, spec: LaunchSpec) -> Non
     Fires in the worker launcher after the engine adapter has built ``spec`` and
     before the engine subprocess is spawned, once per plugin that implements it.
     Mutate ``spec.argv`` / ``spec.env`` in place; the return value is ignored.
+    """
+
+
+@hookspec
+def infera_amend_kv_transfer(context: LaunchContext, plan: TransferPlan) -> None:
+    """Adjust an engine's KV transfer plan (config, flags, env, advertised PD) before launch.
+
+    Fires in the worker launcher once per launch, for every plugin that implements it,
+    after the chosen connector built ``plan`` for ``context.role`` (also on mixed workers,
+    where ``plan.connector`` is None and ``plan.config`` is the user's own config, if any).
+    Mutate ``plan`` in place (e.g. ``plan.config["kv_connector_extra_config"][...]``,
+    ``plan.env``); the return value is ignored. An exception is fatal (a bad launch).
     """
 
 

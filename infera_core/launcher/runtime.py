@@ -277,6 +277,7 @@ class WorkerLauncher:
             engine_python=s.engine_python,
             free_port=lambda: free_port(s.host),
             discovery=name,
+            hooks=self.hooks,
         )
         return self.context
 

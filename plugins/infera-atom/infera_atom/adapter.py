@@ -8,11 +8,10 @@ discovery. Never imports ATOM.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from infera_atom.kv_events import engine_port_flags, kv_event_env, kv_events_info, kv_events_port
+from infera_atom.transfer import transfer_plan
 from infera_core.engine import (
     EngineOption,
     FlagAlias,
@@ -21,9 +20,8 @@ from infera_core.engine import (
     RecordFields,
     RunningEngine,
 )
-from infera_core.engine_support import free_ports, http_ok, locate_engine, reject_managed_flags
+from infera_core.engine_support import http_ok, locate_engine, reject_managed_flags
 from infera_core.errors import EngineError
-from infera_core.worker import PdInfo, Role
 
 SERVER_MODULE = "atom.entrypoints.openai_server"
 REQUIRED_DISCOVERY = "etcd"
@@ -55,7 +53,8 @@ OPTIONS: tuple[EngineOption, ...] = (
         "handshake_port",
         int,
         0,
-        "Mooncake handshake port for --role prefill/decode (0: pick a free one); advertised in the record.",
+        "First Mooncake handshake port for --role prefill/decode; TP rank r uses this + r (ATOM's "
+        "side-channel layout). 0: pick --tp consecutive free ones. Advertised in the record.",
     ),
     EngineOption(
         "engine_port",
@@ -71,12 +70,6 @@ OPTIONS: tuple[EngineOption, ...] = (
         "Port ATOM's KV event publisher binds (ATOM_KV_EVENTS_ENDPOINT); 0: a free one.",
     ),
 )
-
-
-def _ports(ctx: LaunchContext) -> dict[str, int]:
-    if "handshake" not in ctx.ports:
-        ctx.ports["handshake"] = int(ctx.options.get("handshake_port") or 0) or free_ports(ctx)[0]
-    return ctx.ports
 
 
 def _block_size(ctx: LaunchContext) -> int:
@@ -143,26 +136,14 @@ class AtomAdapter:
             "--block-size",
             str(block),
         ]
-        if ctx.role is not Role.MIXED:
-            config = {
-                "kv_connector": "mooncake",
-                "kv_role": "kv_producer" if ctx.role is Role.PREFILL else "kv_consumer",
-                "handshake_port": _ports(ctx)["handshake"],
-                "http_port": ctx.port,
-            }
-            flags += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
+        transfer = transfer_plan(ctx)
+        if transfer.config:
+            flags += ["--kv-transfer-config", transfer.config_json()]
         flags += engine_port_flags(ctx)  # ATOM's internal --port: one per worker
         return flags + list(ctx.engine_args)
 
     def record_fields(self, ctx: LaunchContext) -> RecordFields:
-        pd = None
-        if ctx.role is not Role.MIXED:
-            params: dict[str, Any] = {
-                "handshake_port": _ports(ctx)["handshake"],
-                "tp_size": int(ctx.options.get("tp") or 1),
-            }
-            pd = PdInfo(protocol="atom-mooncake", params=params)
-        return RecordFields(kv_events=kv_events_info(ctx, _block_size(ctx)), pd=pd)
+        return RecordFields(kv_events=kv_events_info(ctx, _block_size(ctx)), pd=transfer_plan(ctx).pd)
 
     async def is_ready(self, engine: RunningEngine) -> bool:
         return await http_ok(engine.client, f"{engine.url}/health")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from infera_core.hookspecs import hookimpl
 from infera_core.registry import EngineRegistry, KvDecoderRegistry, PdTransportRegistry
+from infera_core.transfer import TransferConnectorRegistry
 
 
 @hookimpl
@@ -18,6 +19,14 @@ def infera_register_pd_transports(registry: PdTransportRegistry) -> None:
     from infera_atom.pd import AtomMooncakeTransport
 
     registry.add(AtomMooncakeTransport())
+
+
+@hookimpl
+def infera_register_transfer_connectors(registry: TransferConnectorRegistry) -> None:
+    from infera_atom.transfer import BUILTIN
+
+    for connector in BUILTIN:
+        registry.add(connector)
 
 
 @hookimpl

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from infera_core.engine import (
     EngineOption,
@@ -30,8 +29,9 @@ from infera_core.engine_support import (
     reject_managed_flags,
 )
 from infera_core.errors import EngineError
-from infera_core.worker import KvEventsInfo, PdInfo, Role
+from infera_core.worker import KvEventsInfo
 from infera_sglang.parallel import decode_radix_flags, parallel_flags
+from infera_sglang.transfer import transfer_plan
 
 LAUNCH_MODULE = "sglang.launch_server"
 KV_TOPIC = "kv-events"
@@ -84,8 +84,8 @@ OPTIONS: tuple[EngineOption, ...] = (
         "transfer_backend",
         str,
         "mooncake",
-        "KV transfer backend for --role prefill/decode (SGLang --disaggregation-transfer-backend).",
-        choices=("mooncake", "nixl"),
+        "KV transfer backend for --role prefill/decode (SGLang --disaggregation-transfer-backend): "
+        "mooncake, nixl, mori, mooncake_tcp, ascend, or one a plugin registers.",
     ),
     EngineOption(
         "kv_events_port",
@@ -124,7 +124,7 @@ def _ports(ctx: LaunchContext) -> dict[str, int]:
         wanted = int(ctx.options.get("kv_events_port") or 0)
         kv = wanted or free_ports(ctx, n, consecutive=True)[0]
         replay = free_ports(ctx, n, consecutive=True)[0]
-        ctx.ports.update(kv=kv, replay=replay, bootstrap=free_ports(ctx)[0])
+        ctx.ports.update(kv=kv, replay=replay)
     return ctx.ports
 
 
@@ -181,15 +181,7 @@ class SglangAdapter:
             json.dumps(kv_config, separators=(",", ":")),
         ]
         flags += parallel_flags(ctx, _dp(ctx))  # --tp-size defaults to --dp-size under DP-attention
-        if ctx.role is not Role.MIXED:
-            flags += [
-                "--disaggregation-mode",
-                ctx.role.value,
-                "--disaggregation-transfer-backend",
-                str(ctx.options.get("transfer_backend") or "mooncake"),
-            ]
-            if ctx.role is Role.PREFILL:
-                flags += ["--disaggregation-bootstrap-port", str(ports["bootstrap"])]
+        flags += transfer_plan(ctx).flags
         flags += decode_radix_flags(ctx)  # a decode worker's KV events need its radix cache
         return flags + list(ctx.engine_args)
 
@@ -205,16 +197,7 @@ class SglangAdapter:
             topic=KV_TOPIC,
             port_per_dp_rank=dp > 1,
         )
-        pd = None
-        if ctx.role is not Role.MIXED:
-            params: dict[str, Any] = {
-                "transfer_backend": str(ctx.options.get("transfer_backend") or "mooncake"),
-                "tp_size": int(ctx.options.get("tp") or 1),
-            }
-            if ctx.role is Role.PREFILL:
-                params["bootstrap_host"] = ctx.advertise_host
-                params["bootstrap_port"] = ports["bootstrap"]
-            pd = PdInfo(protocol="sglang-bootstrap", params=params)
+        pd = transfer_plan(ctx).pd
         return RecordFields(
             kv_events=kv,
             pd=pd,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from infera_core.hookspecs import hookimpl
 from infera_core.registry import EngineRegistry, KvDecoderRegistry, PdTransportRegistry
+from infera_core.transfer import TransferConnectorRegistry
 
 
 @hookimpl
@@ -25,3 +26,11 @@ def infera_register_kv_event_decoders(registry: KvDecoderRegistry) -> None:
     from infera_sglang.kv_events import sglang_decoder
 
     registry.add(sglang_decoder())
+
+
+@hookimpl
+def infera_register_transfer_connectors(registry: TransferConnectorRegistry) -> None:
+    from infera_sglang.transfer import BUILTIN
+
+    for connector in BUILTIN:
+        registry.add(connector)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from infera_core.engine import (
     EngineOption,
@@ -32,7 +31,8 @@ from infera_core.engine_support import (
     reject_managed_flags,
 )
 from infera_core.errors import EngineError
-from infera_core.worker import KvEventsInfo, PdInfo, Role
+from infera_core.worker import KvEventsInfo
+from infera_vllm.transfer import transfer_plan
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 KV_TOPIC = "kv-events"
@@ -70,8 +70,6 @@ ALIASES: Mapping[str, FlagAlias] = {
 }
 """vLLM's spellings of what Infera manages (``python -m infera.engine.vllm``, or after ``--``)."""
 
-CONNECTORS = {"NixlConnector": "nixl", "MooncakeConnector": "mooncake"}
-ROLE_KV = {Role.PREFILL: ("kv_producer", "kv_both"), Role.DECODE: ("kv_consumer", "kv_both")}
 DEFAULT_BLOCK_SIZE = 16
 """vLLM's default block size on GPUs; the recorded size is replaced by the served one."""
 CACHE_INFO = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.MULTILINE)
@@ -89,8 +87,9 @@ OPTIONS: tuple[EngineOption, ...] = (
         "pd_connector",
         str,
         "nixl",
-        "KV connector for --role prefill/decode: nixl (NixlConnector) or mooncake (MooncakeConnector).",
-        choices=("nixl", "mooncake"),
+        "KV connector for --role prefill/decode: nixl (NixlConnector), mooncake (MooncakeConnector), "
+        "moriio (MoRIIOConnector) or multi (MultiConnector, from --kv-transfer-config), or one a plugin "
+        "registers; a kv_connector in --kv-transfer-config picks it too.",
     ),
     EngineOption(
         "kv_events_port",
@@ -102,8 +101,8 @@ OPTIONS: tuple[EngineOption, ...] = (
         "kv_transfer_config",
         str,
         None,
-        "vLLM --kv-transfer-config JSON, merged with what --role prefill/decode needs "
-        "(kv_connector picks the connector; a kv_role contradicting --role is refused).",
+        "vLLM --kv-transfer-config JSON, merged with what --role prefill/decode needs (kv_role, "
+        "engine_id, ports in kv_connector_extra_config); a kv_role contradicting --role is refused.",
     ),
     EngineOption("dp_size", int, 1, "External-LB data-parallel size (one launcher per rank)."),
     EngineOption("dp_rank", int, None, "This launcher's data-parallel rank (0 … --dp-size - 1)."),
@@ -111,11 +110,11 @@ OPTIONS: tuple[EngineOption, ...] = (
 
 
 def _ports(ctx: LaunchContext) -> dict[str, int]:
-    """Ports chosen once per launch (KV publisher, replay, PD side channel / bootstrap)."""
+    """Ports chosen once per launch (KV publisher, replay; the transfer plan picks PD ports)."""
     if not ctx.ports:
         wanted = int(ctx.options.get("kv_events_port") or 0)
-        pub, replay, pd = free_ports(ctx, 3)
-        ctx.ports.update(kv=wanted or pub, replay=replay, pd=pd)
+        pub, replay = free_ports(ctx, 2)
+        ctx.ports.update(kv=wanted or pub, replay=replay)
     return ctx.ports
 
 
@@ -133,22 +132,6 @@ def _block_size(ctx: LaunchContext) -> int | None:
     if size <= 0:
         raise EngineError(f"--block-size {size}: must be a positive number of tokens")
     return size
-
-
-def _user_transfer(ctx: LaunchContext) -> dict[str, Any]:
-    """The user's ``--kv-transfer-config`` as a dict ({} when not given)."""
-    raw = ctx.options.get("kv_transfer_config")
-    if raw in (None, ""):
-        return {}
-    if isinstance(raw, dict):
-        return dict(raw)
-    try:
-        value = json.loads(str(raw))
-    except json.JSONDecodeError as exc:
-        raise EngineError(f"--kv-transfer-config: not JSON ({exc.msg}): {raw}") from None
-    if not isinstance(value, dict):
-        raise EngineError(f"--kv-transfer-config: expected a JSON object, got {raw}")
-    return value
 
 
 class VllmAdapter:
@@ -188,7 +171,7 @@ class VllmAdapter:
         else:
             argv = [where.python, "-m", API_SERVER_MODULE, "--model", ctx.served_path, *flags]
         env = {"VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "1"}
-        env.update(self._pd_env(ctx))
+        env.update(transfer_plan(ctx).env)
         return LaunchSpec(argv=argv, env=env, engine_version=where.probe.version)
 
     def engine_flags(self, ctx: LaunchContext) -> list[str]:
@@ -228,60 +211,10 @@ class VllmAdapter:
                 str(rank),
                 "--data-parallel-external-lb",
             ]
-        transfer = self._kv_transfer_config(ctx)
-        if transfer is not None:
-            flags += ["--kv-transfer-config", json.dumps(transfer, separators=(",", ":"))]
+        transfer = transfer_plan(ctx)
+        if transfer.config:
+            flags += ["--kv-transfer-config", transfer.config_json()]
         return flags + list(ctx.engine_args)
-
-    def _connector(self, ctx: LaunchContext) -> str:
-        named = _user_transfer(ctx).get("kv_connector")
-        if named is not None:
-            if named not in CONNECTORS:
-                raise EngineError(
-                    f"--kv-transfer-config kv_connector {named}: --role {ctx.role.value} needs "
-                    f"{' or '.join(CONNECTORS)} (or drop --role for your own connector)"
-                )
-            return CONNECTORS[named]
-        connector = str(ctx.options.get("pd_connector") or "nixl")
-        if connector not in ("nixl", "mooncake"):
-            raise EngineError(f"--pd-connector {connector}: choose nixl or mooncake")
-        return connector
-
-    def _kv_transfer_config(self, ctx: LaunchContext) -> dict[str, Any] | None:
-        user = _user_transfer(ctx)
-        if ctx.role is Role.MIXED:
-            one_sided = {"kv_producer": "prefill", "kv_consumer": "decode"}.get(str(user.get("kv_role")))
-            if one_sided is not None:
-                raise EngineError(
-                    f"--kv-transfer-config kv_role {user['kv_role']} makes a {one_sided} worker: "
-                    f"add --role {one_sided} (this worker is registered as mixed)"
-                )
-            return user or None  # the user's own connector (e.g. offloading), unchanged
-        if self._connector(ctx) == "mooncake":
-            role = "kv_producer" if ctx.role is Role.PREFILL else "kv_consumer"
-            ours = {"kv_connector": "MooncakeConnector", "kv_role": role, "engine_id": ctx.worker_id}
-        else:
-            ours = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "engine_id": ctx.worker_id}
-        kv_role = user.get("kv_role")
-        if kv_role is not None and kv_role not in ROLE_KV[ctx.role]:
-            raise EngineError(
-                f"--kv-transfer-config kv_role {kv_role} contradicts --role {ctx.role.value} "
-                f"(use {' or '.join(ROLE_KV[ctx.role])}, or leave kv_role out)"
-            )
-        if user.get("engine_id", ctx.worker_id) != ctx.worker_id:
-            raise EngineError(
-                f"--kv-transfer-config engine_id {user['engine_id']}: Infera sets it to the worker id "
-                f"({ctx.worker_id}); pass --worker-id instead"
-            )
-        return {**user, **ours, "kv_role": kv_role or ours["kv_role"]}
-
-    def _pd_env(self, ctx: LaunchContext) -> dict[str, str]:
-        if ctx.role is Role.MIXED:
-            return {}
-        port = str(_ports(ctx)["pd"])
-        if self._connector(ctx) == "mooncake":
-            return {"VLLM_MOONCAKE_BOOTSTRAP_PORT": port} if ctx.role is Role.PREFILL else {}
-        return {"VLLM_NIXL_SIDE_CHANNEL_HOST": ctx.advertise_host, "VLLM_NIXL_SIDE_CHANNEL_PORT": port}
 
     def record_fields(self, ctx: LaunchContext) -> RecordFields:
         ports = _ports(ctx)
@@ -296,24 +229,10 @@ class VllmAdapter:
         rank, size = dp_layout(ctx)
         return RecordFields(
             kv_events=kv,
-            pd=self._pd_info(ctx),
+            pd=transfer_plan(ctx).pd,
             dp_rank=rank if size > 1 else None,
             dp_size=size,
         )
-
-    def _pd_info(self, ctx: LaunchContext) -> PdInfo | None:
-        if ctx.role is Role.MIXED:
-            return None
-        tp = int(ctx.options.get("tp") or 1)
-        params: dict[str, Any] = {"engine_id": ctx.worker_id, "tp_size": tp}
-        if self._connector(ctx) == "mooncake":
-            if ctx.role is Role.PREFILL:
-                params["bootstrap_host"] = ctx.advertise_host
-                params["bootstrap_port"] = _ports(ctx)["pd"]
-            return PdInfo(protocol="vllm-mooncake", params=params)
-        params["side_channel_host"] = ctx.advertise_host
-        params["side_channel_port"] = _ports(ctx)["pd"]
-        return PdInfo(protocol="vllm-nixl", params=params)
 
     async def is_ready(self, engine: RunningEngine) -> bool:
         return await http_ok(engine.client, f"{engine.url}/health")

@@ -1,4 +1,5 @@
-"""vLLM PD transports: ``vllm-nixl`` (serial pull) and ``vllm-mooncake`` (concurrent push).
+"""vLLM PD transports: ``vllm-nixl`` (serial pull), ``vllm-mooncake`` (concurrent push),
+``vllm-moriio`` (MoRIIO WRITE mode, concurrent) and ``vllm-moriio-read`` (MoRIIO READ mode, serial).
 
 Body shaping follows ``reference/WIRE_FORMATS.md``; the client's body is copied, never changed.
 """
@@ -113,7 +114,92 @@ class VllmMooncakeTransport:
         return LegRequest(body=out, headers=_request_id_header(ctx))
 
 
-def _transfer_id(ctx: PdContext) -> str:
+def _transfer_id(ctx: PdContext, protocol: str = "vllm-mooncake") -> str:
     if ctx.transfer_id is None:
-        raise PdLegError("vllm-mooncake: prepare() must run before the legs are built (no transfer_id)")
+        raise PdLegError(f"{protocol}: prepare() must run before the legs are built (no transfer_id)")
     return ctx.transfer_id
+
+
+def _moriio_peer(record: WorkerRecord) -> dict[str, Any]:
+    """A MoRIIO worker's address fields, as its peer's ``kv_transfer_params`` name them."""
+    params = record.pd.params if record.pd else {}
+    host = params.get("host") or urlsplit(record.url).hostname or "127.0.0.1"
+    return {
+        "remote_engine_id": params.get("engine_id"),
+        "remote_block_ids": None,
+        "remote_host": host,
+        "remote_port": params.get("handshake_port"),
+        "remote_handshake_port": params.get("handshake_port"),
+        "remote_notify_port": params.get("notify_port"),
+        "remote_dp_size": params.get("dp_size", 1),
+        "remote_tp_size": params.get("tp_size", 1),
+        "remote_dp_rank": params.get("dp_rank", 0),
+    }
+
+
+class VllmMoriioTransport:
+    """MoRIIOConnector, WRITE mode: both legs at once; each names its peer's MoRI-IO address
+    (host, handshake and notify ports) and the router-made ``transfer_id``. The decode tells
+    the prefill where to write; the prefill writes the KV and notifies the decode."""
+
+    name = "vllm-moriio"
+    order = PdOrder.CONCURRENT
+
+    def prepare(self, ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord) -> None:
+        _check_route(ctx, self.name)
+        if ctx.transfer_id is None:
+            ctx.transfer_id = f"xfer-{ctx.request_id}"
+
+    def prefill_request(
+        self, body: dict[str, Any], ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord
+    ) -> LegRequest:
+        params = {
+            "do_remote_decode": True,
+            "do_remote_prefill": False,
+            "transfer_id": _transfer_id(ctx, self.name),
+            **_moriio_peer(decode),
+        }
+        return LegRequest(body=one_token_prefill_body(body, params), headers=_request_id_header(ctx))
+
+    def decode_request(
+        self,
+        body: dict[str, Any],
+        ctx: PdContext,
+        prefill: WorkerRecord,
+        decode: WorkerRecord,
+        prefill_response: dict[str, Any] | None,
+    ) -> LegRequest:
+        out = dict(body)
+        out["kv_transfer_params"] = {
+            "do_remote_decode": False,
+            "do_remote_prefill": True,
+            "transfer_id": _transfer_id(ctx, self.name),
+            **_moriio_peer(prefill),
+        }
+        return LegRequest(body=out, headers=_request_id_header(ctx))
+
+
+class VllmMoriioReadTransport(VllmMoriioTransport):
+    """MoRIIOConnector, READ mode (``read_mode: true``): prefill first, then the decode reads
+    the blocks the prefill's ``kv_transfer_params`` name (verbatim, plus its DP rank)."""
+
+    name = "vllm-moriio-read"
+    order = PdOrder.SERIAL
+
+    def decode_request(
+        self,
+        body: dict[str, Any],
+        ctx: PdContext,
+        prefill: WorkerRecord,
+        decode: WorkerRecord,
+        prefill_response: dict[str, Any] | None,
+    ) -> LegRequest:
+        params = dict(
+            prefill_transfer_params(
+                prefill_response, prefill, "is it running with MoRIIOConnector and read_mode true?"
+            )
+        )
+        params.setdefault("remote_dp_rank", _moriio_peer(prefill)["remote_dp_rank"])
+        out = dict(body)
+        out["kv_transfer_params"] = params
+        return LegRequest(body=out, headers=_request_id_header(ctx))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from infera_core.hookspecs import hookimpl
 from infera_core.registry import EngineRegistry, KvDecoderRegistry, PdTransportRegistry
+from infera_core.transfer import TransferConnectorRegistry
 
 
 @hookimpl
@@ -15,10 +16,25 @@ def infera_register_engines(registry: EngineRegistry) -> None:
 
 @hookimpl
 def infera_register_pd_transports(registry: PdTransportRegistry) -> None:
-    from infera_vllm.pd import VllmMooncakeTransport, VllmNixlTransport
+    from infera_vllm.pd import (
+        VllmMooncakeTransport,
+        VllmMoriioReadTransport,
+        VllmMoriioTransport,
+        VllmNixlTransport,
+    )
 
     registry.add(VllmNixlTransport())
     registry.add(VllmMooncakeTransport())
+    registry.add(VllmMoriioTransport())
+    registry.add(VllmMoriioReadTransport())
+
+
+@hookimpl
+def infera_register_transfer_connectors(registry: TransferConnectorRegistry) -> None:
+    from infera_vllm.transfer import BUILTIN
+
+    for connector in BUILTIN:
+        registry.add(connector)
 
 
 @hookimpl

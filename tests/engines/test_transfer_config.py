@@ -1,0 +1,498 @@
+"""KV transfer config as a hook: every adapter × role × connector, merges, conflicts, a plugin.
+
+The argv and JSON are checked against the engines' own field names (vLLM
+``KVTransferConfig`` and its connectors' ``kv_connector_extra_config`` keys, SGLang's
+``--disaggregation-transfer-backend`` values, ATOM's mooncake ``handshake_port`` per TP
+rank); with ``.venv-vllm`` built, vLLM's own argument parser validates the vLLM argv.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from infera_atom.adapter import AtomAdapter
+from infera_sglang.adapter import SglangAdapter
+from infera_vllm.adapter import VllmAdapter
+from infera_vllm.transfer import transfer_plan
+
+from infera_core.engine import LaunchContext
+from infera_core.errors import EngineError, PluginError
+from infera_core.hookspecs import hookimpl
+from infera_core.testing.fixtures import make_hooks
+from infera_core.transfer import TransferConnectorRegistry, TransferPlan
+from infera_core.worker import PdInfo, Role
+
+HERE = Path(__file__).resolve().parent
+VENV = HERE.parents[1] / ".venv-vllm"
+NIXL_CLASSES = ("NixlConnector", "NixlPullConnector")
+"""vLLM 0.32's factory resolves the name NixlConnector to its NixlPullConnector class."""
+OFFLOAD = {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {"cpu_bytes_to_use": 1000000}}
+
+
+def ctx(role: Role = Role.PREFILL, first_port: int = 41000, **options: Any) -> LaunchContext:
+    ports = iter(range(first_port, first_port + 100))
+    return LaunchContext(
+        worker_id="w1",
+        model="tiny",
+        model_path="/models/tiny",
+        role=role,
+        host="127.0.0.1",
+        port=8100,
+        advertise_host="10.0.0.5",
+        options={"tp": 1, **options},
+        free_port=lambda: next(ports),
+    )
+
+
+def kv_config(flags: list[str]) -> dict[str, Any]:
+    value: dict[str, Any] = json.loads(flags[flags.index("--kv-transfer-config") + 1])
+    return value
+
+
+def vllm(c: LaunchContext) -> tuple[list[str], TransferPlan]:
+    flags = VllmAdapter().engine_flags(c)
+    fields = VllmAdapter().record_fields(c)
+    plan = transfer_plan(c)
+    assert fields.pd == plan.pd  # the record advertises what the engine was launched with
+    return flags, plan
+
+
+# -- vLLM: every role × connector ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("role", "kv_role", "env_key"),
+    [
+        (Role.PREFILL, "kv_both", "VLLM_NIXL_SIDE_CHANNEL_PORT"),
+        (Role.DECODE, "kv_both", "VLLM_NIXL_SIDE_CHANNEL_PORT"),
+    ],
+)
+def test_vllm_nixl(role: Role, kv_role: str, env_key: str) -> None:
+    flags, plan = vllm(ctx(role, pd_connector="nixl"))
+    assert kv_config(flags) == {"kv_connector": "NixlConnector", "kv_role": kv_role, "engine_id": "w1"}
+    port = int(plan.env[env_key])
+    assert plan.pd == PdInfo(
+        protocol="vllm-nixl",
+        params={"engine_id": "w1", "tp_size": 1, "side_channel_host": "10.0.0.5", "side_channel_port": port},
+    )
+    assert plan.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.0.0.5"
+
+
+def test_vllm_nixl_side_channel_under_external_lb_dp() -> None:
+    """vLLM listens on VLLM_NIXL_SIDE_CHANNEL_PORT + its DP rank: the record names the real port."""
+    c = ctx(Role.DECODE, pd_connector="nixl", dp_size=4, dp_rank=3)
+    _, plan = vllm(c)
+    assert plan.pd is not None
+    assert int(plan.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]) + 3 == plan.pd.params["side_channel_port"]
+
+
+@pytest.mark.parametrize(("role", "kv_role"), [(Role.PREFILL, "kv_producer"), (Role.DECODE, "kv_consumer")])
+def test_vllm_mooncake(role: Role, kv_role: str) -> None:
+    flags, plan = vllm(ctx(role, pd_connector="mooncake"))
+    assert kv_config(flags) == {"kv_connector": "MooncakeConnector", "kv_role": kv_role, "engine_id": "w1"}
+    assert plan.pd is not None and plan.pd.protocol == "vllm-mooncake"
+    if role is Role.PREFILL:
+        assert plan.pd.params["bootstrap_port"] == int(plan.env["VLLM_MOONCAKE_BOOTSTRAP_PORT"])
+    else:
+        assert plan.env == {} and "bootstrap_port" not in plan.pd.params
+
+
+@pytest.mark.parametrize(("role", "kv_role"), [(Role.PREFILL, "kv_producer"), (Role.DECODE, "kv_consumer")])
+def test_vllm_moriio_write_mode(role: Role, kv_role: str) -> None:
+    flags, plan = vllm(ctx(role, pd_connector="moriio"))
+    config = kv_config(flags)
+    extra = config.pop("kv_connector_extra_config")
+    assert config == {"kv_connector": "MoRIIOConnector", "kv_role": kv_role, "engine_id": "w1"}
+    # the keys vLLM's MoRIIOConfig.from_vllm_config reads
+    assert extra["http_port"] == 8100 and extra["host_ip"] == "10.0.0.5"
+    assert extra["proxy_ip"] == "" and extra["proxy_ping_port"] == 0  # no toy-proxy heartbeat
+    assert extra["handshake_port"] != extra["notify_port"]
+    assert (
+        plan.pd
+        == PdInfo(
+            protocol="vllm-moriio",
+            params={
+                "engine_id": f"10.0.0.5:{extra['handshake_port']}",  # vLLM's MoRIIO engine_id: host_ip:handshake_port
+                "host": "10.0.0.5",
+                "handshake_port": extra["handshake_port"],
+                "notify_port": extra["notify_port"],
+                "tp_size": 1,
+                "dp_size": 1,
+                "dp_rank": 0,
+            },
+        )
+    )
+
+
+def test_vllm_moriio_read_mode_is_the_serial_protocol_and_keeps_the_users_knobs() -> None:
+    user = {
+        "kv_connector": "MoRIIOConnector",
+        "kv_connector_extra_config": {"read_mode": "true", "qp_per_transfer": 4},
+    }
+    flags, plan = vllm(ctx(Role.DECODE, kv_transfer_config=json.dumps(user)))
+    extra = kv_config(flags)["kv_connector_extra_config"]
+    assert extra["read_mode"] == "true" and extra["qp_per_transfer"] == 4
+    assert plan.pd is not None and plan.pd.protocol == "vllm-moriio-read"
+
+
+def test_vllm_moriio_reserves_a_port_per_tp_rank_offset_by_the_dp_rank() -> None:
+    """vLLM binds handshake/notify at port + dp_rank + tp_rank: tp consecutive ports from the
+    configured port + dp_rank must be free, and the peers compute the same offsets."""
+    c = ctx(Role.PREFILL, pd_connector="moriio", tp=4, dp_size=2, dp_rank=1)
+    flags, plan = vllm(c)
+    extra = kv_config(flags)["kv_connector_extra_config"]
+    assert plan.pd is not None and plan.pd.params["dp_rank"] == 1 and plan.pd.params["tp_size"] == 4
+    for key in ("handshake_port", "notify_port"):
+        bound = [extra[key] + 1 + tp_rank for tp_rank in range(4)]  # what each rank binds
+        assert bound == list(range(bound[0], bound[0] + 4))
+        assert bound[0] >= 41000  # inside what free_port handed out
+    handshake = range(extra["handshake_port"] + 1, extra["handshake_port"] + 5)
+    assert not set(handshake) & set(range(extra["notify_port"] + 1, extra["notify_port"] + 5))
+
+
+def test_vllm_multi_composes_nixl_with_offloading() -> None:
+    user = {
+        "kv_connector": "MultiConnector",
+        "kv_connector_extra_config": {"connectors": [{"kv_connector": "NixlConnector"}, OFFLOAD]},
+    }
+    flags, plan = vllm(ctx(Role.DECODE, kv_transfer_config=json.dumps(user)))
+    assert kv_config(flags) == {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "engine_id": "w1",
+        "kv_connector_extra_config": {
+            "connectors": [
+                # vLLM hands the parent's engine_id to each child (a second one would be a TypeError)
+                {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
+                {"kv_role": "kv_both", **OFFLOAD},
+            ]
+        },
+    }
+    assert plan.pd is not None and plan.pd.protocol == "vllm-nixl"
+    assert "VLLM_NIXL_SIDE_CHANNEL_PORT" in plan.env
+
+
+def test_vllm_multi_with_moriio_takes_moriio_roles_and_protocol() -> None:
+    lmcache = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    user = {
+        "kv_connector": "MultiConnector",
+        "kv_connector_extra_config": {"connectors": [lmcache, {"kv_connector": "MoRIIOConnector"}]},
+    }
+    flags, plan = vllm(ctx(Role.PREFILL, kv_transfer_config=json.dumps(user)))
+    config = kv_config(flags)
+    first, second = config["kv_connector_extra_config"]["connectors"]
+    assert config["kv_role"] == "kv_producer" and first == lmcache
+    assert second["kv_connector"] == "MoRIIOConnector" and second["kv_role"] == "kv_producer"
+    assert second["kv_connector_extra_config"]["http_port"] == 8100 and "engine_id" not in second
+    assert plan.pd is not None and plan.pd.protocol == "vllm-moriio"
+
+
+def test_vllm_mixed_has_no_transfer_config_unless_the_user_gives_one() -> None:
+    flags, plan = vllm(ctx(Role.MIXED))
+    assert "--kv-transfer-config" not in flags and plan.pd is None and plan.env == {}
+    flags, plan = vllm(ctx(Role.MIXED, kv_transfer_config=json.dumps({"kv_role": "kv_both", **OFFLOAD})))
+    assert kv_config(flags) == {"kv_role": "kv_both", **OFFLOAD} and plan.pd is None
+
+
+def test_user_fields_are_merged_and_infera_fields_win() -> None:
+    user = {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_consumer",
+        "kv_buffer_device": "cpu",
+        "kv_connector_extra_config": {"backends": ["UCX"]},
+        "kv_load_failure_policy": "recompute",
+    }
+    flags, _ = vllm(ctx(Role.DECODE, kv_transfer_config=json.dumps(user)))
+    assert kv_config(flags) == {**user, "engine_id": "w1"}
+
+
+# -- vLLM: conflicts are one line ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("role", "user", "options", "message"),
+    [
+        (
+            Role.PREFILL,
+            {"kv_role": "kv_consumer"},
+            {},
+            "kv_role kv_consumer contradicts --role prefill for NixlConnector",
+        ),
+        (
+            Role.PREFILL,
+            {"kv_connector": "MoRIIOConnector", "kv_role": "kv_both"},
+            {},
+            "kv_role kv_both contradicts --role prefill for MoRIIOConnector",
+        ),
+        (
+            Role.DECODE,
+            {"kv_connector": "P2pNcclConnector"},
+            {},
+            "kv_connector P2pNcclConnector: Infera cannot drive",
+        ),
+        (
+            Role.DECODE,
+            {"kv_connector": "MoRIIOConnector", "kv_connector_extra_config": {"http_port": 9}},
+            {},
+            "http_port 9: MoRIIO needs the engine's HTTP port \\(8100\\)",
+        ),
+        (
+            Role.DECODE,
+            {"kv_connector": "MultiConnector"},
+            {},
+            "MultiConnector needs kv_connector_extra_config.connectors",
+        ),
+        (
+            Role.DECODE,
+            {"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [OFFLOAD]}},
+            {},
+            "needs exactly one PD connector",
+        ),
+        (
+            Role.DECODE,
+            {
+                "kv_connector": "MultiConnector",
+                "kv_connector_extra_config": {
+                    "connectors": [{"kv_connector": "NixlConnector"}, {"kv_connector": "MooncakeConnector"}]
+                },
+            },
+            {},
+            "needs exactly one PD connector",
+        ),
+        (Role.DECODE, {"kv_connector_extra_config": [1]}, {"pd_connector": "moriio"}, "expected an object"),
+        (
+            Role.DECODE,
+            {},
+            {"pd_connector": "p2p"},
+            "--pd-connector p2p: vllm knows mooncake, moriio, multi, nixl",
+        ),
+        (Role.MIXED, {"kv_connector": "MoRIIOConnector", "kv_role": "kv_consumer"}, {}, "add --role decode"),
+    ],
+)
+def test_vllm_conflicts_are_one_clear_line(
+    role: Role, user: dict[str, Any], options: dict[str, Any], message: str
+) -> None:
+    c = ctx(role, kv_transfer_config=json.dumps(user), **options)
+    with pytest.raises(EngineError, match=message) as err:
+        VllmAdapter().engine_flags(c)
+    assert "\n" not in str(err.value)
+
+
+# -- SGLang and ATOM -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["mooncake", "nixl", "mori", "mooncake_tcp"])
+@pytest.mark.parametrize("role", [Role.PREFILL, Role.DECODE])
+def test_sglang_backends(backend: str, role: Role) -> None:
+    c = ctx(role, transfer_backend=backend, page_size=16)
+    flags = SglangAdapter().engine_flags(c)
+    pd = SglangAdapter().record_fields(c).pd
+    assert flags[flags.index("--disaggregation-mode") + 1] == role.value
+    assert flags[flags.index("--disaggregation-transfer-backend") + 1] == backend
+    assert pd is not None and pd.protocol == "sglang-bootstrap" and pd.params["transfer_backend"] == backend
+    if role is Role.PREFILL:
+        port = int(flags[flags.index("--disaggregation-bootstrap-port") + 1])
+        assert pd.params["bootstrap_port"] == port and pd.params["bootstrap_host"] == "10.0.0.5"
+    else:
+        assert "--disaggregation-bootstrap-port" not in flags and "bootstrap_port" not in pd.params
+
+
+def test_sglang_mixed_has_no_disaggregation_flags_and_unknown_backend_is_one_line() -> None:
+    flags = SglangAdapter().engine_flags(ctx(Role.MIXED, page_size=16))
+    assert not [f for f in flags if f.startswith("--disaggregation")]
+    with pytest.raises(
+        EngineError, match="--pd-connector fake: sglang knows ascend, mooncake, mooncake_tcp, mori, nixl"
+    ):
+        SglangAdapter().engine_flags(ctx(Role.DECODE, transfer_backend="fake", page_size=16))
+
+
+@pytest.mark.parametrize(("role", "kv_role"), [(Role.PREFILL, "kv_producer"), (Role.DECODE, "kv_consumer")])
+def test_atom_mooncake_reserves_one_handshake_port_per_tp_rank(role: Role, kv_role: str) -> None:
+    taken: list[int] = []
+    base = ctx(role, tp=4, block_size=16)
+
+    def free() -> int:  # spaced out, so a port handed out for anything else is visible
+        taken.append(43000 + 10 * len(taken))
+        return taken[-1]
+
+    base.free_port = free
+    flags = AtomAdapter().engine_flags(base)
+    config = kv_config(flags)
+    first = config["handshake_port"]
+    assert config == {
+        "kv_connector": "mooncake",
+        "kv_role": kv_role,
+        "handshake_port": first,
+        "http_port": 8100,
+    }
+    # ATOM binds handshake_port + tp_rank for ranks 0..3: the block is Infera's, nothing else lands in it
+    assert first in taken and not (set(taken) - {first}) & set(range(first, first + 4))
+    pd = AtomAdapter().record_fields(base).pd
+    assert pd == PdInfo(protocol="atom-mooncake", params={"handshake_port": first, "tp_size": 4})
+
+
+def test_atom_user_handshake_port_is_the_first_of_the_tp_ranks() -> None:
+    c = ctx(Role.DECODE, tp=2, block_size=16, handshake_port=6800)
+    assert kv_config(AtomAdapter().engine_flags(c))["handshake_port"] == 6800
+
+
+# -- a third-party plugin through the hooks -----------------------------------------
+
+
+class P2pConnector:
+    """A connector the vLLM plugin does not ship (P2pNcclConnector), with its own protocol."""
+
+    engine = "vllm"
+    name = "p2p"
+    native = ("P2pNcclConnector",)
+    description = "test: P2pNcclConnector"
+
+    def build(self, ctx: LaunchContext, user: dict[str, Any]) -> TransferPlan:
+        role = "kv_producer" if ctx.role is Role.PREFILL else "kv_consumer"
+        config = {**user, "kv_connector": "P2pNcclConnector", "kv_role": role, "kv_port": 21001}
+        pd = PdInfo(protocol="vllm-p2p", params={"kv_port": 21001})
+        return TransferPlan(engine="vllm", role=ctx.role, connector=self.name, config=config, pd=pd)
+
+
+class ThirdParty:
+    amended: list[tuple[str, str | None]] = []
+
+    @hookimpl
+    def infera_register_transfer_connectors(self, registry: TransferConnectorRegistry) -> None:
+        registry.add(P2pConnector())
+
+    @hookimpl
+    def infera_amend_kv_transfer(self, context: LaunchContext, plan: TransferPlan) -> None:
+        self.amended.append((context.role.value, plan.connector))
+        if plan.connector == "nixl":
+            plan.config.setdefault("kv_connector_extra_config", {})["backends"] = ["UCX"]
+            plan.env["UCX_TLS"] = "tcp"
+
+
+def test_a_plugin_adds_a_connector_and_amends_the_builtin_ones() -> None:
+    plugin = ThirdParty()
+    hooks = make_hooks(("third-party", plugin))
+    assert hooks.catalog().transfer_connectors.owner_of("vllm:p2p") == "third-party"
+    assert hooks.catalog().transfer_connectors.owner_of("vllm:moriio") == "vllm"
+
+    c = ctx(Role.PREFILL, pd_connector="p2p")
+    c.hooks = hooks
+    flags, plan = vllm(c)
+    assert (
+        kv_config(flags)["kv_connector"] == "P2pNcclConnector"
+        and kv_config(flags)["kv_role"] == "kv_producer"
+    )
+    assert plan.pd == PdInfo(protocol="vllm-p2p", params={"kv_port": 21001})
+
+    # the user's own spelling selects it too
+    c = ctx(Role.DECODE, kv_transfer_config='{"kv_connector":"P2pNcclConnector"}')
+    c.hooks = hooks
+    assert kv_config(VllmAdapter().engine_flags(c))["kv_role"] == "kv_consumer"
+
+    # the amend hook changes a built-in connector's config and environment
+    c = ctx(Role.DECODE, pd_connector="nixl")
+    c.hooks = hooks
+    flags, plan = vllm(c)
+    assert kv_config(flags)["kv_connector_extra_config"] == {"backends": ["UCX"]}
+    assert plan.env["UCX_TLS"] == "tcp"
+    # it runs once per launch (the plan is kept in ctx.kv_transfer), and on mixed workers too
+    c = ctx(Role.MIXED)
+    c.hooks = hooks
+    vllm(c)
+    assert plugin.amended == [("prefill", "p2p"), ("decode", "p2p"), ("decode", "nixl"), ("mixed", None)]
+
+
+def test_a_connector_name_registered_twice_names_both_plugins() -> None:
+    class Again:
+        @hookimpl
+        def infera_register_transfer_connectors(self, registry: TransferConnectorRegistry) -> None:
+            registry.add(P2pConnector())
+
+    hooks = make_hooks(("one", ThirdParty()), ("two", Again()))
+    with pytest.raises(
+        PluginError, match=r"'vllm:p2p' is registered twice: by plugin '(one|two)' and by plugin '(two|one)'"
+    ):
+        hooks.catalog()
+
+
+def test_an_amend_hook_that_drops_the_pd_is_refused() -> None:
+    class Breaks:
+        @hookimpl
+        def infera_amend_kv_transfer(self, plan: TransferPlan) -> None:
+            plan.pd = None
+
+    c = ctx(Role.DECODE, pd_connector="nixl")
+    c.hooks = make_hooks(("breaks", Breaks()))
+    with pytest.raises(
+        EngineError, match="--role decode: the nixl transfer connector gives the router no PD protocol"
+    ):
+        VllmAdapter().engine_flags(c)
+
+
+# -- vLLM's own parser ---------------------------------------------------------------
+
+
+def vllm_cases() -> list[tuple[str, LaunchContext]]:
+    multi_nixl = {
+        "kv_connector": "MultiConnector",
+        "kv_connector_extra_config": {"connectors": [{"kv_connector": "NixlConnector"}, OFFLOAD]},
+    }
+    multi_moriio = {
+        "kv_connector": "MultiConnector",
+        "kv_connector_extra_config": {"connectors": [{"kv_connector": "MoRIIOConnector"}, OFFLOAD]},
+    }
+    read = {"kv_connector": "MoRIIOConnector", "kv_connector_extra_config": {"read_mode": True}}
+    cases: list[tuple[str, LaunchContext]] = []
+    for role in (Role.PREFILL, Role.DECODE):
+        for name in ("nixl", "mooncake", "moriio"):
+            cases.append((f"{name}-{role.value}", ctx(role, pd_connector=name)))
+        cases.append((f"moriio-read-{role.value}", ctx(role, kv_transfer_config=json.dumps(read))))
+        cases.append((f"multi-nixl-{role.value}", ctx(role, kv_transfer_config=json.dumps(multi_nixl))))
+        cases.append((f"multi-moriio-{role.value}", ctx(role, kv_transfer_config=json.dumps(multi_moriio))))
+    cases.append(("moriio-tp2-dp", ctx(Role.DECODE, pd_connector="moriio", tp=2, dp_size=2, dp_rank=1)))
+    return cases
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_parser_accepts_every_transfer_argv() -> None:
+    python = VENV / "bin" / "python"
+    if not (VENV / "READY").exists():
+        pytest.skip("real vLLM venv not built (.venv-vllm/READY missing): run bash .ci/steps/20-vllm-venv.sh")
+    cases = vllm_cases()
+    argvs = [["--model", "/models/tiny", *VllmAdapter().engine_flags(c)] for _, c in cases]
+    done = subprocess.run(
+        [str(python), str(HERE / "vllm_parse_check.py")],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    for (name, c), got in zip(cases, results, strict=True):
+        assert got.get("ok"), f"{name}: vLLM refused the argv: {got.get('error')}"
+        ktc = got["kv_transfer_config"]
+        producer = c.role is Role.PREFILL
+        assert ktc["engine_id"] == "w1", name
+        if name.startswith("multi"):
+            assert got["connector_class"] == "MultiConnector"
+            pd_child, offload = got["children"]
+            assert offload["class"] == "OffloadingConnector", name
+            assert pd_child["class"] in (*NIXL_CLASSES, "MoRIIOConnector"), name
+            if pd_child["class"] == "MoRIIOConnector":
+                assert pd_child["is_kv_producer"] is producer, name
+        else:
+            classes = NIXL_CLASSES if ktc["kv_connector"] == "NixlConnector" else (ktc["kv_connector"],)
+            assert got["connector_class"] in classes, name
+        if "moriio" in name and not name.startswith("multi"):
+            # MoRIIO: a producer only with kv_producer; WRITE unless read_mode
+            assert ktc["is_kv_producer"] is producer and ktc["is_kv_consumer"] is not producer, name
+            assert got["moriio_mode"] == ("READ" if "read" in name else "WRITE"), name
+            for key in ("handshake_port", "notify_port", "http_port"):
+                assert int(ktc["extra"][key]) > 0, name
