@@ -120,12 +120,13 @@ class ClientAuth:
     """``--api-key-file`` on the request path: who is calling (401), may they (403/429), and
     what they spent. The admin token is accepted as a key too (no limits, label ``admin``)."""
 
-    __slots__ = ("admin", "ledger", "ring")
+    __slots__ = ("_admin_token", "admin", "ledger", "ring")
 
     def __init__(self, ring: KeyRing, admin: AdminGate, ledger: UsageLedger) -> None:
         self.ring = ring
         self.admin = admin
         self.ledger = ledger
+        self._admin_token = admin.has_token
 
     def authenticate(self, scope: Mapping[str, Any]) -> Principal:
         token = presented_key(scope)
@@ -134,7 +135,7 @@ class ClientAuth:
                 "Missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>').",
                 "missing_api_key",
             )
-        if self.admin.is_token(token):
+        if self._admin_token and self.admin.is_token(token):
             return ADMIN
         principal = self.ring.lookup(token)
         if principal is None:

@@ -55,6 +55,7 @@ class HangDetector:
     __slots__ = (
         "_clock",
         "_last",
+        "_loop",
         "_timer",
         "_waiting",
         "breakers",
@@ -84,6 +85,7 @@ class HangDetector:
         self._last: dict[str, float] = {}
         """Worker id → when it last sent response headers."""
         self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.typical = 0.0
         """The fleet's typical first-byte latency in seconds (0 until a request was answered)."""
 
@@ -95,7 +97,10 @@ class HangDetector:
         """A request to ``ep`` starts waiting for its first byte (None when detection is off)."""
         if not self.timeout:
             return None
-        w = Waiting(ep, self._clock(), asyncio.current_task())
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        w = Waiting(ep, self._clock(), asyncio.current_task(loop))  # with the loop: no getpid()
         try:
             self._waiting[ep.worker_id].add(w)
         except KeyError:
@@ -123,7 +128,7 @@ class HangDetector:
             del self._waiting[worker_id]
 
     def _arm(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         self._timer = loop.call_later(min(1.0, self.timeout / 4), self._check)
 
     def _check(self) -> None:

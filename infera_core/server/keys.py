@@ -96,6 +96,10 @@ def read_key_file(path: Path) -> KeyFile:
         raise ConfigError(f"--api-key-file {path}: {where}: {err.get('msg')}") from None
 
 
+_SEEN_MAX = 4096
+"""Most presented keys remembered (valid ones; past it, the others are hashed per request)."""
+
+
 class ApiKey:
     """A key's limits and its running budgets (kept across reloads, by name)."""
 
@@ -146,6 +150,8 @@ class KeyRing:
         self._clock = clock
         self._wall = wall
         self._by_digest: dict[bytes, Principal] = {}
+        self._seen: dict[bytes, Principal] = {}
+        """Keys presented before, as received → their principal (no sha256 per request)."""
         self._by_name: dict[str, ApiKey] = {}
         self._stamp: tuple[int, int, int] | None = None
         self._next_check = 0.0
@@ -169,6 +175,7 @@ class KeyRing:
             by_name[s.name] = key
             by_digest[s.digest()] = Principal(s.name, key)
         self._by_digest, self._by_name, self._stamp = by_digest, by_name, stamp
+        self._seen = {}
 
     def maybe_reload(self) -> None:
         """Re-read the file when its mtime/size/inode changed (looked at most once a second)."""
@@ -193,8 +200,14 @@ class KeyRing:
         log.info("--api-key-file %s reloaded: %d keys", self.path, len(spec.keys))
 
     def lookup(self, token: bytes) -> Principal | None:
-        self.maybe_reload()
-        return self._by_digest.get(hashlib.sha256(token).digest())
+        if self._clock() >= self._next_check:
+            self.maybe_reload()
+        principal = self._seen.get(token)
+        if principal is None:
+            principal = self._by_digest.get(hashlib.sha256(token).digest())
+            if principal is not None and len(self._seen) < _SEEN_MAX:
+                self._seen[token] = principal  # valid keys only: unknown ones cannot grow it
+        return principal
 
     def all_keys(self) -> list[ApiKey]:
         return list(self._by_name.values())
@@ -247,7 +260,10 @@ class KeyRing:
     def spent(self, principal: Principal, tokens: int) -> None:
         key = principal.key
         if key is not None and tokens:
-            self._today_tokens(key)
+            day = int(self._wall() // DAY)
+            if key.day != day:
+                key.day = day
+                key.day_tokens = 0
             key.day_tokens += tokens
 
     def describe(self, key: ApiKey) -> dict[str, Any]:

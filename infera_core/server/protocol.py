@@ -109,6 +109,10 @@ class InferaHttpProtocol(HttpToolsProtocol):
     _body_start = 0.0
     _body_bytes = 0
     _header_bytes = 0
+    _read_len = 0
+    """Bytes of the read being parsed."""
+    _first_len = 0
+    """Bytes of the read a request began in (an upper bound of its headers there)."""
     _fresh = False
     _rejected = False
 
@@ -217,8 +221,9 @@ class InferaHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._rejected:
             return
+        self._read_len = n = len(data)
         if self._awaiting_body:  # cleared by on_message_complete if this read ends the body
-            self._body_bytes += len(data)
+            self._body_bytes += n
             self.deadline = self._body_deadline(self.loop.time())
         super().data_received(data)
         if self._awaiting_headers and not self._rejected:
@@ -227,7 +232,7 @@ class InferaHttpProtocol(HttpToolsProtocol):
             if self._fresh:
                 self._fresh = False
             else:
-                self._header_bytes += len(data)
+                self._header_bytes += n
                 if self._header_bytes > self.limits.max_header_bytes:
                     self._too_large_headers()
 
@@ -249,6 +254,7 @@ class InferaHttpProtocol(HttpToolsProtocol):
         self.scope[CLIENT_CLOSING] = self.transport.is_closing  # type: ignore[literal-required]
         self._awaiting_headers = True
         self._fresh = True
+        self._first_len = self._read_len
         self._header_bytes = 0
         self.deadline = self.loop.time() + self.limits.header_timeout
 
@@ -258,8 +264,11 @@ class InferaHttpProtocol(HttpToolsProtocol):
             return
         self._awaiting_headers = False
         self.deadline = 0.0
-        size = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers)
-        if size > self.limits.max_header_bytes:
+        # the bytes read since the request began bound its headers: counted exactly only
+        # when that bound is over the limit (never for an ordinary request)
+        limit = self.limits.max_header_bytes
+        bound = self._first_len + self._header_bytes + (0 if self._fresh else self._read_len)
+        if bound > limit and len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers) > limit:
             self._too_large_headers()
             return
         super().on_headers_complete()

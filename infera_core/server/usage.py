@@ -13,9 +13,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from infera_core.server.series import LeanCounter
+from infera_core.server.series import CounterChild, LeanCounter
 
 _INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
+
+
+class _Row:
+    """One (key, model): its request count and token counters (made on first use)."""
+
+    __slots__ = ("completion", "prompt", "requests")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.prompt: CounterChild | None = None
+        self.completion: CounterChild | None = None
 
 
 class UsageLedger:
@@ -25,20 +36,28 @@ class UsageLedger:
         self.tokens = LeanCounter(
             "infera_key_tokens", "Tokens from engines' usage reports, per API key", ["key", "model", "kind"]
         )
-        self.requests: dict[tuple[str, str], int] = {}
+        self._rows: dict[tuple[str, str], _Row] = {}
 
     def add(self, key: str, model: str, prompt: int, completion: int) -> None:
         k = (key, model)
-        self.requests[k] = self.requests.get(k, 0) + 1
+        row = self._rows.get(k)
+        if row is None:
+            row = self._rows[k] = _Row()
+        row.requests += 1
         if prompt:
-            self.tokens.child((key, model, "prompt")).value += prompt
+            if row.prompt is None:
+                row.prompt = self.tokens.child((key, model, "prompt"))
+            row.prompt.value += prompt
         if completion:
-            self.tokens.child((key, model, "completion")).value += completion
+            if row.completion is None:
+                row.completion = self.tokens.child((key, model, "completion"))
+            row.completion.value += completion
 
     def by_key(self) -> dict[str, dict[str, dict[str, int]]]:
         """``{key: {model: {prompt_tokens, completion_tokens, requests}}}``."""
         out: dict[str, dict[str, dict[str, int]]] = {}
-        for (key, model), n in self.requests.items():
+        for (key, model), row in self._rows.items():
+            n = row.requests
             entry = out.setdefault(key, {}).setdefault(
                 model, {"prompt_tokens": 0, "completion_tokens": 0, "requests": 0}
             )
@@ -105,6 +124,8 @@ class UsageStripper:
         self.completion = 0
 
     def feed(self, chunk: bytes) -> bytes:
+        if not self.buf and chunk[-2:] == b"\n\n" and b'"usage"' not in chunk:
+            return chunk  # whole events, none of them usage: the common case, no copy
         data = self.buf + chunk if self.buf else chunk
         cut = data.rfind(b"\n\n")
         if cut < 0:

@@ -48,6 +48,12 @@ async def parse_body(raw: bytes, limits: BodyLimits) -> dict[str, Any]:
     not help: the decoder holds the GIL.)
     """
     n = len(raw)
+    if n <= limits.max_items:  # every item takes a byte: a body this short cannot hold too many
+        body = parse_object(raw, limits.max_depth)
+        depth = limits.max_depth
+        if n > depth and raw.count(b"{") + raw.count(b"[") > depth and _too_deep(body, depth):
+            raise too_deep(depth)
+        return body
     commas = containers = 0
     for start in range(0, n, _CHUNK):
         c, k = _count(raw, start, start + _CHUNK)

@@ -1,0 +1,119 @@
+"""Router CPU per request of two Infera trees side by side, API keys off and on, interleaved.
+
+``bench/proxy_overhead.py`` measures one tree per run; on a shared machine two runs
+minutes apart differ by more than the effect looked for (±15% here). This script starts
+the fake upstreams once and three routers next to each other:
+
+* ``base`` — ``--baseline-venv``'s ``infera-run`` (e.g. a worktree of the commit before
+  a change, with its own ``.venv``), no API keys;
+* ``off`` — this tree, no API keys;
+* ``on`` — this tree with ``--api-key-file`` (one key, budgets that never bite) and the
+  key sent with every request;
+
+then runs ``--rounds`` rounds; each round measures every router (order rotated per
+round) for JSON and 64-chunk streams at ``--concurrency``, and the report gives each
+router's median router CPU per request (utime+stime from ``/proc``) over the rounds and
+its ratio to ``base``::
+
+    git worktree add --detach /tmp/base 6fe89e7 && (cd /tmp/base && bash scripts/setup-dev.sh)
+    .venv/bin/python bench/proxy_overhead_ab.py --baseline-venv /tmp/base/.venv [--rounds 5]
+        [--requests 3000] [--concurrency 16] [--router-nice 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import proxy_overhead as po
+import yaml
+
+
+def router_argv(infera_run: Path, port: int, fleet: Path, extra: list[str], nice: list[str]) -> list[str]:
+    argv = [*nice, str(infera_run), "--log-level", "warning", "serve", "--port", str(port)]
+    argv += ["--upstream-transport", "native", "--discovery", "static", "--static-file", str(fleet)]
+    return [*argv, "--router-policy", "round-robin", *extra]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baseline-venv", required=True, type=Path, help="venv whose bin/infera-run is 'base'")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=3000, help="requests per case and round (streams: half)")
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--router-nice", type=int, default=0, help="run every router under `nice -n N`")
+    args = ap.parse_args()
+    base_run = args.baseline_venv / "bin" / "infera-run"
+    if not base_run.exists():
+        sys.exit(f"error: {base_run} does not exist (--baseline-venv must be a venv with infera-core)")
+    here_run = Path(sys.executable).with_name("infera-run")
+    nice = ["nice", "-n", str(args.router_nice)] if args.router_nice else []
+    ports = [po.free_port(), po.free_port()]
+    up_urls = [f"http://127.0.0.1:{p}" for p in ports]
+    upstreams = [sys.executable, po.__file__, "--serve-upstreams", ",".join(map(str, ports))]
+    cpu: dict[tuple[str, str], list[float]] = {}
+    with (
+        po.process(upstreams, up_urls[0] + "/health"),
+        tempfile.TemporaryDirectory() as tmp,
+        contextlib.ExitStack() as stack,
+    ):
+        fleet = Path(tmp) / "fleet.yaml"
+        workers = [
+            {"worker_id": f"up{i}", "url": u, "model": po.MODEL, "engine": "fake"}
+            for i, u in enumerate(up_urls)
+        ]
+        fleet.write_text(yaml.safe_dump({"workers": workers}))
+        keys = ["--api-key-file", str(po.write_key_file(Path(tmp)))]
+        variants = {"base": (base_run, []), "off": (here_run, []), "on": (here_run, keys)}
+        routers: dict[str, tuple[str, int]] = {}
+        for name, (exe, extra) in variants.items():
+            port = po.free_port()
+            proc = stack.enter_context(
+                po.process(router_argv(exe, port, fleet, extra, nice), f"http://127.0.0.1:{port}/health")
+            )
+            routers[name] = (f"http://127.0.0.1:{port}/v1/chat/completions", proc.pid)
+        names = list(routers)
+        for r in range(args.rounds):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            print(f"round {r + 1}/{args.rounds}: {' '.join(order)}", file=sys.stderr, flush=True)
+            for name in order:
+                url, pid = routers[name]
+                po.CLIENT_HEADERS.clear()
+                if name == "on":
+                    po.CLIENT_HEADERS["Authorization"] = f"Bearer {po.API_KEY}"
+                rows: list[po.Row] = []
+                po.measure(name, [url], pid, [args.concurrency], args.requests, rows)
+                for row in rows:
+                    assert row.cpu_us is not None
+                    if row.result.errors:
+                        sys.exit(f"error: {name} {row.mode}: {row.result.errors} requests failed")
+                    cpu.setdefault((name, row.mode), []).append(row.cpu_us)
+    print(report(cpu, names, args))
+
+
+def report(cpu: dict[tuple[str, str], list[float]], names: list[str], args: argparse.Namespace) -> str:
+    modes = ["json", "stream-64"]
+    out = [
+        f"Router CPU µs/request, c={args.concurrency}, median of {args.rounds} interleaved rounds"
+        f" ({args.requests} JSON / {args.requests // 2} stream requests each)",
+        "",
+        "| router | " + " | ".join(modes) + " | rounds (json; stream) |",
+        "|---|---:|---:|---|",
+    ]
+    base = {m: statistics.median(cpu[("base", m)]) for m in modes}
+    for name in names:
+        cells = []
+        for m in modes:
+            med = statistics.median(cpu[(name, m)])
+            cells.append(f"{med:.0f}" + ("" if name == "base" else f" ({(med / base[m] - 1) * 100:+.0f}%)"))
+        rounds = "; ".join(" ".join(f"{v:.0f}" for v in cpu[(name, m)]) for m in modes)
+        out.append(f"| {name} | " + " | ".join(cells) + f" | {rounds} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()
