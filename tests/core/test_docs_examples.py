@@ -12,6 +12,8 @@ from infera_core.cli import build_cli
 from infera_core.engine import LaunchSpec
 from infera_core.testing.contracts import EngineAdapterContract, ScorerContract, sample_launch_context
 from infera_core.testing.fixtures import make_hooks
+from infera_core.transfer import TransferPlan, resolve_plan
+from infera_core.worker import Role
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -42,6 +44,7 @@ def test_hook_reference_examples_make_a_working_plugin() -> None:
         "tokenizers": ["sentencepiece"],
         "request_transports": ["pigeon"],
         "kv_event_transports": ["file"],
+        "transfer_connectors": ["echo:pipe"],
         "presets": ["idle-first"],
     }
     consul = catalog.discovery.get("consul")
@@ -59,6 +62,22 @@ def test_hook_reference_examples_make_a_working_plugin() -> None:
     spec = LaunchSpec(argv=["echo-engine"])
     hooks.mutate_engine_launch(sample_launch_context(), spec)
     assert spec.env == {"HF_HOME": "/var/cache/hf"}
+
+    # the transfer connector builds the echo engine's plan; the amend hook edits vLLM's nixl plans
+    launch = sample_launch_context()
+    launch.role, launch.hooks = Role.PREFILL, hooks
+    plan = resolve_plan(launch, "echo", (), chosen="pipe", user={"kv_buffer_device": "cpu"})
+    assert plan.config == {
+        "kv_buffer_device": "cpu",
+        "kv_connector": "PipeConnector",
+        "kv_role": "kv_prefill",
+    }
+    assert plan.pd is not None and plan.pd.protocol == "echo-pd"
+    nixl = TransferPlan(
+        engine="vllm", role=Role.DECODE, connector="nixl", config={"kv_connector": "NixlConnector"}
+    )
+    hooks.amend_kv_transfer(launch, nixl)
+    assert nixl.config["kv_connector_extra_config"] == {"backends": ["UCX"]} and "UCX_TLS" in nixl.env
 
     result = CliRunner().invoke(build_cli(hooks), ["echo-stats"])
     assert result.exit_code == 0 and result.output == "echo\n"
