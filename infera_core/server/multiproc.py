@@ -56,8 +56,15 @@ def cpu_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+IN_PROCESS_DISCOVERY = "memory"
+"""A discovery backend whose fleet lives in one process (tests): one server process by default."""
+
+
 def process_count(settings: ServeSettings) -> int:
-    return settings.processes or cpu_count()
+    """``--processes``, or one per core (one with the in-process ``memory`` discovery)."""
+    if settings.processes:
+        return settings.processes
+    return 1 if settings.discovery == IN_PROCESS_DISCOVERY else cpu_count()
 
 
 def reuseport_socket(host: str, port: int) -> socket.socket:
@@ -76,6 +83,11 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
 
 def supervise(settings: ServeSettings, hooks: InferaHooks, count: int) -> int:
     """Run ``count`` server processes until stopped; the exit status for serve."""
+    if settings.discovery == IN_PROCESS_DISCOVERY:
+        raise InferaError(
+            f"--processes {count} needs a discovery backend the processes share (etcd, nats, static…):"
+            " the memory backend's fleet lives in one process"
+        )
     if not hasattr(socket, "SO_REUSEPORT"):
         raise InferaError("--processes above 1 needs SO_REUSEPORT (Linux); use --processes 1")
     try:

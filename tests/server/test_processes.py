@@ -339,3 +339,14 @@ async def test_kv_ingest_runs_off_the_proxying_loop() -> None:
                     return int(view["blocks"]) > 0
 
                 await _until(indexed)  # the events published meanwhile were applied after
+
+
+def test_a_start_up_error_is_one_line_and_exit_status_1() -> None:
+    """Process 0 starts alone: etcd unreachable is said once, not once per process."""
+    argv = [INFERA_RUN, "serve", "--processes", "2", "--port", str(free_port())]
+    argv += ["--etcd-endpoint", f"127.0.0.1:{free_port()}", "--connect-timeout", "1"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("infera-run: error:")]
+    assert len(errors) == 1 and "cannot reach etcd" in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
