@@ -165,6 +165,11 @@ class KvRelay:
                 batch: list[tuple[int, bytes]] = []
                 for frames in burst:
                     if len(frames) < 3:
+                        if not frames or self.kv_events.seq_frames:
+                            continue
+                        seq = 0 if last is None else last + 1  # [topic, payload] (ATOM): numbered here
+                        batch.append((seq, frames[-1]))
+                        last = seq
                         continue
                     seq = int.from_bytes(frames[-2], "big", signed=True)
                     if synced is not None:
