@@ -40,7 +40,8 @@ class UpSettings(InferaSettings, LimitSettings, AuthSettings):
     policy: str | None = Field(
         None,
         description="Routing preset (see `infera-run policies`; env INFERA_ROUTER_POLICY works too)"
-        " [default: kv-aware if installed, else round-robin].",
+        " [default: the engine's (approximate-prefix for engines without KV events), else kv-aware"
+        " if installed, else round-robin].",
         json_schema_extra={"flag": "--router-policy", "aliases": ["--policy"]},
     )
     router_config: Path | None = Field(None, description="YAML routing profile instead of --router-policy.")

@@ -54,9 +54,16 @@ class _Server(uvicorn.Server):
         yield
 
 
-def default_policy(hooks: InferaHooks) -> str:
-    """``kv-aware`` when a plugin provides it, else ``round-robin`` (the same rule as ``serve``)."""
-    return router_default_policy(hooks.catalog().policies)
+def default_policy(hooks: InferaHooks, engine: str | None = None) -> str:
+    """The engine adapter's ``default_policy`` when it names an installed preset (engines
+    without KV events say ``approximate-prefix``), else ``kv-aware`` when a plugin provides
+    it, else ``round-robin`` (the same rule as ``serve``)."""
+    catalog = hooks.catalog()
+    adapter = catalog.engines.get(engine) if engine and engine in catalog.engines else None
+    preferred = getattr(adapter, "default_policy", None)
+    if isinstance(preferred, str) and preferred in catalog.policies.preset_names():
+        return preferred
+    return router_default_policy(catalog.policies)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -89,7 +96,7 @@ class Stack:
         self.settings = settings
         self.hooks = hooks or InferaHooks.load()
         self.engine_args = list(engine_args or [])
-        self.policy = settings.policy or default_policy(self.hooks)
+        self.policy = settings.policy or default_policy(self.hooks, settings.engine)
         self._echo = echo
         self.discovery: Discovery | None = None
         self.launchers: list[WorkerLauncher] = []

@@ -1,0 +1,24 @@
+"""Hook implementations of the infera-openai plugin."""
+
+from __future__ import annotations
+
+from infera_core.hookspecs import hookimpl
+from infera_core.registry import EngineRegistry
+
+
+@hookimpl
+def infera_register_engines(registry: EngineRegistry) -> None:
+    from infera_openai.generic import GenericOpenAIAdapter
+    from infera_openai.llamacpp import LlamaCppAdapter
+    from infera_openai.tgi import TgiAdapter
+    from infera_openai.triton import TritonAdapter
+    from infera_openai.trtllm import TrtllmAdapter
+
+    for adapter in (
+        LlamaCppAdapter(),
+        TgiAdapter(),
+        TrtllmAdapter(),
+        TritonAdapter(),
+        GenericOpenAIAdapter(),
+    ):
+        registry.add(adapter)

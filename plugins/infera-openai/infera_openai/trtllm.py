@@ -1,0 +1,97 @@
+"""TensorRT-LLM's ``trtllm-serve``: ``infera-run worker trtllm --model-path <dir> [-- flags]``.
+
+Flags checked against ``tensorrt_llm/commands/serve.py`` (click command ``serve``: positional
+``MODEL``, ``--host``, ``--port``, ``--tensor_parallel_size``/``--tp_size``,
+``--pipeline_parallel_size``/``--pp_size``, ``--backend``; the ``trtllm-serve`` group runs
+``serve`` by default). Routes in ``tensorrt_llm/serve/openai_server.py``: ``GET /health``
+(200 once the LLM is built), ``/prometheus/metrics`` (mounted when the LLM API option
+``return_perf_metrics`` is on) with the gauges ``trtllm_num_requests_running`` /
+``trtllm_num_requests_waiting`` named in ``tensorrt_llm/metrics/collector.py``, and
+``/metrics``: a JSON list of iteration stats (``numActiveRequests``, ``numQueuedRequests``;
+filled when ``enable_iter_perf_stats`` is on). trtllm-serve names the served model after the
+model directory; it does not check the ``model`` of a request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from infera_core.engine import EngineOption, FlagAlias, LaunchContext, LaunchSpec, RunningEngine
+from infera_openai.base import OpenAIServerAdapter, get_text, locate_binary, positive
+
+SERVE = "trtllm-serve"
+
+MANAGED_FLAGS = {
+    "--host": "infera's --host",
+    "--port": "infera's --port",
+    "--tensor_parallel_size": "--tp",
+    "--tp_size": "--tp",
+    "--pipeline_parallel_size": "--pp",
+    "--pp_size": "--pp",
+}
+
+ALIASES: Mapping[str, FlagAlias] = {
+    "--tensor_parallel_size": FlagAlias("--tp"),
+    "--tp_size": FlagAlias("--tp"),
+    "--pipeline_parallel_size": FlagAlias("--pp"),
+    "--pp_size": FlagAlias("--pp"),
+}
+"""trtllm-serve's spellings of what Infera manages (``python -m infera.engine.trtllm``, after ``--``)."""
+
+OPTIONS: tuple[EngineOption, ...] = (
+    EngineOption("tp", int, 1, "Tensor-parallel size (trtllm-serve --tp_size)."),
+    EngineOption("pp", int, 1, "Pipeline-parallel size (trtllm-serve --pp_size)."),
+    EngineOption("trtllm_serve", str, None, f"Path of {SERVE} [default: the one on PATH]."),
+)
+
+
+class TrtllmAdapter(OpenAIServerAdapter):
+    """Launches and watches one ``trtllm-serve serve`` (the LLM API's OpenAI server)."""
+
+    name = "trtllm"
+    description = "TensorRT-LLM trtllm-serve (OpenAI server of the LLM API); no KV events"
+    package_hint = "pip install tensorrt_llm (its trtllm-serve script)"
+    metrics_path = "/prometheus/metrics"
+    running_metrics = ("trtllm_num_requests_running",)
+    waiting_metrics = ("trtllm_num_requests_waiting",)
+    managed_flags: ClassVar[Mapping[str, str]] = MANAGED_FLAGS
+    aliases: ClassVar[Mapping[str, FlagAlias]] = ALIASES
+    engine_options = OPTIONS
+
+    def launch(self, ctx: LaunchContext) -> LaunchSpec:
+        serve = locate_binary(ctx.options.get("trtllm_serve"), SERVE, "--trtllm-serve", self.package_hint)
+        return LaunchSpec(argv=[serve, "serve", *self.engine_flags(ctx)])
+
+    def engine_flags(self, ctx: LaunchContext) -> list[str]:
+        """Every ``trtllm-serve serve`` argument (pure: no probe)."""
+        flags = [ctx.served_path, "--host", ctx.host, "--port", str(ctx.port)]
+        flags += ["--tp_size", str(positive(ctx, "tp", "--tp"))]
+        pp = positive(ctx, "pp", "--pp")
+        if pp != 1:
+            flags += ["--pp_size", str(pp)]
+        return flags + list(ctx.engine_args)
+
+    async def load(self, engine: RunningEngine) -> dict[str, float] | None:
+        """The Prometheus gauges, else the newest iteration stats of ``/metrics``."""
+        from_prometheus = await super().load(engine)
+        if from_prometheus is not None:
+            return from_prometheus
+        text = await get_text(engine, "/metrics")
+        if text is None:
+            return None
+        try:
+            stats: Any = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(stats, list) or not stats or not isinstance(stats[-1], dict):
+            return None
+        last = stats[-1]
+        try:
+            return {
+                "running": float(last.get("numActiveRequests", 0)),
+                "waiting": float(last.get("numQueuedRequests", 0)),
+            }
+        except (TypeError, ValueError):
+            return None
