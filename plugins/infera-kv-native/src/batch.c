@@ -388,7 +388,7 @@ typedef struct {
 /* Whether a removal's group is one the view skips (non-full-attention); -1 on error. */
 static int group_skipped(PyObject *skipped, const evdesc *ev)
 {
-    if (!ev->has_group || PySet_GET_SIZE(skipped) == 0)
+    if (!ev->has_group || PySet_Size(skipped) == 0)
         return 0;
     PyObject *g = PyLong_FromLongLong(ev->group);
     if (g == NULL)

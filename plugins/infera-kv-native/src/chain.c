@@ -29,7 +29,7 @@ static inline int push(PyObject *out, Py_ssize_t i, Py_hash_t h)
     PyObject *o = PyLong_FromSsize_t(h);
     if (o == NULL)
         return -1;
-    PyList_SET_ITEM(out, i, o);
+    PyList_SetItem(out, i, o);
     return 0;
 }
 
@@ -54,16 +54,17 @@ static PyObject *chain_seq(PyObject *tokens, Py_ssize_t bs, int64_t h)
     PyObject *seq = PySequence_Fast(tokens, "token_ids must be a sequence");
     if (seq == NULL)
         return NULL;
-    Py_ssize_t nblocks = PySequence_Fast_GET_SIZE(seq) / bs;
-    PyObject **items = PySequence_Fast_ITEMS(seq);
+    int is_list = PyList_Check(seq); /* once: each check is a call in the limited API */
+    Py_ssize_t nblocks = fast_size(seq) / bs;
     PyObject *out = PyList_New(nblocks);
     if (out == NULL)
         goto done;
     for (Py_ssize_t b = 0; b < nblocks; b++) {
         uint64_t acc = mix(XXPRIME_5, lane_signed(h));
-        PyObject **blk = items + b * bs;
         for (Py_ssize_t i = 0; i < bs; i++) {
-            Py_hash_t lh = PyObject_Hash(blk[i]); /* exactly what the tuple hash uses */
+            Py_ssize_t at = b * bs + i;
+            PyObject *item = is_list ? PyList_GetItem(seq, at) : PyTuple_GetItem(seq, at);
+            Py_hash_t lh = PyObject_Hash(item); /* exactly what the tuple hash uses */
             if (lh == -1) {
                 Py_CLEAR(out);
                 goto done;

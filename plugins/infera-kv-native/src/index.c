@@ -34,10 +34,14 @@ static int key_of(PyObject *o, uint64_t *k)
         return 0;
     }
     if (PyBytes_Check(o)) {
-        *k = fold_bytes((const unsigned char *)PyBytes_AS_STRING(o), (size_t)PyBytes_GET_SIZE(o));
+        *k = fold_bytes((const unsigned char *)PyBytes_AsString(o), (size_t)PyBytes_Size(o));
         return 0;
     }
-    PyErr_Format(PyExc_TypeError, "block hash must be an int or bytes, not %.100s", Py_TYPE(o)->tp_name);
+    PyObject *tname = PyType_GetName(Py_TYPE(o));
+    if (tname != NULL) {
+        PyErr_Format(PyExc_TypeError, "block hash must be an int or bytes, not %U", tname);
+        Py_DECREF(tname);
+    }
     return -1;
 }
 
@@ -84,14 +88,14 @@ static PyObject *Index_store(IndexObject *x, PyObject *const *args, Py_ssize_t n
     PyObject *out = NULL;
     if (hs == NULL)
         goto done;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(ehs);
-    if (PySequence_Fast_GET_SIZE(hs) < n)
-        n = PySequence_Fast_GET_SIZE(hs);
+    Py_ssize_t n = fast_size(ehs);
+    if (fast_size(hs) < n)
+        n = fast_size(hs);
     for (Py_ssize_t i = 0; i < n; i++) {
         uint64_t ek;
-        if (key_of(PySequence_Fast_GET_ITEM(ehs, i), &ek) < 0)
+        if (key_of(fast_item(ehs, i), &ek) < 0)
             goto done;
-        long long rh = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(hs, i));
+        long long rh = PyLong_AsLongLong(fast_item(hs, i));
         if (rh == -1 && PyErr_Occurred())
             goto done;
         int r = store_one(x, v, slot, tier, ek, (uint64_t)rh);
@@ -117,9 +121,9 @@ static PyObject *Index_remove(IndexObject *x, PyObject *const *args, Py_ssize_t 
     if (ehs == NULL)
         return NULL;
     view_t *v = peek_view(x, slot);
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(ehs); i++) {
+    for (Py_ssize_t i = 0; i < fast_size(ehs); i++) {
         uint64_t ek;
-        if (key_of(PySequence_Fast_GET_ITEM(ehs, i), &ek) < 0) {
+        if (key_of(fast_item(ehs, i), &ek) < 0) {
             Py_DECREF(ehs);
             return NULL;
         }
@@ -338,7 +342,7 @@ static int tier_empty(IndexObject *x, int t)
 static int match_core(IndexObject *x, PyObject *hashes, const int64_t *slots, Py_ssize_t nv, const double *w,
                       double *out)
 {
-    Py_ssize_t nh = PyList_GET_SIZE(hashes), nch = 0;
+    Py_ssize_t nh = PyList_Size(hashes), nch = 0;
     for (Py_ssize_t i = 0; i < nv; i++) {
         if (slots[i] >= MAX_SLOT) {
             PyErr_Format(PyExc_ValueError, "slot %lld out of range", (long long)slots[i]);
@@ -371,7 +375,7 @@ static int match_core(IndexObject *x, PyObject *hashes, const int64_t *slots, Py
     int lower = !tier_empty(x, 1) || !tier_empty(x, 2);
     Py_ssize_t depth = 0;
     for (Py_ssize_t k = 0; k < nh; k++) {
-        long long hv = PyLong_AsLongLong(PyList_GET_ITEM(hashes, k));
+        long long hv = PyLong_AsLongLong(PyList_GetItem(hashes, k));
         if (hv == -1 && PyErr_Occurred())
             goto done;
         uint64_t h = (uint64_t)hv, any = 0;
@@ -418,12 +422,12 @@ done:
 
 static int parse_weights(PyObject *t, double *w)
 {
-    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 3) {
+    if (!PyTuple_Check(t) || PyTuple_Size(t) < 3) {
         PyErr_SetString(PyExc_TypeError, "weights must be a tuple[float, float, float]");
         return -1;
     }
     for (int i = 0; i < 3; i++) {
-        w[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(t, i));
+        w[i] = PyFloat_AsDouble(PyTuple_GetItem(t, i));
         if (w[i] == -1.0 && PyErr_Occurred())
             return -1;
     }
@@ -446,7 +450,7 @@ static PyObject *Index_match(IndexObject *x, PyObject *const *args, Py_ssize_t n
     }
     if (parse_weights(args[2], w) < 0)
         return NULL;
-    Py_ssize_t nv = PyList_GET_SIZE(slots);
+    Py_ssize_t nv = PyList_Size(slots);
     int64_t *sl = malloc((size_t)(nv ? nv : 1) * sizeof(int64_t));
     double *res = calloc((size_t)(nv ? nv : 1), sizeof(double));
     PyObject *out = NULL;
@@ -455,7 +459,7 @@ static PyObject *Index_match(IndexObject *x, PyObject *const *args, Py_ssize_t n
         goto done;
     }
     for (Py_ssize_t i = 0; i < nv; i++) {
-        Py_ssize_t s = PyLong_AsSsize_t(PyList_GET_ITEM(slots, i));
+        Py_ssize_t s = PyLong_AsSsize_t(PyList_GetItem(slots, i));
         if (s == -1 && PyErr_Occurred())
             goto done;
         sl[i] = s;
@@ -468,7 +472,7 @@ static PyObject *Index_match(IndexObject *x, PyObject *const *args, Py_ssize_t n
         if (f == NULL)
             Py_CLEAR(out);
         else
-            PyList_SET_ITEM(out, i, f);
+            PyList_SetItem(out, i, f);
     }
 done:
     free(sl);
@@ -532,7 +536,10 @@ static void Index_dealloc(IndexObject *x)
             vm_free(&x->masks[t][c]);
         free(x->masks[t]);
     }
-    Py_TYPE(x)->tp_free((PyObject *)x);
+    PyTypeObject *type = Py_TYPE((PyObject *)x);
+    freefunc tp_free = (freefunc)PyType_GetSlot(type, Py_tp_free);
+    tp_free((PyObject *)x);
+    Py_DECREF(type); /* instances of heap types own a reference to their type */
 }
 
 #define FASTCALL(name, doc) {#name, (PyCFunction)(void (*)(void))Index_##name, METH_FASTCALL, doc}
@@ -555,23 +562,29 @@ static PyMethodDef Index_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyTypeObject IndexType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "infera_kv_native._chain.Index",
-    .tp_basicsize = sizeof(IndexObject),
-    .tp_dealloc = (destructor)Index_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "The KV index's block tables in C (see infera_core.kv.store).",
-    .tp_methods = Index_methods,
-    .tp_new = PyType_GenericNew,
+static PyType_Slot Index_slots[] = {
+    {Py_tp_dealloc, (void *)Index_dealloc},
+    {Py_tp_doc, (void *)"The KV index's block tables in C (see infera_core.kv.store)."},
+    {Py_tp_methods, Index_methods},
+    {Py_tp_new, (void *)PyType_GenericNew},
+    {0, NULL},
+};
+
+/* A heap type (the limited API has no static PyTypeObject), one per module object. */
+static PyType_Spec Index_spec = {
+    .name = "infera_kv_native._chain.Index",
+    .basicsize = sizeof(IndexObject),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = Index_slots,
 };
 
 int index_add_type(PyObject *module)
 {
-    if (PyType_Ready(&IndexType) < 0)
+    PyObject *type = PyType_FromModuleAndSpec(module, &Index_spec, NULL);
+    if (type == NULL)
         return -1;
-    Py_INCREF(&IndexType);
-    if (PyModule_AddObject(module, "Index", (PyObject *)&IndexType) < 0) {
-        Py_DECREF(&IndexType);
+    if (PyModule_AddObject(module, "Index", type) < 0) {
+        Py_DECREF(type);
         return -1;
     }
     return 0;

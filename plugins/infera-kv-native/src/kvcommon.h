@@ -9,6 +9,19 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The extension is built for the limited API (one abi3 wheel for CPython >= 3.11), which has
+   no unchecked accessor macros: these are the borrowed-reference function forms for what
+   PySequence_Fast returns (a list or a tuple). */
+static inline Py_ssize_t fast_size(PyObject *seq)
+{
+    return PyList_Check(seq) ? PyList_Size(seq) : PyTuple_Size(seq);
+}
+
+static inline PyObject *fast_item(PyObject *seq, Py_ssize_t i)
+{
+    return PyList_Check(seq) ? PyList_GetItem(seq, i) : PyTuple_GetItem(seq, i);
+}
+
 #if SIZEOF_VOID_P < 8
 #error "infera-kv-native needs a 64-bit CPython"
 #endif
