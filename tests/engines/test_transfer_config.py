@@ -101,6 +101,17 @@ def test_vllm_mooncake(role: Role, kv_role: str) -> None:
         assert plan.env == {} and "bootstrap_port" not in plan.pd.params
 
 
+def test_vllm_mooncake_prefill_with_its_own_bootstrap_server_advertises_that() -> None:
+    user = {
+        "kv_connector": "MooncakeConnector",
+        "kv_connector_extra_config": {"bootstrap_server_address": "10.9.9.9:7000"},
+    }
+    flags, plan = vllm(ctx(Role.PREFILL, kv_transfer_config=json.dumps(user)))
+    assert kv_config(flags)["kv_connector_extra_config"] == {"bootstrap_server_address": "10.9.9.9:7000"}
+    assert plan.env == {} and plan.pd is not None
+    assert (plan.pd.params["bootstrap_host"], plan.pd.params["bootstrap_port"]) == ("10.9.9.9", 7000)
+
+
 @pytest.mark.parametrize(("role", "kv_role"), [(Role.PREFILL, "kv_producer"), (Role.DECODE, "kv_consumer")])
 def test_vllm_moriio_write_mode(role: Role, kv_role: str) -> None:
     flags, plan = vllm(ctx(role, pd_connector="moriio"))
