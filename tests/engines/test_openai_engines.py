@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -14,7 +18,7 @@ import click
 import httpx
 import pytest
 from click.testing import CliRunner
-from engine_env import make_engine_env
+from engine_env import clean_environ, make_engine_env
 from infera_openai.generic import GenericOpenAIAdapter
 from infera_openai.llamacpp import LlamaCppAdapter
 from infera_openai.tgi import TgiAdapter
@@ -603,3 +607,55 @@ class TestGenericContract(_Contract):
             return {"/v1/models": (503, "")}
         metrics = f"my_running {in_flight}\nmy_waiting 0\n"
         return {"/v1/models": (200, '{"object":"list","data":[]}'), "/metrics": (200, metrics)}
+
+
+# -- the generic engine end to end: infera-run up over an OpenAI server it knows only by command --
+
+READY_LINE = re.compile(
+    r"Infera ready: (http://127\.0\.0\.1:\d+/v1)\s+\((\d+) openai workers, policy (\S+)\)"
+)
+
+
+@pytest.mark.slow
+def test_up_runs_any_openai_server_from_its_command() -> None:
+    # the sim stands in for "some OpenAI server"; the adapter knows nothing of it but the command
+    command = (
+        f"{sys.executable} -m infera_sim.server --host {{host}} --port {{port}} --served-model-name {{model}} "
+        "--kv-events-port 0 --kv-replay-port 0 --speedup 50"
+    )
+    cmd = [sys.executable, "-m", "infera_core", "up", "--engine", "openai", "--workers", "2", "--model", "m"]
+    cmd += ["--port", "0", "--quiet", "--drain-timeout", "3", "--ready-timeout", "90"]
+    cmd += ["--", "--command", command]
+    cmd += ["--running-metric", "vllm:num_requests_running", "--waiting-metric", "vllm:num_requests_waiting"]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_environ()
+    )
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+        found = None
+        while found is None:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            found = READY_LINE.search(line)
+        assert found is not None, "up never printed its ready line:\n" + "".join(lines[-40:])
+        url, workers, policy = found.group(1), found.group(2), found.group(3)
+        assert (workers, policy) == ("2", "approximate-prefix")
+        reply = httpx.post(
+            f"{url}/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            timeout=30,
+        )
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["message"]["role"] == "assistant"
+        listed = httpx.get(url.removesuffix("/v1") + "/v1/workers", timeout=10).json()["data"]
+        assert {w["engine"] for w in listed} == {"openai"} and len(listed) == 2
+        assert all(w["labels"] == {"kv-events": "none"} for w in listed)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
