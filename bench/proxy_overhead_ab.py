@@ -10,7 +10,8 @@ the fake upstreams once and three routers next to each other:
 * ``on`` — this tree with ``--api-key-file`` (one key, budgets that never bite) and the
   key sent with every request;
 
-then runs ``--rounds`` rounds; each round measures every router (order rotated per
+each as one server process (``--processes 1`` where the tree has it), then runs
+``--rounds`` rounds; each round measures every router (order rotated per
 round) for JSON and 64-chunk streams at ``--concurrency``, and the report gives each
 router's median router CPU per request (utime+stime from ``/proc``) over the rounds and
 its ratio to ``base``::
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -33,8 +35,15 @@ import proxy_overhead as po
 import yaml
 
 
+def single_process(infera_run: Path) -> list[str]:
+    """``--processes 1`` where ``serve`` has that flag (a tree before it was one process anyway)."""
+    out = subprocess.run([str(infera_run), "serve", "--help"], capture_output=True, text=True, check=True)
+    return ["--processes", "1"] if "--processes" in out.stdout else []
+
+
 def router_argv(infera_run: Path, port: int, fleet: Path, extra: list[str], nice: list[str]) -> list[str]:
     argv = [*nice, str(infera_run), "--log-level", "warning", "serve", "--port", str(port)]
+    argv += single_process(infera_run)
     argv += ["--upstream-transport", "native", "--discovery", "static", "--static-file", str(fleet)]
     return [*argv, "--router-policy", "round-robin", *extra]
 

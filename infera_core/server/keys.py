@@ -226,7 +226,8 @@ class KeyRing:
                 code="model_not_allowed",
                 type="permission_error",
             )
-        if key.tpd is not None and self._today_tokens(key) >= key.tpd:
+        tpd = key.tpd
+        if tpd is not None and (key.day_tokens if key.day == int(self._wall() // DAY) else 0) >= tpd:
             wall = self._wall()
             reset = math.ceil((math.floor(wall / DAY) + 1) * DAY - wall)
             raise ApiError(
@@ -235,12 +236,14 @@ class KeyRing:
                 code="token_budget_exceeded",
                 headers={"Retry-After": str(max(1, reset))},
             )
-        if key.rpm is not None:
+        rpm = key.rpm
+        if rpm is not None:
             now = self._clock()
-            rate = key.rpm / 60.0
-            key.bucket = min(float(key.rpm), key.bucket + (now - key.refilled) * rate)
+            rate = rpm / 60.0
+            bucket = key.bucket + (now - key.refilled) * rate
+            key.bucket = bucket = bucket if bucket < rpm else float(rpm)
             key.refilled = now
-            if key.bucket < 1.0:
+            if bucket < 1.0:
                 wait = math.ceil((1.0 - key.bucket) / rate)
                 raise ApiError(
                     429,
