@@ -30,6 +30,7 @@ from infera_core.engine_support import (
 )
 from infera_core.errors import EngineError
 from infera_core.worker import KvEventsInfo
+from infera_sglang import offload
 from infera_sglang.parallel import decode_radix_flags, parallel_flags
 from infera_sglang.transfer import transfer_plan
 
@@ -94,6 +95,7 @@ OPTIONS: tuple[EngineOption, ...] = (
         "First KV event port (0: pick free ones); DP-attention rank r publishes on port + r.",
     ),
     EngineOption("dp_size", int, 1, "DP-attention ranks behind this one server (SGLang --dp-size)."),
+    *offload.OPTIONS,
 )
 
 
@@ -183,6 +185,7 @@ class SglangAdapter:
         flags += parallel_flags(ctx, _dp(ctx))  # --tp-size defaults to --dp-size under DP-attention
         flags += transfer_plan(ctx).flags
         flags += decode_radix_flags(ctx)  # a decode worker's KV events need its radix cache
+        flags += offload.offload_flags(ctx)  # HiCache / LMCache
         return flags + list(ctx.engine_args)
 
     def record_fields(self, ctx: LaunchContext) -> RecordFields:

@@ -32,6 +32,7 @@ from infera_core.engine_support import (
 )
 from infera_core.errors import EngineError
 from infera_core.worker import KvEventsInfo
+from infera_vllm import offload
 from infera_vllm.transfer import transfer_plan
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -55,6 +56,7 @@ MANAGED_FLAGS = {
     "--data-parallel-start-rank": "--dp-rank (external LB: one launcher per rank)",
     "-dpr": "--dp-rank (external LB: one launcher per rank)",
     "--kv-transfer-config": "--kv-transfer-config",
+    **offload.MANAGED_FLAGS,
 }
 
 ALIASES: Mapping[str, FlagAlias] = {
@@ -67,6 +69,7 @@ ALIASES: Mapping[str, FlagAlias] = {
     "--block-size": FlagAlias("--block-size"),
     "--kv-transfer-config": FlagAlias("--kv-transfer-config"),
     "--enable-kv-events": FlagAlias("", takes_value=False),
+    **offload.ALIASES,
 }
 """vLLM's spellings of what Infera manages (``python -m infera.engine.vllm``, or after ``--``)."""
 
@@ -106,6 +109,7 @@ OPTIONS: tuple[EngineOption, ...] = (
     ),
     EngineOption("dp_size", int, 1, "External-LB data-parallel size (one launcher per rank)."),
     EngineOption("dp_rank", int, None, "This launcher's data-parallel rank (0 … --dp-size - 1)."),
+    *offload.OPTIONS,
 )
 
 
@@ -214,6 +218,7 @@ class VllmAdapter:
         transfer = transfer_plan(ctx)
         if transfer.config:
             flags += ["--kv-transfer-config", transfer.config_json()]
+        flags += transfer.flags  # e.g. --kv-offloading-size on a mixed worker
         return flags + list(ctx.engine_args)
 
     def record_fields(self, ctx: LaunchContext) -> RecordFields:

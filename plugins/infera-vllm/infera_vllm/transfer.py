@@ -26,6 +26,7 @@ from infera_core.transfer import (
     resolve_plan,
 )
 from infera_core.worker import PdInfo, Role
+from infera_vllm.offload import plan_offload
 
 if TYPE_CHECKING:
     from infera_core.engine import LaunchContext
@@ -235,12 +236,26 @@ BUILTIN: tuple[TransferConnector, ...] = (
 
 
 def transfer_plan(ctx: LaunchContext) -> TransferPlan:
-    """This launch's vLLM transfer plan (built once; plugins amend it)."""
+    """This launch's vLLM transfer plan (built once; plugins amend it).
+
+    KV offloading (:mod:`infera_vllm.offload`) comes first: on a mixed worker it adds vLLM's
+    offloading flags, on prefill/decode it turns the request into a MultiConnector.
+    """
+    if ctx.kv_transfer is not None:
+        return ctx.kv_transfer
     user = parse_user_config(ctx.options.get("kv_transfer_config"))
+    chosen = str(ctx.options.get("pd_connector") or "nixl")
+    pd_native = connectors_for(ctx, ENGINE, BUILTIN).get(chosen)
+    offloading = plan_offload(ctx, user, pd_native.native[0] if pd_native else "NixlConnector")
+    user = offloading.config
     mixed = None
     if ctx.role is Role.MIXED:
         check_one_sided_mixed(user)
         # the user's own connector (e.g. offloading) on a mixed worker, unchanged
-        mixed = TransferPlan(engine=ENGINE, role=ctx.role, connector=None, config=user)
-    chosen = str(ctx.options.get("pd_connector") or "nixl")
-    return resolve_plan(ctx, ENGINE, BUILTIN, chosen=chosen, user=user, mixed=mixed)
+        mixed = TransferPlan(
+            engine=ENGINE, role=ctx.role, connector=None, config=user, flags=offloading.flags
+        )
+    plan = resolve_plan(ctx, ENGINE, BUILTIN, chosen=chosen, user=user, mixed=mixed)
+    for key, value in offloading.env.items():  # LMCACHE_CONFIG_FILE; a plugin's amendment wins
+        plan.env.setdefault(key, value)
+    return plan
