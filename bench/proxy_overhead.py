@@ -409,9 +409,22 @@ def measure_serve(
     argv += ["--discovery", "static", "--static-file", str(fleet), "--router-policy", "round-robin"]
     argv += SERVE_FLAGS
     with process(argv, f"http://127.0.0.1:{port}/health") as proc:
+        if procs > 1:  # /health answers once process 0 serves; the load's connections must reach all
+            wait_processes(f"http://127.0.0.1:{port}", procs)
         print(target, file=sys.stderr)
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         measure(target, [url], proc.pid, concurrencies, total, rows)
+
+
+def wait_processes(url: str, count: int, timeout: float = 60) -> None:
+    """Until ``count`` server processes answer (``GET /v1/admin/processes``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+            if len(httpx.get(url + "/v1/admin/processes", timeout=2).json()["data"]) == count:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"{count} server processes not up after {timeout}s")
 
 
 def main() -> None:
