@@ -76,7 +76,10 @@ class BenchSettings(InferaSettings):
     )
     compare: bool = Field(False, description="Run the workload against every --url / --policies back to back")
     policies: str | None = Field(
-        None, description="Comma list of router policies: start a local stack per policy (with --compare)"
+        None,
+        description="Comma list of router policies, a local stack each (with --compare): a preset, "
+        "a preset with parameters changed (kv-aware:kv-overlap.cpu=0:kv-overlap.disk=0), or a "
+        "router-config .yaml",
     )
     workers: int = Field(4, gt=0, description="--policies: workers in each local stack")
     engine: str = Field("sim", description="--policies: engine of the local stack's workers")

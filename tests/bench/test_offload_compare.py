@@ -1,4 +1,4 @@
-"""``bench --compare`` with offloading sims: router-config policy variants and per-tier hit rates."""
+"""``bench --compare`` with offloading sims: policy variants and per-tier hit rates."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infera_core.bench.compare import policy_variant
+from infera_core.bench.variants import parse_variant
 from infera_core.errors import ConfigError
 from infera_core.scheduling.router_config import load_router_config
 from infera_core.testing.fixtures import make_hooks
@@ -17,25 +17,46 @@ from infera_core.testing.fixtures import make_hooks
 pytest.importorskip("infera_sim")
 
 REPO = Path(__file__).resolve().parents[2]
-NO_CREDIT = REPO / "bench" / "policies" / "kv-aware-no-tier-credit.yaml"
+NO_CREDIT = "kv-aware:kv-overlap.cpu=0:kv-overlap.disk=0"
 
 
-def test_a_yaml_entry_is_a_router_config_labelled_by_its_stem(tmp_path: Path) -> None:
-    assert policy_variant("kv-aware") == ("kv-aware", "kv-aware", None)
-    assert policy_variant(str(NO_CREDIT)) == ("kv-aware-no-tier-credit", None, NO_CREDIT)
-    with pytest.raises(ConfigError, match="not found"):
-        policy_variant(str(tmp_path / "missing.yaml"))
-
-
-def test_the_no_credit_variant_is_kv_aware_with_zero_cpu_and_disk_weights() -> None:
+def test_a_preset_variant_is_the_installed_preset_with_the_changed_parameters(tmp_path: Path) -> None:
     policies = make_hooks().catalog().policies
-    label, variant = load_router_config(NO_CREDIT).resolve(policies, str(NO_CREDIT))
+    variant = parse_variant(NO_CREDIT, policies, tmp_path)
+    assert variant.label == NO_CREDIT and variant.preset is None and variant.router_config is not None
+    label, profile = load_router_config(variant.router_config).resolve(policies, "variant")
     preset = policies.preset("kv-aware").profile
     assert label == "custom"
-    assert variant.filters == preset.filters and variant.picker == preset.picker
-    assert [(s.name, s.weight) for s in variant.scorers] == [(s.name, s.weight) for s in preset.scorers]
-    overlap = variant.scorers[0]
-    assert overlap.name == "kv-overlap" and overlap.params == {"gpu": 1.0, "cpu": 0.0, "disk": 0.0}
+    assert profile.filters == preset.filters and profile.picker == preset.picker
+    assert [(s.name, s.weight) for s in profile.scorers] == [(s.name, s.weight) for s in preset.scorers]
+    overlap = next(s for s in profile.scorers if s.name == "kv-overlap")
+    assert overlap.params == {
+        **next(s for s in preset.scorers if s.name == "kv-overlap").params,
+        "cpu": 0,
+        "disk": 0,
+    }
+    heavier = parse_variant("kv-aware:load.weight=0.5", policies, tmp_path).router_config
+    assert heavier is not None
+    _, profile = load_router_config(heavier).resolve(policies, "variant")
+    assert next(s for s in profile.scorers if s.name == "load").weight == 0.5
+
+
+def test_plain_presets_yaml_files_and_bad_entries(tmp_path: Path) -> None:
+    policies = make_hooks().catalog().policies
+    assert parse_variant("round-robin", policies, tmp_path).preset == "round-robin"
+    config = tmp_path / "mine.yaml"
+    config.write_text("preset: least-load\n")
+    variant = parse_variant(str(config), policies, tmp_path)
+    assert variant.label == "mine" and variant.router_config == config
+    for entry, message in (
+        (str(tmp_path / "missing.yaml"), "not found"),
+        ("no-such-preset:x.y=1", "no-such-preset"),
+        ("kv-aware:kv-overlap=0", "NAME.PARAM=VALUE"),
+        ("kv-aware:nothing.cpu=0", "has no 'nothing'"),
+        ("kv-aware:kv-overlap.weight=much", "weight is a number"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            parse_variant(entry, policies, tmp_path)
 
 
 @pytest.mark.slow
@@ -80,7 +101,7 @@ def test_compare_reports_the_offloaded_tier_hit_rate(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert "offloaded-tier hit rate" in out.stdout
     runs = json.loads((tmp_path / "r.json").read_text())["runs"]
-    assert [r["label"] for r in runs] == ["kv-aware", "kv-aware-no-tier-credit"]
+    assert [r["label"] for r in runs] == ["kv-aware", NO_CREDIT]
     for run in runs:
         s = run["summary"]
         assert s["completed"] == s["requests"] == 16
