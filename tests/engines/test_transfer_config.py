@@ -351,6 +351,87 @@ def test_atom_user_handshake_port_is_the_first_of_the_tp_ranks() -> None:
     assert kv_config(AtomAdapter().engine_flags(c))["handshake_port"] == 6800
 
 
+@pytest.mark.parametrize(("role", "kv_role"), [(Role.PREFILL, "kv_producer"), (Role.DECODE, "kv_consumer")])
+def test_atom_moriio_and_the_users_knobs(role: Role, kv_role: str) -> None:
+    user = {"kv_connector": "moriio", "qp_per_transfer": 8, "num_worker_threads": 8}
+    c = ctx(role, tp=8, block_size=16, handshake_port=6301, kv_transfer_config=json.dumps(user))
+    config = kv_config(AtomAdapter().engine_flags(c))
+    assert config == {**user, "kv_role": kv_role, "handshake_port": 6301, "http_port": 8100}
+    pd = AtomAdapter().record_fields(c).pd
+    assert pd == PdInfo(protocol="atom-moriio", params={"handshake_port": 6301, "tp_size": 8})
+
+
+def test_atom_multi_composes_mooncake_with_lmcache_offload() -> None:
+    offload = {"kv_connector": "lmcache_offload", "kv_role": "offload"}
+    user = {"kv_connector": "multi", "connectors": [{"kv_connector": "mooncake", "protocol": "tcp"}, offload]}
+    c = ctx(Role.PREFILL, tp=1, block_size=16, handshake_port=6700, kv_transfer_config=json.dumps(user))
+    config = kv_config(AtomAdapter().engine_flags(c))
+    # ATOM's MultiConnector layout (atom/kv_transfer/disaggregation/multi/README.md)
+    assert config == {
+        "kv_connector": "multi",
+        "connectors": [
+            {
+                "kv_connector": "mooncake",
+                "protocol": "tcp",
+                "kv_role": "kv_producer",
+                "handshake_port": 6700,
+                "http_port": 8100,
+            },
+            offload,
+        ],
+    }
+    assert AtomAdapter().record_fields(c).pd == PdInfo(
+        protocol="atom-mooncake", params={"handshake_port": 6700, "tp_size": 1}
+    )
+
+
+@pytest.mark.parametrize(
+    ("role", "user", "message"),
+    [
+        (
+            Role.PREFILL,
+            {"kv_role": "kv_consumer"},
+            "kv_role kv_consumer contradicts --role prefill for mooncake",
+        ),
+        (Role.DECODE, {"http_port": 9}, "http_port 9: ATOM needs the server port \\(8100\\)"),
+        (Role.DECODE, {"kv_connector": "nixl"}, "kv_connector nixl: Infera cannot drive it"),
+        (
+            Role.DECODE,
+            {"kv_connector": "multi", "connectors": [{"kv_connector": "lmcache_offload"}]},
+            "exactly one PD",
+        ),
+        (
+            Role.MIXED,
+            {"kv_connector": "multi", "connectors": [{"kv_connector": "mooncake", "kv_role": "kv_producer"}]},
+            "add --role prefill",
+        ),
+    ],
+)
+def test_atom_conflicts_are_one_clear_line(role: Role, user: dict[str, Any], message: str) -> None:
+    c = ctx(role, tp=1, block_size=16, kv_transfer_config=json.dumps(user))
+    with pytest.raises(EngineError, match=message) as err:
+        AtomAdapter().engine_flags(c)
+    assert "\n" not in str(err.value)
+
+
+def test_atom_moriio_transport_is_registered_and_refuses_a_mooncake_peer() -> None:
+    from infera_core.pd import PdPairError, check_pair
+    from infera_core.worker import WorkerRecord
+
+    assert "atom-moriio" in make_hooks().catalog().pd_transports.names()
+
+    def record(worker_id: str, role: Role, connector: str) -> WorkerRecord:
+        c = ctx(role, tp=1, block_size=16, pd_connector=connector)
+        pd = AtomAdapter().record_fields(c).pd
+        return WorkerRecord(
+            worker_id=worker_id, url="http://10.0.0.5:8100", model="m", engine="atom", role=role, pd=pd
+        )
+
+    check_pair(record("p", Role.PREFILL, "moriio"), record("d", Role.DECODE, "moriio"))
+    with pytest.raises(PdPairError, match="speaks atom-moriio but decode d speaks atom-mooncake"):
+        check_pair(record("p", Role.PREFILL, "moriio"), record("d", Role.DECODE, "mooncake"))
+
+
 # -- a third-party plugin through the hooks -----------------------------------------
 
 

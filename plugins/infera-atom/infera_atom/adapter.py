@@ -34,7 +34,7 @@ MANAGED_FLAGS = {
     "--tensor-parallel-size": "--tp",
     "-tp": "--tp",
     "--block-size": "--block-size",
-    "--kv-transfer-config": "--role",
+    "--kv-transfer-config": "--kv-transfer-config",
 }
 
 ALIASES: Mapping[str, FlagAlias] = {
@@ -42,6 +42,7 @@ ALIASES: Mapping[str, FlagAlias] = {
     "--tensor-parallel-size": FlagAlias("--tp"),
     "-tp": FlagAlias("--tp"),
     "--block-size": FlagAlias("--block-size"),
+    "--kv-transfer-config": FlagAlias("--kv-transfer-config"),
     "--enable-kv-events": FlagAlias("", takes_value=False),
 }
 """ATOM's spellings of what Infera manages (``python -m infera.engine.atom``, or after ``--``)."""
@@ -55,6 +56,21 @@ OPTIONS: tuple[EngineOption, ...] = (
         0,
         "First Mooncake handshake port for --role prefill/decode; TP rank r uses this + r (ATOM's "
         "side-channel layout). 0: pick --tp consecutive free ones. Advertised in the record.",
+    ),
+    EngineOption(
+        "pd_connector",
+        str,
+        "mooncake",
+        "KV connector for --role prefill/decode: mooncake, moriio (MoRI-IO), multi (from "
+        "--kv-transfer-config), or one a plugin registers; a kv_connector in --kv-transfer-config "
+        "picks it too.",
+    ),
+    EngineOption(
+        "kv_transfer_config",
+        str,
+        None,
+        "ATOM --kv-transfer-config JSON, merged with what --role prefill/decode needs (kv_role, "
+        "handshake_port, http_port); knobs such as protocol, ib_device, qp_per_transfer are kept.",
     ),
     EngineOption(
         "engine_port",

@@ -88,3 +88,11 @@ class AtomMooncakeTransport:
         out = dict(body)
         out["kv_transfer_params"] = params
         return LegRequest(body=out, headers={"X-Request-Id": ctx.request_id})
+
+
+class AtomMoriioTransport(AtomMooncakeTransport):
+    """ATOM's ``moriio`` connector: the same legs (the decode reads the blocks the prefill's
+    ``kv_transfer_params`` name, over MoRI-IO); a separate protocol so that a moriio worker
+    never pairs with a mooncake one."""
+
+    name = "atom-moriio"

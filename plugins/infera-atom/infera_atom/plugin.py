@@ -16,9 +16,10 @@ def infera_register_engines(registry: EngineRegistry) -> None:
 
 @hookimpl
 def infera_register_pd_transports(registry: PdTransportRegistry) -> None:
-    from infera_atom.pd import AtomMooncakeTransport
+    from infera_atom.pd import AtomMooncakeTransport, AtomMoriioTransport
 
     registry.add(AtomMooncakeTransport())
+    registry.add(AtomMoriioTransport())
 
 
 @hookimpl

@@ -2,10 +2,14 @@
 
 ATOM's ``mooncake`` connector binds one ZMQ side channel per rank at
 ``handshake_port + pp_rank * dp_size * tp_size + dp_rank * tp_size + tp_rank``
-(``atom/kv_transfer/disaggregation/port_offset.py``), and the peer computes the same
-offsets from the advertised ``handshake_port``. Infera therefore reserves ``tp``
-consecutive free ports (one per TP rank) and passes the first as ``handshake_port``;
-``http_port`` is the server port (ATOM: it must equal ``--server-port``).
+(``atom/kv_transfer/disaggregation/port_offset.py``), its ``moriio`` connector at
+``handshake_port + dp_rank + tp_rank`` (``moriio_common.get_port_offset``), and the peer
+computes the same offsets from the advertised ``handshake_port``. Infera therefore reserves
+``tp`` consecutive free ports (one per TP rank) and passes the first as ``handshake_port``;
+``http_port`` is the server port (ATOM: it must equal ``--server-port``). ``multi``
+(ATOM's MultiConnector: ``connectors`` at the top level, e.g. mooncake + ``lmcache_offload``)
+takes exactly one PD child. The user's ``--kv-transfer-config`` keys (``protocol``,
+``ib_device``, ``qp_per_transfer``…) are kept.
 """
 
 from __future__ import annotations
@@ -13,51 +17,128 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from infera_core.engine_support import free_ports
-from infera_core.transfer import TransferConnector, TransferPlan, check_kv_role, resolve_plan
+from infera_core.errors import EngineError
+from infera_core.transfer import (
+    TransferConnector,
+    TransferPlan,
+    check_kv_role,
+    check_one_sided_mixed,
+    connectors_for,
+    parse_user_config,
+    resolve_plan,
+)
 from infera_core.worker import PdInfo, Role
 
 if TYPE_CHECKING:
     from infera_core.engine import LaunchContext
 
 ENGINE = "atom"
+DEFAULT_CONNECTOR = "mooncake"
 KV_ROLE = {Role.PREFILL: ("kv_producer",), Role.DECODE: ("kv_consumer",)}
 
 
-def handshake_ports(ctx: LaunchContext) -> list[int]:
-    """One side-channel port per TP rank: the user's ``--handshake-port`` onwards, or free ones."""
+def handshake_ports(ctx: LaunchContext, user: dict[str, Any]) -> list[int]:
+    """One side-channel port per TP rank: from the user's ``handshake_port`` (config or
+    ``--handshake-port``) onwards, or ``tp`` consecutive free ones."""
     tp = int(ctx.options.get("tp") or 1)
-    wanted = int(ctx.options.get("handshake_port") or 0)
+    wanted = int(user.get("handshake_port") or ctx.options.get("handshake_port") or 0)
     if wanted:
         return [wanted + rank for rank in range(tp)]
     return free_ports(ctx, tp, consecutive=True)
 
 
-class AtomMooncake:
-    """ATOM's ``mooncake`` connector (router protocol ``atom-mooncake``)."""
-
+class _AtomConnector:
     engine = ENGINE
-    name = "mooncake"
-    native = ("mooncake",)
-    description = "ATOM Mooncake connector (handshake side channel per TP rank)"
+    name = ""
+    protocol = ""
+
+    @property
+    def native(self) -> tuple[str, ...]:
+        return (self.name,)
 
     def build(self, ctx: LaunchContext, user: dict[str, Any]) -> TransferPlan:
-        kv_role = check_kv_role(user, ctx.role, KV_ROLE[ctx.role], "mooncake") or KV_ROLE[ctx.role][0]
-        ports = handshake_ports(ctx)
+        kv_role = check_kv_role(user, ctx.role, KV_ROLE[ctx.role], self.name) or KV_ROLE[ctx.role][0]
+        if int(user.get("http_port", ctx.port)) != ctx.port:
+            raise EngineError(
+                f"--kv-transfer-config http_port {user['http_port']}: ATOM needs the server port "
+                f"({ctx.port}); leave it out"
+            )
+        ports = handshake_ports(ctx, user)
         config = {
             **user,
-            "kv_connector": "mooncake",
+            "kv_connector": self.name,
             "kv_role": kv_role,
             "handshake_port": ports[0],
             "http_port": ctx.port,
         }
-        params = {"handshake_port": ports[0], "tp_size": len(ports)}
-        pd = PdInfo(protocol="atom-mooncake", params=params)
+        pd = PdInfo(protocol=self.protocol, params={"handshake_port": ports[0], "tp_size": len(ports)})
         return TransferPlan(engine=ENGINE, role=ctx.role, connector=self.name, config=config, pd=pd)
 
 
-BUILTIN: tuple[TransferConnector, ...] = (AtomMooncake(),)
+class AtomMooncake(_AtomConnector):
+    """ATOM's ``mooncake`` connector (router protocol ``atom-mooncake``)."""
+
+    name = "mooncake"
+    protocol = "atom-mooncake"
+    description = "ATOM Mooncake connector (handshake side channel per TP rank)"
+
+
+class AtomMoriio(_AtomConnector):
+    """ATOM's ``moriio`` connector (MoRI-IO RDMA reads by the decode; protocol ``atom-moriio``)."""
+
+    name = "moriio"
+    protocol = "atom-moriio"
+    description = "ATOM MoRI-IO connector (RDMA reads; handshake side channel per TP rank)"
+
+
+class AtomMulti:
+    """ATOM's ``multi`` connector: exactly one PD child among ``connectors`` (e.g. mooncake +
+    ``lmcache_offload``); the PD child is built by its connector, the others pass as given."""
+
+    engine = ENGINE
+    name = "multi"
+    native = ("multi",)
+    description = "ATOM MultiConnector (one PD connector + e.g. lmcache_offload)"
+
+    def build(self, ctx: LaunchContext, user: dict[str, Any]) -> TransferPlan:
+        children = user.get("connectors")
+        if not isinstance(children, list) or not children or not all(isinstance(c, dict) for c in children):
+            raise EngineError(
+                "--kv-transfer-config multi needs connectors: a list of connector configs, e.g. "
+                '[{"kv_connector":"mooncake"},{"kv_connector":"lmcache_offload","kv_role":"offload"}]'
+            )
+        known = {
+            n: c
+            for c in connectors_for(ctx, ENGINE, BUILTIN).values()
+            if c.name != self.name
+            for n in c.native
+        }
+        pd_children = [i for i, c in enumerate(children) if c.get("kv_connector") in known]
+        if len(pd_children) != 1:
+            named = ", ".join(str(c.get("kv_connector")) for c in children)
+            raise EngineError(
+                f"--kv-transfer-config multi [{named}]: --role {ctx.role.value} needs exactly one PD "
+                f"connector among them ({', '.join(sorted(known))})"
+            )
+        index = pd_children[0]
+        plan = known[str(children[index]["kv_connector"])].build(ctx, children[index])
+        composed = [plan.config if i == index else c for i, c in enumerate(children)]
+        config = {**user, "kv_connector": "multi", "connectors": composed}
+        return TransferPlan(engine=ENGINE, role=ctx.role, connector=self.name, config=config, pd=plan.pd)
+
+
+BUILTIN: tuple[TransferConnector, ...] = (AtomMooncake(), AtomMoriio(), AtomMulti())
 
 
 def transfer_plan(ctx: LaunchContext) -> TransferPlan:
     """This launch's ATOM transfer plan (built once; plugins amend it)."""
-    return resolve_plan(ctx, ENGINE, BUILTIN, chosen="mooncake", user={})
+    user = parse_user_config(ctx.options.get("kv_transfer_config"))
+    mixed = None
+    if ctx.role is Role.MIXED:
+        check_one_sided_mixed(user)
+        for child in user.get("connectors") or []:
+            if isinstance(child, dict):
+                check_one_sided_mixed(child)
+        mixed = TransferPlan(engine=ENGINE, role=ctx.role, connector=None, config=user)
+    chosen = str(ctx.options.get("pd_connector") or DEFAULT_CONNECTOR)
+    return resolve_plan(ctx, ENGINE, BUILTIN, chosen=chosen, user=user, mixed=mixed)
