@@ -35,6 +35,7 @@ from infera_sim.engine import SimEngine
 from infera_sim.kvcache import block_hashes
 from infera_sim.request import SimRequest
 from infera_sim.tokenizer import SimTokenizer
+from sglang_cache_aware import CacheAware
 
 from infera_core.bench.trace import BlockTokens
 from infera_core.builtin.policies import register_defaults
@@ -48,6 +49,9 @@ from infera_core.worker import KvEventsInfo, WorkerRecord
 
 TRACE = "/work/shared/workloads/mooncake_synthetic_trace.jsonl"
 BS = 16
+BEFORE = "kv-aware-before"
+SGLANG = "sglang-cache-aware"
+"""sglang-router's ``cache_aware`` (defaults), re-implemented in ``bench/sglang_cache_aware.py``."""
 
 
 @dataclass(slots=True)
@@ -57,19 +61,28 @@ class Arrival:
     max_tokens: int
 
 
-def load_trace(path: str, rows: int, speedup: float, tokens_per_block: int, output_div: int) -> list[Arrival]:
+def load_trace(
+    path: str, rows: int, speedup: float, tokens_per_block: int, output_div: int, skip: int = 0
+) -> list[Arrival]:
     blocks = BlockTokens(seed=0, block_tokens=tokens_per_block)
     out = []
+    t0: float | None = None
     with open(path) as f:
         for i, line in enumerate(f):
-            if i >= rows:
+            if i < skip:
+                continue
+            if i >= skip + rows:
                 break
             row = json.loads(line)
+            if t0 is None:
+                t0 = row["timestamp"]
             length = max(1, row["input_length"] * tokens_per_block // 512)
             prompt = blocks.prompt(row["hash_ids"], length, i)
             out.append(
                 Arrival(
-                    row["timestamp"] / 1000.0 / speedup, prompt, max(1, row["output_length"] // output_div)
+                    (row["timestamp"] - t0) / 1000.0 / speedup,
+                    prompt,
+                    max(1, row["output_length"] // output_div),
                 )
             )
     return out
@@ -131,11 +144,19 @@ class Fleet:
 
 
 def run(
-    policy: str, arrivals: list[Arrival], args: argparse.Namespace, reg: PolicyRegistry
+    policy: str, arrivals: list[Arrival], args: argparse.Namespace, reg: PolicyRegistry, pooled: bool = False
 ) -> dict[str, float]:
-    fleet = Fleet(args.sims, args.blocks, {"prefill_tokens_per_s": args.prefill_rate})
+    """Replay ``arrivals`` on the fleet under ``policy``; ``pooled``: on one sim with the whole fleet's
+    cache, prefill rate, batch budget and sequence slots instead (the sim-pooled bound)."""
+    n = args.sims
+    cfg: dict[str, float] = {"prefill_tokens_per_s": args.prefill_rate * (n if pooled else 1)}
+    if pooled:
+        cfg |= {"max_num_seqs": 256 * n, "max_num_batched_tokens": 8192 * n}
+    fleet = Fleet(1 if pooled else n, args.blocks * (n if pooled else 1), cfg)
     deps = SchedulerDeps(kv_index=fleet.index, clock=time.monotonic)
-    profile = build_profile(policy, profile_config(policy, reg), reg, deps)
+    sglang = CacheAware([ep.worker_id for ep in fleet.endpoints]) if policy == SGLANG else None
+    profile = build_profile(policy, profile_config("round-robin" if sglang else policy, reg), reg, deps)
+    names = [ep.worker_id for ep in fleet.endpoints]
     engines, endpoints = fleet.engines, fleet.endpoints
     step_end: list[float | None] = [None] * len(engines)
     plans: list[object] = [None] * len(engines)
@@ -144,6 +165,7 @@ def run(
     ttft: list[float] = []
     decide: list[float] = []
     cached = [0, 0]  # prompt tokens found cached at admission, prompt tokens
+    held: list[int] = []  # blocks referenced by running requests, at each arrival
 
     def start_step(i: int, now: float) -> None:
         eng = engines[i]
@@ -180,13 +202,18 @@ def run(
             end_step(i, t)
             continue
         a = arrivals[k]
+        held.append(sum(e.cache.used for e in engines))
         rid = f"r{k}"
         k += 1
         ctx = RequestContext(rid, "m", "/v1/completions", {"prompt": ""}, token_ids=a.prompt)
         t0 = time.perf_counter()
-        ep = profile.pick(ctx, profile.filter(ctx, endpoints))
+        if sglang is not None:
+            i = sglang.pick(a.prompt, names, [e.in_flight for e in endpoints], a.t)
+            ep = endpoints[i]
+        else:
+            ep = profile.pick(ctx, profile.filter(ctx, endpoints))
+            i = endpoints.index(ep)
         decide.append(time.perf_counter() - t0)
-        i = endpoints.index(ep)
         ep.in_flight += 1
         req = SimRequest(rid, a.prompt, a.max_tokens, ignore_eos=True)
         req.stream = False
@@ -206,14 +233,21 @@ def run(
         "imbalance": max(spread) / max(1.0, statistics.fmean(spread)),
         "preemptions": float(sum(e.metrics.preemptions for e in engines)),
         "decide_us": statistics.fmean(decide) * 1e6,
+        "held": statistics.fmean(held),
     }
 
 
 def profile_config(policy: str, reg: PolicyRegistry) -> ProfileConfig:
-    """A preset by name, or ``kv:OVERLAP/LOAD/RECENT/FACTOR[/GAP]`` for a kv-aware variant (tuning)."""
+    """A preset by name, ``kv-aware-before`` (the preset before this bench's tuning), or
+    ``kv:OVERLAP/LOAD/RECENT/FACTOR[/GAP[/FILL]]`` for a kv-aware variant (tuning)."""
+    if policy == BEFORE:
+        cfg = kv_profile(1.0, 0.1, 0.05, 1.2, 16.0)
+        cfg.scorers[0].params = {"pending": False}
+        return cfg
     if policy.startswith("kv:"):
-        o, load, recent, guard, *gap = (float(x) for x in policy[3:].split("/"))
-        return kv_profile(o, load, recent, guard, *gap)
+        o, load, recent, guard, *rest = (float(x) for x in policy[3:].split("/"))
+        gap = rest[0] if rest else 8.0
+        return kv_profile(o, load, recent, guard, gap, fill=rest[1] if len(rest) > 1 else 0.0)
     return reg.preset(policy).profile
 
 
@@ -229,6 +263,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default=TRACE)
     ap.add_argument("--rows", type=int, default=3000)
+    ap.add_argument("--skip", type=int, default=0, help="start at this row of the trace (a held-out part)")
     ap.add_argument("--speedup", type=float, default=8.0, help="trace time / replay time")
     ap.add_argument("--sims", type=int, default=8)
     ap.add_argument("--blocks", type=int, default=2048, help="KV cache blocks per sim (16 tokens each)")
@@ -237,11 +272,12 @@ def main() -> None:
     ap.add_argument("--prefill-rate", type=float, default=20000.0, help="sim prefill tokens/s")
     ap.add_argument(
         "--policies",
-        default="kv-aware,round-robin,least-load",
-        help="presets, or kv:OVERLAP/LOAD/RECENT/GUARD-FACTOR[/GAP] for a kv-aware variant",
+        default=f"kv-aware,{BEFORE},{SGLANG},round-robin,least-load",
+        help=f"presets, {BEFORE}, {SGLANG} (sglang-router's cache_aware), or "
+        "kv:OVERLAP/LOAD/RECENT/GUARD-FACTOR[/GAP[/FILL]] for a kv-aware variant",
     )
     a = ap.parse_args()
-    arrivals = load_trace(a.trace, a.rows, a.speedup, a.tokens_per_block, a.output_div)
+    arrivals = load_trace(a.trace, a.rows, a.speedup, a.tokens_per_block, a.output_div, a.skip)
     bound = pooled_bound(arrivals, a.sims * a.blocks)
     span = arrivals[-1].t - arrivals[0].t
     offered = sum(len(x.prompt) for x in arrivals) / max(span, 1e-9) / (a.sims * a.prefill_rate)
@@ -250,21 +286,29 @@ def main() -> None:
         f"uncached prefill load {offered:.2f}× the fleet's prefill rate; pooled-LRU bound hit {bound:.3f}"
     )
     print(
-        f"{'policy':<14} {'TTFT p50':>9} {'p90':>8} {'p99':>8} {'hit':>6} {'/bound':>7} "
-        f"{'max/mean':>8} {'preempt':>7} {'µs/decision':>11}"
+        f"{'policy':<18} {'TTFT p50':>9} {'p90':>8} {'p99':>8} {'hit':>6} {'/bound':>7} "
+        f"{'max/mean':>8} {'preempt':>7} {'µs/decision':>11} {'held':>6} {'/free bound':>11}"
     )
     reg = registry()
     rows = {}
     for policy in a.policies.split(","):
         r = rows[policy] = run(policy, arrivals, a, reg)
+        # the same LRU bound, over the blocks that running requests left free on average
+        free = pooled_bound(arrivals, max(1, int(a.sims * a.blocks - r["held"])))
         print(
-            f"{policy:<14} {r['ttft_p50']:9.3f} {r['ttft_p90']:8.3f} {r['ttft_p99']:8.3f} {r['hit']:6.3f} "
-            f"{r['hit'] / bound:7.3f} {r['imbalance']:8.2f} {r['preemptions']:7.0f} {r['decide_us']:11.0f}",
+            f"{policy:<18} {r['ttft_p50']:9.3f} {r['ttft_p90']:8.3f} {r['ttft_p99']:8.3f} {r['hit']:6.3f} "
+            f"{r['hit'] / bound:7.3f} {r['imbalance']:8.2f} {r['preemptions']:7.0f} {r['decide_us']:11.0f} "
+            f"{r['held']:6.0f} {r['hit'] / free:11.3f}",
             flush=True,
         )
     if "kv-aware" in rows and "round-robin" in rows:
         ratio = rows["kv-aware"]["ttft_p90"] / rows["round-robin"]["ttft_p90"]
         print(f"kv-aware TTFT p90 / round-robin's: {ratio:.2f}")
+    if "kv-aware" in rows and SGLANG in rows:
+        kv, sg = rows["kv-aware"], rows[SGLANG]
+        print(
+            f"kv-aware / {SGLANG}: TTFT p90 {kv['ttft_p90'] / sg['ttft_p90']:.2f}, hit {kv['hit'] / sg['hit']:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ TRACE = Path("/work/shared/workloads/mooncake_synthetic_trace.jsonl")
 def _table(out: str) -> dict[str, list[float]]:
     rows = {}
     for line in out.splitlines():
-        m = re.match(r"^(kv-aware|round-robin)\s+([0-9.]+\s.*)$", line)
+        m = re.match(r"^(kv-aware|round-robin|sglang-cache-aware)\s+([0-9.]+\s.*)$", line)
         if m:
             rows[m.group(1)] = [float(x) for x in m.group(2).split()]
     return rows
@@ -25,7 +25,8 @@ def _table(out: str) -> dict[str, list[float]]:
 @pytest.mark.skipif(not TRACE.exists(), reason=f"the Mooncake trace is not at {TRACE}")
 def test_kv_aware_caches_more_and_answers_sooner_than_round_robin_near_capacity() -> None:
     script = str(ROOT / "bench" / "saturation.py")
-    args = ["--rows", "400", "--speedup", "45", "--policies", "kv-aware,round-robin", "--trace", str(TRACE)]
+    policies = "kv-aware,round-robin,sglang-cache-aware"
+    args = ["--rows", "400", "--speedup", "45", "--policies", policies, "--trace", str(TRACE)]
     proc = subprocess.run(
         [sys.executable, script, *args],
         capture_output=True,
@@ -35,8 +36,10 @@ def test_kv_aware_caches_more_and_answers_sooner_than_round_robin_near_capacity(
     )
     assert "pooled-LRU bound hit" in proc.stdout, proc.stdout
     rows = _table(proc.stdout)
-    kv, rr = rows["kv-aware"], rows["round-robin"]
+    kv, rr, sg = rows["kv-aware"], rows["round-robin"], rows["sglang-cache-aware"]
     # columns: TTFT p50, p90, p99, hit, hit/bound, max/mean, preemptions, µs/decision
     assert kv[3] > 2 * rr[3], proc.stdout
     assert kv[1] <= rr[1], proc.stdout
     assert 0.0 < kv[4] <= 1.0 + 1e-9, proc.stdout
+    # and at least as well as sglang-router's cache_aware (virtual time: the run is deterministic)
+    assert kv[3] >= sg[3] and kv[1] <= sg[1], proc.stdout

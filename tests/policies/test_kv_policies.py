@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import pytest
 from infera_policies.approx_prefix import register_approx_prefix
 from infera_policies.kv import LoadScorer, register_kv
 
@@ -54,6 +55,10 @@ class TestRecentDispatchContract(ScorerContract):
 
 class TestApproximatePrefixContract(ScorerContract):
     factory = REG.factory("scorer", "approximate-prefix")
+
+
+class TestCacheFillContract(ScorerContract):
+    factory = REG.factory("scorer", "cache-fill")
 
 
 class TestImbalanceGuardContract(FilterContract):
@@ -238,3 +243,38 @@ def test_load_accounting_returns_to_zero_when_both_pd_legs_finish() -> None:
     assert scorer.score(ctx, [a, b]) == [1.0, 0.0]
     scorer.on_finished(ctx, b, True)
     assert (a.in_flight_prompt_tokens, b.in_flight_prompt_tokens) == (0, 0)
+
+
+def test_a_prompt_in_flight_counts_as_cached_where_it_went_until_it_ends() -> None:
+    """No KV event yet (the worker is still computing it): a request sharing the prefix follows it."""
+    fleet = Fleet(4, "kv-aware")
+    scorer = fleet.profile.scorers[0]
+    rng = random.Random(5)
+    shared = [rng.randrange(1000) for _ in range(12 * BS)]
+    first = RequestContext("a", "m", "/v1/completions", {}, token_ids=shared + [1] * BS)
+    ep = fleet.profile.pick(first, fleet.profile.filter(first, list(fleet.endpoints)))
+    ep.in_flight += 1
+    second = RequestContext("b", "m", "/v1/completions", {}, token_ids=shared + [2] * (3 * BS))
+    scores = scorer.score(second, fleet.endpoints)
+    assert scores[fleet.endpoints.index(ep)] == 12 / 15 and sorted(scores)[:3] == [0.0] * 3
+    assert fleet.profile.pick(second, fleet.profile.filter(second, list(fleet.endpoints))) is ep
+    fleet.profile.finished(first, ep, True)
+    fleet.profile.finished(second, ep, True)
+    third = RequestContext("c", "m", "/v1/completions", {}, token_ids=shared)
+    assert scorer.score(third, fleet.endpoints) == [0.0] * 4  # no events came: nothing is assumed
+
+
+def test_an_uncached_prompt_goes_where_the_cache_took_fewest_new_blocks() -> None:
+    fleet = Fleet(3, "kv-aware")
+    fill = next(s for s in fleet.profile.scorers if s.name == "cache-fill")
+    a, b, c = fleet.endpoints
+    cached = list(range(100, 100 + 8 * BS))
+    view = fleet.index.view("w0", None)
+    assert view is not None
+    fleet.index.apply(view, KvEventBatch(0.0, [BlockStored(list(range(8)), None, cached, BS)]))
+    # w0 was sent 8 cached blocks + 2 new ones, w1 6 new blocks, w2 nothing
+    for rid, ep, toks in (("x", a, cached + list(range(2 * BS))), ("y", b, list(range(6 * BS)))):
+        fill.on_routed(RequestContext(rid, "m", "/v1/completions", {}, token_ids=toks), ep)
+    probe = RequestContext("p", "m", "/v1/completions", {}, token_ids=[7] * (4 * BS))
+    # (w0's count has decayed by one dispatch since)
+    assert fill.score(probe, [a, b, c]) == pytest.approx([1 - 2 / 6, 0.0, 1.0], abs=0.01)

@@ -1,14 +1,21 @@
-"""KV-cache-aware policies: ``kv-overlap``, ``load``, ``recent-dispatch``, ``imbalance-guard``.
+"""KV-cache-aware policies: ``kv-overlap``, ``load``, ``recent-dispatch``, ``cache-fill``, ``imbalance-guard``.
 
 The ``kv-aware`` preset combines them. For each candidate worker *w* (after the
 ``health``/``role`` filters and the imbalance guard) the picker maximizes::
 
-    score(w) = 1.0 · overlap(w) + 0.1 · (1 − load(w) / max load) + 0.05 · (1 − recent(w) / max recent)
+    score(w) = 1.0 · overlap(w) + 0.1 · (1 − load(w) / max load)
+             + 0.1 · (1 − fill(w) / max fill) + 0.02 · (1 − recent(w) / max recent)
 
 * ``overlap(w)`` — tier-weighted fraction of the prompt's full blocks cached on *w*
-  (longest prefix, from the KV index; a block on CPU counts 0.5, on disk 0.25);
+  (longest prefix, from the KV index; a block on CPU counts 0.5, on disk 0.25), or
+  shared with a request still in flight on *w* (its blocks are being computed there
+  and stay held until it ends; KV events only report them later), whichever is longer;
 * ``load(w)`` — ``in_flight(w) + in_flight_prompt_tokens(w) / 4096 + waiting(w)``
   (the router's own accounting; ``waiting`` from the engine's ``/metrics`` when scraped);
+* ``fill(w)`` — prompt tokens sent to *w* that its cache did not hold, decayed by half
+  every 128 dispatches: new blocks evict *w*'s least recently used ones, so a prompt
+  nobody holds goes where the cache turned over least lately (the fleet then evicts
+  its oldest blocks, as one cache the fleet's size would), which also spreads prefill;
 * ``recent(w)`` — dispatches to *w*, decayed by half every 32 dispatches of this
   server (so paced traffic, which never builds up in-flight load, still spreads);
 * the **imbalance guard** first drops workers whose pressure
@@ -17,9 +24,8 @@ The ``kv-aware`` preset combines them. For each candidate worker *w* (after the
   so a prefix every request shares (one system prompt) cannot pull all traffic to
   one worker: once it is over the bar, the others get requests and cache it too.
 
-A cached prefix of 15% of the prompt is worth more than an idle worker (0.1 + 0.05): the
-guard, not the scores, keeps the load balanced (``bench/saturation.py``: under saturation
-this keeps more of the fleet's cache useful than the earlier 0.3 / 0.1 / gap 8).
+A cached prefix of 22% of the prompt is worth more than an idle, unfilled worker: the
+guard, not the scores, keeps the load balanced (``bench/saturation.py``).
 PD presets: ``kv-aware-prefill`` is strongly cache-seeking (load 0.15),
 ``kv-aware-decode`` mostly load (overlap 0.2, load 1.0). See ``docs/kv-routing.md``.
 """
@@ -57,6 +63,10 @@ from infera_core.scheduling.types import (
 
 BASE_FILTERS = [PluginRef(name="health"), PluginRef(name="role")]
 CLOCK_KEY = "infera_policies.dispatch_clock"
+FILL_CLOCK_KEY = "infera_policies.fill_clock"
+IN_FLIGHT_KEY = "infera_policies.in_flight_prefixes"
+MAX_IN_FLIGHT = 100_000
+"""Requests whose prompts :class:`InFlightPrefixes` remembers at most."""
 
 
 class DispatchClock:
@@ -121,6 +131,11 @@ class OverlapParams(BaseModel):
     gpu: float = Field(1.0, ge=0, le=1, description="Credit of a cached block in GPU memory.")
     cpu: float = Field(0.5, ge=0, le=1, description="Credit of a block offloaded to CPU memory.")
     disk: float = Field(0.25, ge=0, le=1, description="Credit of a block on disk / external storage.")
+    pending: bool = Field(
+        True,
+        description="Count the prompts of requests still in flight on a worker as cached there "
+        "(their blocks are being computed and stay held until the request ends; KV events come later).",
+    )
 
 
 class KvOverlapScorer(Scorer):
@@ -128,12 +143,16 @@ class KvOverlapScorer(Scorer):
 
     name = "kv-overlap"
     needs_tokens = True
-    __slots__ = ("_bsize", "_key", "_slot", "index", "weights")
+    __slots__ = ("_bsize", "_key", "_slot", "in_flight", "index", "pending", "weights")
 
-    def __init__(self, index: Any, params: OverlapParams | None = None) -> None:
+    def __init__(
+        self, index: Any, params: OverlapParams | None = None, in_flight: InFlightPrefixes | None = None
+    ) -> None:
         p = params or OverlapParams()
         self.index = index
         self.weights = (p.gpu, p.cpu, p.disk)
+        self.pending = p.pending
+        self.in_flight = in_flight if in_flight is not None else InFlightPrefixes()
         self._key: object = None
         self._slot: Rows = np.zeros(0, np.int64)
         """row → view slot (-1: none or not credited, -2: not resolved yet)."""
@@ -143,6 +162,10 @@ class KvOverlapScorer(Scorer):
         out = self._prefix_scores(ctx, candidates)
         if self.index is not None and self.index.ranked_workers:  # DP-attention servers: best rank
             best_rank_overlap(self.index, ctx, candidates, self.weights, out)
+        if self.pending and self.in_flight.pending:
+            depth = self.in_flight.depth(ctx, self.index)
+            if depth:
+                out = [max(o, depth.get(ep.row, 0.0)) for o, ep in zip(out, candidates, strict=True)]
         return out
 
     def _prefix_scores(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
@@ -174,6 +197,12 @@ class KvOverlapScorer(Scorer):
         out = self._prefix_rows(ctx, candidates)
         if self.index is not None and self.index.ranked_workers:  # DP-attention servers: best rank
             best_rank_overlap(self.index, ctx, candidates, self.weights, out)
+        if self.pending and self.in_flight.pending:
+            depth = self.in_flight.depth(ctx, self.index)
+            if depth:
+                by_row = np.zeros(state().size, np.float64)
+                by_row[list(depth)] = list(depth.values())
+                out = np.maximum(out, by_row[rows_of(candidates)])
         return out
 
     def _prefix_rows(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> Floats:
@@ -217,8 +246,113 @@ class KvOverlapScorer(Scorer):
         return slots, self._bsize[rows]
 
     def on_routed(self, ctx: RequestContext, endpoint: Endpoint) -> None:
-        if self.index is not None:
-            self.index.routed_at[endpoint.worker_id] = time.time()
+        index = self.index
+        if index is None:
+            return
+        index.routed_at[endpoint.worker_id] = time.time()
+        if self.pending and ctx.token_ids:
+            view = index.views_by_key.get((endpoint.worker_id, endpoint.dp_rank))
+            if view is not None:
+                self.in_flight.add(
+                    ctx,
+                    endpoint,
+                    ctx.cached_block_hashes(view.block_size, index.hash_prompt),
+                    view.block_size,
+                )
+
+    def on_finished(self, ctx: RequestContext, endpoint: Endpoint, ok: bool) -> None:
+        self.in_flight.remove(ctx, endpoint)
+
+
+class InFlightPrefixes:
+    """The prompts of requests still in flight, per endpoint row: ``kv-overlap``'s ``pending`` credit.
+
+    A worker computes a prompt's blocks once it admits the request and holds them until
+    the request ends, but KV events report them only after they are computed: without
+    this, requests sharing a prefix that arrive close together (a burst, or a queue near
+    capacity) all see it nowhere and are spread, each computing it again. Shared by every
+    profile of a server (``SchedulerDeps.extra``).
+    """
+
+    __slots__ = ("pending", "sent")
+
+    def __init__(self) -> None:
+        self.pending: dict[int, dict[int, dict[int, int]]] = {}
+        """Block size → router hash → {endpoint row: requests in flight there whose prompt has that block}."""
+        self.sent: dict[tuple[str, str], tuple[int, int, list[int]]] = {}
+        """(request id, worker id) → (endpoint row, block size, the prompt's hashes counted in ``pending``)."""
+
+    def add(self, ctx: RequestContext, endpoint: Endpoint, hashes: list[int], bs: int) -> None:
+        key = (ctx.request_id, endpoint.worker_id)
+        if not hashes or key in self.sent:
+            return
+        row = endpoint.row
+        pending = self.pending.setdefault(bs, {})
+        for h in hashes:
+            held = pending.get(h)
+            if held is None:
+                pending[h] = {row: 1}
+            else:
+                held[row] = held.get(row, 0) + 1
+        self.sent[key] = (row, bs, hashes)
+        if len(self.sent) > MAX_IN_FLIGHT:  # a request whose end was never reported: forget the oldest
+            self._drop(*next(iter(self.sent)))
+
+    def remove(self, ctx: RequestContext, endpoint: Endpoint) -> None:
+        self._drop(ctx.request_id, endpoint.worker_id)
+
+    def _drop(self, request_id: str, worker_id: str) -> None:
+        sent = self.sent.pop((request_id, worker_id), None)
+        if sent is None:
+            return
+        row, bs, hashes = sent
+        pending = self.pending.get(bs)
+        if pending is None:
+            return
+        for h in hashes:
+            held = pending.get(h)
+            if held is None:
+                continue
+            c = held.get(row, 0) - 1
+            if c > 0:
+                held[row] = c
+            else:
+                held.pop(row, None)
+                if not held:
+                    del pending[h]
+        if not pending:
+            del self.pending[bs]
+
+    def depth(self, ctx: RequestContext, index: Any) -> dict[int, float]:
+        """Per endpoint row, the fraction of the prompt's blocks that requests in flight there share.
+
+        Block hashes chain, so the rows holding block k + 1 hold block k too: the walk only
+        looks at the rows that drop out, and stops when none is left.
+        """
+        out: dict[int, float] = {}
+        if not ctx.token_ids:
+            return out
+        for bs, pending in self.pending.items():  # almost always one block size
+            hashes = ctx.cached_block_hashes(bs, index.hash_prompt)
+            if not hashes:
+                continue
+            n = len(hashes)
+            prev: dict[int, int] | None = None
+            k = 0
+            for k, h in enumerate(hashes):
+                cur = pending.get(h)
+                if cur is None:
+                    break
+                if prev is not None and len(cur) != len(prev):
+                    for row in prev.keys() - cur.keys():
+                        out[row] = max(out.get(row, 0.0), k / n)
+                prev = cur
+            else:
+                k = n
+            for row in prev or ():
+                if row not in out or out[row] < k / n:
+                    out[row] = k / n
+        return out
 
 
 class LoadParams(BaseModel):
@@ -315,6 +449,59 @@ class RecentDispatchScorer(Scorer):
         self.clock.dispatched(endpoint)
 
 
+class FillParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    half_life: float = Field(
+        128.0, gt=0, description="Dispatches (of this server) after which sent uncached tokens weigh half."
+    )
+
+
+class CacheFillScorer(Scorer):
+    """1 for the worker whose cache took the fewest new blocks lately (uncached prompt tokens sent, decayed).
+
+    Each routed request adds the prompt tokens the chosen worker did not hold on GPU (from
+    the KV index) to that worker's count, decayed by half every ``half_life`` dispatches.
+    Every worker's cache evicts its least recently used blocks, so sending the next
+    uncached prompt to the worker that filled least lately evicts the oldest blocks of the
+    whole fleet — as one cache the size of the fleet would — and spreads prefill work.
+    """
+
+    name = "cache-fill"
+    needs_tokens = True
+    __slots__ = ("clock", "index")
+
+    def __init__(self, index: Any, clock: DispatchClock) -> None:
+        self.index = index
+        self.clock = clock
+
+    def _fill(self, rows: Rows) -> Floats:
+        st, clock = state(), self.clock
+        return st.fill[rows] * np.exp((clock.n - st.fill_ts[rows]) * math.log(clock.factor))  # type: ignore[no-any-return]
+
+    def score(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
+        return relative_inverse(self._fill(rows_of(candidates))).tolist()  # type: ignore[no-any-return]
+
+    def score_rows(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> Floats:
+        """:meth:`score` over the arrays."""
+        return relative_inverse(self._fill(rows_of(candidates)))
+
+    def on_routed(self, ctx: RequestContext, endpoint: Endpoint) -> None:
+        ids = ctx.token_ids
+        n = len(ids) if ids else _estimate_tokens(ctx.body)
+        index = self.index
+        if ids and index is not None:
+            view = index.views_by_key.get((endpoint.worker_id, endpoint.dp_rank))
+            if view is not None and view.worker_id not in index.untrusted:
+                hashes = ctx.cached_block_hashes(view.block_size, index.hash_prompt)
+                if hashes:
+                    n -= int(index.match(hashes, [view], (1.0, 0.0, 0.0))[0]) * view.block_size
+        st, row, clock = state(), endpoint.row, self.clock
+        st.fill[row] = float(self._fill(np.array([row]))[0]) + max(0, n)
+        clock.n += 1
+        st.fill_ts[row] = clock.n
+
+
 class GuardParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -363,15 +550,20 @@ class ImbalanceGuard(Filter):
         return cands.subset(keep) if keep.any() else candidates
 
 
-def kv_profile(overlap: float, load: float, recent: float, factor: float, gap: float = 8.0) -> ProfileConfig:
+def kv_profile(
+    overlap: float, load: float, recent: float, factor: float, gap: float = 8.0, fill: float = 0.0
+) -> ProfileConfig:
     guard: dict[str, float] = {"factor": factor} if gap == 8.0 else {"factor": factor, "gap": gap}
+    scorers = [
+        ScorerRef(name="kv-overlap", weight=overlap),
+        ScorerRef(name="load", weight=load),
+        ScorerRef(name="recent-dispatch", weight=recent),
+    ]
+    if fill:
+        scorers.append(ScorerRef(name="cache-fill", weight=fill))
     return ProfileConfig(
         filters=[*BASE_FILTERS, PluginRef(name="imbalance-guard", params=guard)],
-        scorers=[
-            ScorerRef(name="kv-overlap", weight=overlap),
-            ScorerRef(name="load", weight=load),
-            ScorerRef(name="recent-dispatch", weight=recent),
-        ],
+        scorers=scorers,
         picker=PluginRef(name="max-score"),
     )
 
@@ -380,7 +572,10 @@ def register_kv(registry: PolicyRegistry) -> None:
     """Add the KV-aware scorers, the imbalance guard and the ``kv-aware*`` presets."""
 
     def overlap(p: Any, d: SchedulerDeps) -> Scorer:
-        return KvOverlapScorer(d.kv_index, p)
+        shared = d.extra.get(IN_FLIGHT_KEY)
+        if not isinstance(shared, InFlightPrefixes):
+            shared = d.extra[IN_FLIGHT_KEY] = InFlightPrefixes()
+        return KvOverlapScorer(d.kv_index, p, shared)
 
     def recent(p: Any, d: SchedulerDeps) -> Scorer:
         clock = dispatch_clock(d)
@@ -392,6 +587,15 @@ def register_kv(registry: PolicyRegistry) -> None:
     def guard(p: Any, d: SchedulerDeps) -> Filter:
         return ImbalanceGuard(dispatch_clock(d), p)
 
+    def fill(p: Any, d: SchedulerDeps) -> Scorer:
+        clock = d.extra.get(FILL_CLOCK_KEY)
+        if not isinstance(clock, DispatchClock):
+            clock = d.extra[FILL_CLOCK_KEY] = DispatchClock(FillParams().half_life)
+        if isinstance(p, FillParams):
+            clock.half_life = p.half_life
+            clock.factor = 0.5 ** (1.0 / p.half_life)
+        return CacheFillScorer(d.kv_index, clock)
+
     registry.add(PolicyFactory("kv-overlap", "scorer", overlap, OverlapParams, KvOverlapScorer.__doc__ or ""))
     registry.add(
         PolicyFactory("load", "scorer", lambda p, d: LoadScorer(p), LoadParams, LoadScorer.__doc__ or "")
@@ -400,9 +604,10 @@ def register_kv(registry: PolicyRegistry) -> None:
         PolicyFactory("recent-dispatch", "scorer", recent, RecentParams, RecentDispatchScorer.__doc__ or "")
     )
     registry.add(PolicyFactory("imbalance-guard", "filter", guard, GuardParams, ImbalanceGuard.__doc__ or ""))
+    registry.add(PolicyFactory("cache-fill", "scorer", fill, FillParams, CacheFillScorer.__doc__ or ""))
     registry.add_preset(
         "kv-aware",
-        kv_profile(1.0, 0.1, 0.05, 1.2, 16.0),
+        kv_profile(1.0, 0.1, 0.02, 1.2, 16.0, fill=0.1),
         "Cache-aware: longest cached prefix (KV events) traded against load, with an imbalance guard.",
     )
     registry.add_preset(
