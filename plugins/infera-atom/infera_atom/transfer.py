@@ -120,6 +120,7 @@ class AtomMulti:
                 f"--kv-transfer-config multi [{named}]: --role {ctx.role.value} needs exactly one PD "
                 f"connector among them ({', '.join(sorted(known))})"
             )
+        check_kv_role(user, ctx.role, KV_ROLE[ctx.role], "multi")  # ATOM reads an outer kv_role first
         index = pd_children[0]
         plan = known[str(children[index]["kv_connector"])].build(ctx, children[index])
         composed = [plan.config if i == index else c for i, c in enumerate(children)]
