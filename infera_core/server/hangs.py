@@ -8,8 +8,13 @@ time of the worker's last response headers. A worker is *hung* when
 * its oldest waiting request has waited longer than the threshold ``T``, and
 * it sent no response headers at all for ``T`` (a slow but live worker keeps answering
   something), and
-* a routable peer serving the same model is not stuck too (an outlier is judged
-  against its peers: a fleet that is slow everywhere, or a lone worker, is left alone).
+* a routable peer serving the same model in the same role (mixed, prefill or decode) is
+  not stuck too (an outlier is judged against its peers: a fleet that is slow
+  everywhere, or a lone worker, is left alone).
+
+PD legs are watched like mixed requests (:class:`~infera_core.server.pd.legs.Legs`): a
+prefill or decode worker that accepts its leg and never answers is judged against the
+other prefill (decode) workers of its model.
 
 ``T = max(--hang-timeout, --hang-factor × the fleet's typical first-byte latency)``
 (an exponentially weighted mean of every answered request), so a fleet whose normal
@@ -144,14 +149,14 @@ class HangDetector:
             if now - min(w.since for w in waiting) > bar:
                 stuck[wid] = waiting
         if stuck:
-            live_models = {
-                ep.record.model
+            live = {
+                (ep.record.model, ep.record.role)
                 for ep in self.peers()
                 if ep.worker_id not in stuck and ep.record.routable and not ep.breaker_open
             }
             for waiting in list(stuck.values()):
                 ep = next(iter(waiting)).endpoint
-                if ep.record.model in live_models:
+                if (ep.record.model, ep.record.role) in live:
                     self._trip(ep, waiting, now - min(w.since for w in waiting), bar)
         if any(self._waiting.values()):
             self._arm()

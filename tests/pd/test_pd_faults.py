@@ -163,3 +163,50 @@ async def test_decode_500_before_first_byte(bad_decode: SimPdFleet) -> None:
             assert "Decode worker d0 answered 500" in err["message"]
             assert "not retried elsewhere" in err["message"]
         await settled(s)
+
+
+# -- a leg's worker that accepts and never answers (sim --fault-hang) ---------------------------
+
+
+async def _traffic_until(c: httpx.AsyncClient, ep: Any, within: float, clients: int = 4) -> list[int]:
+    """``clients`` loops of completions (every other one streamed) until ``ep``'s breaker opens; the statuses."""
+    codes: list[int] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+
+    async def client(i: int) -> None:
+        while not ep.breaker_open and loop.time() < deadline:
+            body = {"model": "sim-model", "prompt": prompt(), "max_tokens": 3, "stream": i % 2 == 1}
+            codes.append((await c.post("/v1/completions", json=body)).status_code)
+
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    return codes
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("side", ["prefill", "decode"])
+async def test_a_hung_pd_worker_leaves_rotation(protocol: str, side: str) -> None:
+    """p0 (or d0) accepts its legs and never answers while its /health says OK: first-byte
+    outlier detection opens its breaker within a few hang timeouts and the requests go on."""
+    hung = "p0" if side == "prefill" else "d0"
+    with sim_pd_fleet(protocol, prefill=2, decode=2, per_worker={hung: {"fault_hang": True}}) as fleet:
+        async for s in _serve(fleet, hang_timeout=1.0, breaker_cooldown=60, first_byte_timeout=600):
+            async with httpx.AsyncClient(base_url=s.url, timeout=60) as c:
+                assert (await c.get(fleet.by_id(hung).handle.url + "/health")).status_code == 200
+                ep = s.core.table.by_id[hung]
+                codes = await _traffic_until(c, ep, within=30)
+                assert ep.breaker_open, f"{hung} still in rotation after 30 s"
+                after = []
+                for _ in range(4):
+                    body = {"model": "sim-model", "prompt": prompt(), "max_tokens": 3}
+                    r = await c.post("/v1/completions", json=body)
+                    after.append(r.status_code)
+                text = (await c.get("/metrics")).text
+            assert after == [200] * 4  # out of rotation: nothing is sent to it any more
+            # a hung prefill moves to another pair, a hung serial-pull decode to another decode
+            # worker: the clients never notice; a push decode got the KV, so its request is a 502
+            allowed = {200, 502} if (side, protocol) == ("decode", "sglang-bootstrap") else {200}
+            assert set(codes) <= allowed, codes
+            assert metric(text, "infera_pd_failures_total", reason=f"{side}_hung") >= 1
+            assert not s.core.table.by_id["p1"].breaker_open and not s.core.table.by_id["d1"].breaker_open
+            await settled(s)

@@ -82,7 +82,7 @@ class PdDispatcher:
         self.transports = transports
         self.metrics = metrics
         self.config = config
-        self.legs = Legs(core.upstream, core.breakers, core.metrics, metrics)
+        self.legs = Legs(core.upstream, core.breakers, core.metrics, metrics, getattr(core, "hangs", None))
         self._background: set[asyncio.Task[Any]] = set()
 
     # -- entry points used by RouterCore -----------------------------------------------

@@ -8,6 +8,7 @@ from a leg is the client's fault: an :class:`ApiError` carrying the worker's mes
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -16,6 +17,7 @@ from infera_core.pd import LegRequest
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.breaker import Breakers
 from infera_core.server.errors import ApiError
+from infera_core.server.hangs import HangDetector
 from infera_core.server.metrics import ServerMetrics
 from infera_core.server.pd.metrics import PdMetrics
 from infera_core.server.transport import READ_ERRORS, Upstream, UpstreamError, UpstreamResponse
@@ -53,11 +55,20 @@ def _client_error(status: int, data: bytes, worker: str) -> ApiError:
 class Legs:
     """Sends legs through each endpoint's upstream client, with the server's breakers and metrics."""
 
-    def __init__(self, upstream: Upstream, breakers: Breakers, metrics: ServerMetrics, pd: PdMetrics) -> None:
+    def __init__(
+        self,
+        upstream: Upstream,
+        breakers: Breakers,
+        metrics: ServerMetrics,
+        pd: PdMetrics,
+        hangs: HangDetector | None = None,
+    ) -> None:
         self.upstream = upstream
         self.breakers = breakers
         self.metrics = metrics
         self.pd = pd
+        self.hangs = hangs
+        """First-byte outlier detection: a leg's worker that never answers leaves rotation."""
 
     def fail(
         self, side: str, ep: Endpoint, reason: str, error: ApiError, worker_fault: bool = True
@@ -75,15 +86,39 @@ class Legs:
     async def _open(self, side: str, ep: Endpoint, leg: LegRequest, path: str) -> UpstreamResponse:
         headers = {"Content-Type": "application/json", **leg.headers}
         self.breakers.picked(ep)
+        hangs = self.hangs
+        wait = hangs.begin(ep) if hangs is not None else None
         try:
             resp = await ep.upstream.open(ep, leg.path or path, json.dumps(leg.body).encode(), headers)
+        except asyncio.CancelledError:
+            if hangs is None or wait is None:
+                raise
+            hangs.end(wait, False)
+            task = asyncio.current_task()
+            if not wait.hung or (task is not None and task.uncancel() > 0):
+                raise  # not (only) the detector's cancel: the client went away too
+            err = ApiError(
+                504,
+                f"{side.capitalize()} worker {ep.worker_id} accepted its leg and sent nothing for"
+                f" {hangs.threshold:g} s (hung); it was taken out of rotation",
+                code="upstream_timeout",
+            )
+            raise self.fail(side, ep, "hung", err, worker_fault=False) from None  # breaker: opened already
         except UpstreamError as exc:
+            if hangs is not None:
+                hangs.end(wait, False)
             err = ApiError(
                 504 if exc.timeout else 502,
                 f"{side.capitalize()} worker {ep.worker_id} failed before responding: {exc.reason}",
                 code="upstream_timeout" if exc.timeout else "upstream_unreachable",
             )
             raise self.fail(side, ep, "timeout" if exc.timeout else "unreachable", err) from None
+        except BaseException:
+            if hangs is not None:
+                hangs.end(wait, False)
+            raise
+        if hangs is not None:
+            hangs.end(wait, True)
         status = resp.status
         if status >= 500 or status == 429:
             try:
