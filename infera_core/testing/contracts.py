@@ -37,7 +37,7 @@ from infera_core.scheduling.types import (
     SchedulerDeps,
     Scorer,
 )
-from infera_core.testing.engine_contract import EngineAdapterContract, sample_launch_context
+from infera_core.testing.engine_contract import ENGINE_MODULES, EngineAdapterContract, sample_launch_context
 from infera_core.testing.transport_contracts import (
     KvEventTransportContract,
     RequestTransportContract,
@@ -45,6 +45,7 @@ from infera_core.testing.transport_contracts import (
 from infera_core.worker import KvEventsInfo, Role, Status, WorkerRecord
 
 __all__ = [
+    "ENGINE_MODULES",
     "EngineAdapterContract",
     "FilterContract",
     "KvEventTransportContract",
