@@ -12,8 +12,9 @@ on the aggregated routes (:mod:`infera_core.server.peers`).
 * Start: process 0 first; the others once it serves, so a start-up error (etcd
   unreachable, a bad flag value) is printed once, by process 0, and serve exits 1.
 * A process that dies after it started serving is restarted (same index, same socket
-  path); one that dies ``RESTART_LIMIT`` times within ``RESTART_WINDOW_S`` stops the
-  whole serve with exit status 1 and one line saying so.
+  path) after 0.5 s, doubling up to 10 s while it keeps dying; a restart that fails to
+  start counts as a death too. The ``RESTART_LIMIT + 1``-th death of one process within
+  ``RESTART_WINDOW_S`` stops the whole serve with exit status 1 and one line saying so.
 * SIGTERM or SIGINT (Ctrl-C) to the supervisor: each process gets one SIGTERM and
   drains (stops accepting, finishes its requests in flight); the supervisor exits 0 when
   all are done. A second signal is passed on too (uvicorn then stops at once).
@@ -124,6 +125,10 @@ class _Supervisor:
         self.children: dict[int, _Child] = {}  # by pid
         self.signals: list[int] = []
         self.restarts: dict[int, list[float]] = {}
+        self.served: set[int] = set()
+        """Indexes that served once: a later failure, even at start-up, is a crash to restart."""
+        self.pending: dict[int, float] = {}
+        """Index → when to start it again (restarts back off: 0.5 s, doubling, at most 10 s)."""
         self.status = 0
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -135,7 +140,8 @@ class _Supervisor:
             self._spawn(0)
             announced = False
             forwarded = 0
-            while self.children:
+            while self.children or (self.pending and not self.signals):
+                self._respawn_due()
                 self._poll_ready()
                 if len(self.signals) > forwarded:
                     for child in self.children.values():
@@ -160,6 +166,16 @@ class _Supervisor:
             for s, handler in old.items():
                 signal.signal(s, handler)
 
+    def _respawn_due(self) -> None:
+        if self.signals:
+            self.pending.clear()
+            return
+        now = time.monotonic()
+        for index, when in list(self.pending.items()):
+            if when <= now:
+                del self.pending[index]
+                self._spawn(index)
+
     def _all_ready(self) -> bool:
         return len(self.children) == self.count and all(c.ready for c in self.children.values())
 
@@ -177,6 +193,7 @@ class _Supervisor:
                     child.error = got[1:].decode(errors="replace")
                 if got[:1] == b"r":
                     child.ready = True
+                    self.served.add(child.index)
                     os.close(fd)
                     if child.index == 0 and not self.signals:  # the rest once process 0 serves
                         for i in range(1, self.count):
@@ -207,12 +224,13 @@ class _Supervisor:
                 log.warning("server process %d (pid %d) %s while draining", child.index, child.pid, how)
             return
         if not child.ready:
-            # a start-up error: the process said why on stderr; the others go too
-            self.status = 1
             with contextlib.suppress(OSError):
                 rest = os.read(child.ready_fd, 65536)
                 if rest[:1] == b"e":
                     child.error = rest[1:].decode(errors="replace")
+        if not child.ready and child.index not in self.served:
+            # a start-up error: the process said why; the others go too
+            self.status = 1
             print(
                 child.error
                 or f"infera-run: error: server process {child.index} {how} before it started serving",
@@ -232,8 +250,17 @@ class _Supervisor:
             self._stop_all()
             return
         self.restarts[child.index] = [*recent, now]
-        log.warning("server process %d (pid %d) %s; restarting it", child.index, child.pid, how)
-        self._spawn(child.index)
+        delay = min(0.5 * 2 ** len(recent), 10.0)
+        why = f" ({child.error.removeprefix('infera-run: error: ')})" if child.error else ""
+        log.warning(
+            "server process %d (pid %d) %s%s; restarting it in %.1f s",
+            child.index,
+            child.pid,
+            how,
+            why,
+            delay,
+        )
+        self.pending[child.index] = now + delay
 
     def _stop_all(self) -> None:
         self.signals.append(signal.SIGTERM)

@@ -55,8 +55,9 @@ def _record(i: int, sim: Any) -> WorkerRecord:
 class Stack:
     """etcd, two sims registered in it, and ``serve --processes N`` in front of them."""
 
-    def __init__(self, proc: subprocess.Popen[str], url: str, sims: list[Any]) -> None:
+    def __init__(self, proc: subprocess.Popen[str], url: str, sims: list[Any], etcd: EtcdServer) -> None:
         self.proc = proc
+        self.etcd = etcd
         self.url = url
         self.sims = sims
 
@@ -114,7 +115,7 @@ async def stack(*serve_args: str, processes: int = 2, **sim_flags: Any) -> Async
             argv += ["--processes", str(processes), *serve_args]
             env = dict(os.environ, INFERA_LOG_LEVEL="warning")
             proc = _popen(argv, env)
-            st = Stack(proc, f"http://127.0.0.1:{port}", sims)
+            st = Stack(proc, f"http://127.0.0.1:{port}", sims, etcd)
             try:
                 async with httpx.AsyncClient(timeout=30) as client:
 
@@ -278,7 +279,7 @@ async def test_a_killed_process_is_restarted_and_serving_goes_on() -> None:
             assert (await st.complete(client, f"after {i}")).status_code == 200
         assert st.proc.poll() is None
         out = await asyncio.to_thread(_stop, st.proc)
-        assert f"server process 1 (pid {victim['pid']}) was killed by SIGKILL; restarting it" in out
+        assert f"server process 1 (pid {victim['pid']}) was killed by SIGKILL; restarting it in 0.5 s" in out
 
 
 async def test_one_process_is_the_server_itself() -> None:
@@ -350,3 +351,22 @@ def test_a_start_up_error_is_one_line_and_exit_status_1() -> None:
     errors = [line for line in proc.stderr.splitlines() if line.startswith("infera-run: error:")]
     assert len(errors) == 1 and "cannot reach etcd" in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+async def test_a_process_that_keeps_dying_stops_serve_with_one_line() -> None:
+    """etcd goes away, then a process is killed: its restarts cannot start (etcd is
+    unreachable), and after the 6th death within a minute serve exits 1 saying so."""
+    async with (
+        stack("--router-policy", "round-robin", "--connect-timeout", "1") as st,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        victim = (await st.processes(client))[1]
+        st.etcd.close()
+        os.kill(victim["pid"], signal.SIGKILL)
+        code = await asyncio.to_thread(st.proc.wait, 90)
+        out = st.proc.stdout.read() if st.proc.stdout else ""
+        assert code == 1, out
+        assert "infera-run: error: server process 1" in out and "within 60 s; stopping" in out, out
+        assert "restarting it in 8.0 s" in out and "cannot reach etcd" in out, out
+        assert "Traceback" not in out
