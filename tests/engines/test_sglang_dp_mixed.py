@@ -167,3 +167,31 @@ def test_kv_overlap_credits_a_dp_server_with_its_best_rank(others: int) -> None:
     cold = RequestContext("r", MODEL, "/v1/completions", {}, token_ids=list(range(500, 600)))
     assert sorted(ranks.choose(dp, cold) or 0 for _ in range(4)) == [0, 0, 1, 1]  # nothing cached: in turn
     assert ranks.choose(plain[0], ctx) is None
+
+
+def test_sim_adapter_launches_a_dp_attention_sim_as_sglang_registers_one() -> None:
+    from infera_sim.adapter import SimAdapter
+
+    from infera_core.engine import LaunchContext
+    from infera_core.launcher.address import free_port
+    from infera_core.worker import Role
+
+    ctx = LaunchContext(
+        worker_id="dp",
+        model=MODEL,
+        model_path=MODEL,
+        role=Role.MIXED,
+        host="127.0.0.1",
+        port=free_port(),
+        advertise_host="127.0.0.1",
+        options={"block_size": BS, "dp_size": 2},
+        free_port=free_port,
+    )
+    adapter = SimAdapter()
+    argv = adapter.build_launch(ctx).argv
+    assert argv[argv.index("--dp-size") + 1] == "2"
+    fields = adapter.record_fields(ctx)
+    kv = fields.kv_events
+    assert kv is not None and kv.port_per_dp_rank and fields.dp_size == 2 and fields.dp_rank is None
+    port = int(argv[argv.index("--kv-events-port") + 1])
+    assert kv.endpoint == f"tcp://127.0.0.1:{port}"  # rank r on port + r (reserved as a consecutive pair)

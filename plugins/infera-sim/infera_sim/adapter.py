@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields, RunningEngine
-from infera_core.engine_support import bracket_host
+from infera_core.engine_support import bracket_host, free_ports
 from infera_core.errors import EngineError
 from infera_core.worker import KvEventsInfo, PdInfo
 from infera_sim import __version__
@@ -15,6 +15,11 @@ from infera_sim.metrics import parse_gauges
 from infera_sim.tokenizer import make_tokenizer
 
 _INFLIGHT = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+def _dp_size(ctx: LaunchContext) -> int:
+    """DP-attention ranks behind this one sim (``--dp-size``, as SGLang's): 1 unless set."""
+    return int(ctx.options.get("dp_size") or 1)
 
 
 class SimAdapter:
@@ -41,6 +46,13 @@ class SimAdapter:
                 None,
                 "speed of loading a CPU-tier prefix back to the GPU [default: 200000 tokens/s]",
             ),
+            EngineOption(
+                "dp_size",
+                int,
+                1,
+                "DP-attention ranks behind this one sim, as SGLang --dp-size: a cache and a KV publisher"
+                " per rank (port + r); the X-Data-Parallel-Rank header picks the rank",
+            ),
             EngineOption("speedup", float, 1.0, "simulated time runs this much faster ('inf' = no sleeping)"),
             EngineOption(
                 "kv_events_layout",
@@ -61,7 +73,12 @@ class SimAdapter:
     def _ports_for(self, ctx: LaunchContext) -> tuple[int, int, int | None]:
         """KV publisher, replay and (prefill) bootstrap ports, picked once per launch (``ctx.ports``)."""
         if not ctx.ports:
-            ctx.ports.update(kv=ctx.free_port(), replay=ctx.free_port())
+            n = _dp_size(ctx)
+            if n > 1:  # one publisher per DP-attention rank on port + r, as SGLang does
+                ctx.ports.update(kv=free_ports(ctx, n, consecutive=True)[0])
+                ctx.ports.update(replay=free_ports(ctx, n, consecutive=True)[0])
+            else:
+                ctx.ports.update(kv=ctx.free_port(), replay=ctx.free_port())
             if str(ctx.role) == "prefill":
                 ctx.ports["bootstrap"] = ctx.free_port()
         return ctx.ports["kv"], ctx.ports["replay"], ctx.ports.get("bootstrap")
@@ -94,6 +111,8 @@ class SimAdapter:
             flags += ["--bootstrap-port", str(bootstrap)]
         if ctx.dp_rank is not None:
             flags += ["--dp-rank", str(ctx.dp_rank)]
+        if _dp_size(ctx) > 1:
+            flags += ["--dp-size", str(_dp_size(ctx))]
         return flags + list(ctx.engine_args)
 
     def effective_config(self, ctx: LaunchContext) -> SimConfig:
@@ -131,19 +150,23 @@ class SimAdapter:
             replay_endpoint=f"tcp://{host}:{cfg.kv_replay_port}" if cfg.kv_replay_port is not None else None,
             topic=cfg.kv_events_topic,
             fingerprint=make_tokenizer(cfg.tokenizer_json, cfg.vocab_size).fingerprint,
+            port_per_dp_rank=cfg.dp_size > 1,
         )
         pd = None
         if cfg.role in ("prefill", "decode"):
             params: dict[str, object] = {"engine_id": cfg.engine_id}
             if cfg.role == "prefill" and cfg.bootstrap_port is not None:
                 params.update(bootstrap_host=host, bootstrap_port=cfg.bootstrap_port)
+                if cfg.pd_protocol.startswith("vllm-moriio"):  # the decode fetches from this port
+                    port = cfg.bootstrap_port
+                    params.update(host=ctx.advertise_host, handshake_port=port, notify_port=port)
             pd = PdInfo(protocol=cfg.pd_protocol, params=params)
         return RecordFields(
             engine_version=f"infera-sim-{__version__}",
             kv_events=kv_events,
             pd=pd,
             dp_rank=ctx.dp_rank,
-            dp_size=ctx.dp_size,
+            dp_size=cfg.dp_size if cfg.dp_size > 1 else ctx.dp_size,
             labels={"engine": "sim"},
         )
 

@@ -145,14 +145,18 @@ class KvPublisher:
         self.pub: zmq.Socket[bytes] = self.sync_ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 100000)
-        self.port = self._bind(self.pub, host, port)
         self.replay: zmq.asyncio.Socket | None = None
         self.replay_port: int | None = None
-        if replay_port is not None:
-            self.replay = self.ctx.socket(zmq.ROUTER)
-            self.replay.setsockopt(zmq.LINGER, 0)
-            self.replay_port = self._bind(self.replay, host, replay_port)
         self._task: asyncio.Task[None] | None = None
+        try:
+            self.port = self._bind(self.pub, host, port)
+            if replay_port is not None:
+                self.replay = self.ctx.socket(zmq.ROUTER)
+                self.replay.setsockopt(zmq.LINGER, 0)
+                self.replay_port = self._bind(self.replay, host, replay_port)
+        except zmq.ZMQError:
+            self.close()  # a port taken: leave no socket behind (a context with one never terminates)
+            raise
 
     @staticmethod
     def _bind(sock: Any, host: str, port: int) -> int:
