@@ -10,7 +10,7 @@ import httpx
 import pytest
 from infera_sglang.pd import SglangBootstrapTransport
 from infera_sim.testing import start_sim
-from infera_vllm.pd import VllmNixlTransport
+from infera_vllm.pd import VllmMoriioReadTransport, VllmMoriioTransport, VllmNixlTransport
 
 from infera_core.pd import PdContext, PdOrder
 from infera_core.worker import PdInfo, Role, WorkerRecord
@@ -83,5 +83,70 @@ def test_sglang_bootstrap_concurrent_flow_against_sims() -> None:
 
         final, first = asyncio.run(both())
         assert first.status_code == 200, first.text
+        assert final.status_code == 200, final.text
+        assert final.json()["usage"]["completion_tokens"] == BODY["max_tokens"]
+
+
+def moriio_record(wid: str, url: str, role: Role, protocol: str, port: int | None) -> WorkerRecord:
+    """A MoRIIO worker's record as the vLLM adapter publishes it (host, handshake/notify ports)."""
+    return record(
+        wid,
+        url,
+        role,
+        protocol,
+        host="127.0.0.1",
+        handshake_port=port,
+        notify_port=port,
+        engine_id=f"127.0.0.1:{port}",
+    )
+
+
+def test_vllm_moriio_write_mode_concurrent_flow_against_sims() -> None:
+    """Both legs at once, the decode first: it finds the prefill by the address in its
+    kv_transfer_params and waits for the transfer the router named."""
+    t = VllmMoriioTransport()
+    with (
+        start_sim(role="prefill", pd_protocol="vllm-moriio", speedup=50) as p_sim,
+        start_sim(role="decode", pd_protocol="vllm-moriio", speedup=50) as d_sim,
+    ):
+        p = moriio_record("p", p_sim.url, Role.PREFILL, "vllm-moriio", p_sim.bootstrap_port)
+        d = moriio_record("d", d_sim.url, Role.DECODE, "vllm-moriio", d_sim.bootstrap_port)
+        ctx = PdContext(request_id="req-mori-1", route="/v1/completions")
+        assert t.order is PdOrder.CONCURRENT
+        t.prepare(ctx, p, d)
+        pre = t.prefill_request(BODY, ctx, p, d)
+        dec = t.decode_request(BODY, ctx, p, d, None)
+
+        async def both() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=30) as client:
+                decode = asyncio.create_task(
+                    client.post(d.url + ctx.route, json=dec.body, headers=dec.headers)
+                )
+                await asyncio.sleep(0)  # the decode leg goes out first and waits for the KV
+                prefill = await client.post(p.url + ctx.route, json=pre.body, headers=pre.headers)
+                return [prefill, await decode]
+
+        first, final = asyncio.run(both())
+        assert first.status_code == 200, first.text
+        assert final.status_code == 200, final.text
+        assert final.json()["usage"]["completion_tokens"] == BODY["max_tokens"]
+
+
+def test_vllm_moriio_read_mode_serial_flow_against_sims() -> None:
+    t = VllmMoriioReadTransport()
+    with (
+        start_sim(role="prefill", pd_protocol="vllm-moriio-read", speedup=50) as p_sim,
+        start_sim(role="decode", pd_protocol="vllm-moriio-read", speedup=50) as d_sim,
+    ):
+        p = moriio_record("p", p_sim.url, Role.PREFILL, "vllm-moriio-read", p_sim.bootstrap_port)
+        d = moriio_record("d", d_sim.url, Role.DECODE, "vllm-moriio-read", d_sim.bootstrap_port)
+        ctx = PdContext(request_id="req-mori-2", route="/v1/completions")
+        t.prepare(ctx, p, d)
+        pre = t.prefill_request(BODY, ctx, p, d)
+        first = httpx.post(p.url + ctx.route, json=pre.body, headers=pre.headers, timeout=30)
+        assert first.status_code == 200, first.text
+        assert first.json()["kv_transfer_params"]["transfer_id"] == "xfer-req-mori-2"
+        dec = t.decode_request(BODY, ctx, p, d, first.json())
+        final = httpx.post(d.url + ctx.route, json=dec.body, headers=dec.headers, timeout=30)
         assert final.status_code == 200, final.text
         assert final.json()["usage"]["completion_tokens"] == BODY["max_tokens"]

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 ROLES = ("mixed", "prefill", "decode")
-PD_PROTOCOLS = ("vllm-nixl", "sglang-bootstrap")
+PD_PROTOCOLS = ("vllm-nixl", "sglang-bootstrap", "vllm-moriio", "vllm-moriio-read")
 KV_LAYOUTS = ("map", "array")
 
 

@@ -6,6 +6,12 @@
   params is a decode leg: the sim checks them, pulls the prompt's KV from the prefill
   sim (``GET /sim/kv/<remote_request_id>`` on its transfer port), waits the transfer
   time, stores the blocks (``BlockStored`` events) and decodes.
+* **vllm-moriio** / **vllm-moriio-read** (vLLM's MoRIIOConnector, WRITE / READ mode): both
+  legs carry the router-made ``transfer_id``; the decode leg names the prefill's MoRI-IO
+  address (``remote_host``, ``remote_notify_port``). The prefill publishes the transfer's KV
+  when its prefill finishes (READ mode: it also answers vLLM's ``kv_transfer_params``); the
+  decode long-polls ``GET /sim/moriio/<transfer_id>`` on that notify port, then proceeds as
+  above.
 * **sglang-bootstrap** (concurrent): both legs carry ``bootstrap_host/port/room``.
   A prefill-role sim publishes the room's KV when its prefill finishes; a decode-role
   sim long-polls ``GET /sim/bootstrap/<room>`` on the prefill's bootstrap port, then
@@ -39,6 +45,7 @@ class PdManager:
         self.cfg = cfg
         self.transfers: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.rooms: OrderedDict[int, asyncio.Future[list[int]]] = OrderedDict()
+        self.moriio: OrderedDict[str, asyncio.Future[list[int]]] = OrderedDict()
         self.port: int | None = None
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -51,6 +58,7 @@ class PdManager:
         app = web.Application()
         app.router.add_get("/sim/kv/{request_id}", self._get_kv)
         app.router.add_get("/sim/bootstrap/{room}", self._get_room)
+        app.router.add_get("/sim/moriio/{transfer_id}", self._get_moriio)
         app.router.add_get("/query", self._query)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -86,6 +94,24 @@ class PdManager:
         self.rooms.pop(room, None)
         return web.json_response({"token_ids": tokens, "engine_id": self.cfg.engine_id})
 
+    async def _get_moriio(self, request: web.Request) -> web.Response:
+        transfer_id = request.match_info["transfer_id"]
+        timeout = float(request.query.get("timeout", self.cfg.pd_timeout_s))
+        try:
+            tokens = await asyncio.wait_for(asyncio.shield(self._transfer(transfer_id)), timeout)
+        except TimeoutError:
+            return web.json_response({"error": f"no prefill finished for transfer {transfer_id}"}, status=404)
+        self.moriio.pop(transfer_id, None)
+        return web.json_response({"token_ids": tokens, "engine_id": self.cfg.engine_id})
+
+    def _transfer(self, transfer_id: str) -> asyncio.Future[list[int]]:
+        fut = self.moriio.get(transfer_id)
+        if fut is None:
+            fut = self.moriio[transfer_id] = asyncio.get_running_loop().create_future()
+            while len(self.moriio) > _KEEP:
+                self.moriio.popitem(last=False)
+        return fut
+
     def _room(self, room: int) -> asyncio.Future[list[int]]:
         fut = self.rooms.get(room)
         if fut is None:
@@ -104,7 +130,11 @@ class PdManager:
             if params.get("do_remote_decode"):
                 for r in reqs:
                     r.pd = {"remote_decode": True}
+                    if params.get("transfer_id") is not None:  # MoRIIO
+                        r.pd["transfer_id"] = str(params["transfer_id"])
                     r.max_tokens = 1
+            elif params.get("do_remote_prefill") and params.get("transfer_id") is not None:
+                await self._pull_moriio(params, reqs)
             elif params.get("do_remote_prefill"):
                 await self._pull_nixl(params, reqs)
             return
@@ -131,6 +161,23 @@ class PdManager:
             if not fut.done():
                 fut.set_result(r.prompt)
             return None
+        if r.pd.get("transfer_id") is not None:
+            transfer_id = str(r.pd["transfer_id"])
+            fut = self._transfer(transfer_id)
+            if not fut.done():
+                fut.set_result(r.prompt)
+            return {  # what vLLM's MoRIIOConnectorScheduler.request_finished returns
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_block_ids": r.pd.get("block_ids", []),
+                "remote_engine_id": self.cfg.engine_id,
+                "remote_host": self.cfg.advertise_host,
+                "remote_handshake_port": self.port,
+                "remote_notify_port": self.port,
+                "remote_dp_size": 1,
+                "tp_size": 1,
+                "transfer_id": transfer_id,
+            }
         if r.pd.get("remote_decode"):
             self.transfers[r.request_id] = {
                 "token_ids": r.prompt,
@@ -180,6 +227,19 @@ class PdManager:
         ):
             raise ApiError(
                 "kv_transfer_params.remote_block_ids do not match the prefill's blocks", "kv_transfer_params"
+            )
+        await self._receive(entry.get("token_ids") or [], reqs)
+
+    async def _pull_moriio(self, params: dict[str, Any], reqs: list[SimRequest]) -> None:
+        missing = [k for k in ("remote_host", "remote_notify_port") if params.get(k) in (None, "")]
+        if missing:
+            raise ApiError(f"kv_transfer_params lacks {', '.join(missing)}", "kv_transfer_params")
+        host, port, transfer_id = params["remote_host"], params["remote_notify_port"], params["transfer_id"]
+        url = f"http://{host}:{port}/sim/moriio/{transfer_id}?timeout={self.cfg.pd_timeout_s}"
+        entry = await self._fetch(url)
+        if entry is None:
+            raise ApiError(
+                f"no KV arrived from the prefill for transfer {transfer_id}", "kv_transfer_params", 500
             )
         await self._receive(entry.get("token_ids") or [], reqs)
 
