@@ -370,3 +370,24 @@ async def test_a_process_that_keeps_dying_stops_serve_with_one_line() -> None:
         assert "infera-run: error: server process 1" in out and "within 60 s; stopping" in out, out
         assert "restarting it in 8.0 s" in out and "cannot reach etcd" in out, out
         assert "Traceback" not in out
+
+
+async def test_usage_per_api_key_counts_every_process(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("keys: [{name: team-a, key: sk-team-a, tokens_per_day: 1000000}]\n")
+    async with (
+        stack("--router-policy", "round-robin", "--api-key-file", str(keys)) as st,
+        httpx.AsyncClient(timeout=30, headers={"authorization": "Bearer sk-team-a"}) as client,
+    ):
+        sent = 24
+        for i in range(sent):
+            assert (await st.complete(client, f"usage {i}")).status_code == 200
+        assert all(p["requests"] > 0 for p in await st.processes(client))
+        for r in (await st.from_each(client, "/v1/admin/usage")).values():
+            (key,) = [k for k in r.json()["keys"] if k["key"] == "team-a"]
+            used = key["models_used"][MODEL]
+            assert used["requests"] == sent
+            assert key["tokens_today"] == used["prompt_tokens"] + used["completion_tokens"] > 0
+        for r in (await st.from_each(client, "/v1/admin/stats")).values():
+            (key,) = [k for k in r.json()["usage"] if k["key"] == "team-a"]
+            assert key["models_used"][MODEL]["requests"] == sent
