@@ -157,6 +157,9 @@ class SimAdapter:
             params: dict[str, object] = {"engine_id": cfg.engine_id}
             if cfg.role == "prefill" and cfg.bootstrap_port is not None:
                 params.update(bootstrap_host=host, bootstrap_port=cfg.bootstrap_port)
+                if cfg.pd_protocol.startswith("vllm-moriio"):  # the decode fetches from this port
+                    port = cfg.bootstrap_port
+                    params.update(host=ctx.advertise_host, handshake_port=port, notify_port=port)
             pd = PdInfo(protocol=cfg.pd_protocol, params=params)
         return RecordFields(
             engine_version=f"infera-sim-{__version__}",
