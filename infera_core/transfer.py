@@ -96,7 +96,7 @@ class TransferConnectorRegistry(Registry[TransferConnector]):
         self._add(f"{obj.engine}:{obj.name}", obj)
 
     def for_engine(self, engine: str) -> dict[str, TransferConnector]:
-        """``name → connector`` of one engine (registration order of names: sorted)."""
+        """``name → connector`` for one engine, sorted by name."""
         prefix = engine + ":"
         return {n.split(":", 1)[1]: self.get(n) for n in self.names() if n.startswith(prefix)}
 
