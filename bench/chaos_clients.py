@@ -175,6 +175,54 @@ async def _picks(stack: ChaosStack) -> int:
     return sum(int(w.get("picks") or 0) for w in await stack.fleet())
 
 
+async def _slow_body(stack: ChaosStack, trickle: bool) -> tuple[float | None, bytes]:
+    """Complete headers, then the body one byte a second (``trickle``) or ten bytes and nothing."""
+    reader, writer = await _raw(stack)
+    body = b'{"model":"%s","messages":[{"role":"user","content":"%s"}]}' % (MODEL.encode(), b"x" * 200)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s" % (KEY.encode(), len(body), body[:10])
+    )
+    t0 = time.monotonic()
+    got = b""
+    with contextlib.suppress(ConnectionError):
+        for byte in body[10:] if trickle else b"":
+            t, got = await _closed_within(reader, 1.0)
+            if t is not None or got:
+                break
+            writer.write(bytes([byte]))
+            await writer.drain()
+        else:
+            _, got = await _closed_within(reader, 90)
+    if not got:
+        _, got = await _closed_within(reader, 5)
+    closed = time.monotonic() - t0 if got or reader.at_eof() else None
+    writer.close()
+    return closed, got
+
+
+@scenario(fast=False)
+async def slow_body(stack: ChaosStack) -> Row:
+    """Complete headers, then a body that stops, and one trickled a byte a second (default limits)."""
+    picks = await _picks(stack)
+    (stop_t, stop), (trickle_t, trickle) = await asyncio.gather(
+        _slow_body(stack, False), _slow_body(stack, True)
+    )
+    dispatched = await _picks(stack) - picks
+    settled = await stack.settled()
+
+    def seen(t: float | None, got: bytes) -> str:
+        return f"{_status_line(got)} after {t:.0f} s, closed" if t is not None else "still open after 90 s"
+
+    ok = b" 408 " in stop[:20] and b" 408 " in trickle[:20] and dispatched == 0 and settled
+    return Row(
+        "a body that stops after 10 bytes; a body trickled 1 byte/s (headers complete)",
+        f"stops: {seen(stop_t, stop)}; trickled: {seen(trickle_t, trickle)}",
+        "nothing (nothing dispatched)" if dispatched == 0 and settled else f"{dispatched} dispatched",
+        ok,
+    )
+
+
 @scenario(fast=True)
 async def disconnect_during_body(stack: ChaosStack) -> Row:
     picks = await _picks(stack)

@@ -45,6 +45,51 @@ async def hung_worker(stack: ChaosStack) -> Row:
     return Row("a worker that accepts requests and never answers (sim --fault-hang)", sees, ok=ok)
 
 
+PD_MODEL = "chaos-pd-model"
+
+
+@scenario(fast=False)
+async def pd_hung_workers(stack: ChaosStack) -> Row:
+    """A PD fleet (vllm-nixl, 2 prefill + 2 decode sims) where one prefill and one decode
+    worker accept their legs and never answer: both leave rotation, clients get 200s."""
+    pd = {"pd-p1": ("prefill", ()), "pd-p2": ("prefill", ("--fault-hang",))}
+    pd |= {"pd-d1": ("decode", ()), "pd-d2": ("decode", ("--fault-hang",))}
+    for wid, (role, extra) in pd.items():
+        launcher = ("--role", role, "--pd-protocol", "vllm-nixl")
+        stack.add_worker(wid, *extra, model=PD_MODEL, launcher_args=launcher)
+    try:
+        if await stack.wait_active(stack.n_workers + len(pd), 120) is None:
+            return Row(
+                "PD: a prefill and a decode worker that never answer",
+                "the PD fleet never registered",
+                "-",
+                False,
+            )
+        t0 = time.monotonic()
+        codes: list[int] = []
+
+        async def hung_out() -> bool:
+            fleet = {w["worker_id"]: w for w in await stack.fleet()}
+            return all(fleet.get(w, {}).get("breaker") not in (None, "closed") for w in ("pd-p2", "pd-d2"))
+
+        while time.monotonic() - t0 < 60 and not await hung_out():
+            codes += await stack.burst(8, concurrency=4, model=PD_MODEL)
+        left = time.monotonic() - t0 if await hung_out() else None
+        after = await stack.burst(8, concurrency=4, model=PD_MODEL)
+    finally:
+        for wid in pd:
+            stack.stop_worker(wid, fast=True)
+    sees = f"{codes_text(codes)} while they hung, then {codes_text(after)}; " + (
+        f"both left rotation after {left:.0f} s" if left is not None else "they stayed in rotation"
+    )
+    ok = left is not None and all(c == 200 for c in codes + after)
+    return Row(
+        "PD (vllm-nixl, 2 prefill + 2 decode): one prefill and one decode worker accept legs and never answer (sim --fault-hang)",
+        sees,
+        ok=ok,
+    )
+
+
 @scenario(fast=False)
 async def slow_worker(stack: ChaosStack) -> Row:
     """A slow but live worker (every token 2.5 s) under traffic for 30 s stays in rotation."""

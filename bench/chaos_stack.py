@@ -175,9 +175,16 @@ class ChaosStack:
         else:
             shutil.rmtree(self.logs, ignore_errors=True)
 
-    def add_worker(self, worker_id: str, *engine_args: str, restart: bool = True) -> None:
-        args = ["worker", "sim", "--model", MODEL, "--etcd-endpoint", self.etcd.endpoint]
-        args += ["--worker-id", worker_id, "--drain-timeout", "10", "--lease-ttl", "5"]
+    def add_worker(
+        self,
+        worker_id: str,
+        *engine_args: str,
+        restart: bool = True,
+        model: str = MODEL,
+        launcher_args: tuple[str, ...] = (),
+    ) -> None:
+        args = ["worker", "sim", "--model", model, "--etcd-endpoint", self.etcd.endpoint]
+        args += ["--worker-id", worker_id, "--drain-timeout", "10", "--lease-ttl", "5", *launcher_args]
         if restart:
             args += ["--restart-engine", "on-failure", "--restart-backoff", "0.5"]
         speedup = [] if "--speedup" in engine_args else ["--speedup", str(self.speedup)]
