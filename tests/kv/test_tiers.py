@@ -43,11 +43,17 @@ def _hub() -> KvHub:
     return KvHub(InferaHooks.load().catalog(), CollectorRegistry())
 
 
-def _record(endpoint: str, worker_id: str = "w0", replay: str | None = None) -> WorkerRecord:
+def _record(
+    endpoint: str,
+    worker_id: str = "w0",
+    replay: str | None = None,
+    url: str = "http://127.0.0.1:9",
+    model: str = "m",
+) -> WorkerRecord:
     return WorkerRecord(
         worker_id=worker_id,
-        url="http://127.0.0.1:9",
-        model="m",
+        url=url,
+        model=model,
         engine="vllm",
         kv_events=KvEventsInfo(endpoint=endpoint, replay_endpoint=replay, format="vllm", block_size=BS),
     )
@@ -143,3 +149,58 @@ async def test_a_sim_with_a_cpu_tier_is_credited_for_what_it_offloaded() -> None
                 await _until(lambda: _score(hub, a) == 4.0)  # loaded back: on the GPU again
         finally:
             await hub.close()
+
+
+async def test_kv_aware_routes_to_the_cpu_copy_and_prefers_a_gpu_one() -> None:
+    """Router + 2 live sims with CPU tiers: prompts only on sim-0's CPU tier all go to sim-0
+    (loaded back, not recomputed; with no tier credit both would score 0 and alternate);
+    once sim-1 holds one on its GPU, sim-1 wins it."""
+    sim_testing = pytest.importorskip("infera_sim.testing")
+    from contextlib import ExitStack
+
+    from infera_core.kv.component import KvRouting
+    from infera_core.kv.settings import KvSettings
+    from infera_core.testing.fixtures import make_hooks
+    from infera_core.testing.server import serving, settings_for
+
+    flags = {"speedup": "inf", "block_size": BS, "cache_blocks": 8, "cpu_blocks": 64}
+    with ExitStack() as stack:
+        sims = [stack.enter_context(sim_testing.start_sim(**flags)) for _ in range(2)]
+        hooks = make_hooks()
+        kv = KvRouting(hooks.catalog(), KvSettings())
+        async with serving(settings_for(router_policy="kv-aware"), hooks, kv=kv) as srv:
+            for i, sim in enumerate(sims):
+                srv.store.put(
+                    _record(sim.kv_events_endpoint, f"sim-{i}", sim.replay_endpoint, sim.url, "sim-model")
+                )
+            await srv.wait_workers(2)
+            prompts = [[1, *range(3000 + 1000 * k, 3000 + 1000 * k + 5 * BS)] for k in range(3)]
+            p = prompts[0]
+            filler = [1, *range(9000, 9000 + 7 * BS)]
+            async with httpx.AsyncClient(timeout=10) as client:
+
+                async def complete(url: str, prompt: list[int]) -> int:
+                    body = {"model": "sim-model", "prompt": prompt, "max_tokens": 1}
+                    r = await client.post(url + "/v1/completions", json=body)
+                    assert r.status_code == 200, r.text
+                    return int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+                def score(worker: str, prompt: list[int]) -> float:
+                    view = kv.index.view(worker, None)
+                    hashes = kv.index.hash_prompt(prompt, BS)
+                    return -1.0 if view is None else float(kv.index.match(hashes, [view], WEIGHTS)[0])
+
+                for prompt in (*prompts, filler):  # straight to sim-0: the prompts end up on its CPU tier
+                    await complete(sims[0].url, prompt)
+                # (-1: sim-1 has no view yet)
+                await _until(
+                    lambda: all(score("sim-0", q) == 5 * 0.5 and score("sim-1", q) <= 0 for q in prompts)
+                )
+                for prompt in prompts:  # each routed to sim-0 and loaded from its CPU tier, not recomputed
+                    assert await complete(srv.url, prompt) == 5 * BS
+                assert [srv.core.table.by_id[f"sim-{i}"].picks for i in range(2)] == [3, 0]
+                await complete(sims[0].url, filler)  # sim-0: p back to its CPU tier
+                await complete(sims[1].url, p)  # sim-1: p on its GPU
+                await _until(lambda: score("sim-0", p) == 5 * 0.5 and score("sim-1", p) == 5.0)
+                assert await complete(srv.url, p) == 5 * BS
+                assert srv.core.table.by_id["sim-1"].picks == 1
