@@ -65,15 +65,18 @@ def test_pd_roles_get_the_mooncake_config(atom_python: str, role: Role, kv_role:
     adapter = AtomAdapter()
     c = ctx(engine_python=atom_python, role=role)
     config = json.loads(flag(adapter.build_launch(c).argv, "--kv-transfer-config"))
+    # the first of -tp 8 consecutive free ports (ATOM binds handshake_port + tp_rank)
+    handshake = config["handshake_port"]
+    assert 43000 <= handshake < 43100
     assert config == {
         "kv_connector": "mooncake",
         "kv_role": kv_role,
-        "handshake_port": 43000,
+        "handshake_port": handshake,
         "http_port": 8888,
     }
     pd = adapter.record_fields(c).pd
     assert pd is not None and pd.protocol == "atom-mooncake"
-    assert pd.params == {"handshake_port": 43000, "tp_size": 8}
+    assert pd.params == {"handshake_port": handshake, "tp_size": 8}
 
 
 @pytest.mark.parametrize("backend", ["memory", "static"])
