@@ -134,9 +134,15 @@ def connectors_for(
 
 
 def find_connector(
-    connectors: Mapping[str, TransferConnector], engine: str, *, native: str | None, chosen: str | None
+    connectors: Mapping[str, TransferConnector],
+    engine: str,
+    *,
+    native: str | None,
+    chosen: str | None,
+    option: str = "--pd-connector",
 ) -> TransferConnector:
-    """The connector the user named: by the engine's own name (``native``) or Infera's (``chosen``)."""
+    """The connector the user named: by the engine's own name (``native``) or Infera's
+    (``chosen``, from the adapter's ``option``)."""
     if native is not None:
         for connector in connectors.values():
             if native in connector.native or native == connector.name:
@@ -150,7 +156,7 @@ def find_connector(
     name = chosen or ""
     if name not in connectors:
         raise EngineError(
-            f"--pd-connector {name or '(none)'}: {engine} knows {', '.join(sorted(connectors)) or 'no connector'}"
+            f"{option} {name or '(none)'}: {engine} knows {', '.join(sorted(connectors)) or 'no connector'}"
         )
     return connectors[name]
 
@@ -163,13 +169,15 @@ def resolve_plan(
     chosen: str | None,
     user: dict[str, Any],
     mixed: TransferPlan | None = None,
+    option: str = "--pd-connector",
 ) -> TransferPlan:
     """Build the launch's plan once, let plugins amend it, and keep it in ``ctx.kv_transfer``.
 
     ``builtin``: the adapter's own connectors, used when ``ctx.hooks`` is not set (an
     adapter driven without a plugin manager, e.g. in unit tests); with hooks, the
     catalog's connectors for ``engine`` (the adapter's plugin registers the same ones).
-    ``mixed``: the plan of a mixed worker (no PD), built by the adapter.
+    ``mixed``: the plan of a mixed worker (no PD), built by the adapter. ``option``: the
+    adapter's flag that names the connector (for the error when it names none).
     """
     if ctx.kv_transfer is not None:
         return ctx.kv_transfer
@@ -180,7 +188,11 @@ def resolve_plan(
     else:
         native = user.get("kv_connector")
         connector = find_connector(
-            connectors, engine, native=str(native) if native is not None else None, chosen=chosen
+            connectors,
+            engine,
+            native=str(native) if native is not None else None,
+            chosen=chosen,
+            option=option,
         )
         plan = connector.build(ctx, user)
     if hooks is not None:

@@ -316,7 +316,7 @@ def test_sglang_mixed_has_no_disaggregation_flags_and_unknown_backend_is_one_lin
     flags = SglangAdapter().engine_flags(ctx(Role.MIXED, page_size=16))
     assert not [f for f in flags if f.startswith("--disaggregation")]
     with pytest.raises(
-        EngineError, match="--pd-connector fake: sglang knows ascend, mooncake, mooncake_tcp, mori, nixl"
+        EngineError, match="--transfer-backend fake: sglang knows ascend, mooncake, mooncake_tcp, mori, nixl"
     ):
         SglangAdapter().engine_flags(ctx(Role.DECODE, transfer_backend="fake", page_size=16))
 

@@ -55,4 +55,4 @@ BUILTIN: tuple[TransferConnector, ...] = (
 def transfer_plan(ctx: LaunchContext) -> TransferPlan:
     """This launch's SGLang transfer plan (built once; plugins amend it)."""
     chosen = str(ctx.options.get("transfer_backend") or DEFAULT_BACKEND)
-    return resolve_plan(ctx, ENGINE, BUILTIN, chosen=chosen, user={})
+    return resolve_plan(ctx, ENGINE, BUILTIN, chosen=chosen, user={}, option="--transfer-backend")
