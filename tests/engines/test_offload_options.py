@@ -17,8 +17,11 @@ from infera_sglang.adapter import SglangAdapter
 from infera_vllm.adapter import VllmAdapter
 from infera_vllm.transfer import transfer_plan
 
+from infera_core.cli.worker import flat_worker_args
 from infera_core.engine import LaunchContext
 from infera_core.errors import EngineError
+from infera_core.facade import InferaHooks
+from infera_core.launcher.flags import launch_options
 from infera_core.worker import Role
 
 HERE = Path(__file__).resolve().parent
@@ -141,6 +144,32 @@ def test_vllm_offloading_flags_after_dashes_become_infera_options() -> None:
     assert aliases["--kv-offloading-backend"].target == "--kv-offloading-backend"
     names = {o.name for o in VllmAdapter().options()}
     assert {"kv_offloading_size", "kv_offloading_backend", "lmcache_config"} <= names
+
+
+def test_flat_form_and_flags_after_dashes_reach_the_offload_options() -> None:
+    hooks = InferaHooks.load()
+    flat = ["--model", "m", "--kv-offloading-size", "8", "--kv-offloading-backend", "native", "--seed", "3"]
+    assert flat_worker_args(hooks, "vllm", flat) == [
+        "worker", "vllm", "--model", "m", "--kv-offloading-size", "8", "--kv-offloading-backend", "native",
+        "--", "--seed", "3",
+    ]  # fmt: skip
+    got, rest = launch_options(
+        hooks.require("engine", "vllm"), {}, ["--kv-offloading-size", "4", "--seed", "3"]
+    )
+    assert got["kv_offloading_size"] == 4.0 and rest == ["--seed", "3"]
+    flat = [
+        "--model-path",
+        "p",
+        "--enable-hierarchical-cache",
+        "--hicache-ratio",
+        "2",
+        "--hicache-storage-backend",
+        "file",
+    ]
+    argv = flat_worker_args(hooks, "sglang", flat)
+    infera, engine = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+    assert {"--enable-hierarchical-cache", "--hicache-ratio", "--hicache-storage-backend"} <= set(infera)
+    assert engine == []  # all taken as Infera options (re-emitted by the adapter)
 
 
 @pytest.mark.slow
