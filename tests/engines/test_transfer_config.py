@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from infera_atom.adapter import AtomAdapter
+from infera_atom.transfer import handshake_ports
 from infera_sglang.adapter import SglangAdapter
 from infera_vllm.adapter import VllmAdapter
 from infera_vllm.transfer import transfer_plan
@@ -344,6 +345,16 @@ def test_atom_mooncake_reserves_one_handshake_port_per_tp_rank(role: Role, kv_ro
     assert first in taken and not (set(taken) - {first}) & set(range(first, first + 4))
     pd = AtomAdapter().record_fields(base).pd
     assert pd == PdInfo(protocol="atom-mooncake", params={"handshake_port": first, "tp_size": 4})
+
+
+def test_atom_reserves_a_port_for_every_dp_and_pp_rank_too() -> None:
+    """ATOM's offset is pp_rank·dp·tp + dp_rank·tp + tp_rank: -dp 2 -pp 2 with -tp 2 binds 8 ports."""
+    c = ctx(Role.PREFILL, tp=2, block_size=16, handshake_port=7000)
+    c.engine_args = ["-dp", "2", "--pipeline-parallel-size=2"]
+    assert handshake_ports(c, {}) == list(range(7000, 7008))
+    c.engine_args = ["-dp", "x"]
+    with pytest.raises(EngineError, match="-dp x: expected a positive number"):
+        handshake_ports(c, {})
 
 
 def test_atom_user_handshake_port_is_the_first_of_the_tp_ranks() -> None:

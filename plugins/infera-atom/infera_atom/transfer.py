@@ -5,7 +5,8 @@ ATOM's ``mooncake`` connector binds one ZMQ side channel per rank at
 (``atom/kv_transfer/disaggregation/port_offset.py``), its ``moriio`` connector at
 ``handshake_port + dp_rank + tp_rank`` (``moriio_common.get_port_offset``), and the peer
 computes the same offsets from the advertised ``handshake_port``. Infera therefore reserves
-``tp`` consecutive free ports (one per TP rank) and passes the first as ``handshake_port``;
+``tp × dp × pp`` consecutive free ports (one per rank; ATOM's ``-dp``/``-pp`` after ``--``)
+and passes the first as ``handshake_port``;
 ``http_port`` is the server port (ATOM: it must equal ``--server-port``). ``multi``
 (ATOM's MultiConnector: ``connectors`` at the top level, e.g. mooncake + ``lmcache_offload``)
 takes exactly one PD child. The user's ``--kv-transfer-config`` keys (``protocol``,
@@ -37,14 +38,33 @@ DEFAULT_CONNECTOR = "mooncake"
 KV_ROLE = {Role.PREFILL: ("kv_producer",), Role.DECODE: ("kv_consumer",)}
 
 
+ENGINE_SIZES = {"dp": ("--data-parallel-size", "-dp"), "pp": ("--pipeline-parallel-size", "-pp")}
+"""ATOM's own parallel sizes, passed after ``--`` (``atom/model_engine/arg_utils.py``)."""
+
+
+def engine_size(ctx: LaunchContext, kind: str) -> int:
+    """ATOM's ``-dp``/``-pp`` from the engine flags (1 when absent)."""
+    names = ENGINE_SIZES[kind]
+    args = list(ctx.engine_args)
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in names:
+            raw = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            if not raw.isdigit() or int(raw) < 1:
+                raise EngineError(f"{name} {raw}: expected a positive number")
+            return int(raw)
+    return 1
+
+
 def handshake_ports(ctx: LaunchContext, user: dict[str, Any]) -> list[int]:
-    """One side-channel port per TP rank: from the user's ``handshake_port`` (config or
-    ``--handshake-port``) onwards, or ``tp`` consecutive free ones."""
+    """One side-channel port per rank (``tp × dp × pp`` of them, ATOM's offsets): from the
+    user's ``handshake_port`` (config or ``--handshake-port``) onwards, or consecutive free ones."""
     tp = int(ctx.options.get("tp") or 1)
+    count = tp * engine_size(ctx, "dp") * engine_size(ctx, "pp")
     wanted = int(user.get("handshake_port") or ctx.options.get("handshake_port") or 0)
     if wanted:
-        return [wanted + rank for rank in range(tp)]
-    return free_ports(ctx, tp, consecutive=True)
+        return [wanted + rank for rank in range(count)]
+    return free_ports(ctx, count, consecutive=True)
 
 
 class _AtomConnector:
@@ -71,7 +91,8 @@ class _AtomConnector:
             "handshake_port": ports[0],
             "http_port": ctx.port,
         }
-        pd = PdInfo(protocol=self.protocol, params={"handshake_port": ports[0], "tp_size": len(ports)})
+        tp = int(ctx.options.get("tp") or 1)
+        pd = PdInfo(protocol=self.protocol, params={"handshake_port": ports[0], "tp_size": tp})
         return TransferPlan(engine=ENGINE, role=ctx.role, connector=self.name, config=config, pd=pd)
 
 
