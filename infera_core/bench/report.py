@@ -141,16 +141,22 @@ def markdown(runs: Sequence[RunResult], meta: dict[str, Any], plots: Sequence[st
         per = r.cache.per_worker
         if not per:
             continue
+        offload = r.cache.offload_hits is not None
         lines += [
             "",
             f"## Workers: {r.label}",
             "",
-            "| worker | requests | prompt tokens | hit rate |",
-            "|---|---:|---:|---:|",
+            "| worker | requests | prompt tokens | hit rate |"
+            + (" offloaded-tier hit rate |" if offload else ""),
+            "|---|---:|---:|---:|" + ("---:|" if offload else ""),
         ]
         for w, d in sorted(per.items()):
-            rate = f"{d['hits'] / d['queries']:.1%}" if d.get("queries") else "-"
-            lines.append(f"| {w} | {d.get('requests', 0):.0f} | {d.get('prompt_tokens', 0):.0f} | {rate} |")
+            q = d.get("queries")
+            rate = f"{d['hits'] / q:.1%}" if q else "-"
+            row = f"| {w} | {d.get('requests', 0):.0f} | {d.get('prompt_tokens', 0):.0f} | {rate} |"
+            if offload:
+                row += f" {d.get('offload_hits', 0.0) / q:.1%} |" if q else " - |"
+            lines.append(row)
     if plots:
         lines += ["", "## Plots", ""]
         lines += [f"![{p}]({p})" for p in plots]

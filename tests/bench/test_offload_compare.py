@@ -91,6 +91,8 @@ def test_compare_reports_the_offloaded_tier_hit_rate(tmp_path: Path) -> None:
             "2",
             "--json",
             str(tmp_path / "r.json"),
+            "--report",
+            str(tmp_path / "rep"),
             "--quiet",
         ],
         capture_output=True,
@@ -100,6 +102,9 @@ def test_compare_reports_the_offloaded_tier_hit_rate(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "offloaded-tier hit rate" in out.stdout
+    report = (tmp_path / "rep" / "report.md").read_text()
+    assert "| offloaded-tier hit rate |" in report  # the summary row
+    assert "| hit rate | offloaded-tier hit rate |" in report  # and the per-worker tables
     runs = json.loads((tmp_path / "r.json").read_text())["runs"]
     assert [r["label"] for r in runs] == ["kv-aware", NO_CREDIT]
     for run in runs:
