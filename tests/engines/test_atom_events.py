@@ -147,6 +147,21 @@ def test_each_atom_worker_gets_its_own_internal_port(atom_python: str) -> None:
     assert users.count("--port") == 1 and flag(users, "--port") == "9000"
 
 
+@pytest.mark.parametrize(
+    "dp_args", [["-dp", "2"], ["--data-parallel-size=4"], ["--enable-dp-attention", "-dp", "8"]]
+)
+def test_atom_data_parallel_keeps_its_publisher_off(atom_python: str, dp_args: list[str]) -> None:
+    """Each ATOM DP rank's engine core binds ATOM_KV_EVENTS_ENDPOINT itself: only one could."""
+    adapter = AtomAdapter()
+    c = ctx(engine_python=atom_python, engine_args=dp_args)
+    spec = adapter.build_launch(c)
+    assert not any(k.startswith("ATOM_KV_EVENTS") for k in spec.env)
+    assert adapter.record_fields(c).kv_events is None
+    assert spec.argv[-len(dp_args) :] == dp_args
+    one = ctx(engine_python=atom_python, engine_args=["-dp", "1"])
+    assert adapter.build_launch(one).env["ATOM_KV_EVENTS_ENABLE"] == "1"
+
+
 # -- decoder -------------------------------------------------------------------------------------
 def test_decoder_reads_frames_encoded_as_atoms_publisher_does() -> None:
     tokens = _tokens(2)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from infera_atom.kv_events import engine_port_flags, kv_event_env, kv_events_info, kv_events_port
+from infera_atom.kv_events import engine_port_flags, kv_events_info, launch_env
 from infera_atom.transfer import transfer_plan
 from infera_core.engine import (
     EngineOption,
@@ -131,7 +131,7 @@ class AtomAdapter:
         )
         return LaunchSpec(
             argv=[where.python, "-m", SERVER_MODULE, *flags],
-            env=kv_event_env(kv_events_port(ctx)),
+            env=launch_env(ctx),
             engine_version=where.probe.version,
         )
 

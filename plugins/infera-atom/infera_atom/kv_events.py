@@ -11,6 +11,9 @@ publisher per engine-core scheduler, ``data_parallel_rank`` from its parallel co
   ``tcp://127.0.0.1:5557``; ATOM always **binds** it, so the adapter passes ``tcp://*:<free
   port>``), ``ATOM_KV_EVENTS_TOPIC`` (default empty), ``ATOM_KV_EVENTS_HWM``,
   ``ATOM_KV_EVENTS_BUFFER_STEPS``. Events exist only with prefix caching (ATOM's default).
+  Every engine core (one per DP rank under ``-dp N``) makes its own publisher on that one
+  endpoint, so with ``-dp`` > 1 only the first could bind: the adapter leaves events off there
+  (routing falls back to load for that worker) rather than break ranks 1…N−1.
 * **Frames**: a PUB socket sending ``[topic, payload]`` when the topic is set, a single
   ``[payload]`` frame when it is empty — **no sequence frame and no replay socket** (unlike
   vLLM's ``[topic, seq, payload]``). The record says so (``seq_frames=False``): the hub numbers
@@ -51,6 +54,7 @@ from infera_core.kv.events import (
 from infera_core.worker import KvEventsInfo
 
 FORMAT = "atom"
+DP_FLAGS = ("--data-parallel-size", "-dp")
 KV_TOPIC = "kv-events"
 _U64 = (1 << 64) - 1
 
@@ -176,8 +180,28 @@ def engine_port_flags(ctx: LaunchContext) -> list[str]:
     return ["--port", str(_port(ctx, "atom_engine", "engine_port"))]
 
 
-def kv_events_info(ctx: LaunchContext, block_size: int) -> KvEventsInfo:
-    """What the worker record advertises: the publisher's address, the ``atom`` decoder, no seq frames."""
+def engine_dp_size(ctx: LaunchContext) -> int:
+    """ATOM's ``--data-parallel-size``/``-dp`` among the engine flags (1 when absent or unreadable)."""
+    args = list(ctx.engine_args)
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in DP_FLAGS:
+            text = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            return int(text) if text.isdigit() else 1
+    return 1
+
+
+def launch_env(ctx: LaunchContext) -> dict[str, str]:
+    """The publisher's environment, or none when ATOM runs several DP ranks: main binds every
+    rank's publisher to the one ``ATOM_KV_EVENTS_ENDPOINT`` (the second rank could not bind)."""
+    return {} if engine_dp_size(ctx) > 1 else kv_event_env(kv_events_port(ctx))
+
+
+def kv_events_info(ctx: LaunchContext, block_size: int) -> KvEventsInfo | None:
+    """What the worker record advertises: the publisher's address, the ``atom`` decoder, no seq
+    frames (None under ATOM DP, where the publisher stays off: :func:`launch_env`)."""
+    if engine_dp_size(ctx) > 1:
+        return None
     return KvEventsInfo(
         endpoint=f"tcp://{bracket_host(ctx.advertise_host)}:{kv_events_port(ctx)}",
         format=FORMAT,
