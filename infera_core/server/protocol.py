@@ -222,10 +222,16 @@ class InferaHttpProtocol(HttpToolsProtocol):
         if self._rejected:
             return
         self._read_len = n = len(data)
-        if self._awaiting_body:  # cleared by on_message_complete if this read ends the body
+        if self._awaiting_body:
             self._body_bytes += n
-            self.deadline = self._body_deadline(self.loop.time())
         super().data_received(data)
+        if self._awaiting_body and not self._rejected:
+            # this read left a body unfinished (on_message_complete clears the flag): its
+            # clock starts, or restarts; an ordinary request never gets here
+            now = self.loop.time()
+            if not self._body_start:
+                self._body_start = now
+            self.deadline = self._body_deadline(now)
         if self._awaiting_headers and not self._rejected:
             # Only chunks after the one a request began in count: an under-count of at most
             # one read, so headers stay bounded; on_headers_complete checks the exact size.
@@ -272,14 +278,13 @@ class InferaHttpProtocol(HttpToolsProtocol):
             self._too_large_headers()
             return
         super().on_headers_complete()
-        if self.cycle is not _CLOSED:  # the body's clock starts (on_message_complete stops it)
+        if self.cycle is not _CLOSED:  # a body may follow (on_message_complete says it ended)
             self._awaiting_body = True
-            self._body_start = now = self.loop.time()
+            self._body_start = 0.0
             self._body_bytes = 0
-            self.deadline = now + self.limits.body_timeout
 
     def on_message_complete(self) -> None:
-        if self._awaiting_body:
+        if self._awaiting_body:  # (not after a rejection: its lingering close stays due)
             self._awaiting_body = False
             self.deadline = 0.0
         super().on_message_complete()
@@ -287,7 +292,7 @@ class InferaHttpProtocol(HttpToolsProtocol):
         # client leaving while its request is parsed or routed is seen (EOF or reset) at once.
         # Not while a pipelined request waits: then reading stays paused until the responses
         # went out (else a client could queue requests without bound).
-        if not self.pipeline:
+        if not self.pipeline and self.flow.read_paused:
             self.flow.resume_reading()
 
     def _client_gone(self) -> None:
