@@ -28,7 +28,9 @@ IN_FLIGHT = ("echo:requests_running", "echo:requests_waiting")
 """echo-engine's Prometheus gauges of the requests it serves and queues."""
 
 MANAGED = {
+    "--model": "--model-path",
     "--listen-host": "infera's --host",
+    "--listen-port": "infera's --port",
     "--served-name": "infera's --model",
     "--kv-events-endpoint": "infera's KV events (always on)",
 }

@@ -36,6 +36,11 @@ def test_prefill_and_decode_roles_are_refused() -> None:
         EchoAdapter().build_launch(sample_launch_context(role=Role.PREFILL))
 
 
+def test_flags_infera_sets_are_refused_after_dashdash() -> None:
+    with pytest.raises(EngineError, match="use infera's --port"):
+        EchoAdapter().build_launch(sample_launch_context(engine_args=["--listen-port", "9000"]))
+
+
 def test_the_served_block_size_is_read_from_the_engine() -> None:
     async def served(server: StandinEndpoints) -> int | None:
         async with httpx.AsyncClient() as client:
