@@ -68,6 +68,10 @@ def _make_venv(base: Path) -> tuple[Path, dict[str, str]]:
     if done.returncode == 0:
         return venv, offline
     online = _uv(install, env, base)  # a cold uv cache: from the package index
+    if online.returncode != 0 and any(w in online.stderr for w in ("network", "connect", "dns", "offline")):
+        pytest.skip(
+            f"infera-core's dependencies are neither in uv's cache nor reachable: {online.stderr[-300:]}"
+        )
     assert online.returncode == 0, f"installing infera-core failed:\n{done.stderr}\n{online.stderr}"
     return venv, env
 
