@@ -257,7 +257,7 @@ class PdScheduler:
                 skip.append(p.worker_id)
                 continue
             break
-        pair = Pair(p, d, self._rank(p, ctx), self._rank(d, None))
+        pair = Pair(p, d, self._rank(p, ctx), self._rank(d, ctx))
         p.picks += 1
         d.picks += 1
         elapsed = time.perf_counter() - t0
@@ -281,7 +281,7 @@ class PdScheduler:
         ]
         d = self._pick(self.plan(ctx.model).decode, ctx, compatible, "decode")
         d.picks += 1
-        return d, self._rank(d, None)
+        return d, self._rank(d, ctx)
 
     def _pick(self, profile: Profile, ctx: RequestContext, eps: list[Endpoint], side: str) -> Endpoint:
         eps = profile.filter(ctx, eps) if eps else eps
@@ -295,8 +295,10 @@ class PdScheduler:
         return profile.pick(ctx, eps)
 
     def _rank(self, ep: Endpoint, ctx: RequestContext | None) -> int | None:
-        """The DP rank to steer to on a DP-attention endpoint (one URL, ``dp_size`` ranks):
-        the prefill's rank holding the longest prefix, else in turn (:class:`DpRanks`)."""
+        """The DP rank to steer to on a DP-attention endpoint (one URL, ``dp_size`` ranks): the
+        rank holding the longest prefix, else in turn (:class:`DpRanks`). Decode ranks too: an
+        SGLang decode worker with its radix cache (``--disaggregation-decode-enable-radix-cache``)
+        reuses what it holds and the prefill sends only the rest."""
         return self.dp.choose(ep, ctx)
 
     def finished(self, ctx: RequestContext, ep: Endpoint, ok: bool) -> None:

@@ -195,3 +195,42 @@ def test_sim_adapter_launches_a_dp_attention_sim_as_sglang_registers_one() -> No
     assert kv is not None and kv.port_per_dp_rank and fields.dp_size == 2 and fields.dp_rank is None
     port = int(argv[argv.index("--kv-events-port") + 1])
     assert kv.endpoint == f"tcp://127.0.0.1:{port}"  # rank r on port + r (reserved as a consecutive pair)
+
+
+def test_pd_decode_rank_follows_the_decode_rank_holding_the_prefix() -> None:
+    """SGLang decode workers keep a radix cache (and publish KV events): the decode leg's
+    X-Data-Parallel-Rank goes to the decode rank that holds the prompt's prefix."""
+    from infera_core.kv.events import BlockStored, KvEventBatch
+    from infera_core.kv.index import KvIndex
+    from infera_core.scheduling.pd import build_pd_scheduler
+    from infera_core.scheduling.types import RequestContext, SchedulerDeps
+    from infera_core.server.fleet import EndpointTable
+    from infera_core.worker import PdInfo, Role
+
+    index = KvIndex()
+    tokens = list(range(1, 65))
+    for rank in range(2):
+        index.add_view("d", rank, BS)
+    rank1 = index.view("d", 1)
+    assert rank1 is not None
+    stored = BlockStored(block_hashes=[1, 2, 3, 4], parent_block_hash=None, token_ids=tokens, block_size=BS)
+    index.apply(rank1, KvEventBatch(ts=0.0, events=[stored], dp_rank=1))
+    table = EndpointTable()
+    pd = PdInfo(protocol="sglang-bootstrap", params={"bootstrap_port": 8998})
+    table.put(
+        WorkerRecord(worker_id="p", url="http://p", model=MODEL, engine="sglang", role=Role.PREFILL, pd=pd)
+    )
+    table.put(
+        WorkerRecord(
+            worker_id="d", url="http://d", model=MODEL, engine="sglang", role=Role.DECODE, pd=pd, dp_size=2
+        )
+    )
+    catalog = make_hooks().catalog()
+    sched, _ = build_pd_scheduler(
+        table, None, catalog.policies, SchedulerDeps(kv_index=index), catalog.pd_transports
+    )
+    for _ in range(3):
+        c = RequestContext("r", MODEL, "/v1/completions", {}, token_ids=[*tokens, 7, 8])
+        assert sched.pick_pair(c).decode_rank == 1
+    cold = RequestContext("r", MODEL, "/v1/completions", {}, token_ids=list(range(500, 600)))
+    assert sorted(sched.pick_pair(cold).decode_rank or 0 for _ in range(4)) == [0, 0, 1, 1]
