@@ -95,3 +95,28 @@ def test_tables_grow_compact_and_report_their_memory() -> None:
     store.clear(5)
     assert store.nblocks(5) == (0, 0, 0) and store.unique_hashes() == 0
     assert store.memory_bytes() < big // 100
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_blocks_all_candidates_hold_are_matched_like_the_rest(seed: int) -> None:
+    """The native walk checks a block every candidate holds on the GPU once (the holders' key):
+    same answers as the specification with shared prefixes, holes, lower tiers and subsets."""
+    rng = random.Random(seed)
+    slots = list(range(150))
+    shared = [(k + 1) * 2**40 for k in range(24)]
+    py, nat = PyBlockStore(), native_store()
+    for store in (py, nat):
+        for s in slots:
+            store.store(s, 0, [f"e{s}-{k}".encode() for k in range(24)], shared)
+            store.store(s, 0, [f"o{s}".encode()], [(s + 100) * 2**40])
+    for _ in range(30):  # holes: some slots lose a shared block, or keep it on CPU only
+        s, k, cpu = rng.choice(slots), rng.randrange(24), rng.random() < 0.5
+        for store in (py, nat):
+            store.remove(s, 0, [f"e{s}-{k}".encode()])
+            if cpu:
+                store.store(s, 1, [f"c{s}-{k}".encode()], [shared[k]])
+    for _ in range(40):
+        cands = rng.sample(slots, rng.choice([1, 2, 64, 150])) + rng.choice([[], [-1]])
+        prompt = [*shared[: rng.randrange(25)], rng.choice([1000, cands[0] + 100]) * 2**40]
+        w = rng.choice([(1.0, 0.5, 0.25), (1.0, 1.0, 1.0)])
+        assert py.match(prompt, cands, w) == nat.match(prompt, cands, w)

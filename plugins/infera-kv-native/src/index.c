@@ -243,6 +243,7 @@ static PyObject *Index_memory_bytes(IndexObject *x, PyObject *Py_UNUSED(ignored)
     for (int t = 0; t < NTIERS; t++)
         for (Py_ssize_t c = 0; c < x->nchunks[t]; c++)
             total += vm_bytes(&x->masks[t][c]) + sizeof(vmap);
+    total += vm_bytes(&x->holders);
     return PyLong_FromSize_t(total);
 }
 
@@ -358,6 +359,7 @@ static int match_core(IndexObject *x, PyObject *hashes, const int64_t *slots, Py
     Py_ssize_t *pos = malloc(nslots * sizeof(Py_ssize_t));
     Py_ssize_t *depth_of = malloc(nslots * sizeof(Py_ssize_t));
     double *credit = calloc(nslots, sizeof(double));
+    uint64_t *hv = NULL;
     int rc = -1;
     if (alive == NULL || pos == NULL || depth_of == NULL || credit == NULL) {
         PyErr_NoMemory();
@@ -365,24 +367,55 @@ static int match_core(IndexObject *x, PyObject *hashes, const int64_t *slots, Py
     }
     for (size_t s = 0; s < nslots; s++)
         pos[s] = depth_of[s] = -1;
+    uint64_t alive_key = 0; /* XOR of slot_key() over the alive slots */
     for (Py_ssize_t i = 0; i < nv; i++) {
         int64_t s = slots[i];
         if (s >= 0) {
             pos[s] = i;
+            if (!(alive[s >> 6] & (1ULL << (s & 63))))
+                alive_key ^= slot_key(s);
             alive[s >> 6] |= 1ULL << (s & 63);
         }
     }
     int lower = !tier_empty(x, 1) || !tier_empty(x, 2);
+    hv = malloc((size_t)nh * sizeof(uint64_t));
+    if (hv == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < nh; k++) {
+        long long v = PyLong_AsLongLong(PyList_GetItem(hashes, k));
+        if (v == -1 && PyErr_Occurred())
+            goto done;
+        hv[k] = (uint64_t)v;
+    }
     Py_ssize_t depth = 0;
     for (Py_ssize_t k = 0; k < nh; k++) {
-        long long hv = PyLong_AsLongLong(PyList_GetItem(hashes, k));
-        if (hv == -1 && PyErr_Occurred())
-            goto done;
-        uint64_t h = (uint64_t)hv, any = 0;
+        uint64_t h = hv[k], any = 0;
+        /* exactly the alive slots hold this block on the GPU (a system prompt every worker
+         * caches): all stay alive at full credit, one probe instead of one per chunk */
+        if (alive_key && vm_get(&x->holders, h) == alive_key) {
+            depth++;
+            continue;
+        }
+        /* the walk is one random probe per (block, live chunk): ask for the next block's
+         * slots while this one is probed, so their cache misses overlap */
+        uint64_t hn = k + 1 < nh ? hv[k + 1] : 0;
+        int ahead = k + 1 < nh;
         for (Py_ssize_t c = 0; c < nch; c++) {
             uint64_t a = alive[c], m;
             if (!a)
                 continue;
+            if (ahead) {
+                if (c < x->nchunks[0])
+                    vm_prefetch(&x->masks[0][c], hn);
+                if (lower) {
+                    if (c < x->nchunks[1])
+                        vm_prefetch(&x->masks[1][c], hn);
+                    if (c < x->nchunks[2])
+                        vm_prefetch(&x->masks[2][c], hn);
+                }
+            }
             uint64_t gm = mask_word(x, 0, c, h);
             if (lower) {
                 uint64_t cm = mask_word(x, 1, c, h) & ~gm;
@@ -395,9 +428,12 @@ static int match_core(IndexObject *x, PyObject *hashes, const int64_t *slots, Py
             } else {
                 m = gm & a;
             }
-            if (m != a && depth) /* views dropped at depth 0 keep 0: no per-view work */
-                for (uint64_t dropped = a & ~m; dropped; dropped &= dropped - 1)
-                    depth_of[c * 64 + __builtin_ctzll(dropped)] = depth;
+            for (uint64_t dropped = a & ~m; dropped; dropped &= dropped - 1) {
+                int b = __builtin_ctzll(dropped);
+                alive_key ^= slot_key(c * 64 + b);
+                if (depth) /* views dropped at depth 0 keep 0 */
+                    depth_of[c * 64 + b] = depth;
+            }
             alive[c] = m;
             any |= m;
         }
@@ -417,6 +453,7 @@ done:
     free(pos);
     free(depth_of);
     free(credit);
+    free(hv);
     return rc;
 }
 
@@ -536,6 +573,7 @@ static void Index_dealloc(IndexObject *x)
             vm_free(&x->masks[t][c]);
         free(x->masks[t]);
     }
+    vm_free(&x->holders);
     PyTypeObject *type = Py_TYPE((PyObject *)x);
     freefunc tp_free = (freefunc)PyType_GetSlot(type, Py_tp_free);
     tp_free((PyObject *)x);

@@ -83,7 +83,32 @@ typedef struct {
     Py_ssize_t nviews;
     vmap *masks[NTIERS]; /* one table per 64 slots */
     Py_ssize_t nchunks[NTIERS];
+    vmap holders; /* GPU tier: router hash -> XOR of slot_key() of the slots holding it */
 } IndexObject;
+
+/* A random-looking non-zero 64-bit key per slot (splitmix64): the XOR of a set of slots' keys
+ * identifies the set (up to 2^-64, as the 64-bit router hashes themselves). */
+static inline uint64_t slot_key(Py_ssize_t slot)
+{
+    uint64_t z = (uint64_t)slot + 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    return z ? z : 1;
+}
+
+/* Slot ``slot`` starts or stops holding ``rh`` on the GPU tier: update its holders' XOR. */
+static inline int toggle_holder(IndexObject *x, Py_ssize_t slot, uint64_t rh)
+{
+    int fresh;
+    kv64 *e = vm_slot(&x->holders, rh, &fresh);
+    if (e == NULL)
+        return -1;
+    e->val ^= slot_key(slot);
+    if (!e->val) /* nobody (w.h.p.): the slot stays free */
+        vm_delete(&x->holders, e);
+    return 0;
+}
 
 static inline view_t *view_at(IndexObject *x, Py_ssize_t slot)
 {
@@ -113,6 +138,8 @@ static inline vmap *chunk_at(IndexObject *x, int tier, Py_ssize_t c)
         return NULL;
     }
     memset(m + x->nchunks[tier], 0, (size_t)(c + 1 - x->nchunks[tier]) * sizeof(vmap));
+    for (Py_ssize_t i = x->nchunks[tier]; i <= c; i++)
+        m[i].salt = (uint64_t)i * 0xD6E8FEB86659FD93ULL;
     x->masks[tier] = m;
     x->nchunks[tier] = c + 1;
     return &m[c];
@@ -141,6 +168,8 @@ static inline int store_one(IndexObject *x, view_t *v, Py_ssize_t slot, int tier
     }
     e->val |= bit;
     v->nblocks[tier]++;
+    if (tier == 0 && toggle_holder(x, slot, rh) < 0)
+        return -1;
     return 1;
 }
 
@@ -150,9 +179,13 @@ static inline void unmask(IndexObject *x, int tier, Py_ssize_t slot, uint64_t rh
     kv64 *e = c < x->nchunks[tier] ? vm_find(&x->masks[tier][c], rh) : NULL;
     *found = e != NULL;
     if (e != NULL) {
-        e->val &= ~(1ULL << (slot & 63));
+        uint64_t bit = 1ULL << (slot & 63);
+        int held = (e->val & bit) != 0;
+        e->val &= ~bit;
         if (!e->val)
             vm_delete(&x->masks[tier][c], e);
+        if (held && tier == 0 && toggle_holder(x, slot, rh) < 0)
+            PyErr_Clear(); /* cannot fail: the entry exists, removing never allocates */
     }
 }
 

@@ -49,13 +49,18 @@ typedef struct {
     kv64 *s;
     uint32_t bits; /* capacity 1 << bits once s is allocated */
     uint32_t n;
+    uint64_t salt; /* added to keys before hashing: tables probed together for one key
+                    * (the chunk tables) then look at different offsets, not all at the
+                    * same one, which would map every probe to the same cache set */
 } vmap;
+
+static inline uint32_t vm_home(const vmap *m, uint64_t k, uint32_t bits) { return home(k + m->salt, bits); }
 
 static inline kv64 *vm_find(const vmap *m, uint64_t k)
 {
     if (!m->n)
         return NULL;
-    uint32_t mask = (1u << m->bits) - 1, i = home(k, m->bits);
+    uint32_t mask = (1u << m->bits) - 1, i = vm_home(m, k, m->bits);
     for (;;) {
         kv64 *e = &m->s[i];
         if (!e->val)
@@ -75,7 +80,7 @@ static inline uint64_t vm_get(const vmap *m, uint64_t k)
 static inline void vm_prefetch(const vmap *m, uint64_t k)
 {
     if (m->s != NULL)
-        __builtin_prefetch(&m->s[home(k, m->bits)]);
+        __builtin_prefetch(&m->s[vm_home(m, k, m->bits)]);
 }
 
 static int vm_resize(vmap *m, uint32_t bits)
@@ -91,7 +96,7 @@ static int vm_resize(vmap *m, uint32_t bits)
         for (size_t j = 0; j < ((size_t)1 << m->bits); j++) {
             if (!m->s[j].val)
                 continue;
-            uint32_t i = home(m->s[j].key, bits);
+            uint32_t i = vm_home(m, m->s[j].key, bits);
             while (s[i].val)
                 i = (i + 1) & mask;
             s[i] = m->s[j];
@@ -111,7 +116,7 @@ static inline kv64 *vm_slot(vmap *m, uint64_t k, int *fresh)
         if (vm_resize(m, m->s == NULL ? 4 : m->bits + 1) < 0)
             return NULL;
     }
-    uint32_t mask = (1u << m->bits) - 1, i = home(k, m->bits);
+    uint32_t mask = (1u << m->bits) - 1, i = vm_home(m, k, m->bits);
     for (;;) {
         kv64 *e = &m->s[i];
         if (!e->val) {
@@ -144,7 +149,7 @@ static inline void vm_delete(vmap *m, kv64 *e)
         j = (j + 1) & mask;
         if (!m->s[j].val)
             break;
-        if (movable(i, j, home(m->s[j].key, m->bits))) {
+        if (movable(i, j, vm_home(m, m->s[j].key, m->bits))) {
             m->s[i] = m->s[j];
             i = j;
         }

@@ -32,6 +32,7 @@ PD presets: ``kv-aware-prefill`` is strongly cache-seeking (load 0.15),
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Sequence
@@ -166,6 +167,7 @@ class KvOverlapScorer(Scorer):
             depth = self.in_flight.depth(ctx, self.index)
             if depth:
                 out = [max(o, depth.get(ep.row, 0.0)) for o, ep in zip(out, candidates, strict=True)]
+        self.in_flight.last = (ctx.request_id, [ep.row for ep in candidates], out)
         return out
 
     def _prefix_scores(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
@@ -203,6 +205,7 @@ class KvOverlapScorer(Scorer):
                 by_row = np.zeros(state().size, np.float64)
                 by_row[list(depth)] = list(depth.values())
                 out = np.maximum(out, by_row[rows_of(candidates)])
+        self.in_flight.last = (ctx.request_id, rows_of(candidates), out)
         return out
 
     def _prefix_rows(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> Floats:
@@ -274,9 +277,11 @@ class InFlightPrefixes:
     profile of a server (``SchedulerDeps.extra``).
     """
 
-    __slots__ = ("pending", "sent")
+    __slots__ = ("last", "pending", "sent")
 
     def __init__(self) -> None:
+        self.last: tuple[str, Rows | list[int], Floats | list[float]] | None = None
+        """(request id, candidate rows, their overlap): the last request ``kv-overlap`` scored."""
         self.pending: dict[int, dict[int, dict[int, int]]] = {}
         """Block size → router hash → {endpoint row: requests in flight there whose prompt has that block}."""
         self.sent: dict[tuple[str, str], tuple[int, int, list[int]]] = {}
@@ -288,13 +293,14 @@ class InFlightPrefixes:
             return
         row = endpoint.row
         pending = self.pending.setdefault(bs, {})
-        for h in hashes:
+        marks = [hashes[k] for k in checkpoints(len(hashes))]
+        for h in marks:
             held = pending.get(h)
             if held is None:
                 pending[h] = {row: 1}
             else:
                 held[row] = held.get(row, 0) + 1
-        self.sent[key] = (row, bs, hashes)
+        self.sent[key] = (row, bs, marks)
         if len(self.sent) > MAX_IN_FLIGHT:  # a request whose end was never reported: forget the oldest
             self._drop(*next(iter(self.sent)))
 
@@ -326,8 +332,10 @@ class InFlightPrefixes:
     def depth(self, ctx: RequestContext, index: Any) -> dict[int, float]:
         """Per endpoint row, the fraction of the prompt's blocks that requests in flight there share.
 
-        Block hashes chain, so the rows holding block k + 1 hold block k too: the walk only
-        looks at the rows that drop out, and stops when none is left.
+        Only the blocks at :func:`checkpoints` are remembered (every block up to 32, then 16
+        per doubling: ≤ 6% short of the true depth, 111 entries for a 1024-block prompt).
+        Block hashes chain, so the rows holding a later checkpoint hold the earlier ones
+        too: the walk only looks at the rows that drop out, and stops when none is left.
         """
         out: dict[int, float] = {}
         if not ctx.token_ids:
@@ -338,21 +346,36 @@ class InFlightPrefixes:
                 continue
             n = len(hashes)
             prev: dict[int, int] | None = None
-            k = 0
-            for k, h in enumerate(hashes):
-                cur = pending.get(h)
+            done = 0  # blocks matched up to the last checkpoint found
+            for k in checkpoints(n):
+                cur = pending.get(hashes[k])
                 if cur is None:
                     break
                 if prev is not None and len(cur) != len(prev):
                     for row in prev.keys() - cur.keys():
-                        out[row] = max(out.get(row, 0.0), k / n)
+                        out[row] = max(out.get(row, 0.0), done / n)
                 prev = cur
-            else:
-                k = n
+                done = k + 1
             for row in prev or ():
-                if row not in out or out[row] < k / n:
-                    out[row] = k / n
+                if row not in out or out[row] < done / n:
+                    out[row] = done / n
         return out
+
+
+_CHECKPOINTS: list[int] = []
+
+
+def checkpoints(n: int) -> list[int]:
+    """Block indices below ``n`` that :class:`InFlightPrefixes` remembers: k with (k + 1) a multiple of
+    ``2 ** max(0, bit_length(k + 1) − 5)``: every block up to 32, then 16 per doubling."""
+    cps = _CHECKPOINTS
+    if not cps or cps[-1] < n:
+        k = cps[-1] + 1 if cps else 0
+        while k < max(2 * n, 64):
+            if (k + 1) % (1 << max(0, (k + 1).bit_length() - 5)) == 0:
+                cps.append(k)
+            k += 1
+    return cps[: bisect.bisect_left(cps, n)]
 
 
 class LoadParams(BaseModel):
@@ -469,11 +492,12 @@ class CacheFillScorer(Scorer):
 
     name = "cache-fill"
     needs_tokens = True
-    __slots__ = ("clock", "index")
+    __slots__ = ("clock", "in_flight", "index")
 
-    def __init__(self, index: Any, clock: DispatchClock) -> None:
+    def __init__(self, index: Any, clock: DispatchClock, in_flight: InFlightPrefixes | None = None) -> None:
         self.index = index
         self.clock = clock
+        self.in_flight = in_flight
 
     def _fill(self, rows: Rows) -> Floats:
         st, clock = state(), self.clock
@@ -490,6 +514,13 @@ class CacheFillScorer(Scorer):
         ids = ctx.token_ids
         n = len(ids) if ids else _estimate_tokens(ctx.body)
         index = self.index
+        last = self.in_flight.last if self.in_flight is not None else None
+        if ids and last is not None and last[0] == ctx.request_id:  # kv-overlap scored it: reuse
+            rows, overlap = last[1], last[2]
+            at = np.flatnonzero(np.asarray(rows) == endpoint.row)
+            if len(at):
+                n = round(n * (1.0 - float(overlap[int(at[0])])))
+                index = None
         if ids and index is not None:
             view = index.views_by_key.get((endpoint.worker_id, endpoint.dp_rank))
             if view is not None and view.worker_id not in index.untrusted:
@@ -571,11 +602,14 @@ def kv_profile(
 def register_kv(registry: PolicyRegistry) -> None:
     """Add the KV-aware scorers, the imbalance guard and the ``kv-aware*`` presets."""
 
-    def overlap(p: Any, d: SchedulerDeps) -> Scorer:
+    def in_flight(d: SchedulerDeps) -> InFlightPrefixes:
         shared = d.extra.get(IN_FLIGHT_KEY)
         if not isinstance(shared, InFlightPrefixes):
             shared = d.extra[IN_FLIGHT_KEY] = InFlightPrefixes()
-        return KvOverlapScorer(d.kv_index, p, shared)
+        return shared
+
+    def overlap(p: Any, d: SchedulerDeps) -> Scorer:
+        return KvOverlapScorer(d.kv_index, p, in_flight(d))
 
     def recent(p: Any, d: SchedulerDeps) -> Scorer:
         clock = dispatch_clock(d)
@@ -594,7 +628,7 @@ def register_kv(registry: PolicyRegistry) -> None:
         if isinstance(p, FillParams):
             clock.half_life = p.half_life
             clock.factor = 0.5 ** (1.0 / p.half_life)
-        return CacheFillScorer(d.kv_index, clock)
+        return CacheFillScorer(d.kv_index, clock, in_flight(d))
 
     registry.add(PolicyFactory("kv-overlap", "scorer", overlap, OverlapParams, KvOverlapScorer.__doc__ or ""))
     registry.add(
