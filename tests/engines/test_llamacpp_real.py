@@ -80,7 +80,7 @@ def up_llamacpp() -> Iterator[tuple[subprocess.Popen[str], str, str]]:
         "-np",
         "2",
         "-c",
-        "4096",
+        "65536",  # 32k tokens per slot: a long generation outlives the in-flight check below
         "-t",
         "1",
     ]
@@ -156,7 +156,7 @@ def test_up_llamacpp_serves_the_openai_client(up_llamacpp: tuple[subprocess.Pope
     root = url.removesuffix("/v1")
     workers = httpx.get(f"{root}/v1/workers", timeout=10).json()["data"]
     assert len(workers) == 2 and {w["engine"] for w in workers} == {"llamacpp"}
-    assert all(w["labels"].get("kv-events") == "none" and w["status"] == "ready" for w in workers)
+    assert all(w["labels"].get("kv-events") == "none" and w["status"] == "active" for w in workers)
     assert len({w["url"] for w in workers}) == 2
     for w in workers:
         base = w["url"]
@@ -165,27 +165,28 @@ def test_up_llamacpp_serves_the_openai_client(up_llamacpp: tuple[subprocess.Pope
         assert len(httpx.get(f"{base}/slots", timeout=10).json()) == 2  # -np 2 after --
         assert "tiny" in json.dumps(httpx.get(f"{base}/v1/models", timeout=10).json())
 
-    # in-flight comes from llama-server: a long generation is counted while it runs, then 0
+    # in-flight comes from llama-server: a long generation (30k tokens, seconds even for this
+    # model) is counted while it runs; once the client hangs up it ends and the count is 0
     stream = client.completions.create(
         model="tiny",
         prompt="hello",
-        max_tokens=1500,
+        max_tokens=30000,
         stream=True,
         extra_body={"ignore_eos": True},
     )
     first = next(iter(stream))
     assert first.choices
     assert asyncio.run(worker_load(workers)) >= 1
-    for _ in stream:
-        pass
-    deadline = time.monotonic() + 30
+    stream.close()
+    deadline = time.monotonic() + 60
     while asyncio.run(worker_load(workers)) != 0:
         assert time.monotonic() < deadline, "llama-server still reports requests in flight"
         time.sleep(0.1)
 
     # Ctrl-C drains and stops every llama-server
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(60) == 0
+    code = proc.wait(60)
+    assert code == 0, f"up exited {code}:\n" + (proc.stdout.read() if proc.stdout else "")[-3000:]
     for w in workers:
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{w['url']}/health", timeout=2)
