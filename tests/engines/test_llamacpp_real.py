@@ -190,3 +190,15 @@ def test_up_llamacpp_serves_the_openai_client(up_llamacpp: tuple[subprocess.Pope
     for w in workers:
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{w['url']}/health", timeout=2)
+
+
+def test_every_flag_the_adapter_emits_is_in_llama_servers_help() -> None:
+    server = llama_server()
+    helptext = subprocess.run([server, "--help"], capture_output=True, text=True, timeout=60).stdout
+    listed = set(re.findall(r"(?m)^(-[-\w]+)(?:,\s+(-[-\w]+))*", helptext))
+    names = {flag for pair in listed for flag in pair if flag}
+    ctx = sample_launch_context(options={"llama_server": server, "parallel": 2}, model_path=str(MODEL))
+    argv = LlamaCppAdapter().build_launch(ctx).argv
+    emitted = [a for a in argv[1:] if a.startswith("-")]
+    assert "--bogus-flag" not in names and "--slots" in names
+    assert emitted and all(flag in names for flag in emitted), (emitted, sorted(names)[:40])
