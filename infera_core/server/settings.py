@@ -9,11 +9,12 @@ from pydantic import Field
 
 from infera_core.kv.settings import KvSettings
 from infera_core.server.auth_settings import AuthSettings
+from infera_core.server.fault_settings import FaultSettings
 from infera_core.server.limits import LimitSettings
 from infera_core.settings import InferaSettings
 
 
-class ServeSettings(InferaSettings, KvSettings, AuthSettings, LimitSettings):
+class ServeSettings(InferaSettings, KvSettings, AuthSettings, LimitSettings, FaultSettings):
     """Everything the server reads at start-up (KV-routing fields from :class:`KvSettings`,
     connection and request limits from :class:`LimitSettings`)."""
 
@@ -87,21 +88,4 @@ class ServeSettings(InferaSettings, KvSettings, AuthSettings, LimitSettings):
     )
     upstream_connections: int = Field(
         4096, ge=1, description="Most concurrent connections to workers (all together)."
-    )
-    pool_timeout: float = Field(
-        10.0,
-        gt=0,
-        description="Seconds a request may wait for a free upstream connection at --upstream-connections"
-        " before it fails with 503.",
-    )
-    hang_timeout: float = Field(
-        20.0,
-        ge=0,
-        description="A worker that answered nothing for this long while requests wait on it is hung:"
-        " breaker opened, its requests retried elsewhere (0: off).",
-    )
-    hang_factor: float = Field(
-        4.0,
-        gt=0,
-        description="The hang threshold also grows to this many times the fleet's typical first-byte latency.",
     )

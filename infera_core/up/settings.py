@@ -10,11 +10,12 @@ from pydantic import Field, model_validator
 
 from infera_core.launcher.settings import RestartPolicy
 from infera_core.server.auth_settings import AuthSettings
+from infera_core.server.fault_settings import FaultSettings
 from infera_core.server.limits import LimitSettings
 from infera_core.settings import InferaSettings
 
 
-class UpSettings(InferaSettings, LimitSettings, AuthSettings):
+class UpSettings(InferaSettings, LimitSettings, AuthSettings, FaultSettings):
     """The embedded single-machine stack (its server's connection and request limits from
     :class:`LimitSettings`)."""
 

@@ -179,6 +179,7 @@ class Stack:
             router_config=s.router_config,
             **s.limits_of(),
             **s.auth_of(),
+            **s.faults_of(),
         )
 
     async def _start_server(self) -> None:

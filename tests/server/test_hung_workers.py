@@ -149,3 +149,15 @@ async def test_a_hung_sim_is_out_within_30s_by_default_and_a_slow_sim_is_not() -
                 assert set(codes) == {200}
                 assert not srv.core.table.by_id["slow"].breaker_open
                 assert not srv.core.table.by_id["fast"].breaker_open
+
+
+def test_up_hands_hang_detection_and_pool_timeout_to_its_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``infera-run up`` takes --hang-timeout, --hang-factor and --pool-timeout (flag, env,
+    config key) like ``serve`` and gives them to its embedded server."""
+    from infera_core.up.settings import UpSettings
+    from infera_core.up.stack import Stack
+
+    monkeypatch.setenv("INFERA_HANG_TIMEOUT", "7.5")
+    settings = UpSettings(workers=0, hang_factor=2.0, pool_timeout=3.0)
+    served = Stack(settings, make_hooks())._serve_settings()
+    assert (served.hang_timeout, served.hang_factor, served.pool_timeout) == (7.5, 2.0, 3.0)

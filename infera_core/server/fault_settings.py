@@ -1,0 +1,34 @@
+"""Faulty-worker settings (hang detection, waiting for an upstream connection), shared by
+``infera-run serve`` and ``infera-run up``; what each does is in ``docs/operations.md``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class FaultSettings(BaseModel):
+    """One pydantic field per flag / ``INFERA_*`` variable / config key."""
+
+    pool_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a request may wait for a free upstream connection at --upstream-connections"
+        " before it fails with 503.",
+    )
+    hang_timeout: float = Field(
+        20.0,
+        ge=0,
+        description="A worker that answered nothing for this long while requests wait on it is hung:"
+        " breaker opened, its requests retried elsewhere (0: off).",
+    )
+    hang_factor: float = Field(
+        4.0,
+        gt=0,
+        description="The hang threshold also grows to this many times the fleet's typical first-byte latency.",
+    )
+
+    def faults_of(self) -> dict[str, Any]:
+        """These fields as keyword arguments (``up`` hands them to its server's settings)."""
+        return {name: getattr(self, name) for name in FaultSettings.model_fields}
