@@ -276,6 +276,11 @@ def main() -> None:
         help=f"presets, {BEFORE}, {SGLANG} (sglang-router's cache_aware), or "
         "kv:OVERLAP/LOAD/RECENT/GUARD-FACTOR[/GAP[/FILL]] for a kv-aware variant",
     )
+    ap.add_argument(
+        "--pooled-sim",
+        action="store_true",
+        help="also replay on one sim with the whole fleet's cache, prefill rate, batch budget and slots",
+    )
     a = ap.parse_args()
     arrivals = load_trace(a.trace, a.rows, a.speedup, a.tokens_per_block, a.output_div, a.skip)
     bound = pooled_bound(arrivals, a.sims * a.blocks)
@@ -300,6 +305,11 @@ def main() -> None:
             f"{r['hit'] / bound:7.3f} {r['imbalance']:8.2f} {r['preemptions']:7.0f} {r['decide_us']:11.0f} "
             f"{r['held']:6.0f} {r['hit'] / free:11.3f}",
             flush=True,
+        )
+    if a.pooled_sim:
+        r = run("round-robin", arrivals, a, reg, pooled=True)
+        print(
+            f"{'(one pooled sim)':<18} {r['ttft_p50']:9.3f} {r['ttft_p90']:8.3f} {r['ttft_p99']:8.3f} {r['hit']:6.3f}"
         )
     if "kv-aware" in rows and "round-robin" in rows:
         ratio = rows["kv-aware"]["ttft_p90"] / rows["round-robin"]["ttft_p90"]
