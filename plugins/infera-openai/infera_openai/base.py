@@ -24,8 +24,10 @@ ROUTING_DEFAULT = "approximate-prefix"
 class OpenAIServerAdapter:
     """Base of the engines in this plugin: subclasses give the command and the engine's names.
 
-    ``health_path`` answers 200 once the engine serves; ``in_flight_metrics`` are the Prometheus
-    gauges (running + waiting) summed from ``metrics_path``.
+    ``health_path`` answers 200 once the engine serves; ``running_metrics`` and
+    ``waiting_metrics`` are the engine's Prometheus gauges read from ``metrics_path`` (engines
+    with other formats override :meth:`load`). ``default_policy`` is the routing preset
+    ``infera-run up`` uses for them.
     """
 
     name: ClassVar[str] = ""
