@@ -38,7 +38,6 @@ class EndpointArrays:
     __slots__ = (
         "_free",
         "fill",
-        "fill_ts",
         "generation",
         "in_flight",
         "prompt_tokens",
@@ -56,8 +55,7 @@ class EndpointArrays:
         self.recent_ts = np.zeros(capacity, np.float64)
         self.waiting = np.zeros(capacity, np.float64)
         self.fill = np.zeros(capacity, np.float64)
-        """Prompt tokens sent to the worker that its cache did not hold (decayed: ``cache-fill``)."""
-        self.fill_ts = np.zeros(capacity, np.float64)
+        """Prompt tokens sent to the worker that its cache did not hold (``cache-fill``, scaled)."""
         self.recent_writes = 0
         """Counts writes to ``recent``/``recent_ts`` (what is derived from them is cached)."""
         self.size = 0
@@ -72,7 +70,7 @@ class EndpointArrays:
         row = self.size
         if row == len(self.in_flight):
             n = 2 * row
-            for name in ("in_flight", "prompt_tokens", "recent", "recent_ts", "waiting", "fill", "fill_ts"):
+            for name in ("in_flight", "prompt_tokens", "recent", "recent_ts", "waiting", "fill"):
                 old = getattr(self, name)
                 new = np.zeros(n, old.dtype)
                 new[:row] = old
@@ -87,7 +85,6 @@ class EndpointArrays:
         self.recent_ts[row] = 0.0
         self.waiting[row] = 0.0
         self.fill[row] = 0.0
-        self.fill_ts[row] = 0.0
         self.recent_writes += 1
         self._free.append(row)
         self.generation += 1

@@ -278,3 +278,15 @@ def test_an_uncached_prompt_goes_where_the_cache_took_fewest_new_blocks() -> Non
     probe = RequestContext("p", "m", "/v1/completions", {}, token_ids=[7] * (4 * BS))
     # (w0's count has decayed by one dispatch since)
     assert fill.score(probe, [a, b, c]) == pytest.approx([1 - 2 / 6, 0.0, 1.0], abs=0.01)
+
+
+def test_cache_fill_stays_finite_and_ordered_over_many_half_lives() -> None:
+    deps = SchedulerDeps(kv_index=KvIndex(), clock=lambda: 0.0)
+    factory = REG.factory("scorer", "cache-fill")
+    fill = factory.build(factory.parse_params({"half_life": 2.0}), deps)
+    a, b, c = (Endpoint(WorkerRecord(worker_id=w, url=f"http://{w}", model="m", engine="sim")) for w in "abc")
+    for i in range(3000):  # 1500 half-lives (2 ** 1500 overflows a double): the scale is folded back
+        ep, n = (a, 100) if i % 2 else (b, 50)
+        fill.on_routed(RequestContext(f"r{i}", "m", "/v1/completions", {}, token_ids=[1] * n), ep)
+    got = fill.score(RequestContext("p", "m", "/v1/completions", {}, token_ids=[2] * 64), [a, b, c])
+    assert got[2] == 1.0 and got[0] == 0.0 and 0.0 < got[1] < 1.0, got

@@ -77,12 +77,14 @@ class DispatchClock:
     Shared by every profile through ``SchedulerDeps.extra``.
     """
 
-    __slots__ = ("_all", "_key", "factor", "half_life", "n")
+    __slots__ = ("_all", "_key", "base", "factor", "half_life", "n")
 
     def __init__(self, half_life: float = 32.0) -> None:
         self._key: object = None
         self._all: Floats = np.zeros(0, np.float64)
         self.n = 0
+        self.base = 0
+        """Dispatch at which ``cache-fill``'s scaled counts are unscaled."""
         self.half_life = half_life
         self.factor = 0.5 ** (1.0 / half_life)
 
@@ -499,16 +501,16 @@ class CacheFillScorer(Scorer):
         self.clock = clock
         self.in_flight = in_flight
 
-    def _fill(self, rows: Rows) -> Floats:
-        st, clock = state(), self.clock
-        return st.fill[rows] * np.exp((clock.n - st.fill_ts[rows]) * math.log(clock.factor))  # type: ignore[no-any-return]
+    # ``fill`` holds each count scaled by factor ** -(n - base) at this clock's dispatch n:
+    # decaying every row is then a common factor, which ``relative_inverse`` ignores (no
+    # per-request exp over the rows); ``base`` moves up before the scale could overflow.
 
     def score(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
-        return relative_inverse(self._fill(rows_of(candidates))).tolist()  # type: ignore[no-any-return]
+        return relative_inverse(state().fill[rows_of(candidates)]).tolist()  # type: ignore[no-any-return]
 
     def score_rows(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> Floats:
         """:meth:`score` over the arrays."""
-        return relative_inverse(self._fill(rows_of(candidates)))
+        return relative_inverse(state().fill[rows_of(candidates)])
 
     def on_routed(self, ctx: RequestContext, endpoint: Endpoint) -> None:
         ids = ctx.token_ids
@@ -527,10 +529,13 @@ class CacheFillScorer(Scorer):
                 hashes = ctx.cached_block_hashes(view.block_size, index.hash_prompt)
                 if hashes:
                     n -= int(index.match(hashes, [view], (1.0, 0.0, 0.0))[0]) * view.block_size
-        st, row, clock = state(), endpoint.row, self.clock
-        st.fill[row] = float(self._fill(np.array([row]))[0]) + max(0, n)
+        st, clock = state(), self.clock
         clock.n += 1
-        st.fill_ts[row] = clock.n
+        age = clock.n - clock.base
+        if age > 60 * clock.half_life:  # the scale would pass 2 ** 60: fold it into the counts
+            st.fill *= clock.factor**age
+            clock.base, age = clock.n, 0
+        st.fill[endpoint.row] += max(0, n) * clock.factor**-age
 
 
 class GuardParams(BaseModel):
