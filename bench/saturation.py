@@ -5,17 +5,22 @@ A discrete-event replay (virtual time, so far faster than real time and without 
 cache with LRU eviction, KV events and timing model: ``prefill_tokens_per_s``, ITL) are
 stepped on one virtual clock; requests from a Mooncake trace arrive at their timestamps
 divided by ``--speedup`` and are routed by the router's real profiles (``kv-aware``,
-``round-robin``, ``least-load``…) over :class:`Endpoint` objects whose in-flight counts
-follow the requests, with a real :class:`KvIndex` fed every sim's KV events as they are
-emitted. Trace blocks (512 tokens each) are scaled to ``--tokens-per-block`` tokens so a
+``round-robin``, ``least-load``…), by sglang-router's ``cache_aware`` re-implemented
+(``sglang-cache-aware``, ``bench/sglang_cache_aware.py``) or by the kv-aware preset as it
+was before the saturation work (``kv-aware-before``), over :class:`Endpoint` objects whose
+in-flight counts follow the requests, with a real :class:`KvIndex` fed every sim's KV
+events as they are emitted. Trace blocks (512 tokens each) are scaled to ``--tokens-per-block`` tokens so a
 2048-block sim holds a useful share of the working set.
 
 Reports per policy: TTFT p50/p90/p99 (virtual seconds), the prefix-cache hit fraction
 (cached prompt tokens / prompt tokens, summed over the sims), and that fraction over the
-*pooled bound*: one LRU cache the size of the whole fleet fed the same requests in order.
+*pooled bound*: one LRU cache the size of the whole fleet fed the same requests in order;
+the blocks running requests held (mean at arrivals) and the hit over the same bound for the
+blocks they left free.
 
-    .venv/bin/python bench/saturation.py [--rows 3000] [--speedup 8] [--sims 8] [--blocks 2048]
-        [--policies kv-aware,round-robin,least-load]
+    .venv/bin/python bench/saturation.py [--rows 3000] [--skip 0] [--speedup 8] [--sims 8]
+        [--blocks 2048] [--policies kv-aware,kv-aware-before,sglang-cache-aware,round-robin,least-load]
+        [--pooled-sim]
 """
 
 from __future__ import annotations
