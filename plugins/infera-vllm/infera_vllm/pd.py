@@ -34,6 +34,20 @@ def _request_id_header(ctx: PdContext) -> dict[str, str]:
     return {"X-Request-Id": ctx.request_id}
 
 
+def _decode_leg(body: dict[str, Any], ctx: PdContext, params: dict[str, Any]) -> LegRequest:
+    """The decode leg: the client's body (copied) with ``kv_transfer_params``."""
+    out = dict(body)
+    out["kv_transfer_params"] = params
+    return LegRequest(body=out, headers=_request_id_header(ctx))
+
+
+def _prepare_transfer(ctx: PdContext, protocol: str) -> None:
+    """Check the route and give the pair a router-made ``transfer_id`` (concurrent legs)."""
+    _check_route(ctx, protocol)
+    if ctx.transfer_id is None:
+        ctx.transfer_id = f"xfer-{ctx.request_id}"
+
+
 class VllmNixlTransport:
     """NixlConnector: prefill one token, then decode with the prefill's ``kv_transfer_params``."""
 
@@ -67,9 +81,7 @@ class VllmNixlTransport:
         params = prefill_transfer_params(
             prefill_response, prefill, "is it running with --kv-transfer-config NixlConnector?"
         )
-        out = dict(body)
-        out["kv_transfer_params"] = params
-        return LegRequest(body=out, headers=_request_id_header(ctx))
+        return _decode_leg(body, ctx, params)
 
 
 class VllmMooncakeTransport:
@@ -79,9 +91,7 @@ class VllmMooncakeTransport:
     order = PdOrder.CONCURRENT
 
     def prepare(self, ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord) -> None:
-        _check_route(ctx, self.name)
-        if ctx.transfer_id is None:
-            ctx.transfer_id = f"xfer-{ctx.request_id}"
+        _prepare_transfer(ctx, self.name)
 
     def prefill_request(
         self, body: dict[str, Any], ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord
@@ -103,15 +113,17 @@ class VllmMooncakeTransport:
         # The router may have asked the prefill's bootstrap server (GET /query) for the
         # engine id of the DP rank it picked; otherwise the id the launcher configured.
         engine_id = ctx.extra.get("remote_engine_id") or pd_params.get("engine_id") or prefill.worker_id
-        out = dict(body)
-        out["kv_transfer_params"] = {
-            "do_remote_decode": False,
-            "do_remote_prefill": True,
-            "remote_engine_id": engine_id,
-            "remote_bootstrap_addr": f"http://{bracket_host(str(host))}:{port}",
-            "transfer_id": _transfer_id(ctx),
-        }
-        return LegRequest(body=out, headers=_request_id_header(ctx))
+        return _decode_leg(
+            body,
+            ctx,
+            {
+                "do_remote_decode": False,
+                "do_remote_prefill": True,
+                "remote_engine_id": engine_id,
+                "remote_bootstrap_addr": f"http://{bracket_host(str(host))}:{port}",
+                "transfer_id": _transfer_id(ctx),
+            },
+        )
 
 
 def _transfer_id(ctx: PdContext, protocol: str = "vllm-mooncake") -> str:
@@ -146,9 +158,7 @@ class VllmMoriioTransport:
     order = PdOrder.CONCURRENT
 
     def prepare(self, ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord) -> None:
-        _check_route(ctx, self.name)
-        if ctx.transfer_id is None:
-            ctx.transfer_id = f"xfer-{ctx.request_id}"
+        _prepare_transfer(ctx, self.name)
 
     def prefill_request(
         self, body: dict[str, Any], ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord
@@ -169,14 +179,16 @@ class VllmMoriioTransport:
         decode: WorkerRecord,
         prefill_response: dict[str, Any] | None,
     ) -> LegRequest:
-        out = dict(body)
-        out["kv_transfer_params"] = {
-            "do_remote_decode": False,
-            "do_remote_prefill": True,
-            "transfer_id": _transfer_id(ctx, self.name),
-            **_moriio_peer(prefill),
-        }
-        return LegRequest(body=out, headers=_request_id_header(ctx))
+        return _decode_leg(
+            body,
+            ctx,
+            {
+                "do_remote_decode": False,
+                "do_remote_prefill": True,
+                "transfer_id": _transfer_id(ctx, self.name),
+                **_moriio_peer(prefill),
+            },
+        )
 
 
 class VllmMoriioReadTransport(VllmMoriioTransport):
@@ -200,6 +212,4 @@ class VllmMoriioReadTransport(VllmMoriioTransport):
             )
         )
         params.setdefault("remote_dp_rank", _moriio_peer(prefill)["remote_dp_rank"])
-        out = dict(body)
-        out["kv_transfer_params"] = params
-        return LegRequest(body=out, headers=_request_id_header(ctx))
+        return _decode_leg(body, ctx, params)
