@@ -139,7 +139,7 @@ class InferaHooks:
     def catalog(self) -> Catalog:
         """Build (once) every registry from the catalog hooks."""
         if self._catalog is None:
-            self._catalog = Catalog(
+            catalog = Catalog(
                 engines=self._collect("infera_register_engines", EngineRegistry()),
                 kv_decoders=self._collect("infera_register_kv_event_decoders", KvDecoderRegistry()),
                 pd_transports=self._collect("infera_register_pd_transports", PdTransportRegistry()),
@@ -156,11 +156,19 @@ class InferaHooks:
                     "infera_register_transfer_connectors", TransferConnectorRegistry()
                 ),
             )
+            from infera_core.launcher.flags import launcher_flags
+
+            # an engine option spelled like a launcher flag could never be set: refused here,
+            # once the backends (which add launcher flags) are collected too
+            catalog.engines.check_options(
+                launcher_flags(catalog), {i.name: i.distribution for i in self.plugins.infos}
+            )
             # lookups made straight on a registry (a router config's presets and policy
             # names, transports…) name the failed plugins too, as require() does
             problems = self.plugin_problems()
-            for reg in self._catalog.registries():
+            for reg in catalog.registries():
                 reg.note = problems
+            self._catalog = catalog
         return self._catalog
 
     # -- explicit requests -----------------------------------------------------

@@ -8,7 +8,7 @@ reads registries through :meth:`Registry.get` and :meth:`Registry.names`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -136,9 +136,46 @@ class Registry(Generic[T]):
         return len(self._entries)
 
 
+def option_clashes(adapter: EngineAdapter, taken: Collection[str]) -> list[str]:
+    """The adapter's options spelled like one of Infera's launcher flags (``taken``), as
+    ``"--port (Infera's --port)"``: Infera's flag would win and the option could never be set."""
+    out = []
+    for opt in adapter.options():
+        hit = next((f for f in (opt.flag, f"--no-{opt.flag[2:]}") if f in taken), None)
+        if hit is not None:
+            out.append(f"{opt.flag} (Infera's {hit})")
+    return out
+
+
+OPTION_CLASH_HINT = (
+    "rename them (e.g. --engine-port) or read Infera's value from the LaunchContext "
+    "(ctx.port, ctx.model, ctx.role…)"
+)
+
+
 class EngineRegistry(Registry[EngineAdapter]):
     kind = "engine"
     protocol = EngineAdapter
+
+    def check_options(self, taken: Collection[str], distributions: Mapping[str, str | None]) -> None:
+        """Refuse (:class:`PluginError`) an engine whose options are spelled like Infera's
+        launcher flags ``taken`` (:func:`infera_core.launcher.flags.launcher_flags`), naming
+        its plugin and ``distributions[plugin]``. Run once every plugin is collected, since
+        discovery backends and transports add launcher flags of their own."""
+        for entry in self.entries():
+            try:
+                clashes = option_clashes(entry.obj, taken)
+            except Exception as exc:
+                raise PluginError(
+                    f"plugin {entry.owner!r}: engine {entry.name!r} options() failed: {type(exc).__name__}: {exc}"
+                ) from exc
+            if clashes:
+                dist = distributions.get(entry.owner)
+                raise PluginError(
+                    f"plugin {entry.owner!r}{f' (distribution {dist})' if dist else ''} registered engine "
+                    f"{entry.name!r} with options named like Infera's own flags: {', '.join(clashes)}; "
+                    f"Infera's flag would win and the option could never be set: {OPTION_CLASH_HINT}"
+                )
 
     def _check(self, obj: object) -> None:
         super()._check(obj)

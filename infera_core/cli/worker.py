@@ -17,13 +17,13 @@ import click
 
 from infera_core.backends import backend_models
 from infera_core.engine import EngineAdapter, EngineOption, FlagAliases
+from infera_core.errors import PluginError
 from infera_core.facade import InferaHooks
 from infera_core.launcher.flags import split_flat
 from infera_core.launcher.runtime import run_worker
 from infera_core.launcher.settings import WorkerSettings
+from infera_core.registry import OPTION_CLASH_HINT, option_clashes
 from infera_core.settings import click_options, compose_settings, read_config_file, resolve
-
-log = logging.getLogger("infera.launcher")
 
 OPT_PREFIX = "engine_opt_"
 
@@ -97,12 +97,14 @@ def _engine_command(hooks: InferaHooks, adapter: EngineAdapter) -> click.Command
         short_help=adapter.description,
         context_settings={"max_content_width": 110},
     )(CONFIG_OPTION(click_options(model)(callback)))
-    taken = {opt for p in command.params for opt in getattr(p, "opts", [])}
-    for opt in adapter.options():
-        if opt.flag in taken:
-            log.warning("engine %s: option %s clashes with an Infera flag; ignored", adapter.name, opt.flag)
-            continue
-        command.params.append(_engine_option(opt))
+    taken = {o for p in command.params if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)}
+    clashes = option_clashes(adapter, taken)
+    if clashes:  # the catalog refuses such an adapter at load; this guards hooks built without it
+        raise PluginError(
+            f"engine {adapter.name!r}: options named like Infera's own flags: {', '.join(clashes)}; "
+            + OPTION_CLASH_HINT
+        )
+    command.params += [_engine_option(opt) for opt in adapter.options()]
     command.params.append(click.Argument(["engine_args"], nargs=-1, type=click.UNPROCESSED))
     return command
 

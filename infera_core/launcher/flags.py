@@ -158,8 +158,9 @@ def launcher_flags(catalog: Any = None) -> dict[str, str]:
 
     With a catalog (``hooks.catalog()``), the flags of the installed discovery backends and
     transports are included. An :class:`~infera_core.engine.EngineOption` spelled like one of
-    these (``port``, ``model``, ``role``…) would be shadowed by Infera's flag: the contract
-    kit refuses it, and ``worker`` ignores it with a warning.
+    these (``port``, ``model``, ``role``…) would be shadowed by Infera's flag: the catalog
+    refuses its plugin at load (:meth:`~infera_core.registry.EngineRegistry.check_options`),
+    and the contract kit fails it.
     """
     from infera_core.backends import backend_models
     from infera_core.launcher.settings import WorkerSettings

@@ -211,17 +211,13 @@ class EngineAdapterContract:
 
     def test_options_do_not_clash_with_launcher_flags(self) -> None:
         from infera_core.launcher.flags import launcher_flags
+        from infera_core.registry import OPTION_CLASH_HINT, option_clashes
 
-        taken = launcher_flags(self._catalog())
-        clashes = [
-            f"{o.flag} (Infera's {o.flag if o.flag in taken else '--no-' + o.flag[2:]})"
-            for o in self.adapter.options()
-            if o.flag in taken or f"--no-{o.flag[2:]}" in taken
-        ]
+        clashes = option_clashes(self.adapter, launcher_flags(self._catalog()))
         assert not clashes, (
             f"engine {self.adapter.name!r}: options named like launcher flags: {', '.join(clashes)}; "
-            "the launcher's flag wins and yours is never set: rename them (e.g. engine_port) or "
-            "read the launcher's value from the LaunchContext (ctx.port, ctx.model, ctx.role…)"
+            "the catalog refuses the plugin at load (the launcher's flag would win and yours "
+            f"could never be set): {OPTION_CLASH_HINT}"
         )
 
     def _catalog(self) -> Any:
