@@ -71,9 +71,10 @@ class LauncherProcess:
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            with self._lock:
-                self._lines.append(raw.decode(errors="replace").rstrip("\n"))
+        with self.proc.stdout:  # closed at EOF (the process exited), or the fd leaks
+            for raw in self.proc.stdout:
+                with self._lock:
+                    self._lines.append(raw.decode(errors="replace").rstrip("\n"))
 
     def output(self) -> str:
         with self._lock:

@@ -68,11 +68,14 @@ def sim_argv(port: int | None = None, **flags: Any) -> list[str]:
 
 
 def _pump(stream: IO[str], sink: list[str], ready: list[dict[str, Any]], event: threading.Event) -> None:
-    for line in stream:
-        sink.append(line.rstrip("\n"))
-        if line.startswith(READY):
-            ready.append(json.loads(line[len(READY) :]))
-            event.set()
+    # the reader owns the pipe and closes it at EOF (the process exited): closing it from
+    # the test's thread could race a read in progress, and never closing it leaks the fd
+    with stream:
+        for line in stream:
+            sink.append(line.rstrip("\n"))
+            if line.startswith(READY):
+                ready.append(json.loads(line[len(READY) :]))
+                event.set()
     event.set()
 
 
@@ -90,7 +93,8 @@ def start_sim(
     output: list[str] = []
     ready: list[dict[str, Any]] = []
     event = threading.Event()
-    threading.Thread(target=_pump, args=(proc.stdout, output, ready, event), daemon=True).start()
+    pump = threading.Thread(target=_pump, args=(proc.stdout, output, ready, event), daemon=True)
+    pump.start()
     try:
         if not event.wait(timeout) or not ready:
             raise RuntimeError("sim did not start:\n" + "\n".join(output[-30:]))
@@ -118,6 +122,7 @@ def start_sim(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+        pump.join(5)  # EOF follows the exit; the pump then closes the pipe
 
 
 def _wait_health(handle: SimHandle, timeout: float) -> None:
