@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from infera_atom.kv_events import engine_port_flags, kv_events_info, launch_env
+from infera_atom.parallel import dp_size
 from infera_atom.transfer import transfer_plan
 from infera_core.engine import (
     EngineOption,
@@ -84,6 +85,13 @@ OPTIONS: tuple[EngineOption, ...] = (
         int,
         0,
         "Port ATOM's KV event publisher binds (ATOM_KV_EVENTS_ENDPOINT); 0: a free one.",
+    ),
+    EngineOption(
+        "dp_master_port",
+        int,
+        0,
+        "ATOM's DP rendezvous port under -dp N (environment ATOM_DP_MASTER_PORT, ATOM's default "
+        "29500). 0: a free one per worker (an ATOM_DP_MASTER_PORT you exported is kept).",
     ),
 )
 
@@ -159,7 +167,13 @@ class AtomAdapter:
         return flags + list(ctx.engine_args)
 
     def record_fields(self, ctx: LaunchContext) -> RecordFields:
-        return RecordFields(kv_events=kv_events_info(ctx, _block_size(ctx)), pd=transfer_plan(ctx).pd)
+        """KV events (off under ATOM DP), the PD params, and ``dp_size`` = ATOM's ``-dp``: one
+        server fronting that many engine cores (the router's DP-attention endpoint shape)."""
+        return RecordFields(
+            kv_events=kv_events_info(ctx, _block_size(ctx)),
+            pd=transfer_plan(ctx).pd,
+            dp_size=dp_size(ctx),
+        )
 
     async def is_ready(self, engine: RunningEngine) -> bool:
         return await http_ok(engine.client, f"{engine.url}/health")

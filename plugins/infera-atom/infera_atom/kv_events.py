@@ -40,8 +40,9 @@ from typing import Any
 
 import msgspec
 
+from infera_atom.parallel import dp_master_env, dp_size, launch_port
 from infera_core.engine import LaunchContext
-from infera_core.engine_support import bracket_host, free_ports
+from infera_core.engine_support import bracket_host
 from infera_core.kv.events import (
     AllBlocksCleared,
     BlockHash,
@@ -54,7 +55,6 @@ from infera_core.kv.events import (
 from infera_core.worker import KvEventsInfo
 
 FORMAT = "atom"
-DP_FLAGS = ("--data-parallel-size", "-dp")
 KV_TOPIC = "kv-events"
 _U64 = (1 << 64) - 1
 
@@ -158,17 +158,9 @@ class AtomEventDecoder:
         return KvEventBatch(batch.ts, events, batch.dp_rank)
 
 
-def _port(ctx: LaunchContext, key: str, option: str) -> int:
-    """The option's port, else a free one; picked once per launch (kept in ``ctx.ports``)."""
-    port = ctx.ports.get(key)
-    if port is None:
-        port = ctx.ports[key] = int(ctx.options.get(option) or 0) or free_ports(ctx)[0]
-    return port
-
-
 def kv_events_port(ctx: LaunchContext) -> int:
     """The port ATOM's publisher binds (``--kv-events-port``, else a free one, picked once)."""
-    return _port(ctx, "atom_kv_events", "kv_events_port")
+    return launch_port(ctx, "atom_kv_events", "kv_events_port")
 
 
 def engine_port_flags(ctx: LaunchContext) -> list[str]:
@@ -177,30 +169,22 @@ def engine_port_flags(ctx: LaunchContext) -> list[str]:
     A ``--port`` after ``--`` is the user's and is passed as given."""
     if any(a == "--port" or a.startswith("--port=") for a in ctx.engine_args):
         return []
-    return ["--port", str(_port(ctx, "atom_engine", "engine_port"))]
-
-
-def engine_dp_size(ctx: LaunchContext) -> int:
-    """ATOM's ``--data-parallel-size``/``-dp`` among the engine flags (1 when absent or unreadable)."""
-    args = list(ctx.engine_args)
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name in DP_FLAGS:
-            text = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            return int(text) if text.isdigit() else 1
-    return 1
+    return ["--port", str(launch_port(ctx, "atom_engine", "engine_port"))]
 
 
 def launch_env(ctx: LaunchContext) -> dict[str, str]:
-    """The publisher's environment, or none when ATOM runs several DP ranks: main binds every
-    rank's publisher to the one ``ATOM_KV_EVENTS_ENDPOINT`` (the second rank could not bind)."""
-    return {} if engine_dp_size(ctx) > 1 else kv_event_env(kv_events_port(ctx))
+    """The engine's environment: the publisher's (not under ATOM DP: main binds every rank's
+    publisher to the one ``ATOM_KV_EVENTS_ENDPOINT``, so the second rank could not bind) and,
+    under DP, the ranks' rendezvous port (:func:`infera_atom.parallel.dp_master_env`)."""
+    if dp_size(ctx) > 1:
+        return dp_master_env(ctx)
+    return kv_event_env(kv_events_port(ctx))
 
 
 def kv_events_info(ctx: LaunchContext, block_size: int) -> KvEventsInfo | None:
     """What the worker record advertises: the publisher's address, the ``atom`` decoder, no seq
     frames (None under ATOM DP, where the publisher stays off: :func:`launch_env`)."""
-    if engine_dp_size(ctx) > 1:
+    if dp_size(ctx) > 1:
         return None
     return KvEventsInfo(
         endpoint=f"tcp://{bracket_host(ctx.advertise_host)}:{kv_events_port(ctx)}",

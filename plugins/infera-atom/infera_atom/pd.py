@@ -2,8 +2,14 @@
 
 The prefill leg computes one token and names the decode worker's handshake host/port; the
 decode leg carries the prefill's reply ``kv_transfer_params`` verbatim plus the prefill's
-address and DP/TP sizes. ``max_tokens`` is not decremented (ATOM's decode re-emits the
-prefill's first token).
+address and DP/TP sizes (``remote_dp_size`` is the prefill record's ``dp_size``, ATOM's
+``-dp``: the decode offsets the prefill's side-channel port by it). ``max_tokens`` is not
+decremented (ATOM's decode re-emits the prefill's first token).
+
+A DP rank the router picked goes in the body as ``data_parallel_rank``: ATOM's OpenAI server
+reads it there (``CompletionRequest.data_parallel_rank``, ``atom/entrypoints/openai/protocol.py``;
+``EngineCoreManager._dispatch_to_dp_ranks`` honours it), not from a header; the
+``X-Data-Parallel-Rank`` header goes along for proxies that read it.
 """
 
 from __future__ import annotations
@@ -41,6 +47,15 @@ def _remote(record: WorkerRecord) -> dict[str, Any]:
     }
 
 
+def _leg(body: dict[str, Any], ctx: PdContext, rank: int | None) -> LegRequest:
+    """A leg to one ATOM server, steered to DP ``rank`` when the router picked one."""
+    headers = {"X-Request-Id": ctx.request_id}
+    if rank is not None:
+        body["data_parallel_rank"] = rank
+        headers["X-Data-Parallel-Rank"] = str(rank)
+    return LegRequest(body=body, headers=headers)
+
+
 class AtomMooncakeTransport:
     name = "atom-mooncake"
     order = PdOrder.SERIAL
@@ -62,10 +77,7 @@ class AtomMooncakeTransport:
             "remote_block_ids": None,
             **_remote(decode),
         }
-        headers = {"X-Request-Id": ctx.request_id}
-        if ctx.prefill_dp_rank is not None:
-            headers["X-Data-Parallel-Rank"] = str(ctx.prefill_dp_rank)
-        return LegRequest(body=one_token_prefill_body(body, params), headers=headers)
+        return _leg(one_token_prefill_body(body, params), ctx, ctx.prefill_dp_rank)
 
     def decode_request(
         self,
@@ -87,7 +99,7 @@ class AtomMooncakeTransport:
             params["remote_dp_rank"] = rank
         out = dict(body)
         out["kv_transfer_params"] = params
-        return LegRequest(body=out, headers={"X-Request-Id": ctx.request_id})
+        return _leg(out, ctx, ctx.decode_dp_rank)
 
 
 class AtomMoriioTransport(AtomMooncakeTransport):

@@ -3,7 +3,7 @@
 ATOM's ``mooncake`` connector binds one ZMQ side channel per rank at
 ``handshake_port + pp_rank * dp_size * tp_size + dp_rank * tp_size + tp_rank``
 (``atom/kv_transfer/disaggregation/port_offset.py``), its ``moriio`` connector at
-``handshake_port + dp_rank + tp_rank`` (``moriio_common.get_port_offset``), and the peer
+``handshake_port + dp_rank * tp_size + tp_rank`` (``moriio_common.get_port_offset``), and the peer
 computes the same offsets from the advertised ``handshake_port``. Infera therefore reserves
 ``tp × dp × pp`` consecutive free ports (one per rank; ATOM's ``-dp``/``-pp`` after ``--``)
 and passes the first as ``handshake_port``;
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from infera_atom.parallel import engine_size
 from infera_core.engine_support import free_ports
 from infera_core.errors import EngineError
 from infera_core.transfer import (
@@ -36,35 +37,20 @@ if TYPE_CHECKING:
 ENGINE = "atom"
 DEFAULT_CONNECTOR = "mooncake"
 KV_ROLE = {Role.PREFILL: ("kv_producer",), Role.DECODE: ("kv_consumer",)}
-
-
-ENGINE_SIZES = {"dp": ("--data-parallel-size", "-dp"), "pp": ("--pipeline-parallel-size", "-pp")}
-"""ATOM's own parallel sizes, passed after ``--`` (``atom/model_engine/arg_utils.py``)."""
-
-
-def engine_size(ctx: LaunchContext, kind: str) -> int:
-    """ATOM's ``-dp``/``-pp`` from the engine flags (1 when absent)."""
-    names = ENGINE_SIZES[kind]
-    args = list(ctx.engine_args)
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name in names:
-            raw = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            if not raw.isdigit() or int(raw) < 1:
-                raise EngineError(f"{name} {raw}: expected a positive number")
-            return int(raw)
-    return 1
+HANDSHAKE_KEY = "atom_handshake"
 
 
 def handshake_ports(ctx: LaunchContext, user: dict[str, Any]) -> list[int]:
     """One side-channel port per rank (``tp × dp × pp`` of them, ATOM's offsets): from the
-    user's ``handshake_port`` (config or ``--handshake-port``) onwards, or consecutive free ones."""
+    user's ``handshake_port`` (config or ``--handshake-port``) onwards, or consecutive free ones.
+    The first is picked once per launch (``ctx.ports["atom_handshake"]``)."""
     tp = int(ctx.options.get("tp") or 1)
     count = tp * engine_size(ctx, "dp") * engine_size(ctx, "pp")
-    wanted = int(user.get("handshake_port") or ctx.options.get("handshake_port") or 0)
-    if wanted:
-        return [wanted + rank for rank in range(count)]
-    return free_ports(ctx, count, consecutive=True)
+    first = ctx.ports.get(HANDSHAKE_KEY)
+    if first is None:
+        wanted = int(user.get("handshake_port") or ctx.options.get("handshake_port") or 0)
+        first = ctx.ports[HANDSHAKE_KEY] = wanted or free_ports(ctx, count, consecutive=True)[0]
+    return [first + rank for rank in range(count)]
 
 
 class _AtomConnector:
