@@ -9,7 +9,10 @@ and merges them here:
 * gauges a process measures of itself (requests in flight, its memory) are summed; the
   others describe the fleet as every process sees it (KV blocks mirrored, stale workers,
   breaker state) and show the largest value any process reports;
-* per worker: in-flight and picks are summed, the breaker shows the worst state.
+* per worker: in-flight and picks are summed, the breaker shows the worst state;
+* per API key: requests and tokens per model are summed; ``tokens_today`` is the
+  router's budget count, which every process reads from the shared budgets
+  (:mod:`infera_core.server.budgets`), so the largest is shown, not the sum.
 
 Snapshots are plain JSON (``family_json`` / ``merge_families`` for the metrics).
 """
@@ -119,8 +122,8 @@ def merge_usage(snapshots: Sequence[list[dict[str, Any]] | None]) -> list[dict[s
             if have is None:
                 by_key[name] = {**entry, "models_used": {m: dict(v) for m, v in entry["models_used"].items()}}
                 continue
-            if "tokens_today" in entry:
-                have["tokens_today"] = have.get("tokens_today", 0) + entry["tokens_today"]
+            if "tokens_today" in entry:  # the router's count, read by each process: not summed
+                have["tokens_today"] = max(have.get("tokens_today", 0), entry["tokens_today"])
             for model, spent in entry["models_used"].items():
                 mine = have["models_used"].setdefault(model, {})
                 for field, n in spent.items():

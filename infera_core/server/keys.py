@@ -12,7 +12,9 @@ The file (YAML or JSON)::
 Per request the check is one ``sha256`` of the presented key and one dict lookup;
 the file's ``mtime`` is looked at most once a second and the file re-read only when
 it changed (a broken edit is logged and the previous keys stay in force). Budgets
-live per key *name*, so a reload keeps what each key has spent.
+live per key *name*, so a reload keeps what each key has spent. Under
+``serve --processes N`` they live in memory the processes share
+(:mod:`infera_core.server.budgets`, :meth:`KeyRing.share`): one budget for the router.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from infera_core.errors import ConfigError
+from infera_core.server.budgets import SharedBudgets
 from infera_core.server.errors import ApiError
 from infera_core.settings import read_data_file
 
@@ -103,7 +106,7 @@ _SEEN_MAX = 4096
 class ApiKey:
     """A key's limits and its running budgets (kept across reloads, by name)."""
 
-    __slots__ = ("allowed", "bucket", "day", "day_tokens", "name", "refilled", "rpm", "tpd")
+    __slots__ = ("allowed", "bucket", "day", "day_tokens", "name", "refilled", "rpm", "slot", "tpd")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -114,6 +117,8 @@ class ApiKey:
         self.refilled = 0.0
         self.day = -1
         self.day_tokens = 0
+        self.slot: int | None = None
+        """Its slot in the processes' shared budgets (None: the budgets above, this process's)."""
 
     def configure(self, spec: KeySpec, now: float) -> None:
         self.allowed = frozenset(spec.models) if spec.models is not None else None
@@ -153,6 +158,7 @@ class KeyRing:
         self._seen: dict[bytes, Principal] = {}
         """Keys presented before, as received → their principal (no sha256 per request)."""
         self._by_name: dict[str, ApiKey] = {}
+        self._shared: SharedBudgets | None = None
         self._stamp: tuple[int, int, int] | None = None
         self._next_check = 0.0
         self._apply(read_key_file(path), self._stat())
@@ -172,10 +178,30 @@ class KeyRing:
         for s in spec.keys:
             key = self._by_name.get(s.name) or ApiKey(s.name)
             key.configure(s, now)
+            if self._shared is not None:
+                self._bind(key, self._shared)
             by_name[s.name] = key
             by_digest[s.digest()] = Principal(s.name, key)
         self._by_digest, self._by_name, self._stamp = by_digest, by_name, stamp
         self._seen = {}
+
+    def share(self, budgets: SharedBudgets) -> None:
+        """Keep every key's budgets in ``budgets`` (the router's, shared by its processes)."""
+        self._shared = budgets
+        for key in self._by_name.values():
+            self._bind(key, budgets)
+
+    def _bind(self, key: ApiKey, budgets: SharedBudgets) -> None:
+        if key.slot is None:
+            key.slot = budgets.slot(key.name)
+            if key.slot is None:
+                log.error(
+                    "API key %r: the shared budget table is full (%d keys); its budgets are per process",
+                    key.name,
+                    budgets.capacity,
+                )
+                return
+        budgets.set_rate(key.slot, key.rpm, self._clock)
 
     def maybe_reload(self) -> None:
         """Re-read the file when its mtime/size/inode changed (looked at most once a second)."""
@@ -226,16 +252,13 @@ class KeyRing:
                 code="model_not_allowed",
                 type="permission_error",
             )
+        slot = key.slot
+        if slot is not None:
+            self._admit_shared(key, slot)
+            return
         tpd = key.tpd
         if tpd is not None and (key.day_tokens if key.day == int(self._wall() // DAY) else 0) >= tpd:
-            wall = self._wall()
-            reset = math.ceil((math.floor(wall / DAY) + 1) * DAY - wall)
-            raise ApiError(
-                429,
-                f"The API key {key.name!r} has used its {key.tpd} tokens for today (UTC).",
-                code="token_budget_exceeded",
-                headers={"Retry-After": str(max(1, reset))},
-            )
+            raise self._out_of_tokens(key)
         rpm = key.rpm
         if rpm is not None:
             now = self._clock()
@@ -244,17 +267,36 @@ class KeyRing:
             key.bucket = bucket = bucket if bucket < rpm else float(rpm)
             key.refilled = now
             if bucket < 1.0:
-                wait = math.ceil((1.0 - key.bucket) / rate)
-                raise ApiError(
-                    429,
-                    f"The API key {key.name!r} is over its limit of {key.rpm} requests per minute.",
-                    code="rate_limit_exceeded",
-                    headers={"Retry-After": str(max(1, wait))},
-                )
+                raise _over_rate(key, bucket, rate)
             key.bucket -= 1.0
+
+    def _admit_shared(self, key: ApiKey, slot: int) -> None:
+        """:meth:`admit`'s budgets, the router's (``serve --processes N``)."""
+        shared = self._shared
+        assert shared is not None
+        tpd = key.tpd
+        if tpd is not None and shared.tokens(slot, int(self._wall() // DAY)) >= tpd:
+            raise self._out_of_tokens(key)
+        rpm = key.rpm
+        if rpm is not None:
+            level = shared.take(slot, rpm, self._clock)
+            if level >= 0.0:
+                raise _over_rate(key, level, rpm / 60.0)
+
+    def _out_of_tokens(self, key: ApiKey) -> ApiError:
+        wall = self._wall()
+        reset = math.ceil((math.floor(wall / DAY) + 1) * DAY - wall)
+        return ApiError(
+            429,
+            f"The API key {key.name!r} has used its {key.tpd} tokens for today (UTC).",
+            code="token_budget_exceeded",
+            headers={"Retry-After": str(max(1, reset))},
+        )
 
     def _today_tokens(self, key: ApiKey) -> int:
         day = int(self._wall() // DAY)
+        if key.slot is not None and self._shared is not None:
+            return self._shared.tokens(key.slot, day)
         if key.day != day:
             key.day = day
             key.day_tokens = 0
@@ -264,6 +306,9 @@ class KeyRing:
         key = principal.key
         if key is not None and tokens:
             day = int(self._wall() // DAY)
+            if key.slot is not None and self._shared is not None:
+                self._shared.add_tokens(key.slot, day, tokens)
+                return
             if key.day != day:
                 key.day = day
                 key.day_tokens = 0
@@ -277,3 +322,13 @@ class KeyRing:
             "tokens_per_day": key.tpd,
             "tokens_today": self._today_tokens(key),
         }
+
+
+def _over_rate(key: ApiKey, bucket: float, rate: float) -> ApiError:
+    wait = math.ceil((1.0 - bucket) / rate)
+    return ApiError(
+        429,
+        f"The API key {key.name!r} is over its limit of {key.rpm} requests per minute.",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(max(1, wait))},
+    )

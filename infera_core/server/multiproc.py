@@ -18,6 +18,9 @@ on the aggregated routes (:mod:`infera_core.server.peers`).
 * SIGTERM or SIGINT (Ctrl-C) to the supervisor: each process gets one SIGTERM and
   drains (stops accepting, finishes its requests in flight); the supervisor exits 0 when
   all are done. A second signal is passed on too (uvicorn then stops at once).
+* With ``--api-key-file``, the supervisor makes the API keys' budget table
+  (:class:`~infera_core.server.budgets.SharedBudgets`) before the first fork: every
+  process, restarted ones too, enforces one budget per key for the whole router.
 * The processes run in their own process group (Ctrl-C reaches the supervisor only, so
   each gets exactly one signal) and get SIGTERM should the supervisor die.
 """
@@ -40,6 +43,7 @@ from typing import Any
 
 from infera_core.errors import InferaError
 from infera_core.facade import InferaHooks
+from infera_core.server.budgets import SharedBudgets
 from infera_core.server.settings import ServeSettings
 
 log = logging.getLogger("infera.server")
@@ -97,11 +101,14 @@ def supervise(settings: ServeSettings, hooks: InferaHooks, count: int) -> int:
         raise InferaError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
     settings = settings.model_copy(update={"port": holder.getsockname()[1]})
     directory = tempfile.mkdtemp(prefix="infera-serve-")
+    budgets = SharedBudgets(count) if settings.api_key_file is not None else None
     try:
-        return _Supervisor(settings, hooks, count, directory).run()
+        return _Supervisor(settings, hooks, count, directory, budgets).run()
     finally:
         holder.close()
         shutil.rmtree(directory, ignore_errors=True)
+        if budgets is not None:
+            budgets.close()
 
 
 class _Child:
@@ -117,8 +124,16 @@ class _Child:
 
 
 class _Supervisor:
-    def __init__(self, settings: ServeSettings, hooks: InferaHooks, count: int, directory: str) -> None:
+    def __init__(
+        self,
+        settings: ServeSettings,
+        hooks: InferaHooks,
+        count: int,
+        directory: str,
+        budgets: SharedBudgets | None = None,
+    ) -> None:
         self.settings = settings
+        self.budgets = budgets
         self.hooks = hooks
         self.count = count
         self.directory = directory
@@ -272,7 +287,7 @@ class _Supervisor:
         pid = os.fork()
         if pid == 0:  # the server process
             os.close(read_fd)
-            _child(self.settings, self.hooks, index, self.count, self.directory, write_fd)
+            _child(self.settings, self.hooks, index, self.count, self.directory, write_fd, self.budgets)
         os.close(write_fd)
         self.children[pid] = _Child(index, pid, read_fd)
 
@@ -293,7 +308,13 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _child(
-    settings: ServeSettings, hooks: InferaHooks, index: int, count: int, directory: str, ready_fd: int
+    settings: ServeSettings,
+    hooks: InferaHooks,
+    index: int,
+    count: int,
+    directory: str,
+    ready_fd: int,
+    budgets: SharedBudgets | None,
 ) -> None:
     """Serve as process ``index``; never returns (``os._exit``)."""
     parent = os.getppid()
@@ -324,7 +345,7 @@ def _child(
             settings,
             hooks,
             sock=reuseport_socket(settings.host, settings.port),
-            peers=Peers(index, count, directory),
+            peers=Peers(index, count, directory, budgets=budgets),
             on_ready=serving,
         )
         code = 0

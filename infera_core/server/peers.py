@@ -9,6 +9,9 @@ process gives the whole router's figures and nothing is shared on the proxying p
 sibling that does not answer within ``timeout`` (restarting) is left out, and
 ``infera_server_processes_reporting`` says so. Those routes carry ``x-infera-process``
 (which process answered); ``GET /v1/admin/processes`` lists each process's own figures.
+
+API-key budgets are the one thing the processes share on the request path
+(:mod:`infera_core.server.budgets`): :meth:`Peers.install` binds this process's keys to them.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from infera_core.server.aggregate import (
     overlay_workers,
 )
 from infera_core.server.auth import CLIENT_STATE, ClientAuth, require_admin
+from infera_core.server.budgets import SharedBudgets
 from infera_core.server.core import RouterCore
 from infera_core.server.errors import ApiError
 
@@ -60,8 +64,16 @@ class _Merged:
 class Peers:
     """This process (``index`` of ``count``) and its siblings' sockets under ``directory``."""
 
-    def __init__(self, index: int, count: int, directory: str | Path, timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        index: int,
+        count: int,
+        directory: str | Path,
+        timeout: float = 2.0,
+        budgets: SharedBudgets | None = None,
+    ) -> None:
         self.index = index
+        self.budgets = budgets
         self.count = count
         self.directory = Path(directory)
         self.timeout = timeout
@@ -178,6 +190,10 @@ class Peers:
     def install(self, app: FastAPI, kv: Any, public_metrics: bool) -> None:
         """Put whole-router versions of the aggregated routes in front of the app's own."""
         self._app, self._kv = app, kv
+        auth = self._auth()
+        if auth is not None and self.budgets is not None:
+            self.budgets.attach(self.index)
+            auth.ring.share(self.budgets)
         admin = [Depends(require_admin)]
         own_workers = _endpoint(app, "/v1/workers")
         header = {PROCESS_HEADER: str(self.index)}

@@ -1,0 +1,160 @@
+"""API-key budgets shared by the processes of ``infera-run serve --processes N``.
+
+The supervisor makes one :class:`SharedBudgets` before it forks the server processes
+(restarted ones are forked from it too, so every process maps the same memory). Each
+key *name* owns one slot, found by a hash of the name in a small open-addressed table
+(a slot is claimed on first sight, under a lock, when a process loads the key file; a
+key keeps its slot, and what it spent, for the life of the serve). A slot holds, as
+64-bit words::
+
+    [hash, hash, rpm, bucket, refilled, -, (day, tokens) for process 0 .. N-1]
+
+* ``requests_per_minute`` — one token bucket for the router (``bucket`` refilled at
+  ``rpm / 60`` per second since ``refilled``, on the system-wide monotonic clock), read
+  and updated under an ``fcntl`` byte-range lock on the slot. The kernel drops such a
+  lock when its holder dies, so a process killed in the middle cannot wedge the others.
+  ``rpm`` is the limit the bucket was filled for: the first process to load a changed
+  limit refills the bucket, the others find it done.
+* ``tokens_per_day`` — each process adds the tokens it served to its own
+  ``(day, tokens)`` pair (one writer per word, no lock: a word is one aligned 8-byte
+  store through a ``memoryview``); today's count is the sum of the pairs stamped today.
+
+Cost per request: one lock and unlock (two syscalls) for a key with a rate limit, a
+few word reads and writes otherwise.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import mmap
+import os
+import tempfile
+from collections.abc import Callable
+
+CAPACITY = 16384
+"""Keys the table holds; a key past it keeps a per-process budget (logged as an error)."""
+
+_HEAD = 6  # words before the per-process (day, tokens) pairs
+_RPM, _BUCKET, _REFILLED = 2, 3, 4
+
+
+class SharedBudgets:
+    """The budget table of one serve, in memory shared across ``fork``."""
+
+    def __init__(self, processes: int, capacity: int = CAPACITY) -> None:
+        self.processes = processes
+        self.capacity = capacity
+        self.width = _HEAD + 2 * processes
+        self.index = 0
+        """This process's index (:meth:`attach` in each server process)."""
+        size = capacity * self.width * 8
+        if hasattr(os, "memfd_create"):
+            self._fd = os.memfd_create("infera-key-budgets")
+        else:  # not Linux: an unlinked temporary file serves the same
+            fd, name = tempfile.mkstemp(prefix="infera-key-budgets-")
+            os.unlink(name)
+            self._fd = fd
+        os.ftruncate(self._fd, size)
+        self._map = mmap.mmap(self._fd, size)
+        self._q = memoryview(self._map).cast("q")
+        self._d = memoryview(self._map).cast("d")
+
+    def attach(self, index: int) -> None:
+        """Use the ``(day, tokens)`` pair of process ``index`` (``0 <= index < processes``)."""
+        if not 0 <= index < self.processes:
+            raise ValueError(f"process index {index} of {self.processes}")
+        self.index = index
+
+    def close(self) -> None:
+        self._q.release()
+        self._d.release()
+        self._map.close()
+        os.close(self._fd)
+
+    # -- locks: byte 0 guards the table, byte 1 + i slot i ----------------------------------
+    def _lock(self, byte: int) -> None:
+        fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, byte)
+
+    def _unlock(self, byte: int) -> None:
+        fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, byte)
+
+    # -- slots -------------------------------------------------------------------------------
+    def slot(self, name: str) -> int | None:
+        """The first word of ``name``'s slot (claimed if new); None when the table is full."""
+        digest = hashlib.blake2b(name.encode(), digest_size=16).digest()
+        h1 = int.from_bytes(digest[:8], "little", signed=True)
+        h2 = int.from_bytes(digest[8:], "little", signed=True) or 1  # (0, 0) marks a free slot
+        q = self._q
+        self._lock(0)
+        try:
+            start = h1 % self.capacity
+            for probe in range(self.capacity):
+                base = ((start + probe) % self.capacity) * self.width
+                if q[base] == h1 and q[base + 1] == h2:
+                    return base
+                if q[base] == 0 and q[base + 1] == 0:
+                    q[base + _RPM] = -1  # no limit applied yet
+                    for i in range(base + _HEAD, base + self.width, 2):
+                        q[i] = -1
+                        q[i + 1] = 0
+                    q[base + 1] = h2
+                    q[base] = h1
+                    return base
+        finally:
+            self._unlock(0)
+        return None
+
+    def _slot_byte(self, base: int) -> int:
+        return 1 + base // self.width
+
+    def set_rate(self, base: int, rpm: int | None, clock: Callable[[], float]) -> None:
+        """Fill the bucket when the limit changed since it was last filled."""
+        limit = rpm or 0
+        byte = self._slot_byte(base)
+        self._lock(byte)
+        try:
+            if self._q[base + _RPM] != limit:
+                self._q[base + _RPM] = limit
+                self._d[base + _BUCKET] = float(limit)
+                self._d[base + _REFILLED] = clock()
+        finally:
+            self._unlock(byte)
+
+    def take(self, base: int, rpm: int, clock: Callable[[], float]) -> float:
+        """Take one request from the router's bucket: -1.0 when taken, else the bucket's level
+        (below 1). The clock is read under the lock, so no process moves ``refilled`` back."""
+        d = self._d
+        byte = 1 + base // self.width
+        fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, byte)
+        try:
+            now = clock()
+            bucket = d[base + _BUCKET] + (now - d[base + _REFILLED]) * (rpm / 60.0)
+            if bucket > rpm:
+                bucket = float(rpm)
+            d[base + _REFILLED] = now
+            if bucket < 1.0:
+                d[base + _BUCKET] = bucket
+                return bucket
+            d[base + _BUCKET] = bucket - 1.0
+            return -1.0
+        finally:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, byte)
+
+    def tokens(self, base: int, day: int) -> int:
+        """Tokens spent on ``day`` by every process."""
+        q = self._q
+        total = 0
+        for i in range(base + _HEAD, base + self.width, 2):
+            if q[i] == day:
+                total += q[i + 1]
+        return total
+
+    def add_tokens(self, base: int, day: int, n: int) -> None:
+        """Add ``n`` tokens spent by this process on ``day`` (its own words: no lock)."""
+        q = self._q
+        i = base + _HEAD + 2 * self.index
+        if q[i] != day:
+            q[i + 1] = 0  # before the new day's stamp: a reader never counts yesterday's as today's
+            q[i] = day
+        q[i + 1] += n

@@ -1,0 +1,150 @@
+"""API-key budgets in the memory the processes of ``serve --processes N`` share
+(:mod:`infera_core.server.budgets`): real forked processes, and key rings bound to one table."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infera_core.server.budgets import SharedBudgets
+from infera_core.server.errors import ApiError
+from infera_core.server.keys import KeyRing
+
+DAY = 20000
+
+
+def _fork(budgets: SharedBudgets, index: int, work: str) -> tuple[int, int]:
+    """Fork a process that runs ``work`` as process ``index``; (pid, read end of its pipe)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (runs in the child)
+        code = 1
+        try:
+            os.close(r)
+            budgets.attach(index)
+            slot = budgets.slot("team")
+            assert slot is not None
+            if work == "take":
+                taken = sum(budgets.take(slot, 30, lambda: 1000.0) < 0 for _ in range(40))
+                for _ in range(10):
+                    budgets.add_tokens(slot, DAY, 5)
+                os.write(w, str(taken).encode())
+            else:  # hold the slot's lock until killed
+                budgets._lock(1 + slot // budgets.width)
+                os.write(w, b"locked")
+                time.sleep(120)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    return pid, r
+
+
+def _read_all(fd: int) -> str:
+    out = b""
+    while chunk := os.read(fd, 64):
+        out += chunk
+    os.close(fd)
+    return out.decode()
+
+
+def test_processes_take_from_one_bucket_and_sum_their_tokens() -> None:
+    budgets = SharedBudgets(3, capacity=64)
+    try:
+        slot = budgets.slot("team")
+        assert slot is not None and budgets.slot("team") == slot and budgets.slot("other") != slot
+        budgets.set_rate(slot, 30, lambda: 1000.0)
+        children = [_fork(budgets, i, "take") for i in range(3)]
+        taken = [int(_read_all(r)) for _, r in children]
+        for pid, _ in children:
+            assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        assert sum(taken) == 30  # 120 tries by 3 processes against one bucket of 30
+        assert budgets.tokens(slot, DAY) == 150
+        assert budgets.tokens(slot, DAY + 1) == 0  # a new day starts at 0
+    finally:
+        budgets.close()
+
+
+def test_a_process_killed_while_it_holds_a_lock_does_not_wedge_the_others() -> None:
+    budgets = SharedBudgets(2, capacity=64)
+    try:
+        slot = budgets.slot("team")
+        assert slot is not None
+        budgets.set_rate(slot, 30, lambda: 1000.0)
+        pid, r = _fork(budgets, 1, "hold")
+        assert os.read(r, 16) == b"locked"
+        os.close(r)
+        with pytest.raises(OSError):  # really held, by the other process
+            fcntl.lockf(budgets._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 1 + slot // budgets.width)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        assert budgets.take(slot, 30, lambda: 1000.0) < 0  # the kernel dropped the dead one's lock
+    finally:
+        budgets.close()
+
+
+def _ring(path: Path, now: list[float], wall: list[float], budgets: SharedBudgets) -> KeyRing:
+    ring = KeyRing(path, clock=lambda: now[0], wall=lambda: wall[0])
+    ring.share(budgets)
+    return ring
+
+
+def test_key_rings_on_one_table_enforce_one_budget_across_reloads_and_restarts(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    spec = {"keys": [{"name": "k", "key": "sk", "requests_per_minute": 2, "tokens_per_day": 100}]}
+    path.write_text(yaml.safe_dump(spec))
+    now, wall = [1000.0], [5 * 86400 + 86000.0]  # 400 s before a UTC midnight
+    budgets = SharedBudgets(2, capacity=64)
+    try:
+        a, b = _ring(path, now, wall, budgets), _ring(path, now, wall, budgets)
+        ka, kb = a.lookup(b"sk"), b.lookup(b"sk")
+        assert ka is not None and kb is not None and ka.key is not None and kb.key is not None
+        a.admit(ka, "m")
+        b.admit(kb, "m")
+        with pytest.raises(ApiError) as err:
+            a.admit(ka, "m")  # the two processes' requests came out of one bucket of 2
+        assert err.value.status == 429 and err.value.code == "rate_limit_exceeded"
+        assert err.value.headers["Retry-After"] == "30"
+        now[0] += 30
+        b.admit(kb, "m")
+
+        a.spent(ka, 60)
+        b.spent(kb, 40)
+        assert a.describe(ka.key)["tokens_today"] == b.describe(kb.key)["tokens_today"] == 100
+        now[0] += 60
+        with pytest.raises(ApiError) as err:
+            b.admit(kb, "m")
+        assert err.value.code == "token_budget_exceeded" and err.value.headers["Retry-After"] == "400"
+
+        c = _ring(path, now, wall, budgets)  # a restarted process: what was spent stays spent
+        kc = c.lookup(b"sk")
+        assert kc is not None
+        with pytest.raises(ApiError):
+            c.admit(kc, "m")
+        wall[0] += 400  # a new UTC day
+        c.admit(kc, "m")
+        a.admit(ka, "m")
+        with pytest.raises(ApiError) as err:
+            b.admit(kb, "m")  # the bucket: 2 at +90 s, less the two just taken
+        assert err.value.code == "rate_limit_exceeded"
+
+        # a changed limit refills the bucket once, whichever process reads the file first
+        spec["keys"][0]["requests_per_minute"] = 3
+        path.write_text(yaml.safe_dump(spec))
+        now[0] += 1.0  # past the once-a-second look at the file
+        a.maybe_reload()
+        a.admit(ka, "m")
+        b.maybe_reload()  # the same limit: no second refill
+        b.admit(kb, "m")
+        c.maybe_reload()
+        c.admit(kc, "m")
+        with pytest.raises(ApiError):
+            a.admit(ka, "m")
+    finally:
+        budgets.close()

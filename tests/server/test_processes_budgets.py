@@ -1,0 +1,206 @@
+"""API-key budgets under ``infera-run serve --processes 2``: one budget for the router.
+
+Real processes (the supervisor and its two forks), real HTTP on 127.0.0.1 with a new
+connection per request (``SO_REUSEPORT`` spreads connections over the processes), the
+sim as the worker, a static fleet. Each test checks that both processes took some of
+its requests, so a budget kept per process would let more through than asserted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from infera_core.testing.net import free_port
+
+sim_testing = pytest.importorskip("infera_sim.testing")
+
+MODEL = "sim-model"
+INFERA_RUN = str(Path(sys.executable).with_name("infera-run"))
+CLOSE = {"connection": "close"}
+PROMPT = "the same prompt every time"
+KEYS: dict[str, Any] = {
+    "keys": [
+        {"name": "free", "key": "sk-free"},
+        {"name": "rate", "key": "sk-rate", "requests_per_minute": 6},
+        {"name": "day", "key": "sk-day", "tokens_per_day": 1},
+        {"name": "later", "key": "sk-later", "tokens_per_day": 1_000_000},
+    ]
+}
+
+
+def _until(check: Callable[[], Any], within: float = 60.0) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {check.__name__}")
+        time.sleep(0.05)
+
+
+class Router:
+    def __init__(self, url: str, proc: subprocess.Popen[str], keys: Path) -> None:
+        self.url = url
+        self.proc = proc
+        self.keys = keys
+        self.http = httpx.Client(base_url=url, timeout=30)
+
+    def complete(self, key: str) -> httpx.Response:
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2}
+        return self.http.post(
+            "/v1/completions", json=body, headers={**CLOSE, "authorization": f"Bearer {key}"}
+        )
+
+    def per_process(self) -> dict[int, float]:
+        """Requests each process answered (``GET /v1/admin/processes``)."""
+        r = self.http.get("/v1/admin/processes", headers=CLOSE)
+        assert r.status_code == 200, r.text
+        return {p["process"]: p["requests"] for p in r.json()["data"]}
+
+    def usage(self, name: str) -> dict[str, Any]:
+        """Key ``name`` in ``GET /v1/admin/usage`` (limits as the answering process has them)."""
+        r = self.http.get("/v1/admin/usage", headers=CLOSE)
+        assert r.status_code == 200, r.text
+        (key,) = [k for k in r.json()["keys"] if k["key"] == name]
+        return {**key, "process": r.headers["x-infera-process"]}
+
+    def send_until_both_served(self, key: str, at_least: int) -> tuple[list[httpx.Response], float]:
+        """``at_least`` requests with ``key``, then more until both processes took some of them."""
+        before = self.per_process()
+        t0 = time.monotonic()
+        out: list[httpx.Response] = []
+        while True:
+            out.append(self.complete(key))
+            if len(out) >= at_least:
+                now = self.per_process()
+                if all(now[p] > before[p] for p in before):
+                    return out, time.monotonic() - t0
+                assert len(out) < 200, (before, now)
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
+    tmp = tmp_path_factory.mktemp("budgets")
+    keys = tmp / "keys.yaml"
+    keys.write_text(yaml.safe_dump(KEYS))
+    with sim_testing.start_sim(model=MODEL, speedup="inf", kv_events_port=None, kv_replay_port=None) as sim:
+        fleet = tmp / "fleet.yaml"
+        fleet.write_text(yaml.safe_dump({"workers": [{"worker_id": "sim0", "url": sim.url, "model": MODEL}]}))
+        port = free_port()
+        argv = [INFERA_RUN, "serve", "--port", str(port), "--processes", "2", "--discovery", "static"]
+        argv += ["--static-file", str(fleet), "--router-policy", "round-robin", "--api-key-file", str(keys)]
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=dict(os.environ, INFERA_LOG_LEVEL="warning"),
+        )
+        r = Router(f"http://127.0.0.1:{port}", proc, keys)
+        try:
+
+            def serving() -> bool:
+                if proc.poll() is not None:
+                    raise AssertionError(f"serve exited: {proc.stdout.read() if proc.stdout else ''}")
+                try:
+                    got = r.http.get("/v1/admin/processes", headers=CLOSE)
+                except httpx.HTTPError:
+                    return False
+                return got.status_code == 200 and len(got.json()["data"]) == 2
+
+            _until(serving)
+            _until(lambda: r.complete("sk-free").status_code == 200)
+            yield r
+        finally:
+            r.http.close()
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def test_requests_per_minute_is_one_bucket_for_the_router(router: Router) -> None:
+    got, elapsed = router.send_until_both_served("sk-rate", at_least=12)
+    ok = [r for r in got if r.status_code == 200]
+    refused = [r for r in got if r.status_code != 200]
+    # 6 from the full bucket, plus one per 10 s the sending took (none on any sane machine)
+    assert 6 <= len(ok) <= 6 + int(elapsed / 10), (len(ok), elapsed)
+    assert len(refused) == len(got) - len(ok) >= 6
+    for r in refused:
+        assert r.status_code == 429
+        assert r.json()["error"]["code"] == "rate_limit_exceeded"
+        assert 1 <= int(r.headers["retry-after"]) <= 10
+    used = router.usage("rate")
+    assert used["requests_per_minute"] == 6
+    assert used["models_used"][MODEL]["requests"] == len(ok)
+
+
+def test_tokens_per_day_is_one_budget_for_the_router(router: Router) -> None:
+    first = router.complete("sk-day")
+    assert first.status_code == 200, first.text
+    spent = first.json()["usage"]["total_tokens"]
+    assert spent > 1
+    # the first request's tokens are counted once it ended; every process must then refuse
+    _until(lambda: router.usage("day")["tokens_today"] == spent)
+    got, _ = router.send_until_both_served("sk-day", at_least=10)
+    assert [r.status_code for r in got] == [429] * len(got)
+    assert {r.json()["error"]["code"] for r in got} == {"token_budget_exceeded"}
+    assert all(int(r.headers["retry-after"]) >= 1 for r in got)
+    used = router.usage("day")
+    assert used["tokens_today"] == spent  # not summed over the processes
+    assert used["models_used"][MODEL]["requests"] == 1
+    row = used["models_used"][MODEL]
+    assert row["prompt_tokens"] + row["completion_tokens"] == spent
+
+
+def _spent(name: str, tokens: int, router: Router) -> Callable[[], bool]:
+    def spent() -> bool:
+        return bool(router.usage(name)["tokens_today"] == tokens)
+
+    return spent
+
+
+def test_a_changed_key_file_is_read_by_every_process(router: Router) -> None:
+    probe = router.complete("sk-free")
+    assert probe.status_code == 200
+    cost = probe.json()["usage"]["total_tokens"]  # every request here costs the same
+    budget = 3 * cost - 1  # the 3rd request starts under it; the 4th does not
+    KEYS["keys"][3]["tokens_per_day"] = budget
+    router.keys.write_text(yaml.safe_dump(KEYS))
+
+    def reloaded_everywhere() -> bool:
+        router.complete("sk-free")  # a keyed request makes the process that gets it look at the file
+        seen: dict[str, int] = {}
+        for _ in range(50):  # new connections until each process answered with its own limits
+            u = router.usage("later")
+            seen[u["process"]] = u["tokens_per_day"]
+            if len(seen) == 2:
+                return all(v == budget for v in seen.values())
+        return False
+
+    _until(reloaded_everywhere)
+    before = router.per_process()
+    statuses: list[int] = []
+    while len(statuses) < 10 or not all(router.per_process()[p] > before[p] for p in before):
+        r = router.complete("sk-later")
+        statuses.append(r.status_code)
+        if r.status_code == 200:  # its tokens count before the next request
+            _until(_spent("later", statuses.count(200) * cost, router))
+        assert len(statuses) < 200
+    assert statuses[:3] == [200, 200, 200]
+    assert set(statuses[3:]) == {429}
+    assert router.usage("later")["tokens_today"] == 3 * cost
