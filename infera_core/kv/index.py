@@ -45,11 +45,25 @@ _MEDIUM_TIER = {
     "HBM": 0,
     "CPU": 1,
     "CPU_PINNED": 1,
+    "CPU_TIER1": 1,
     "DISK": 2,
     "STORAGE": 2,
     "EXTERNAL": 2,
+    "CPU_TIER2": 2,
+    "REMOTE": 2,
 }
-"""Engines' ``medium`` names: vLLM GPU/CPU/STORAGE, SGLang GPU/CPU_PINNED/DISK/EXTERNAL, LMCache "cpu"."""
+"""The ``medium`` names engines really emit, by tier (any case; anything else counts as disk):
+
+* vLLM 0.32: ``GPU`` (block pool), ``CPU`` / ``STORAGE`` (``vllm.distributed.kv_events``
+  ``MEDIUM_*``; the offloading connector's ``kv_offload.base.Medium``);
+* SGLang: ``GPU`` (L1), ``CPU_PINNED`` (HiCache L2 host pool), ``DISK`` (L3 SSD), ``EXTERNAL``
+  (L3/L4 shared pool such as Mooncake) — ``StorageMedium`` in
+  ``python/sglang/srt/disaggregation/kv_events.py`` since sgl-project/sglang#22894; the releases
+  between #18205 and it named the host tier ``CPU_TIER1`` and storage ``CPU_TIER2``;
+* ATOM: ``GPU``, ``CPU``, ``DISK``, ``REMOTE`` (blocks a PD decode received;
+  ``atom/distributed/kv_events.py``);
+* LMCache (vLLM ``LMCacheConnectorV1``): ``"cpu"`` (``LMCacheEngine.store``).
+"""
 ViewKey = tuple[str, int | None]
 ApplyPayload = Callable[[int, bytes, int, set[int]], tuple[int, int, int, int, int, int] | None]
 """A store's native batch ingestion (``infera_kv_native.Index.apply_payload``)."""

@@ -37,8 +37,11 @@ typedef struct {
 /* A str field as a storage tier, as infera_core.kv.index.medium_tier does; -1 to give up. */
 static int tier_of_medium(const mpitem *it)
 {
-    static const char *names[] = {"GPU", "HBM", "CPU", "CPU_PINNED", "DISK", "EXTERNAL"};
-    static const int tiers[] = {0, 0, 1, 1, 2, 2};
+    /* infera_core.kv.index._MEDIUM_TIER: vLLM, SGLang (HiCache), ATOM and LMCache names */
+    static const char *names[] = {"GPU",  "HBM",     "CPU",      "CPU_PINNED", "CPU_TIER1", "DISK",
+                                  "STORAGE", "EXTERNAL", "CPU_TIER2", "REMOTE"};
+    static const int tiers[] = {0, 0, 1, 1, 1, 2, 2, 2, 2, 2};
+    enum { NAMES = sizeof tiers / sizeof tiers[0] };
     char up[16];
     if (it->type == MP_NIL || it->len == 0) /* None and "" are the GPU */
         return 0;
@@ -51,7 +54,7 @@ static int tier_of_medium(const mpitem *it)
         unsigned char ch = it->ptr[i];
         up[i] = (char)(ch >= 'a' && ch <= 'z' ? ch - 32 : ch);
     }
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < NAMES; i++)
         if (strlen(names[i]) == it->len && memcmp(up, names[i], it->len) == 0)
             return tiers[i];
     return 2;

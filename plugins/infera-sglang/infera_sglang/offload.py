@@ -7,8 +7,9 @@ option turns it on (``--enable-hierarchical-cache``). Flag names and values foll
 ``sglang/srt/server_args.py``. ``--lmcache-config FILE`` uses LMCache instead
 (``--enable-lmcache --lmcache-config-file``); the two are alternatives.
 
-The router credits what the KV events say: a page event with ``medium`` CPU/CPU_PINNED at
-the CPU tier weight, DISK/EXTERNAL at the disk weight (``infera_core.kv.index.medium_tier``).
+The router credits what the KV events say: a page event with ``medium`` CPU_PINNED (HiCache's
+host pool; ``CPU_TIER1`` in older builds) at the CPU tier weight, DISK/EXTERNAL (``CPU_TIER2``
+in older builds) at the disk weight (``infera_core.kv.index.medium_tier``).
 """
 
 from __future__ import annotations
