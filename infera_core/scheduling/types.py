@@ -46,14 +46,14 @@ class _Column(Generic[T]):
     def __get__(self, obj: Endpoint | None, owner: type) -> _Column[T] | T:
         if obj is None:
             return self
-        value: T = self.convert(getattr(_arrays.state(), self.column).item(obj.row))
-        return value
+        # an endpoint exists only once the arrays do (its row came from them); ``item``
+        # gives the column's Python type (int / float) already: this runs per request
+        return getattr(_arrays._STATE, self.column).item(obj.row)  # type: ignore[no-any-return]
 
     def __set__(self, obj: Endpoint, value: T) -> None:
-        st = _arrays.state()
-        getattr(st, self.column)[obj.row] = value
+        getattr(_arrays._STATE, self.column)[obj.row] = value
         if self.counted:
-            st.recent_writes += 1
+            _arrays.state().recent_writes += 1
 
 
 class Endpoint:

@@ -51,12 +51,25 @@ _COMPLETION_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 def usage_of(data: bytes) -> tuple[int, int]:
     """(prompt, completion) tokens from the last ``usage`` object in ``data`` (0 when absent)."""
-    p = c = 0
-    for m in _PROMPT_RE.finditer(data):
-        p = int(m.group(1))
-    for m in _COMPLETION_RE.finditer(data):
-        c = int(m.group(1))
-    return p, c
+    return _last(data, b'"prompt_tokens"', _PROMPT_RE), _last(data, b'"completion_tokens"', _COMPLETION_RE)
+
+
+def _last(data: bytes, key: bytes, pattern: re.Pattern[bytes]) -> int:
+    """The number after the last ``"key": <digits>`` in ``data``, 0 when there is none.
+
+    Per answered request: the key is found from the end (``rfind``) and matched there, so
+    the regex runs over a few bytes, not the whole tail (a last key followed by something
+    else, e.g. ``null``, falls back to the full scan)."""
+    at = data.rfind(key)
+    if at < 0:
+        return 0
+    m = pattern.match(data, at)
+    if m is not None:
+        return int(m.group(1))
+    n = 0
+    for m in pattern.finditer(data, 0, at):
+        n = int(m.group(1))
+    return n
 
 
 class RouterCore:

@@ -30,7 +30,7 @@ from infera_core.server.auth import AdminGate, ClientAuth
 from infera_core.server.core import RouterCore, watch_disconnect
 from infera_core.server.errors import ApiError
 from infera_core.server.transport import UpstreamResponse
-from infera_core.server.validate import BodyLimits, parse_body
+from infera_core.server.validate import BodyLimits, parse_body, parse_short_body
 
 _YIELD_AFTER = 256 * 1024
 """Body bytes beyond which parsing took long enough that the client may have left meanwhile."""
@@ -78,8 +78,12 @@ class ProxyEndpoint:
             hooked = ON_DISCONNECT in scope
             if hooked:  # a disconnect while the body is read or parsed cancels us too
                 scope[ON_DISCONNECT] = _Canceller(task, gone)
-            raw = await read_body(scope, receive, self.limits.max_bytes, self.limits.max_items)
-            body = await parse_body(raw, self.limits)
+            limits = self.limits
+            raw = await read_body(scope, receive, limits.max_bytes, limits.max_items)
+            if len(raw) <= limits.max_items:
+                body = parse_short_body(raw, limits)
+            else:
+                body = await parse_body(raw, limits)
             if len(raw) > _YIELD_AFTER:
                 await _left_meanwhile(scope)
             ctx, path, upstream_body = self.prepare(scope, raw, body)

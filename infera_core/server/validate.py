@@ -48,12 +48,8 @@ async def parse_body(raw: bytes, limits: BodyLimits) -> dict[str, Any]:
     not help: the decoder holds the GIL.)
     """
     n = len(raw)
-    if n <= limits.max_items:  # every item takes a byte: a body this short cannot hold too many
-        body = parse_object(raw, limits.max_depth)
-        depth = limits.max_depth
-        if n > depth and raw.count(b"{") + raw.count(b"[") > depth and _too_deep(body, depth):
-            raise too_deep(depth)
-        return body
+    if n <= limits.max_items:
+        return parse_short_body(raw, limits)
     commas = containers = 0
     for start in range(0, n, _CHUNK):
         c, k = _count(raw, start, start + _CHUNK)
@@ -66,6 +62,17 @@ async def parse_body(raw: bytes, limits: BodyLimits) -> dict[str, Any]:
     body = parse_object(raw, limits.max_depth)
     if containers > limits.max_depth and _too_deep(body, limits.max_depth):
         raise too_deep(limits.max_depth)
+    return body
+
+
+def parse_short_body(raw: bytes, limits: BodyLimits) -> dict[str, Any]:
+    """:func:`parse_body` for a body of at most ``max_items`` bytes, without a coroutine
+    (every item takes a byte: a body this short cannot hold too many)."""
+    body = parse_object(raw, limits.max_depth)
+    depth = limits.max_depth
+    # nesting n deep takes 2n bytes ("[" and "]"): a shorter body cannot be too deep
+    if len(raw) > 2 * depth and raw.count(b"{") + raw.count(b"[") > depth and _too_deep(body, depth):
+        raise too_deep(depth)
     return body
 
 
@@ -137,6 +144,8 @@ def _stream(body: dict[str, Any]) -> None:
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean.", "stream", "invalid_type")
+    if "n" not in body and "best_of" not in body:
+        return  # the usual request: no fan-out asked for
     for field in ("n", "best_of"):
         value = body.get(field)
         if value is None:
