@@ -114,6 +114,7 @@ async def send(
     last: float | None = None
     parts: list[str] = []
     usage_out: int | None = None
+    done_at: float | None = None
     try:
         async with asyncio.timeout(limit_s):
             async with session.post(url, json=body, headers=headers) as resp:
@@ -130,7 +131,10 @@ async def send(
                         continue
                     data = raw[5:].strip()
                     if data == b"[DONE]":
-                        break
+                        # the request ends here; reading on to the stream's end (its last
+                        # chunk follows at once) keeps the connection for the next request
+                        done_at = time.perf_counter()
+                        continue
                     now = time.perf_counter()
                     try:
                         chunk = decoder.decode(data)
@@ -172,7 +176,7 @@ async def send(
     except ValueError:
         res.error = "bad_stream"
         return res
-    res.e2e = time.perf_counter() - start
+    res.e2e = (done_at or time.perf_counter()) - start
     if res.ttft is None:
         res.error = "no_tokens"
     if usage_out is not None:

@@ -299,6 +299,10 @@ class InferaHttpProtocol(HttpToolsProtocol):
         """Tell the request in progress (its ``scope[ON_DISCONNECT]`` callback), once."""
         cycle = getattr(self, "cycle", None)  # uvicorn's attribute; tolerate a rename
         if cycle is not None and not cycle.response_complete:
+            # uvicorn marks this only in connection_lost, a loop turn after EOF: a request
+            # cancelled now would return first and be logged as an app that left its
+            # response unfinished ("ASGI callable returned without completing response")
+            cycle.disconnected = True
             hook: Callable[[], None] | None = cycle.scope.get(ON_DISCONNECT)
             if hook is not None:
                 cycle.scope[ON_DISCONNECT] = None

@@ -117,6 +117,49 @@ async def test_trace_replay_shares_blocks_between_rows(sim: str, tmp_path: Path)
     assert max(r.start for r in run.results) >= 0.15  # arrivals follow the (scaled) timestamps
 
 
+async def test_streams_are_read_to_their_end_and_the_connection_reused() -> None:
+    """A stream is read past ``[DONE]`` to its last chunk, however late that comes (a router
+    sends it once the worker's stream ended): one connection serves every request. Leaving
+    at ``[DONE]`` closed the connection each time, and the router logged each request as
+    an unfinished response."""
+    import asyncio
+    import time
+
+    import aiohttp
+
+    from infera_core.bench.client import send
+
+    def chunk(data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(data), data)
+
+    event = b'data: {"choices":[{"index":0,"text":"tok"}]}\n\n'
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
+                writer.write(b"transfer-encoding: chunked\r\n\r\n" + chunk(event) * 3)
+                writer.write(chunk(b"data: [DONE]\n\n"))
+                await asyncio.sleep(0.05)  # the stream's end follows [DONE] a little later
+                writer.write(b"0\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/completions"
+    body = {"model": "m", "prompt": "one two three", "max_tokens": 3, "stream": True}
+    async with server, aiohttp.ClientSession() as session:
+        results = [await send(session, url, body, time.perf_counter(), 30) for _ in range(4)]
+    assert [(r.error, r.output_tokens) for r in results] == [(None, 3)] * 4
+    assert all(r.e2e is not None and r.ttft is not None and r.e2e >= r.ttft for r in results)
+    assert connections == 1
+
+
 @pytest.mark.slow
 async def test_compare_two_targets_side_by_side(tmp_path: Path) -> None:
     from infera_sim.testing import start_sim
