@@ -11,44 +11,93 @@ key keeps its slot, and what it spent, for the life of the serve). A slot holds,
 
 * ``requests_per_minute`` — one token bucket for the router (``bucket`` refilled at
   ``rpm / 60`` per second since ``refilled``, on the system-wide monotonic clock), read
-  and updated under an ``fcntl`` byte-range lock on the slot. The kernel drops such a
-  lock when its holder dies, so a process killed in the middle cannot wedge the others.
+  and updated under the slot's lock: a robust process-shared ``pthread`` mutex in the
+  same memory (through ``ctypes``; no system call unless contended, and the mutex of a
+  process that dies holding it passes to the next process that locks it), or where libc
+  has none, an ``fcntl`` byte-range lock (two system calls; the kernel drops it when its
+  holder dies). Either way a process killed in the middle cannot wedge the others.
   ``rpm`` is the limit the bucket was filled for: the first process to load a changed
   limit refills the bucket, the others find it done.
 * ``tokens_per_day`` — each process adds the tokens it served to its own
   ``(day, tokens)`` pair (one writer per word, no lock: a word is one aligned 8-byte
   store through a ``memoryview``); today's count is the sum of the pairs stamped today.
 
-Cost per request: one lock and unlock (two syscalls) for a key with a rate limit, a
-few word reads and writes otherwise.
+Cost per request (``bench/key_budgets.py``): one lock and unlock for a key with a rate
+limit, a few word reads and writes otherwise.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import fcntl
+import functools
 import hashlib
+import logging
 import mmap
 import os
+import sys
 import tempfile
 from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("infera.server.keys")
 
 CAPACITY = 16384
 """Keys the table holds; a key past it keeps a per-process budget (logged as an error)."""
 
 _HEAD = 6  # words before the per-process (day, tokens) pairs
 _RPM, _BUCKET, _REFILLED = 2, 3, 4
+_MUTEX = 64  # bytes per mutex (a pthread_mutex_t is 40 or 48 bytes)
+_PTHREAD_PROCESS_SHARED = 1
+_PTHREAD_MUTEX_ROBUST = 1
+
+
+class _Pthread:
+    """libc's robust process-shared mutexes, through ``ctypes``."""
+
+    def __init__(self, libc: Any) -> None:
+        self.libc = libc
+        self.attr = ctypes.create_string_buffer(64)
+        libc.pthread_mutex_init.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        for fn in ("lock", "trylock", "unlock", "consistent"):
+            getattr(libc, f"pthread_mutex_{fn}").argtypes = [ctypes.c_void_p]
+        if (
+            libc.pthread_mutexattr_init(self.attr)
+            or libc.pthread_mutexattr_setpshared(self.attr, _PTHREAD_PROCESS_SHARED)
+            or libc.pthread_mutexattr_setrobust(self.attr, _PTHREAD_MUTEX_ROBUST)
+        ):
+            raise OSError("pthread mutex attributes")
+        self.lock: Callable[[int], int] = libc.pthread_mutex_lock
+        self.unlock: Callable[[int], int] = libc.pthread_mutex_unlock
+
+    def init(self, addr: int) -> None:
+        if self.libc.pthread_mutex_init(addr, self.attr):
+            raise OSError("pthread_mutex_init")
+
+
+def _pthread() -> _Pthread | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return _Pthread(ctypes.CDLL(None))
+    except (OSError, AttributeError):
+        return None
 
 
 class SharedBudgets:
-    """The budget table of one serve, in memory shared across ``fork``."""
+    """The budget table of one serve, in memory shared across ``fork``.
 
-    def __init__(self, processes: int, capacity: int = CAPACITY) -> None:
+    ``pthread=False`` uses ``fcntl`` locks even where robust mutexes exist (tests)."""
+
+    def __init__(self, processes: int, capacity: int = CAPACITY, pthread: bool = True) -> None:
         self.processes = processes
         self.capacity = capacity
         self.width = _HEAD + 2 * processes
         self.index = 0
         """This process's index (:meth:`attach` in each server process)."""
-        size = capacity * self.width * 8
+        words = -(-capacity * self.width * 8 // _MUTEX) * _MUTEX
+        size = words + (capacity + 1) * _MUTEX
         if hasattr(os, "memfd_create"):
             self._fd = os.memfd_create("infera-key-budgets")
         else:  # not Linux: an unlinked temporary file serves the same
@@ -59,6 +108,25 @@ class SharedBudgets:
         self._map = mmap.mmap(self._fd, size)
         self._q = memoryview(self._map).cast("q")
         self._d = memoryview(self._map).cast("d")
+        # lock i (0: the table's, 1 + k: slot k's) is the mutex at _arg0 + _step * i, or byte i
+        self._pt = _pthread() if pthread else None
+        self._anchor: Any = None
+        self._acquire: Callable[[int], Any]
+        self._release: Callable[[int], Any]
+        if self._pt is not None:
+            self._anchor = (ctypes.c_char * ((capacity + 1) * _MUTEX)).from_buffer(self._map, words)
+            self._arg0, self._step = ctypes.addressof(self._anchor), _MUTEX
+            self._acquire, self._release = self._pt.lock, self._pt.unlock
+            self._pt.init(self._arg0)
+        else:
+            self._arg0, self._step = 0, 1
+            self._acquire = functools.partial(fcntl.lockf, self._fd, fcntl.LOCK_EX, 1)
+            self._release = functools.partial(fcntl.lockf, self._fd, fcntl.LOCK_UN, 1)
+
+    @property
+    def kind(self) -> str:
+        """The locks in use: ``pthread`` or ``fcntl``."""
+        return "fcntl" if self._pt is None else "pthread"
 
     def attach(self, index: int) -> None:
         """Use the ``(day, tokens)`` pair of process ``index`` (``0 <= index < processes``)."""
@@ -67,17 +135,43 @@ class SharedBudgets:
         self.index = index
 
     def close(self) -> None:
+        self._anchor = None
         self._q.release()
         self._d.release()
         self._map.close()
         os.close(self._fd)
 
-    # -- locks: byte 0 guards the table, byte 1 + i slot i ----------------------------------
-    def _lock(self, byte: int) -> None:
-        fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, byte)
+    # -- locks -------------------------------------------------------------------------------
+    def _lock_arg(self, base: int | None) -> int:
+        """The lock of the slot at word ``base`` (None: the table's)."""
+        return self._arg0 + self._step * (0 if base is None else 1 + base // self.width)
 
-    def _unlock(self, byte: int) -> None:
-        fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, byte)
+    def _lock(self, arg: int) -> None:
+        if self._acquire(arg):  # a pthread error: EOWNERDEAD is the one to expect
+            self._owner_died(arg)
+
+    def _owner_died(self, arg: int) -> None:
+        assert self._pt is not None
+        log.warning("a server process died holding an API-key budget lock; taking it over")
+        if self._pt.libc.pthread_mutex_consistent(arg):
+            raise OSError("pthread_mutex_consistent")
+
+    def busy(self, base: int) -> bool:
+        """True while another process holds the lock of the slot at ``base`` (diagnostics)."""
+        arg = self._lock_arg(base)
+        if self._pt is not None:
+            rc = self._pt.libc.pthread_mutex_trylock(arg)
+            if rc not in (0, errno.EOWNERDEAD):
+                return True
+            if rc:
+                self._owner_died(arg)
+        else:
+            try:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, arg)
+            except OSError:
+                return True
+        self._release(arg)
+        return False
 
     # -- slots -------------------------------------------------------------------------------
     def slot(self, name: str) -> int | None:
@@ -86,7 +180,8 @@ class SharedBudgets:
         h1 = int.from_bytes(digest[:8], "little", signed=True)
         h2 = int.from_bytes(digest[8:], "little", signed=True) or 1  # (0, 0) marks a free slot
         q = self._q
-        self._lock(0)
+        table = self._lock_arg(None)
+        self._lock(table)
         try:
             start = h1 % self.capacity
             for probe in range(self.capacity):
@@ -94,6 +189,8 @@ class SharedBudgets:
                 if q[base] == h1 and q[base + 1] == h2:
                     return base
                 if q[base] == 0 and q[base + 1] == 0:
+                    if self._pt is not None:
+                        self._pt.init(self._lock_arg(base))
                     q[base + _RPM] = -1  # no limit applied yet
                     for i in range(base + _HEAD, base + self.width, 2):
                         q[i] = -1
@@ -102,44 +199,42 @@ class SharedBudgets:
                     q[base] = h1
                     return base
         finally:
-            self._unlock(0)
+            self._release(table)
         return None
-
-    def _slot_byte(self, base: int) -> int:
-        return 1 + base // self.width
 
     def set_rate(self, base: int, rpm: int | None, clock: Callable[[], float]) -> None:
         """Fill the bucket when the limit changed since it was last filled."""
         limit = rpm or 0
-        byte = self._slot_byte(base)
-        self._lock(byte)
+        arg = self._lock_arg(base)
+        self._lock(arg)
         try:
             if self._q[base + _RPM] != limit:
                 self._q[base + _RPM] = limit
                 self._d[base + _BUCKET] = float(limit)
                 self._d[base + _REFILLED] = clock()
         finally:
-            self._unlock(byte)
+            self._release(arg)
 
     def take(self, base: int, rpm: int, clock: Callable[[], float]) -> float:
         """Take one request from the router's bucket: -1.0 when taken, else the bucket's level
         (below 1). The clock is read under the lock, so no process moves ``refilled`` back."""
         d = self._d
-        byte = 1 + base // self.width
-        fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, byte)
+        arg = self._arg0 + self._step * (1 + base // self.width)
+        if self._acquire(arg):
+            self._owner_died(arg)
         try:
             now = clock()
-            bucket = d[base + _BUCKET] + (now - d[base + _REFILLED]) * (rpm / 60.0)
+            bucket = d[base + 3] + (now - d[base + 4]) * (rpm / 60.0)  # _BUCKET, _REFILLED
             if bucket > rpm:
                 bucket = float(rpm)
-            d[base + _REFILLED] = now
+            d[base + 4] = now
             if bucket < 1.0:
-                d[base + _BUCKET] = bucket
+                d[base + 3] = bucket
                 return bucket
-            d[base + _BUCKET] = bucket - 1.0
+            d[base + 3] = bucket - 1.0
             return -1.0
         finally:
-            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, byte)
+            self._release(arg)
 
     def tokens(self, base: int, day: int) -> int:
         """Tokens spent on ``day`` by every process."""
