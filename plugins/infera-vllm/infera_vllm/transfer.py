@@ -246,7 +246,10 @@ def transfer_plan(ctx: LaunchContext) -> TransferPlan:
     user = parse_user_config(ctx.options.get("kv_transfer_config"))
     chosen = str(ctx.options.get("pd_connector") or "nixl")
     pd_native = connectors_for(ctx, ENGINE, BUILTIN).get(chosen)
-    offloading = plan_offload(ctx, user, pd_native.native[0] if pd_native else "NixlConnector")
+    # a plugin's connector may have no vLLM spelling of its own (native=()): NIXL's class then
+    offloading = plan_offload(
+        ctx, user, pd_native.native[0] if pd_native is not None and pd_native.native else "NixlConnector"
+    )
     user = offloading.config
     mixed = None
     if ctx.role is Role.MIXED:
