@@ -18,7 +18,9 @@ its ratio to ``base``::
 
     git worktree add --detach /tmp/base 6fe89e7 && (cd /tmp/base && bash scripts/setup-dev.sh)
     .venv/bin/python bench/proxy_overhead_ab.py --baseline-venv /tmp/base/.venv [--rounds 5]
-        [--requests 3000] [--concurrency 16] [--router-nice 0]
+        [--requests 3000] [--concurrency 16] [--router-nice 0] [--base-keys]
+
+``--base-keys`` runs ``base`` with the API key too, to compare the keys-on path of two trees.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=3000, help="requests per case and round (streams: half)")
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--router-nice", type=int, default=0, help="run every router under `nice -n N`")
+    ap.add_argument("--base-keys", action="store_true", help="base with --api-key-file and the key too")
     args = ap.parse_args()
     base_run = args.baseline_venv / "bin" / "infera-run"
     if not base_run.exists():
@@ -77,7 +80,12 @@ def main() -> None:
         ]
         fleet.write_text(yaml.safe_dump({"workers": workers}))
         keys = ["--api-key-file", str(po.write_key_file(Path(tmp)))]
-        variants = {"base": (base_run, []), "off": (here_run, []), "on": (here_run, keys)}
+        variants = {
+            "base": (base_run, keys if args.base_keys else []),
+            "off": (here_run, []),
+            "on": (here_run, keys),
+        }
+        keyed = {"base", "on"} if args.base_keys else {"on"}
         routers: dict[str, tuple[str, int]] = {}
         for name, (exe, extra) in variants.items():
             port = po.free_port()
@@ -92,7 +100,7 @@ def main() -> None:
             for name in order:
                 url, pid = routers[name]
                 po.CLIENT_HEADERS.clear()
-                if name == "on":
+                if name in keyed:
                     po.CLIENT_HEADERS["Authorization"] = f"Bearer {po.API_KEY}"
                 rows: list[po.Row] = []
                 po.measure(name, [url], pid, [args.concurrency], args.requests, rows)
