@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
+from urllib.parse import urlsplit
 
 from infera_core.worker import WorkerRecord
 
@@ -145,3 +146,68 @@ def prefill_transfer_params(
     if not isinstance(params, dict):
         raise PdLegError(f"prefill worker {prefill.worker_id} returned no kv_transfer_params ({hint})")
     return params
+
+
+DP_RANK_HEADER = "X-Data-Parallel-Rank"
+"""The header naming the DP rank a leg is steered to (SGLang reads it; :mod:`infera_core.scheduling.dp`)."""
+
+
+def leg_headers(ctx: PdContext, rank: int | None = None) -> dict[str, str]:
+    """A leg's headers: the request id, and the DP rank when one was picked."""
+    headers = {"X-Request-Id": ctx.request_id}
+    if rank is not None:
+        headers[DP_RANK_HEADER] = str(rank)
+    return headers
+
+
+def peer_host(record: WorkerRecord, param: str | None = None) -> str:
+    """The host a peer reaches ``record`` on: its PD param ``param`` when set, else its URL's."""
+    params = record.pd.params if record.pd else {}
+    value = params.get(param) if param else None
+    return str(value or urlsplit(record.url).hostname or "127.0.0.1")
+
+
+class KvTransferParamsLegs:
+    """The legs of the transports whose KV handshake rides in ``kv_transfer_params`` (vLLM's
+    connectors, ATOM's): the prefill leg is the client's body for one token
+    (:func:`one_token_prefill_body`), the decode leg the client's body; each with the params
+    the subclass makes (:meth:`prefill_params`, :meth:`decode_params`). ``prepare`` checks the
+    route against ``routes``; :meth:`leg` makes the request (override it to steer DP ranks)."""
+
+    name = ""
+    order = PdOrder.SERIAL
+    routes: tuple[str, ...] = ("/v1/completions", "/v1/chat/completions")
+
+    def prepare(self, ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord) -> None:
+        if ctx.route not in self.routes:
+            raise PdUnsupported(f"{self.name} PD serves {' and '.join(self.routes)}, not {ctx.route}")
+
+    def prefill_request(
+        self, body: dict[str, Any], ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord
+    ) -> LegRequest:
+        params = self.prefill_params(ctx, prefill, decode)
+        return self.leg(one_token_prefill_body(body, params), ctx, ctx.prefill_dp_rank)
+
+    def decode_request(
+        self,
+        body: dict[str, Any],
+        ctx: PdContext,
+        prefill: WorkerRecord,
+        decode: WorkerRecord,
+        prefill_response: dict[str, Any] | None,
+    ) -> LegRequest:
+        out = dict(body)
+        out["kv_transfer_params"] = self.decode_params(ctx, prefill, decode, prefill_response)
+        return self.leg(out, ctx, ctx.decode_dp_rank)
+
+    def leg(self, body: dict[str, Any], ctx: PdContext, rank: int | None) -> LegRequest:
+        """One leg's request (``body`` is already this leg's own copy)."""
+        return LegRequest(body=body, headers=leg_headers(ctx))
+
+    def prefill_params(self, ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def decode_params(
+        self, ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord, response: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        raise NotImplementedError

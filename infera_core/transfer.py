@@ -239,3 +239,35 @@ def extra_config(user: Mapping[str, Any]) -> dict[str, Any]:
             f"--kv-transfer-config kv_connector_extra_config: expected an object, got {extra!r}"
         )
     return dict(extra)
+
+
+def one_pd_child(
+    ctx: LaunchContext,
+    engine: str,
+    builtin: Iterable[TransferConnector],
+    children: object,
+    *,
+    multi: str,
+    label: str,
+    field: str,
+    example: str,
+) -> tuple[list[dict[str, Any]], int, TransferConnector]:
+    """A MultiConnector's ``children`` checked (vLLM's ``MultiConnector``, ATOM's ``multi``):
+    a list of connector configs holding exactly one of ``engine``'s PD connectors (the one
+    named ``multi`` left out). Returns the children, the PD child's index and the connector
+    that builds it; one error line otherwise (``label``: the engine's name for the
+    MultiConnector, ``field``: where the list goes, ``example``: a list to show)."""
+    if not isinstance(children, list) or not children or not all(isinstance(c, dict) for c in children):
+        raise EngineError(
+            f"--kv-transfer-config {label} needs {field}: a list of connector configs, e.g. {example}"
+        )
+    known = {n: c for c in connectors_for(ctx, engine, builtin).values() if c.name != multi for n in c.native}
+    pd_children = [i for i, c in enumerate(children) if c.get("kv_connector") in known]
+    if len(pd_children) != 1:
+        named = ", ".join(str(c.get("kv_connector")) for c in children)
+        raise EngineError(
+            f"--kv-transfer-config {label} [{named}]: --role {ctx.role.value} needs exactly one PD "
+            f"connector among them ({', '.join(sorted(known))})"
+        )
+    index = pd_children[0]
+    return children, index, known[str(children[index]["kv_connector"])]

@@ -18,11 +18,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from infera_core.pd import (
+    KvTransferParamsLegs,
     LegRequest,
     PdContext,
     PdOrder,
     PdUnsupported,
-    one_token_prefill_body,
+    leg_headers,
+    peer_host,
     prefill_transfer_params,
 )
 from infera_core.worker import WorkerRecord
@@ -30,33 +32,18 @@ from infera_core.worker import WorkerRecord
 ROUTE = "/v1/completions"
 
 
-def _address(record: WorkerRecord) -> tuple[str, int | None]:
-    parts = urlsplit(record.url)
-    return parts.hostname or "127.0.0.1", parts.port
-
-
 def _remote(record: WorkerRecord) -> dict[str, Any]:
     params = record.pd.params if record.pd else {}
-    host, port = _address(record)
     return {
         "remote_handshake_port": params.get("handshake_port"),
-        "remote_host": host,
-        "remote_port": port,
+        "remote_host": peer_host(record),
+        "remote_port": urlsplit(record.url).port,
         "remote_dp_size": record.dp_size,
         "remote_tp_size": params.get("tp_size", 1),
     }
 
 
-def _leg(body: dict[str, Any], ctx: PdContext, rank: int | None) -> LegRequest:
-    """A leg to one ATOM server, steered to DP ``rank`` when the router picked one."""
-    headers = {"X-Request-Id": ctx.request_id}
-    if rank is not None:
-        body["data_parallel_rank"] = rank
-        headers["X-Data-Parallel-Rank"] = str(rank)
-    return LegRequest(body=body, headers=headers)
-
-
-class AtomMooncakeTransport:
+class AtomMooncakeTransport(KvTransferParamsLegs):
     name = "atom-mooncake"
     order = PdOrder.SERIAL
 
@@ -67,28 +54,20 @@ class AtomMooncakeTransport:
                 "(send it to a mixed ATOM worker, or use /v1/completions)"
             )
 
-    def prefill_request(
-        self, body: dict[str, Any], ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord
-    ) -> LegRequest:
-        params = {
+    def prefill_params(self, ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord) -> dict[str, Any]:
+        return {
             "do_remote_decode": True,
             "do_remote_prefill": False,
             "remote_engine_id": None,
             "remote_block_ids": None,
             **_remote(decode),
         }
-        return _leg(one_token_prefill_body(body, params), ctx, ctx.prefill_dp_rank)
 
-    def decode_request(
-        self,
-        body: dict[str, Any],
-        ctx: PdContext,
-        prefill: WorkerRecord,
-        decode: WorkerRecord,
-        prefill_response: dict[str, Any] | None,
-    ) -> LegRequest:
+    def decode_params(
+        self, ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord, response: dict[str, Any] | None
+    ) -> dict[str, Any]:
         reply = prefill_transfer_params(
-            prefill_response, prefill, "is it an ATOM server started with a mooncake --kv-transfer-config?"
+            response, prefill, "is it an ATOM server started with a mooncake --kv-transfer-config?"
         )
         params: dict[str, Any] = {"do_remote_decode": False, "do_remote_prefill": True, **_remote(prefill)}
         params.update(reply)
@@ -97,9 +76,13 @@ class AtomMooncakeTransport:
         rank = reply.get("dp_rank", ctx.prefill_dp_rank)
         if rank is not None:
             params["remote_dp_rank"] = rank
-        out = dict(body)
-        out["kv_transfer_params"] = params
-        return _leg(out, ctx, ctx.decode_dp_rank)
+        return params
+
+    def leg(self, body: dict[str, Any], ctx: PdContext, rank: int | None) -> LegRequest:
+        """Steered to DP ``rank`` when the router picked one: in the body, where ATOM reads it."""
+        if rank is not None:
+            body["data_parallel_rank"] = rank
+        return LegRequest(body=body, headers=leg_headers(ctx, rank))
 
 
 class AtomMoriioTransport(AtomMooncakeTransport):

@@ -25,7 +25,7 @@ from infera_core.transfer import (
     TransferPlan,
     check_kv_role,
     check_one_sided_mixed,
-    connectors_for,
+    one_pd_child,
     parse_user_config,
     resolve_plan,
 )
@@ -108,28 +108,18 @@ class AtomMulti:
     description = "ATOM MultiConnector (one PD connector + e.g. lmcache_offload)"
 
     def build(self, ctx: LaunchContext, user: dict[str, Any]) -> TransferPlan:
-        children = user.get("connectors")
-        if not isinstance(children, list) or not children or not all(isinstance(c, dict) for c in children):
-            raise EngineError(
-                "--kv-transfer-config multi needs connectors: a list of connector configs, e.g. "
-                '[{"kv_connector":"mooncake"},{"kv_connector":"lmcache_offload","kv_role":"offload"}]'
-            )
-        known = {
-            n: c
-            for c in connectors_for(ctx, ENGINE, BUILTIN).values()
-            if c.name != self.name
-            for n in c.native
-        }
-        pd_children = [i for i, c in enumerate(children) if c.get("kv_connector") in known]
-        if len(pd_children) != 1:
-            named = ", ".join(str(c.get("kv_connector")) for c in children)
-            raise EngineError(
-                f"--kv-transfer-config multi [{named}]: --role {ctx.role.value} needs exactly one PD "
-                f"connector among them ({', '.join(sorted(known))})"
-            )
+        children, index, connector = one_pd_child(
+            ctx,
+            ENGINE,
+            BUILTIN,
+            user.get("connectors"),
+            multi=self.name,
+            label="multi",
+            field="connectors",
+            example='[{"kv_connector":"mooncake"},{"kv_connector":"lmcache_offload","kv_role":"offload"}]',
+        )
         check_kv_role(user, ctx.role, KV_ROLE[ctx.role], "multi")  # ATOM reads an outer kv_role first
-        index = pd_children[0]
-        plan = known[str(children[index]["kv_connector"])].build(ctx, children[index])
+        plan = connector.build(ctx, children[index])
         composed = [plan.config if i == index else c for i, c in enumerate(children)]
         config = {**user, "kv_connector": "multi", "connectors": composed}
         return TransferPlan(engine=ENGINE, role=ctx.role, connector=self.name, config=config, pd=plan.pd)

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import secrets
 from typing import Any
-from urllib.parse import urlsplit
 
 from infera_core.engine_support import bracket_host
-from infera_core.pd import LegRequest, PdContext, PdLegError, PdOrder, PdUnsupported
+from infera_core.pd import (
+    LegRequest,
+    PdContext,
+    PdLegError,
+    PdOrder,
+    PdUnsupported,
+    leg_headers,
+    peer_host,
+)
 from infera_core.worker import WorkerRecord
 
 DEFAULT_BOOTSTRAP_PORT = 8998
 ROOM_LIMIT = 2**63
-DP_RANK_HEADER = "X-Data-Parallel-Rank"
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/generate")
 
 
@@ -30,13 +36,6 @@ def steer_room(room: int, dp_size: int, dp_rank: int | None) -> int:
         raise PdUnsupported(f"DP rank {dp_rank} is outside the prefill's {dp_size} ranks")
     steered = room - room % dp_size + dp_rank
     return steered - dp_size if steered >= ROOM_LIMIT else steered
-
-
-def _headers(ctx: PdContext, rank: int | None) -> dict[str, str]:
-    headers = {"X-Request-Id": ctx.request_id}
-    if rank is not None:
-        headers[DP_RANK_HEADER] = str(rank)
-    return headers
 
 
 class SglangBootstrapTransport:
@@ -53,9 +52,8 @@ class SglangBootstrapTransport:
         if ctx.bootstrap_room is None:
             raise PdLegError("sglang-bootstrap: prepare() must run before the legs are built (no room)")
         params = prefill.pd.params if prefill.pd else {}
-        host = params.get("bootstrap_host") or urlsplit(prefill.url).hostname or "127.0.0.1"
         out = dict(body)
-        out["bootstrap_host"] = bracket_host(str(host))
+        out["bootstrap_host"] = bracket_host(peer_host(prefill, "bootstrap_host"))
         out["bootstrap_port"] = int(params.get("bootstrap_port") or DEFAULT_BOOTSTRAP_PORT)
         out["bootstrap_room"] = ctx.bootstrap_room
         return out
@@ -64,7 +62,7 @@ class SglangBootstrapTransport:
         self, body: dict[str, Any], ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord
     ) -> LegRequest:
         return LegRequest(
-            body=self._with_bootstrap(body, ctx, prefill), headers=_headers(ctx, ctx.prefill_dp_rank)
+            body=self._with_bootstrap(body, ctx, prefill), headers=leg_headers(ctx, ctx.prefill_dp_rank)
         )
 
     def decode_request(
@@ -76,5 +74,5 @@ class SglangBootstrapTransport:
         prefill_response: dict[str, Any] | None,
     ) -> LegRequest:
         return LegRequest(
-            body=self._with_bootstrap(body, ctx, prefill), headers=_headers(ctx, ctx.decode_dp_rank)
+            body=self._with_bootstrap(body, ctx, prefill), headers=leg_headers(ctx, ctx.decode_dp_rank)
         )

@@ -22,6 +22,7 @@ from infera_core.transfer import (
     check_one_sided_mixed,
     connectors_for,
     extra_config,
+    one_pd_child,
     parse_user_config,
     resolve_plan,
 )
@@ -189,29 +190,19 @@ class MultiConnector:
 
     def build(self, ctx: LaunchContext, user: dict[str, Any]) -> TransferPlan:
         extra = extra_config(user)
-        children = extra.get("connectors")
-        if not isinstance(children, list) or not children or not all(isinstance(c, dict) for c in children):
-            raise EngineError(
-                "--kv-transfer-config MultiConnector needs kv_connector_extra_config.connectors: a list "
-                'of connector configs, e.g. [{"kv_connector":"NixlConnector"},{"kv_connector":'
-                '"OffloadingConnector","kv_connector_extra_config":{"cpu_bytes_to_use":1e9}}]'
-            )
-        connectors = {
-            native: c
-            for c in connectors_for(ctx, ENGINE, BUILTIN).values()
-            if c.name != self.name
-            for native in c.native
-        }
-        pd_children = [i for i, c in enumerate(children) if c.get("kv_connector") in connectors]
-        if len(pd_children) != 1:
-            named = ", ".join(str(c.get("kv_connector")) for c in children)
-            raise EngineError(
-                f"--kv-transfer-config MultiConnector [{named}]: --role {ctx.role.value} needs exactly one "
-                f"PD connector among them ({', '.join(sorted(connectors))})"
-            )
-        index = pd_children[0]
+        children, index, connector = one_pd_child(
+            ctx,
+            ENGINE,
+            BUILTIN,
+            extra.get("connectors"),
+            multi=self.name,
+            label="MultiConnector",
+            field="kv_connector_extra_config.connectors",
+            example='[{"kv_connector":"NixlConnector"},{"kv_connector":"OffloadingConnector",'
+            '"kv_connector_extra_config":{"cpu_bytes_to_use":1e9}}]',
+        )
         child = children[index]
-        plan = connectors[str(child["kv_connector"])].build(ctx, child)
+        plan = connector.build(ctx, child)
         composed = []
         for i, c in enumerate(children):
             if i == index:
