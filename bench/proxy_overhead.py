@@ -24,7 +24,11 @@ request over sglang-router's and over the native HTTP hop's.
 ``--processes 1,2`` runs each Infera variant once per ``serve --processes`` value (targets
 ``infera``, ``infera-p2``…; default 1) and adds each one's req/s over the one-process run.
 Every row also says what the fake upstreams and the load generator cost (their CPU per
-request): on a small machine all three share the cores the router would scale onto.
+request): on a small machine all three share the cores the router would scale onto. The
+last table turns those into a ceiling per case (see ``ceilings``): the req/s the whole
+stack could reach on this machine's cores with 1 and with N router processes, their ratio
+(what ``--processes N`` can gain here at best), the measured ratio against it, and the cores
+the stack actually got.
 
 ``--api-keys`` runs every Infera router with ``--api-key-file`` (one key, budgets too large
 to bite) and sends the key with every request: compare a run with and without it.
@@ -326,6 +330,49 @@ def scaling(rows: list[Row]) -> list[str]:
             a, b = base.get((target, m, c)), base.get((one, m, c))
             cells.append(f"{a:.0f} / {b:.0f} = {a / b:.2f}×" if a and b else "-")
         out.append(f"| {target} | " + " | ".join(cells) + " |")
+    return out + ceilings(rows)
+
+
+def ceilings(rows: list[Row], cores: int | None = None) -> list[str]:
+    """What ``--processes N`` can gain on this machine, from each component's CPU per request.
+
+    The router, the fake upstreams and the load generator share the machine's cores. With
+    r, u, c their CPU µs per request, the whole stack serves at most cores / (r + u + c)
+    requests/s, and one router process at most 1 core / r: the ceiling is the smaller.
+    N processes lift only the second (min(N, cores) / r), so their ceiling over one
+    process's is what the others leave the router: the router's share of the stack's CPU × the
+    cores is what it can use at the stack's ceiling (under 1: one process is enough). "cores used" = req/s × (r + u + c): how
+    much of the machine the stack actually got (the rest went to other work).
+    """
+    cores = cores or len(os.sched_getaffinity(0))
+    by = {(r.target, r.mode, r.concurrency): r for r in rows}
+    multi = [r for r in rows if "-p" in r.target and r.cpu_us and r.upstream_us is not None]
+    if not multi:
+        return []
+    out = [
+        "",
+        f"| ceiling on {cores} cores | CPU µs/req router 1 → N proc / upstreams / client | router share "
+        "(× cores) | ceiling req/s 1 → N proc | ceiling ratio | measured ratio | of ceiling ratio "
+        "| cores used 1 → N proc |",
+        "|---|---|---:|---|---:|---:|---:|---|",
+    ]
+    for m in multi:
+        one = by.get((m.target.rsplit("-p", 1)[0], m.mode, m.concurrency))
+        if one is None or not one.cpu_us or one.upstream_us is None or one.client_us is None:
+            continue
+        n = int(m.target.rsplit("-p", 1)[1])
+        r1, rn = one.cpu_us, m.cpu_us or 0.0
+        u, c = (one.upstream_us + (m.upstream_us or 0.0)) / 2, (one.client_us + (m.client_us or 0.0)) / 2
+        ceil1 = min(1e6 / r1, cores * 1e6 / (r1 + u + c))
+        ceiln = min(min(n, cores) * 1e6 / rn, cores * 1e6 / (rn + u + c))
+        measured = m.result.rps / one.result.rps
+        used1 = one.result.rps * (r1 + u + c) / 1e6
+        usedn = m.result.rps * (rn + u + c) / 1e6
+        out.append(
+            f"| {m.target} {m.mode} c{m.concurrency} | {r1:.0f} → {rn:.0f} / {u:.0f} / {c:.0f} "
+            f"| {r1 / (r1 + u + c):.2f} ({cores * r1 / (r1 + u + c):.2f}) | {ceil1:.0f} → {ceiln:.0f} | {ceiln / ceil1:.2f}× | {measured:.2f}× "
+            f"| {measured / (ceiln / ceil1):.2f} | {used1:.2f} → {usedn:.2f} |"
+        )
     return out
 
 
