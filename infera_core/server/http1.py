@@ -5,9 +5,10 @@ writes the pre-built request bytes in one ``write`` and returns an :class:`Http1
 once the status line and headers arrived; the body then arrives into the response
 (content-length, chunked — decoded by the parser — or read until the worker closes).
 
-Timeouts: one timer per request, first for the response headers (``first_byte``), then,
-once they arrived, for the gap between two reads (``idle``), re-armed lazily (a read only
-stamps the time). When the response completes with keep-alive, the connection goes back
+Timeouts: one timer per connection, first for the response headers (``first_byte``), then,
+once they arrived and the body did not come with them, for the gap between two reads
+(``idle``), re-armed lazily (a read only stamps the time); it outlives the response, so
+the next request on the connection usually arms none. When the response completes with keep-alive, the connection goes back
 to its pool — but only when the parser stopped exactly at the end of that response: any
 byte beyond it (a worker writing garbage or an unasked-for response after a complete one)
 closes the connection instead, so the next request never inherits a half-parsed message.
@@ -142,6 +143,8 @@ class Http1Connection(asyncio.Protocol):
     """A keep-alive connection; ``on_idle(conn)`` gets it back after a complete response."""
 
     __slots__ = (
+        "_arm_idle",
+        "_deadline",
         "_desync",
         "_eof_body",
         "_feeding",
@@ -149,6 +152,7 @@ class Http1Connection(asyncio.Protocol):
         "_idle_pending",
         "_last",
         "_timer",
+        "_timer_at",
         "closed",
         "idle_since",
         "idle_timeout",
@@ -181,6 +185,12 @@ class Http1Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.idle_timeout = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        """When ``_timer`` fires (it is kept across requests: see :meth:`_on_timer`)."""
+        self._deadline = 0.0
+        """The request's first-byte deadline."""
+        self._arm_idle = False
+        """Response headers arrived during this ``feed_data``: time the body once it returns."""
         self._last = 0.0
         self._got = False
         self._eof_body = False
@@ -204,7 +214,9 @@ class Http1Connection(asyncio.Protocol):
         self.idle_timeout = idle
         loop = self.loop
         waiter = resp._waiter = loop.create_future()
-        self._timer = loop.call_at(loop.time() + first_byte, self._first_byte_expired)
+        deadline = self._deadline = loop.time() + first_byte
+        if self._timer is None or self._timer_at > deadline:
+            self._arm(deadline)
         if isinstance(data, bytes):
             transport.write(data)
         else:
@@ -216,25 +228,37 @@ class Http1Connection(asyncio.Protocol):
             raise
         return resp
 
-    def _first_byte_expired(self) -> None:
-        self._timer = None
-        resp = self.resp
-        if resp is not None and not resp.status:
-            resp._fail(TimeoutError("no response before the first-byte timeout"))
-            self.abort()
+    def _arm(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_at(at, self._on_timer)
+        self._timer_at = at
 
-    def _idle_check(self) -> None:
+    def _on_timer(self) -> None:
+        """The connection's one timer: the first-byte deadline, then the gap between reads.
+
+        It is not cancelled when a response completes: the next request on the connection
+        keeps it when it fires no later than that request's deadline (the usual case, so a
+        request arms no timer of its own), and a timer that finds nothing due re-arms
+        itself for what is (or, the connection idle in its pool, stops)."""
         self._timer = None
         resp = self.resp
         if resp is None:
             return
         now = self.loop.time()
+        if not resp.status:  # no response headers yet
+            if now < self._deadline:
+                self._arm(self._deadline)
+                return
+            resp._fail(TimeoutError("no response before the first-byte timeout"))
+            self.abort()
+            return
         if self.paused:  # a paused read waits on the client, not on the worker
-            self._timer = self.loop.call_at(now + self.idle_timeout, self._idle_check)
+            self._arm(now + self.idle_timeout)
             return
         deadline = self._last + self.idle_timeout
         if now < deadline:
-            self._timer = self.loop.call_at(deadline, self._idle_check)
+            self._arm(deadline)
             return
         resp._fail(TimeoutError(f"no data from the worker for {self.idle_timeout:g} s"))
         self.abort()
@@ -298,6 +322,13 @@ class Http1Connection(asyncio.Protocol):
             self.abort()
         finally:
             self._feeding = False
+        if self._arm_idle:
+            self._arm_idle = False
+            # the body is still arriving (a complete response needs no timer): the gap
+            # between reads is timed from now on
+            at = self._last + self.idle_timeout
+            if self.resp is not None and not self.closed and (self._timer is None or self._timer_at > at):
+                self._arm(at)
         if self._idle_pending:
             # pooled only at a message boundary: every byte of this read belonged to the response
             self._idle_pending = False
@@ -338,10 +369,7 @@ class Http1Connection(asyncio.Protocol):
             elif lk == b"transfer-encoding":
                 chunked = True
         self._eof_body = not (length or chunked or status in (204, 304))
-        loop = self.loop
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = loop.call_at(self._last + self.idle_timeout, self._idle_check)
+        self._arm_idle = True  # data_received times the body once the parser returns
         resp._wake()
 
     def on_body(self, body: bytes) -> None:
@@ -364,10 +392,7 @@ class Http1Connection(asyncio.Protocol):
         self._complete(resp, self.parser.should_keep_alive() and not self._eof_body)
 
     def _complete(self, resp: Http1Response, keep: bool) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self.resp = None
+        self.resp = None  # the timer stays armed: the next request will likely keep it
         resp._conn = None
         resp.done = True
         resp._wake()

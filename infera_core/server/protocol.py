@@ -115,10 +115,12 @@ class InferaHttpProtocol(HttpToolsProtocol):
     """Bytes of the read a request began in (an upper bound of its headers there)."""
     _fresh = False
     _rejected = False
+    _is_closing: Callable[[], bool]
 
     def connection_made(self, transport: Any) -> None:
         set_nodelay(transport)
         super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+        self._is_closing = self.transport.is_closing  # every request's scope[CLIENT_CLOSING]
         limits = self.limits
         state = self.server_state
         sweeper: _Sweeper | None = getattr(state, "infera_sweeper", None)
@@ -224,7 +226,7 @@ class InferaHttpProtocol(HttpToolsProtocol):
         self._read_len = n = len(data)
         if self._awaiting_body:
             self._body_bytes += n
-        super().data_received(data)
+        HttpToolsProtocol.data_received(self, data)
         if self._awaiting_body and not self._rejected:
             # this read left a body unfinished (on_message_complete clears the flag): its
             # clock starts, or restarts; an ordinary request never gets here
@@ -255,9 +257,10 @@ class InferaHttpProtocol(HttpToolsProtocol):
         )
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self.scope[ON_DISCONNECT] = None  # type: ignore[literal-required]
-        self.scope[CLIENT_CLOSING] = self.transport.is_closing  # type: ignore[literal-required]
+        HttpToolsProtocol.on_message_begin(self)
+        scope = self.scope
+        scope[ON_DISCONNECT] = None  # type: ignore[literal-required]
+        scope[CLIENT_CLOSING] = self._is_closing  # type: ignore[literal-required]
         self._awaiting_headers = True
         self._fresh = True
         self._first_len = self._read_len
@@ -277,7 +280,7 @@ class InferaHttpProtocol(HttpToolsProtocol):
         if bound > limit and len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers) > limit:
             self._too_large_headers()
             return
-        super().on_headers_complete()
+        HttpToolsProtocol.on_headers_complete(self)
         if self.cycle is not _CLOSED:  # a body may follow (on_message_complete says it ended)
             self._awaiting_body = True
             self._body_start = 0.0
@@ -287,13 +290,31 @@ class InferaHttpProtocol(HttpToolsProtocol):
         if self._awaiting_body:  # (not after a rejection: its lingering close stays due)
             self._awaiting_body = False
             self.deadline = 0.0
-        super().on_message_complete()
+        HttpToolsProtocol.on_message_complete(self)
         # uvicorn leaves reading paused after a large body's last chunk: resume, so that a
         # client leaving while its request is parsed or routed is seen (EOF or reset) at once.
         # Not while a pipelined request waits: then reading stays paused until the responses
         # went out (else a client could queue requests without bound).
         if not self.pipeline and self.flow.read_paused:
             self.flow.resume_reading()
+
+    def on_response_complete(self) -> None:
+        """uvicorn's, but the keep-alive wait until the next request is this connection's
+        ``deadline`` (checked by the sweeper) instead of a loop timer armed and cancelled
+        per request."""
+        if self._awaiting_headers or self._awaiting_body or self._rejected:
+            super().on_response_complete()  # answered before its request ended: uvicorn's timer
+            return
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        else:
+            self.deadline = self.loop.time() + self.limits.idle_timeout
 
     def _client_gone(self) -> None:
         """Tell the request in progress (its ``scope[ON_DISCONNECT]`` callback), once."""
