@@ -559,6 +559,7 @@ def main() -> None:
                 str(port),
             ]
             argv += ["--worker-urls", *up_urls, "--policy", "round_robin", "--log-level", "warn"]
+            argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
             with process(argv, f"http://127.0.0.1:{port}/health") as proc:
                 print("sglang-router", file=sys.stderr)
                 url = f"http://127.0.0.1:{port}/v1/chat/completions"

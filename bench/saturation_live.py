@@ -59,6 +59,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+import psutil
 import yaml
 from infera_sim.tokenizer import SimTokenizer
 from proxy_overhead import cpu_seconds, process
@@ -146,6 +147,29 @@ def sims(args: argparse.Namespace, logs: Path) -> Iterator[list[Sim]]:
                 proc.wait()
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of ``pid``'s process tree by thread kind (``/proc/*/task``): ``loop`` (each
+    process's main thread: the event loop), ``zmq`` (libzmq's I/O threads) and ``threads`` (the
+    rest: Infera's ``kv-ingest`` loop, tokenizer pool; sglang-router's tokio workers)."""
+    out = {"loop": 0.0, "zmq": 0.0, "threads": 0.0}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return out
+    for p in procs:
+        for task in Path(f"/proc/{p.pid}/task").glob("*"):
+            try:
+                comm = (task / "comm").read_text().strip()
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            kind = "loop" if task.name == str(p.pid) else "zmq" if comm.startswith("ZMQbg") else "threads"
+            out[kind] += (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def sim_counters(fleet: list[Sim]) -> dict[str, float]:
     """Prefix-cache hits and queries (tokens) and preemptions, summed over the sims' /metrics."""
     names = {
@@ -172,6 +196,8 @@ def router(name: str, fleet: list[Sim], args: argparse.Namespace, tmp: Path) -> 
         argv = [args.sglang_python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1"]
         argv += ["--port", str(port), "--worker-urls", *[s.url for s in fleet]]
         argv += ["--policy", "cache_aware", "--log-level", "warn"]
+        # its metrics exporter binds a fixed port (29000) unless told otherwise
+        argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
         with process(argv, base + "/health") as proc:
             wait_sglang_workers(base, len(fleet))
             yield base, proc.pid
@@ -268,9 +294,10 @@ def run_live(
     import uvloop
 
     with sims(args, tmp) as fleet, router(name, fleet, args, tmp) as (base, pid):
-        cpu0 = cpu_seconds(pid)
+        cpu0, split0 = cpu_seconds(pid), thread_cpu(pid)
         res = uvloop.run(replay(base + "/v1/completions", arrivals, texts, args.sim_speedup))
         cpu = cpu_seconds(pid) - cpu0
+        split = {k: (v - split0[k]) / len(arrivals) * 1e3 for k, v in thread_cpu(pid).items()}
         c = sim_counters(fleet)
     if not res.ttft:
         raise RuntimeError(f"{name}: every request failed")
@@ -285,6 +312,7 @@ def run_live(
         "errors": float(res.errors),
         "late_p99_ms": late[int(len(late) * 0.99)] * 1e3,
         "router_cpu_ms": cpu / len(arrivals) * 1e3,
+        **{f"cpu_{k}_ms": v for k, v in split.items()},
         "wall": res.wall,
     }
 
@@ -340,7 +368,8 @@ def main() -> None:
             print(
                 f"{name:<20} {r['ttft_p50']:9.3f} {r['ttft_p90']:7.3f} {r['ttft_p99']:7.3f} {r['hit']:6.3f} "
                 f"{r['hit'] / bound:7.3f} {r['preemptions']:7.0f} {r['errors']:6.0f} {r['late_p99_ms']:11.1f} "
-                f"{r['router_cpu_ms']:17.2f}",
+                f"{r['router_cpu_ms']:17.2f} (loop {r['cpu_loop_ms']:.2f}, threads {r['cpu_threads_ms']:.2f}, "
+                f"zmq {r['cpu_zmq_ms']:.2f})",
                 flush=True,
             )
     if a.virtual:
