@@ -7,6 +7,7 @@ its requests, so a budget kept per process would let more through than asserted.
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import subprocess
@@ -179,8 +180,9 @@ def test_a_changed_key_file_is_read_by_every_process(router: Router) -> None:
     assert probe.status_code == 200
     cost = probe.json()["usage"]["total_tokens"]  # every request here costs the same
     budget = 3 * cost - 1  # the 3rd request starts under it; the 4th does not
-    KEYS["keys"][3]["tokens_per_day"] = budget
-    router.keys.write_text(yaml.safe_dump(KEYS))
+    changed = copy.deepcopy(KEYS)
+    changed["keys"][3]["tokens_per_day"] = budget
+    router.keys.write_text(yaml.safe_dump(changed))
 
     def reloaded_everywhere() -> bool:
         router.complete("sk-free")  # a keyed request makes the process that gets it look at the file
