@@ -168,14 +168,14 @@ class RequestTransportContract:
                 await a.close()
             attached.clear()
             await engine.stop()
-            t0 = time.monotonic()
             try:
                 await client.open(ep, "/v1/chat/completions", json.dumps(CHAT).encode())
-            except UpstreamError:
-                pass
+            except UpstreamError as exc:
+                # at once (refused, no responders…), not after the first-byte timeout: the cause,
+                # not a wall-clock bound, so a loaded machine cannot make it fail
+                assert not exc.timeout, f"the worker's absence was only seen as a timeout: {exc}"
             else:
                 raise AssertionError("open() succeeded against a stopped worker")
-            assert time.monotonic() - t0 < 8
 
 
 class StandinKvPublisher:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from typing import Any
 
 from nats.aio.client import Client
@@ -88,6 +89,12 @@ class Responder:
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+        if self._subs and self.nc is not None:
+            # a round trip: the server has dropped our interest when close() goes on, so a
+            # request sent from now on gets "no responders" at once; without it one could still
+            # be routed to this closing connection and wait out the router's first-byte timeout
+            with contextlib.suppress(Exception):
+                await self.nc.flush(timeout=max(1, math.ceil(self.connect_timeout)))
         self._subs = []
         tasks = list(self.inflight.values())
         if tasks:
