@@ -35,6 +35,7 @@ KEYS: dict[str, Any] = {
         {"name": "rate", "key": "sk-rate", "requests_per_minute": 6},
         {"name": "day", "key": "sk-day", "tokens_per_day": 1},
         {"name": "later", "key": "sk-later", "tokens_per_day": 1_000_000},
+        {"name": "kept", "key": "sk-kept", "tokens_per_day": 1},
     ]
 }
 
@@ -206,3 +207,26 @@ def test_a_changed_key_file_is_read_by_every_process(router: Router) -> None:
     assert statuses[:3] == [200, 200, 200]
     assert set(statuses[3:]) == {429}
     assert router.usage("later")["tokens_today"] == 3 * cost
+
+
+def test_a_restarted_process_keeps_the_budgets(router: Router) -> None:
+    first = router.complete("sk-kept")
+    assert first.status_code == 200, first.text
+    spent = first.json()["usage"]["total_tokens"]
+    _until(_spent("kept", spent, router))
+    r = router.http.get("/v1/admin/processes", headers=CLOSE)
+    victim = r.json()["data"][0]
+    os.kill(victim["pid"], signal.SIGKILL)
+
+    def restarted() -> bool:
+        try:
+            got = router.http.get("/v1/admin/processes", headers=CLOSE)
+        except httpx.HTTPError:
+            return False
+        pids = {p["process"]: p["pid"] for p in got.json()["data"]} if got.status_code == 200 else {}
+        return len(pids) == 2 and pids[victim["process"]] != victim["pid"]
+
+    _until(restarted)
+    got, _ = router.send_until_both_served("sk-kept", at_least=6)
+    assert {r.status_code for r in got} == {429}  # the new process found the day's tokens spent
+    assert router.usage("kept")["tokens_today"] == spent
