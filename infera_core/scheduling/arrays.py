@@ -160,8 +160,13 @@ class FilterMemo:
     def get(
         self, candidates: list[Endpoint], key: object, clock: Callable[[], float] | None
     ) -> Candidates | None:
-        if candidates is not self._input or key is not self._key or self._gen != state().generation:
-            return None
+        if (
+            candidates is not self._input
+            or key is not self._key
+            or _STATE is None
+            or self._gen != _STATE.generation
+        ):
+            return None  # (no arrays yet: no endpoint either)
         until = self._until
         if until != float("inf") and (clock is None or clock() >= until):
             return None

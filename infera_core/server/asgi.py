@@ -34,20 +34,27 @@ class ClientGone(Exception):
     """The client disconnected before its request body arrived."""
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int, max_items: int = 0) -> bytes:
+_SCAN: Any = object()
+
+
+async def read_body(
+    scope: Scope, receive: Receive, limit: int, max_items: int = 0, length: bytes | None = _SCAN
+) -> bytes:
     """The whole request body; 413 when it is (or announces to be) over ``limit`` bytes or,
     with ``max_items``, holds more JSON items (counted per chunk as it arrives, so such a
     body is refused after its first megabyte or so: what the client still sends is read
     and dropped by the server, never stored). A body of 1 MiB or more is the ``bytearray``
-    it was read into (bytes-like everywhere it goes; not hashable, not to be mutated)."""
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            try:
-                if int(value) > limit:
-                    raise too_large(limit)
-            except ValueError:
-                raise ApiError(400, "Invalid Content-Length header.") from None
-            break
+    it was read into (bytes-like everywhere it goes; not hashable, not to be mutated).
+    ``length``: the request's first ``content-length`` header value (None: it has none)
+    when the caller already looked; by default the headers are searched for it."""
+    if length is _SCAN:
+        length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+    if length is not None:
+        try:
+            if int(length) > limit:
+                raise too_large(limit)
+        except ValueError:
+            raise ApiError(400, "Invalid Content-Length header.") from None
     msg = await receive()
     if msg["type"] != "http.request":
         raise ClientGone

@@ -51,24 +51,24 @@ _COMPLETION_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 def usage_of(data: bytes) -> tuple[int, int]:
     """(prompt, completion) tokens from the last ``usage`` object in ``data`` (0 when absent)."""
-    return _last(data, b'"prompt_tokens"', _PROMPT_RE), _last(data, b'"completion_tokens"', _COMPLETION_RE)
+    # per answered request: each key is found from the end (rfind) and matched there, so the
+    # regex runs over a few bytes, not the whole tail
+    at = data.rfind(b'"prompt_tokens"')
+    m = _PROMPT_RE.match(data, at) if at >= 0 else None
+    p = int(m.group(1)) if m is not None else _last(data, at, _PROMPT_RE)
+    at = data.rfind(b'"completion_tokens"')
+    m = _COMPLETION_RE.match(data, at) if at >= 0 else None
+    c = int(m.group(1)) if m is not None else _last(data, at, _COMPLETION_RE)
+    return p, c
 
 
-def _last(data: bytes, key: bytes, pattern: re.Pattern[bytes]) -> int:
-    """The number after the last ``"key": <digits>`` in ``data``, 0 when there is none.
-
-    Per answered request: the key is found from the end (``rfind``) and matched there, so
-    the regex runs over a few bytes, not the whole tail (a last key followed by something
-    else, e.g. ``null``, falls back to the full scan)."""
-    at = data.rfind(key)
-    if at < 0:
-        return 0
-    m = pattern.match(data, at)
-    if m is not None:
-        return int(m.group(1))
+def _last(data: bytes, end: int, pattern: re.Pattern[bytes]) -> int:
+    """The number of the last match of ``pattern`` before ``end`` (the last key was not
+    followed by a number, e.g. ``null``), 0 when none."""
     n = 0
-    for m in pattern.finditer(data, 0, at):
-        n = int(m.group(1))
+    if end > 0:
+        for m in pattern.finditer(data, 0, end):
+            n = int(m.group(1))
     return n
 
 
@@ -128,8 +128,9 @@ class RouterCore:
             raise ApiError(503, f"No worker available: {exc}", code="no_worker_available") from None
 
     async def dispatch(
-        self, ctx: RequestContext, path: str, body: bytes
+        self, ctx: RequestContext, path: str, body: bytes, task: asyncio.Task[object] | None = None
     ) -> tuple[Endpoint, UpstreamResponse]:
+        """``task``: the request's task when the caller has it (the hang detector cancels it)."""
         if self.pd is not None and self.pd.applies(ctx):
             return await self.pd.dispatch(ctx, path, body)
         tried: list[str] = []
@@ -150,7 +151,7 @@ class RouterCore:
             rank = self.scheduler.dp.choose(ep, ctx) if ep.record.dp_size > 1 else None
             sent = headers if rank is None else {**headers, DP_RANK_HEADER: str(rank)}
             hangs = self.hangs
-            wait = hangs.begin(ep) if hangs is not None else None
+            wait = hangs.begin(ep, task) if hangs is not None else None
             try:
                 resp = await ep.upstream.open(ep, path, body, sent)
             except PoolTimeoutError as exc:
@@ -193,7 +194,7 @@ class RouterCore:
                     hangs.end(wait, True)
                 status = resp.status
                 if status < 500 and status != 429:
-                    if ep.breaker_open or status < 400:
+                    if status < 400 or ep.breaker_open:
                         self.breakers.success(ep)
                     return ep, resp
                 try:

@@ -67,7 +67,15 @@ class ProxyEndpoint:
         status = 500
         watcher: asyncio.Future[None] | None = None
         gone: list[bool] = []
-        client_rid = raw_header(scope, b"x-request-id")
+        # one pass over the headers for the two every request needs
+        client_rid: str | None = None
+        length: bytes | None = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if length is None:
+                    length = value
+            elif name == b"x-request-id" and client_rid is None:
+                client_rid = value.decode("latin-1")
         if client_rid is not None:
             send = _echo_request_id(send, client_rid.encode("latin-1"))
         try:
@@ -79,7 +87,7 @@ class ProxyEndpoint:
             if hooked:  # a disconnect while the body is read or parsed cancels us too
                 scope[ON_DISCONNECT] = _Canceller(task, gone)
             limits = self.limits
-            raw = await read_body(scope, receive, limits.max_bytes, limits.max_items)
+            raw = await read_body(scope, receive, limits.max_bytes, limits.max_items, length)
             if len(raw) <= limits.max_items:
                 body = parse_short_body(raw, limits)
             else:
@@ -96,7 +104,7 @@ class ProxyEndpoint:
                 self.admin.check(scope, "Direct routing (x-worker-instance-id)")
             if not hooked:
                 watcher = asyncio.ensure_future(watch_disconnect(receive, task, gone))
-            ep, resp = await core.dispatch(ctx, path, upstream_body)
+            ep, resp = await core.dispatch(ctx, path, upstream_body, task)
             status = resp.status
             ok = False
             try:

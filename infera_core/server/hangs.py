@@ -98,14 +98,17 @@ class HangDetector:
     def threshold(self) -> float:
         return max(self.timeout, self.factor * self.typical)
 
-    def begin(self, ep: Endpoint) -> Waiting | None:
-        """A request to ``ep`` starts waiting for its first byte (None when detection is off)."""
+    def begin(self, ep: Endpoint, task: asyncio.Task[object] | None = None) -> Waiting | None:
+        """A request to ``ep`` starts waiting for its first byte (None when detection is off).
+        ``task``: the request's task (default: the current one), cancelled if ``ep`` hangs."""
         if not self.timeout:
             return None
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        w = Waiting(ep, self._clock(), asyncio.current_task(loop))  # with the loop: no getpid()
+        if task is None:
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            task = asyncio.current_task(loop)  # with the loop: no getpid()
+        w = Waiting(ep, self._clock(), task)
         try:
             self._waiting[ep.worker_id].add(w)
         except KeyError:
