@@ -94,9 +94,13 @@ class Http1Response:
     # -- read by the relay ---------------------------------------------------------
     async def _wait(self) -> None:
         conn = self._conn
-        if conn is not None and conn.paused:
-            conn.resume()
-        w = self._waiter = asyncio.get_running_loop().create_future()
+        if conn is None:
+            loop = asyncio.get_running_loop()
+        else:
+            loop = conn.loop  # (get_running_loop() makes a getpid() system call: per read)
+            if conn.paused:
+                conn.resume()
+        w = self._waiter = loop.create_future()
         await w
 
     async def read(self) -> bytes:
