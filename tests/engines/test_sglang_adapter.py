@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from engine_env import make_engine_env
-from infera_sglang.adapter import LAUNCH_MODULE, SglangAdapter
+from engine_env import SGLANG_OPTIONS, SGLANG_WORKER, flag, launch_context, make_engine_env
+from infera_sglang.adapter import SglangAdapter
 
 from infera_core.engine import LaunchContext
 from infera_core.errors import EngineError
@@ -15,29 +15,7 @@ from infera_core.worker import Role
 
 
 def ctx(**kw: object) -> LaunchContext:
-    ports = iter(range(42000, 42100))
-    base: dict[str, object] = {
-        "worker_id": "s1",
-        "model": "qwen",
-        "model_path": "/models/qwen",
-        "role": Role.MIXED,
-        "host": "0.0.0.0",
-        "port": 30000,
-        "advertise_host": "10.0.0.7",
-        "options": {"page_size": 16, "tp": 1, "transfer_backend": "mooncake", "kv_events_port": 0},
-        "free_port": lambda: next(ports),
-    }
-    base.update(kw)
-    return LaunchContext(**base)  # type: ignore[arg-type]
-
-
-def flag(argv: list[str], name: str) -> str:
-    return argv[argv.index(name) + 1]
-
-
-@pytest.fixture
-def sglang_python(tmp_path: Path) -> str:
-    return make_engine_env(tmp_path, LAUNCH_MODULE, dist="sglang", version="0.5.23").python
+    return launch_context({**SGLANG_WORKER, "options": dict(SGLANG_OPTIONS)}, 42000, **kw)
 
 
 def test_launch_server_with_page_size_metrics_and_kv_events(sglang_python: str) -> None:

