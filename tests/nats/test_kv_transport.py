@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
-import zmq
 from infera_nats import kv_wire
-from infera_nats.kv_source import NatsKvSource
 from infera_nats.relay import KvRelay
 from infera_nats.transport_factories import NatsKvEventTransport
 from prometheus_client import CollectorRegistry
+from relay_rig import relayed
 
 from infera_core.facade import InferaHooks
 from infera_core.kv.hub import KvHub
 from infera_core.testing.nats import NatsServer
-from infera_core.testing.net import free_port
 from infera_core.testing.server import until
 from infera_core.worker import KvEventsInfo, WorkerRecord
 
@@ -240,46 +237,22 @@ async def test_malformed_kv_message_is_logged_with_its_subject_and_skipped(
                 await hub.close()
 
 
-class Collect:
-    """A KV event sink that keeps what it is given."""
-
-    def __init__(self) -> None:
-        self.batches: list[tuple[int, bytes]] = []
-
-    async def batch(self, seq: int, payload: bytes) -> None:
-        self.batches.append((seq, payload))
-
-    def malformed(self, reason: str) -> None:
-        raise AssertionError(reason)
-
-
 async def test_relay_passes_an_engine_restart_on(nats_server: NatsServer) -> None:
     """A restarted engine numbers its batches from 0 again: the relay publishes them all (routers
     see the restart and rebuild the view, as on the ZMQ path)."""
-    port = free_port()
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 0)
-    pub.bind(f"tcp://127.0.0.1:{port}")
-    kv = KvEventsInfo(endpoint=f"tcp://127.0.0.1:{port}", format="vllm", block_size=BS)
-    relay = KvRelay("w0", MODEL, kv, nats_server.url)
-    await relay.start()
-    source = NatsKvSource(nats_server.url)
-    await source.start()
-    sink = Collect()
-    rec = WorkerRecord(worker_id="w0", url="http://127.0.0.1:9", model=MODEL, engine="vllm", kv_events=kv)
-    follow = asyncio.create_task(source.follow(rec, None, sink))
-    try:
+
+    def kv(port: int) -> KvEventsInfo:
+        return KvEventsInfo(endpoint=f"tcp://127.0.0.1:{port}", format="vllm", block_size=BS)
+
+    async with relayed(nats_server.url, "w0", MODEL, "vllm", kv, bind="tcp://127.0.0.1") as rig:
 
         def send(seq: int, payload: bytes) -> None:
-            pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), payload])
+            rig.pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), payload])
 
-        async with asyncio.timeout(10):
-            while not relay.batches:  # the SUB's subscription reaches the PUB asynchronously
-                send(0, b"first-0")
-                await asyncio.sleep(0.05)
+        await rig.until_subscribed(lambda: send(0, b"first-0"))
         for seq, payload in [(1, b"first-1"), (2, b"first-2"), (0, b"second-0"), (1, b"second-1")]:
             send(seq, payload)
+        sink = rig.sink
         await until(lambda: len(sink.batches) >= 5 and sink.batches[-1][1] == b"second-1", within=10)
         assert sink.batches[-5:] == [
             (0, b"first-0"),
@@ -288,12 +261,4 @@ async def test_relay_passes_an_engine_restart_on(nats_server: NatsServer) -> Non
             (0, b"second-0"),
             (1, b"second-1"),
         ]
-        assert relay.restarts >= 1
-    finally:
-        follow.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await follow
-        await source.close()
-        await relay.close()
-        pub.close(0)
-        ctx.term()
+        assert rig.relay.restarts >= 1
