@@ -118,8 +118,12 @@ def report(cpu: dict[tuple[str, str], list[float]], names: list[str], args: argp
         f"Router CPU µs/request, c={args.concurrency}, median of {args.rounds} interleaved rounds"
         f" ({args.requests} JSON / {args.requests // 2} stream requests each)",
         "",
-        "| router | " + " | ".join(modes) + " | rounds (json; stream) |",
-        "|---|---:|---:|---|",
+        "| router | "
+        + " | ".join(modes)
+        + " | paired: "
+        + " | paired: ".join(modes)
+        + " | rounds (json; stream) |",
+        "|---|---:|---:|---:|---:|---|",
     ]
     base = {m: statistics.median(cpu[("base", m)]) for m in modes}
     for name in names:
@@ -127,9 +131,23 @@ def report(cpu: dict[tuple[str, str], list[float]], names: list[str], args: argp
         for m in modes:
             med = statistics.median(cpu[(name, m)])
             cells.append(f"{med:.0f}" + ("" if name == "base" else f" ({(med / base[m] - 1) * 100:+.0f}%)"))
+        for m in modes:
+            cells.append(
+                "" if name == "base" else f"{(paired(cpu[(name, m)], cpu[('base', m)]) - 1) * 100:+.0f}%"
+            )
         rounds = "; ".join(" ".join(f"{v:.0f}" for v in cpu[(name, m)]) for m in modes)
         out.append(f"| {name} | " + " | ".join(cells) + f" | {rounds} |")
+    out += [
+        "",
+        "paired: the median over rounds of the router's CPU over base's in the same round (the"
+        " machine's load drifts between rounds more than within one)",
+    ]
     return "\n".join(out)
+
+
+def paired(values: list[float], base: list[float]) -> float:
+    """Median of the per-round ratios ``values[i] / base[i]``."""
+    return statistics.median(v / b for v, b in zip(values, base, strict=True))
 
 
 if __name__ == "__main__":
