@@ -31,7 +31,8 @@ blocks share their token prefix exactly as the token-id prompts do.
 Hit fraction: the sims' own counters, ``vllm:prefix_cache_hits_total`` /
 ``vllm:prefix_cache_queries_total`` summed over the sims. Pooled bound: saturation.py's
 ``pooled_bound`` (one LRU of the whole fleet's blocks) over the prompts as the sims
-tokenize them.
+tokenize them. Router CPU: utime + stime of the router's processes over the replay, per
+request, and split by thread kind (event loop, other threads, libzmq I/O).
 
     .venv/bin/python bench/saturation_live.py [--rows 1000] [--skip 2000] [--speedup 36]
         [--sim-speedup 0.1] [--routers kv-aware,round-robin,sglang-cache-aware]
