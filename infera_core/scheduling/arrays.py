@@ -28,6 +28,8 @@ Rows = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
 Mask = npt.NDArray[np.bool_]
 
+_INF = float("inf")
+
 ARRAY_MIN = 48
 """Below this many candidates the per-endpoint Python path is faster than numpy's call overhead."""
 
@@ -168,7 +170,7 @@ class FilterMemo:
         ):
             return None  # (no arrays yet: no endpoint either)
         until = self._until
-        if until != float("inf") and (clock is None or clock() >= until):
+        if until != _INF and (clock is None or clock() >= until):
             return None
         return self._out
 
