@@ -20,29 +20,12 @@ from infera_core.kv.component import KvRouting
 from infera_core.kv.settings import KvSettings
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import serving, settings_for, until
-from infera_core.worker import KvEventsInfo, WorkerRecord
 
 sim_testing = pytest.importorskip("infera_sim.testing")
 sim_metrics = pytest.importorskip("infera_sim.metrics")
 
 BS = 16
 MODEL = "sim-model"
-
-
-def _record(i: int, sim: Any) -> WorkerRecord:
-    return WorkerRecord(
-        worker_id=f"sim-{i}",
-        url=sim.url,
-        model=MODEL,
-        engine="sim",
-        kv_events=KvEventsInfo(
-            endpoint=sim.kv_events_endpoint,
-            replay_endpoint=sim.replay_endpoint,
-            format="vllm",
-            block_size=BS,
-            fingerprint="infera-sim-v1:vocab=32000",
-        ),
-    )
 
 
 @pytest.fixture
@@ -84,7 +67,7 @@ async def _run(policy: str, sims: list[Any], prompts: list[str], concurrency: in
     kv = KvRouting(hooks.catalog(), KvSettings())
     async with serving(settings_for(router_policy=policy), hooks, kv=kv) as srv:
         for i, sim in enumerate(sims):
-            srv.store.put(_record(i, sim))
+            srv.store.put(sim.record(f"sim-{i}"))
         await srv.wait_workers(4)
         ttfts: list[float] = []
         sem = asyncio.Semaphore(concurrency)
@@ -153,7 +136,7 @@ async def test_cache_view_endpoint_and_workers_field(sims: list[Any]) -> None:
     hooks = make_hooks()
     kv = KvRouting(hooks.catalog(), KvSettings(kv_block_size=[f"{MODEL}=32"]))
     async with serving(settings_for(router_policy="kv-aware"), hooks, kv=kv) as srv:
-        srv.store.put(_record(0, sims[0]))
+        srv.store.put(sims[0].record("sim-0"))
         await srv.wait_workers(1)
         async with httpx.AsyncClient(timeout=10) as client:
             r = await client.post(

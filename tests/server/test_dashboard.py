@@ -24,7 +24,7 @@ from infera_core.kv.settings import KvSettings
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.net import free_port
 from infera_core.testing.server import RunningServer, serving, settings_for
-from infera_core.worker import KvEventsInfo, Status, WorkerRecord
+from infera_core.worker import Status
 
 pytest.importorskip("infera_sim")
 from infera_sim.testing import SimHandle, start_sim
@@ -41,26 +41,13 @@ def sims() -> Iterator[list[SimHandle]]:
         yield [a, b]
 
 
-def sim_record(worker_id: str, sim: SimHandle, **fields: Any) -> WorkerRecord:
-    kv = None
-    if sim.kv_events_endpoint is not None:
-        kv = KvEventsInfo(
-            endpoint=sim.kv_events_endpoint,
-            replay_endpoint=sim.replay_endpoint,
-            format="vllm",
-            block_size=int(sim.info.get("block_size", 16)),
-            fingerprint="infera-sim-v1:vocab=32000",
-        )
-    return WorkerRecord(worker_id=worker_id, url=sim.url, model=MODEL, engine="sim", kv_events=kv, **fields)
-
-
 @contextlib.asynccontextmanager
 async def stack(sims: list[SimHandle], **settings: Any) -> AsyncIterator[RunningServer]:
     hooks = make_hooks()
     kv = KvRouting(hooks.catalog(), KvSettings())
     async with serving(settings_for(router_policy="kv-aware", **settings), hooks, kv=kv) as srv:
         for i, sim in enumerate(sims):
-            srv.store.put(sim_record(f"sim{i}", sim))
+            srv.store.put(sim.record(f"sim{i}"))
         await srv.wait_workers(len(sims))
         yield srv
 
@@ -263,7 +250,7 @@ async def test_dashboard_in_chromium_shows_the_fleet_and_a_drain(
         await in_browser(browser, lambda d: (cell(d, "sim0", "hitrate") or "–").endswith("%"))  # from sim0
 
         # sim1 starts draining (its launcher re-registers it as draining): the page follows
-        srv.store.put(sim_record("sim1", sims[1], status=Status.DRAINING))
+        srv.store.put(sims[1].record("sim1", status=Status.DRAINING))
         await in_browser(browser, lambda d: cell(d, "sim1", "status") == "draining")
         assert browser.find_element("id", "sum-workers").text == "1 / 2"
         assert cell(browser, "sim0", "status") == "active"

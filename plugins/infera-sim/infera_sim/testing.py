@@ -25,6 +25,8 @@ from typing import IO, Any
 
 import httpx
 
+from infera_core.worker import KvEventsInfo, WorkerRecord
+
 READY = "INFERA_SIM_READY "
 
 
@@ -45,6 +47,27 @@ class SimHandle:
     def bootstrap_port(self) -> int | None:
         port = self.info.get("bootstrap_port")
         return int(port) if port is not None else None
+
+    def record(self, worker_id: str, **fields: Any) -> WorkerRecord:
+        """The worker record a launcher would publish for this sim: its URL and model, and its
+        KV events (vLLM's format, its block size and tokenizer fingerprint) when it has them.
+        ``fields`` are the record's other fields (``role``, ``model``…)."""
+        kv = None
+        if self.kv_events_endpoint is not None:
+            kv = KvEventsInfo(
+                endpoint=self.kv_events_endpoint,
+                replay_endpoint=self.replay_endpoint,
+                format="vllm",
+                block_size=int(self.info["block_size"]),
+                fingerprint=self.info.get("fingerprint"),
+            )
+        base: dict[str, Any] = {
+            "url": self.url,
+            "model": self.info["model"],
+            "engine": "sim",
+            "kv_events": kv,
+        }
+        return WorkerRecord(worker_id=worker_id, **{**base, **fields})
 
     def stop(self, timeout: float = 5.0) -> None:
         if self.proc.poll() is None:
