@@ -38,6 +38,14 @@ def worker(wid: str, role: Role, protocol: str, url: str, dp_size: int = 1, **pa
     )
 
 
+def prefill_body(body: dict[str, Any], **kv_transfer_params: Any) -> dict[str, Any]:
+    """What a prefill leg sends: the client's body without ``min_tokens``/``stream_options``,
+    one token, no stream, and the transport's ``kv_transfer_params``."""
+    kept = {k: v for k, v in body.items() if k not in ("min_tokens", "stream_options")}
+    one_token = {"max_tokens": 1, "max_completion_tokens": 1, "stream": False}
+    return kept | one_token | {"kv_transfer_params": kv_transfer_params}
+
+
 def test_all_transports_are_registered_by_the_installed_plugins() -> None:
     names = make_hooks().catalog().pd_transports.names()
     assert {"vllm-nixl", "vllm-mooncake", "sglang-bootstrap", "atom-mooncake"} <= set(names)
@@ -52,21 +60,15 @@ def test_vllm_nixl_serial_legs() -> None:
     assert t.order is PdOrder.SERIAL
     t.prepare(ctx, p, d)
     pre = t.prefill_request(body, ctx, p, d)
-    expected = {k: v for k, v in CHAT.items() if k not in ("min_tokens", "stream_options")}
-    expected |= {
-        "max_tokens": 1,
-        "max_completion_tokens": 1,
-        "stream": False,
-        "kv_transfer_params": {
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "remote_engine_id": None,
-            "remote_block_ids": None,
-            "remote_host": None,
-            "remote_port": None,
-        },
-    }
-    assert pre.body == expected
+    assert pre.body == prefill_body(
+        CHAT,
+        do_remote_decode=True,
+        do_remote_prefill=False,
+        remote_engine_id=None,
+        remote_block_ids=None,
+        remote_host=None,
+        remote_port=None,
+    )
     assert pre.headers == {"X-Request-Id": "req-1"}
     reply_params = {
         "do_remote_prefill": True,
@@ -101,18 +103,9 @@ def test_vllm_mooncake_concurrent_legs_share_the_transfer_id() -> None:
     t.prepare(ctx, p, d)
     assert ctx.transfer_id == "xfer-abc"
     pre = t.prefill_request(body, ctx, p, d)
-    assert pre.body == {
-        "model": "m",
-        "prompt": "hello",
-        "max_tokens": 1,
-        "max_completion_tokens": 1,
-        "stream": False,
-        "kv_transfer_params": {
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "transfer_id": "xfer-abc",
-        },
-    }
+    assert pre.body == prefill_body(
+        body, do_remote_decode=True, do_remote_prefill=False, transfer_id="xfer-abc"
+    )
     dec = t.decode_request(body, ctx, p, d, None)
     assert dec.body == body | {
         "kv_transfer_params": {
@@ -185,24 +178,18 @@ def test_atom_mooncake_serial_on_completions() -> None:
     assert t.order is PdOrder.SERIAL
     t.prepare(ctx, p, d)
     pre = t.prefill_request(body, ctx, p, d)
-    assert pre.body == {
-        "model": "m",
-        "prompt": "1 2 3",
-        "max_tokens": 1,
-        "max_completion_tokens": 1,
-        "stream": False,
-        "kv_transfer_params": {
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "remote_engine_id": None,
-            "remote_block_ids": None,
-            "remote_handshake_port": 6401,
-            "remote_host": "10.0.0.2",
-            "remote_port": 8889,
-            "remote_dp_size": 2,
-            "remote_tp_size": 4,
-        },
-    }
+    assert pre.body == prefill_body(
+        body,
+        do_remote_decode=True,
+        do_remote_prefill=False,
+        remote_engine_id=None,
+        remote_block_ids=None,
+        remote_handshake_port=6401,
+        remote_host="10.0.0.2",
+        remote_port=8889,
+        remote_dp_size=2,
+        remote_tp_size=4,
+    )
     reply = {"transfer_id": "t-1", "remote_engine_id": "e", "remote_block_ids": [4, 5], "dp_rank": 0}
     dec = t.decode_request(body, ctx, p, d, {"kv_transfer_params": reply})
     assert dec.body["max_tokens"] == 10, "ATOM's max_tokens is not decremented"
