@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import httpx
 import uvicorn
 
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
@@ -44,6 +45,21 @@ async def until(predicate: Callable[[], bool], within: float = 3.0, step: float 
     async with asyncio.timeout(within):
         while not predicate():  # noqa: ASYNC110 (state without an event to wait on)
             await asyncio.sleep(step)
+
+
+async def sse_data(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> list[str]:
+    """POST ``body`` streamed (the answer must be a 200): its ``data: `` lines, to the end."""
+    async with client.stream("POST", url, json=body) as r:
+        assert r.status_code == 200, (r.status_code, await r.aread())
+        return [line async for line in r.aiter_lines() if line.startswith("data: ")]
+
+
+async def leave_mid_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> None:
+    """POST ``body`` streamed and go away after the first bytes (a client leaving mid-response)."""
+    async with client.stream("POST", url, json=body) as r:
+        assert r.status_code == 200, (r.status_code, await r.aread())
+        async for _ in r.aiter_bytes():
+            break
 
 
 class RunningServer:

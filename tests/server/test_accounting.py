@@ -20,7 +20,7 @@ import pytest
 
 from infera_core.scheduling.types import Endpoint, RequestContext
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import RunningServer, serving, settings_for, until
+from infera_core.testing.server import RunningServer, leave_mid_stream, serving, settings_for, until
 from infera_core.testing.upstream import FakeUpstream, fake_upstreams, record_for
 
 PROMPT = "word " * 2000
@@ -132,10 +132,7 @@ async def test_disconnect_mid_stream_releases_accounting() -> None:
     async with stack() as (srv, ledger, ups), httpx.AsyncClient(base_url=srv.url) as c:
         for u in ups:
             u.chunk_delay = 0.05
-        async with c.stream("POST", "/v1/chat/completions", json=STREAM) as r:
-            assert r.status_code == 200
-            async for _ in r.aiter_bytes():
-                break  # read one chunk and walk away
+        await leave_mid_stream(c, "/v1/chat/completions", STREAM)
         await ledger.balanced(1)
 
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import RunningServer, serving, settings_for, until
+from infera_core.testing.server import RunningServer, leave_mid_stream, serving, settings_for, sse_data, until
 from infera_core.testing.upstream import FakeUpstream, fake_upstreams, record_for
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
@@ -87,11 +87,8 @@ async def test_midstream_failure_ends_with_sse_error_event(
 ) -> None:
     for u in ups:
         u.die_after_chunks = 3
-    async with (
-        httpx.AsyncClient(base_url=srv.url, timeout=5) as c,
-        c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r,
-    ):
-        lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+    async with httpx.AsyncClient(base_url=srv.url, timeout=5) as c:
+        lines = await sse_data(c, "/v1/chat/completions", {**CHAT, "stream": True})
     assert len(lines) == 4
     err = json.loads(lines[-1][6:])
     assert err["error"]["code"] == "upstream_stream_error"
@@ -105,9 +102,7 @@ async def test_client_disconnect_cancels_upstream(
     for u in ups:
         u.chunk_delay = 0.05
     async with httpx.AsyncClient(base_url=srv.url, timeout=5) as c:
-        async with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
-            async for _ in r.aiter_bytes():
-                break
+        await leave_mid_stream(c, "/v1/chat/completions", {**CHAT, "stream": True})
         # the server notices, releases the worker and closes the upstream connection
         await until(
             lambda: (

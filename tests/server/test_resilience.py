@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import RunningServer, serving, settings_for, until
+from infera_core.testing.server import RunningServer, serving, settings_for, sse_data, until
 from infera_core.testing.upstream import FakeUpstream, fake_upstreams, record_for
 from infera_core.worker import Status
 
@@ -227,6 +227,5 @@ async def test_idle_stream_timeout_ends_the_stream_with_an_error_event(ups: list
     ):
         for u in ups:
             u.chunk_delay = 2.0
-        async with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
-            lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+        lines = await sse_data(c, "/v1/chat/completions", {**CHAT, "stream": True})
         assert len(lines) == 1 and '"error"' in lines[0]

@@ -13,7 +13,7 @@ import uvicorn
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 from infera_core.server.app import create_app
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import RunningServer, serving, settings_for, until
+from infera_core.testing.server import RunningServer, leave_mid_stream, serving, settings_for, sse_data, until
 from infera_core.testing.upstream import FakeUpstream, ScriptedUpstream, fake_upstreams, record_for
 from infera_core.worker import WorkerRecord
 
@@ -49,8 +49,7 @@ async def test_json_and_stream_pass_through(srv: RunningServer, ups: list[FakeUp
         for _ in range(4):
             r = await c.post("/v1/chat/completions", json=CHAT)
             assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "hi"
-        async with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
-            lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+        lines = await sse_data(c, "/v1/chat/completions", {**CHAT, "stream": True})
     assert len(lines) == 65 and lines[-1] == "data: [DONE]"
     assert [len(u.connections) for u in ups] == [1, 1]  # keep-alive: one connection per worker
     assert _idle(srv)
@@ -76,11 +75,8 @@ async def test_midstream_death_ends_the_stream_with_an_error_and_is_not_retried(
 ) -> None:
     for u in ups:
         u.die_after_chunks = 5
-    async with (
-        httpx.AsyncClient(base_url=srv.url, timeout=10) as c,
-        c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r,
-    ):
-        lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+    async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+        lines = await sse_data(c, "/v1/chat/completions", {**CHAT, "stream": True})
     assert len(lines) == 6
     assert json.loads(lines[-1][6:])["error"]["code"] == "upstream_stream_error"
     assert sum(u.requests for u in ups) == 1
@@ -93,9 +89,7 @@ async def test_client_disconnect_closes_the_upstream_connection(
     for u in ups:
         u.chunk_delay = 0.05
     async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
-        async with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
-            async for _ in r.aiter_bytes():
-                break
+        await leave_mid_stream(c, "/v1/chat/completions", {**CHAT, "stream": True})
         await until(lambda: _idle(srv) and not any(u.connections for u in ups))
         # and the router still serves the next request (a fresh upstream connection)
         for u in ups:
@@ -124,12 +118,8 @@ async def test_the_idle_timeout_applies_after_the_headers(transport: str, ups: l
         for u in ups:
             s.store.put(record_for(u))
         await s.wait_workers(2)
-        async with (
-            httpx.AsyncClient(base_url=s.url, timeout=10) as c,
-            c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r,
-        ):
-            assert r.status_code == 200
-            lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+        async with httpx.AsyncClient(base_url=s.url, timeout=10) as c:
+            lines = await sse_data(c, "/v1/chat/completions", {**CHAT, "stream": True})
         assert len(lines) == 1 and '"error"' in lines[0]
         await asyncio.wait_for(until(lambda: _idle(s)), 5)
 
@@ -154,9 +144,7 @@ async def test_disconnect_cancels_upstream_under_a_plain_uvicorn_protocol(ups: l
         await until(lambda: len(core.table.by_id) == 2)
         url = f"http://{settings.host}:{settings.port}/v1/chat/completions"
         async with httpx.AsyncClient(timeout=10) as c:
-            async with c.stream("POST", url, json={**CHAT, "stream": True}) as r:
-                async for _ in r.aiter_bytes():
-                    break
+            await leave_mid_stream(c, url, {**CHAT, "stream": True})
             await until(
                 lambda: (
                     not sum(ep.in_flight for ep in core.table.by_id.values())
