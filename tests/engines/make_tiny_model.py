@@ -13,95 +13,27 @@ from __future__ import annotations
 
 import random
 import sys
+from pathlib import Path
 
-SYLLABLES = [
-    "ka",
-    "lo",
-    "mi",
-    "ra",
-    "tu",
-    "se",
-    "no",
-    "vi",
-    "pe",
-    "da",
-    "qu",
-    "ze",
-    "fo",
-    "gi",
-    "ha",
-    "ju",
-    "be",
-    "ch",
-    "sh",
-    "th",
-    "an",
-    "er",
-    "in",
-    "on",
-    "re",
-]
-COMMON = [
-    "the",
-    "a",
-    "of",
-    "to",
-    "and",
-    "is",
-    "in",
-    "that",
-    "it",
-    "for",
-    "you",
-    "are",
-    "with",
-    "on",
-    "as",
-    "be",
-    "this",
-    "was",
-    "have",
-    "or",
-    "by",
-]
-SPECIAL = ["<unk>", "<s>", "</s>", "<pad>"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
-    "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
-)
-
-
-def corpus(rng: random.Random, sentences: int = 20000) -> list[str]:
-    words = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 4))) for _ in range(3000)]
-    words += COMMON
-    out = []
-    for _ in range(sentences):
-        n = rng.randint(5, 25)
-        out.append(" ".join(rng.choice(words) for _ in range(n)) + rng.choice(".?!,"))
-    return out
+# the tokenizer's corpus: more syllables and words than the routing tests' tiny tokenizer
+SYLLABLES = ["ka", "lo", "mi", "ra", "tu", "se", "no", "vi", "pe", "da", "qu", "ze", "fo", "gi", "ha", "ju"]
+SYLLABLES += ["be", "ch", "sh", "th", "an", "er", "in", "on", "re"]
+MORE_COMMON = ["was", "have", "or", "by"]
 
 
 def main(out: str) -> None:
     import torch  # type: ignore[import-not-found]  # runs in .venv-vllm only
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # type: ignore[import-not-found]
+
+    # the engine venv need not have infera_core installed: the tokenizer code comes from the tree
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from infera_core.testing import tiny_tokenizer as tiny
 
     rng = random.Random(0)
     torch.manual_seed(0)
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=4096,
-        special_tokens=SPECIAL,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus(rng), trainer)
-    bos = tok.token_to_id("<s>")
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
-    )
+    words = [*tiny.COMMON, *MORE_COMMON]
+    corpus = tiny.pseudo_corpus(rng, 20000, SYLLABLES, words, n_words=3000, endings=".?!,")
+    tok = tiny.train_bpe(corpus, 4096)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<s>",
@@ -110,7 +42,7 @@ def main(out: str) -> None:
         pad_token="<pad>",
         model_max_length=2048,
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = tiny.CHAT_TEMPLATE
     fast.save_pretrained(out)
 
     config = LlamaConfig(
@@ -121,7 +53,7 @@ def main(out: str) -> None:
         num_attention_heads=4,
         num_key_value_heads=4,
         max_position_embeddings=2048,
-        bos_token_id=bos,
+        bos_token_id=tok.token_to_id("<s>"),
         eos_token_id=tok.token_to_id("</s>"),
         pad_token_id=tok.token_to_id("<pad>"),
         tie_word_embeddings=False,
