@@ -20,6 +20,7 @@ request over sglang-router's and over the native HTTP hop's.
 
     .venv/bin/python bench/proxy_overhead.py [--requests 2000] [--concurrency 1,16,64] [--router-nice -10]
         [--transports native,aiohttp,nats] [--skip-sglang] [--api-keys] [--processes 1,2]
+        [--chunk-interval-ms 5] [--chunks 64] [--sglang-python /path/to/venv/bin/python]
 
 ``--processes 1,2`` runs each Infera variant once per ``serve --processes`` value (targets
 ``infera``, ``infera-p2``…; default 1) and adds each one's req/s over the one-process run.
@@ -29,6 +30,15 @@ last table turns those into a ceiling per case (see ``ceilings``): the req/s the
 stack could reach on this machine's cores with 1 and with N router processes, their ratio
 (what ``--processes N`` can gain here at best), the measured ratio against it, and the cores
 the stack actually got.
+
+``--chunk-interval-ms 5`` paces the streams: the fake upstreams sleep that long before
+each chunk, so every chunk reaches the router alone (as from a real engine at ~200
+tokens/s) and costs it one upstream read wake-up and one client write — the unpaced
+default sends a stream's chunks back to back, where the router reads many per wake-up.
+Paced runs measure only streams (``--chunks`` per stream, default 64) and add each
+router's CPU per chunk; give them more concurrency and fewer requests, e.g.
+``--chunk-interval-ms 5 --concurrency 16,64 --requests 800``. ``--sglang-python`` runs
+sglang-router from another interpreter (a venv where it is installed).
 
 ``--api-keys`` runs every Infera router with ``--api-key-file`` (one key, budgets too large
 to bite) and sends the key with every request: compare a run with and without it.
@@ -71,7 +81,13 @@ CLIENT_HEADERS: dict[str, str] = {}
 SERVE_FLAGS: list[str] = []
 """Extra ``infera-run serve`` flags (``--api-keys``: ``--api-key-file``)."""
 UPSTREAM_PID: list[int] = []
+STREAM_MODE: list[str] = ["stream-64"]
+"""The stream rows' mode label (``stream-N``, ``stream-N@Xms`` when paced)."""
 """The fake upstreams' process (its CPU per request is reported with every row)."""
+MODES: list[bool] = [False, True]
+"""Which cases run: non-streaming (False) and streaming (True); paced runs only stream."""
+STREAM_CHUNKS: list[int] = [64]
+"""Data chunks per stream (``--chunks``): router CPU per chunk is its CPU per stream over this."""
 
 
 def write_key_file(tmp: Path) -> Path:
@@ -83,14 +99,15 @@ def write_key_file(tmp: Path) -> Path:
 
 
 # -- the fake upstream process ---------------------------------------------------------
-def serve_upstreams(ports: list[int]) -> None:
+def serve_upstreams(ports: list[int], chunks: int = 64, interval_ms: float = 0.0) -> None:
     import uvloop
 
     from infera_core.testing.upstream import FakeUpstream
 
     async def main() -> None:
-        ups = [FakeUpstream(f"up{i}", MODEL, chunks=64) for i in range(len(ports))]
+        ups = [FakeUpstream(f"up{i}", MODEL, chunks=chunks) for i in range(len(ports))]
         for u, p in zip(ups, ports, strict=True):
+            u.chunk_delay = interval_ms / 1e3
             await u.start(p)
         print("ready", flush=True)
         await asyncio.Event().wait()
@@ -150,6 +167,14 @@ def cpu_seconds(pid: int) -> float:
         except (OSError, IndexError):
             pass
     return total
+
+
+def has_sglang(python: str) -> bool:
+    """Whether ``python`` can import sglang_router."""
+    if python == sys.executable:
+        return importlib.util.find_spec("sglang_router") is not None
+    probe = subprocess.run([python, "-c", "import sglang_router"], capture_output=True, check=False)
+    return probe.returncode == 0
 
 
 def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -266,7 +291,7 @@ class Row:
 def measure(
     target: str, urls: list[str], pid: int | None, concurrencies: list[int], total: int, rows: list[Row]
 ) -> None:
-    for stream in (False, True):
+    for stream in MODES:
         for c in concurrencies:
             n = total if not stream else max(total // 2, c * 4)
             cpu0 = cpu_seconds(pid) if pid else 0.0
@@ -276,11 +301,12 @@ def measure(
             cpu = (cpu_seconds(pid) - cpu0) / n * 1e6 if pid else None
             up = sum(cpu_seconds(p) - u for p, u in zip(UPSTREAM_PID, up0, strict=True)) / n * 1e6
             me = (time.process_time() - me0) / n * 1e6
-            rows.append(Row(target, "stream-64" if stream else "json", c, res, cpu, up, me))
+            rows.append(Row(target, STREAM_MODE[0] if stream else "json", c, res, cpu, up, me))
             print(
                 f"  {target:14s} {'stream' if stream else 'json':6s} c={c:<3d} {res.rps:8.0f} req/s "
                 f"p50 {res.p50 * 1e3:7.2f} ms p99 {res.p99 * 1e3:7.2f} ms"
                 + (f" cpu {cpu:6.0f} µs/req" if cpu is not None else "")
+                + (f" {cpu / STREAM_CHUNKS[0]:5.1f} µs/chunk" if cpu is not None and stream else "")
                 + f" upstreams {up:4.0f} client {me:4.0f} µs/req"
                 + (f" errors {res.errors}" if res.errors else ""),
                 file=sys.stderr,
@@ -292,18 +318,19 @@ def table(rows: list[Row]) -> str:
     direct = {(r.mode, r.concurrency): r.result for r in rows if r.target == "direct"}
     out = [
         "| target | mode | conc | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | router CPU µs/req"
-        " | upstreams CPU µs/req | client CPU µs/req |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        " | router CPU µs/chunk | upstreams CPU µs/req | client CPU µs/req |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         d = direct.get((r.mode, r.concurrency))
         add50 = f"{(r.result.p50 - d.p50) * 1e3:+.2f}" if d and r.target != "direct" else "-"
         add99 = f"{(r.result.p99 - d.p99) * 1e3:+.2f}" if d and r.target != "direct" else "-"
         cpu = f"{r.cpu_us:.0f}" if r.cpu_us is not None else "-"
+        per_chunk = f"{r.cpu_us / STREAM_CHUNKS[0]:.1f}" if r.cpu_us is not None and r.mode != "json" else "-"
         err = f" ({r.result.errors} errors)" if r.result.errors else ""
         out.append(
             f"| {r.target} | {r.mode} | {r.concurrency} | {r.result.rps:.0f}{err} | {r.result.p50 * 1e3:.2f} | "
-            f"{r.result.p99 * 1e3:.2f} | {add50} | {add99} | {cpu} | {_us(r.upstream_us)} | {_us(r.client_us)} |"
+            f"{r.result.p99 * 1e3:.2f} | {add50} | {add99} | {cpu} | {per_chunk} | {_us(r.upstream_us)} | {_us(r.client_us)} |"
         )
     out.extend(cpu_ratios(rows))
     out.extend(scaling(rows))
@@ -500,17 +527,37 @@ def main() -> None:
         default="1",
         help="`serve --processes` values to run each Infera variant with (comma list, e.g. 1,2)",
     )
+    ap.add_argument(
+        "--chunk-interval-ms",
+        type=float,
+        default=0.0,
+        help="pace the fake upstreams' streams: sleep this long before each chunk (streams only)",
+    )
+    ap.add_argument("--chunks", type=int, default=64, help="data chunks per stream (default 64)")
+    ap.add_argument(
+        "--sglang-python",
+        default=sys.executable,
+        help="an interpreter with sglang-router (default: this one)",
+    )
     ap.add_argument("--serve-upstreams", help=argparse.SUPPRESS)
     ap.add_argument("--serve-responders", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_upstreams:
-        serve_upstreams([int(p) for p in args.serve_upstreams.split(",")])
+        serve_upstreams(
+            [int(p) for p in args.serve_upstreams.split(",")], args.chunks, args.chunk_interval_ms
+        )
         return
     if args.serve_responders:
         url, ports_arg = args.serve_responders
         serve_responders(url, [int(p) for p in ports_arg.split(",")])
         return
     concurrencies = [int(c) for c in args.concurrency.split(",")]
+    STREAM_CHUNKS[0] = args.chunks
+    STREAM_MODE[0] = f"stream-{args.chunks}"
+    if args.chunk_interval_ms:
+        MODES[:] = [True]
+        STREAM_MODE[0] += f"@{args.chunk_interval_ms:g}ms"
+    pace = ["--chunks", str(args.chunks), "--chunk-interval-ms", str(args.chunk_interval_ms)]
     ports = [free_port(), free_port()]
     up_urls = [f"http://127.0.0.1:{p}" for p in ports]
     rows: list[Row] = []
@@ -518,7 +565,7 @@ def main() -> None:
     nice = ["nice", "-n", str(args.router_nice)] if args.router_nice else []
     with (
         process(
-            [py, __file__, "--serve-upstreams", ",".join(map(str, ports))], up_urls[0] + "/health"
+            [py, __file__, "--serve-upstreams", ",".join(map(str, ports)), *pace], up_urls[0] + "/health"
         ) as ups,
         tempfile.TemporaryDirectory() as tmp,
     ):
@@ -546,11 +593,11 @@ def main() -> None:
                 target = base if procs == 1 else f"{base}-p{procs}"
                 measure_serve(target, transport, procs, fleet, nice, concurrencies, args.requests, rows)
 
-        if not args.skip_sglang and importlib.util.find_spec("sglang_router") is not None:
+        if not args.skip_sglang and has_sglang(args.sglang_python):
             port = free_port()
             argv = [
                 *nice,
-                py,
+                args.sglang_python,
                 "-m",
                 "sglang_router.launch_router",
                 "--host",
@@ -565,7 +612,11 @@ def main() -> None:
                 url = f"http://127.0.0.1:{port}/v1/chat/completions"
                 measure("sglang-router", [url], proc.pid, concurrencies, args.requests, rows)
         elif not args.skip_sglang:
-            print("sglang-router is not installed (uv pip install sglang-router): skipped", file=sys.stderr)
+            print(
+                f"sglang-router is not importable from {args.sglang_python} (uv pip install sglang-router):"
+                " skipped",
+                file=sys.stderr,
+            )
     print(table(rows))
 
 
