@@ -50,22 +50,6 @@ def _dp_record(sim: Any) -> WorkerRecord:
     )
 
 
-def _plain_record(sim: Any) -> WorkerRecord:
-    return WorkerRecord(
-        worker_id="plain",
-        url=sim.url,
-        model=MODEL,
-        engine="sim",
-        kv_events=KvEventsInfo(
-            endpoint=sim.kv_events_endpoint,
-            replay_endpoint=sim.replay_endpoint,
-            format="vllm",
-            block_size=BS,
-            fingerprint=FINGERPRINT,
-        ),
-    )
-
-
 @pytest.fixture
 def sims() -> Iterator[tuple[Any, Any]]:
     with ExitStack() as stack:
@@ -104,7 +88,7 @@ async def test_prefix_cached_on_rank_1_routes_there_with_the_rank_header(sims: t
         settings_for(router_policy="kv-aware"), hooks, kv=KvRouting(hooks.catalog(), KvSettings())
     ) as srv:
         srv.store.put(_dp_record(dp))
-        srv.store.put(_plain_record(plain))
+        srv.store.put(plain.record("plain"))
         await srv.wait_workers(2)
         async with httpx.AsyncClient(timeout=20) as client:
             # warm rank 1 of the DP server with one prefix and rank 0 with another, straight at the engine
