@@ -14,7 +14,7 @@ from infera_sim.engine import SimEngine
 from infera_sim.kvcache import KvCache, block_hashes
 from infera_sim.metrics import parse_gauges
 from infera_sim.request import SimRequest
-from infera_sim.testing import start_sim
+from infera_sim.testing import run_requests, start_sim, ttft
 from infera_sim.tokenizer import SimTokenizer
 
 from infera_core.kv.decode import MsgpackEventDecoder
@@ -26,24 +26,6 @@ BS = 16
 def _prompt(seed: int, blocks: int) -> list[int]:
     """``blocks`` full blocks and one token more (the last token is always computed)."""
     return [1, *range(1000 * seed, 1000 * seed + blocks * BS)]
-
-
-async def _serve(engine: SimEngine, reqs: list[SimRequest]) -> None:
-    """Run ``reqs`` one after another to completion on ``engine``."""
-    task = asyncio.get_running_loop().create_task(engine.run())
-    try:
-        for r in reqs:
-            engine.add(r)
-            while not r.done:
-                await r.wake.wait()
-                r.wake.clear()
-    finally:
-        task.cancel()
-
-
-def _ttft(r: SimRequest) -> float:
-    assert r.first_token_at is not None
-    return r.first_token_at - r.arrival
 
 
 def _engine(events: list[KvEvent], **kw: float) -> SimEngine:
@@ -70,7 +52,7 @@ def test_evicted_blocks_move_to_cpu_and_a_cpu_hit_loads_them_back() -> None:
     engine = _engine(events)
     a = _prompt(1, 8)
     first, filler, again = SimRequest("a", a, 1), SimRequest("b", _prompt(2, 9), 1), SimRequest("a2", a, 1)
-    asyncio.run(_serve(engine, [first, filler]))
+    asyncio.run(run_requests(engine, [first, filler], one_by_one=True))
     a_hashes = block_hashes(a, BS)
     # the filler needed every GPU block: a's blocks left the GPU and went to the CPU
     assert set(a_hashes) <= set(_by_medium(events, BlockRemoved, "GPU"))
@@ -83,7 +65,7 @@ def test_evicted_blocks_move_to_cpu_and_a_cpu_hit_loads_them_back() -> None:
         assert ev.parent_block_hash == (a_hashes[i - 1] if i else None)
         assert ev.token_ids == a[i * BS : (i + 1) * BS] and ev.block_size == BS
     events.clear()
-    asyncio.run(_serve(engine, [again]))
+    asyncio.run(run_requests(engine, [again], one_by_one=True))
     assert again.num_cached == 8 * BS  # served from the CPU tier, nothing recomputed but the last token
     assert set(_by_medium(events, BlockRemoved, "CPU")) >= set(a_hashes)
     assert set(_by_medium(events, BlockStored, "GPU")) >= set(a_hashes)
@@ -99,13 +81,13 @@ def test_a_cpu_hit_costs_the_transfer_less_than_prefill_more_than_a_gpu_hit() ->
     a = _prompt(1, 8)
     cold, gpu_hit = SimRequest("cold", a, 1), SimRequest("gpu", a, 1)
     filler, cpu_hit = SimRequest("fill", _prompt(2, 9), 1), SimRequest("cpu", a, 1)
-    asyncio.run(_serve(engine, [cold, gpu_hit, filler, cpu_hit]))
+    asyncio.run(run_requests(engine, [cold, gpu_hit, filler, cpu_hit], one_by_one=True))
     assert gpu_hit.num_cached == cpu_hit.num_cached == 8 * BS
     prefill, load, last = 129 / 10_000, 128 / 100_000, 1 / 10_000
-    assert _ttft(cold) == pytest.approx(prefill)
-    assert _ttft(gpu_hit) == pytest.approx(last)
-    assert _ttft(cpu_hit) == pytest.approx(last + load)
-    assert _ttft(gpu_hit) < _ttft(cpu_hit) < _ttft(cold)
+    assert ttft(cold) == pytest.approx(prefill)
+    assert ttft(gpu_hit) == pytest.approx(last)
+    assert ttft(cpu_hit) == pytest.approx(last + load)
+    assert ttft(gpu_hit) < ttft(cpu_hit) < ttft(cold)
 
 
 def test_a_full_cpu_tier_drops_its_least_recently_used_block() -> None:

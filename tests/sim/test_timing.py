@@ -11,7 +11,7 @@ from infera_sim.config import SimConfig
 from infera_sim.engine import SimEngine
 from infera_sim.metrics import parse_gauges
 from infera_sim.request import SimRequest
-from infera_sim.testing import start_sim
+from infera_sim.testing import run_requests, start_sim, ttft
 from infera_sim.tokenizer import SimTokenizer
 
 from infera_core.kv.events import KvEvent
@@ -69,22 +69,7 @@ def test_second_identical_prompt_hits_the_cache_and_starts_sooner() -> None:
 
 async def _run_engine(cfg: SimConfig, reqs: list[SimRequest]) -> None:
     events: list[KvEvent] = []
-    engine = SimEngine(cfg, SimTokenizer(1000), lambda ts, evs: events.extend(evs))
-    task = asyncio.get_running_loop().create_task(engine.run())
-    try:
-        for r in reqs:
-            engine.add(r)
-        for r in reqs:
-            while not r.done:
-                await r.wake.wait()
-                r.wake.clear()
-    finally:
-        task.cancel()
-
-
-def _ttft(r: SimRequest) -> float:
-    assert r.first_token_at is not None
-    return r.first_token_at - r.arrival
+    await run_requests(SimEngine(cfg, SimTokenizer(1000), lambda ts, evs: events.extend(evs)), reqs)
 
 
 def test_max_num_seqs_queues_requests() -> None:
@@ -94,9 +79,9 @@ def test_max_num_seqs_queues_requests() -> None:
     reqs = [SimRequest(f"r{i}", [1, *range(100 + 200 * i, 300 + 200 * i)], 10) for i in range(3)]
     asyncio.run(_run_engine(cfg, reqs))
     one_request = 9 * 0.010  # nine decode steps after the first token
-    assert _ttft(reqs[0]) < 0.01
-    assert _ttft(reqs[1]) >= one_request
-    assert _ttft(reqs[2]) >= 2 * one_request
+    assert ttft(reqs[0]) < 0.01
+    assert ttft(reqs[1]) >= one_request
+    assert ttft(reqs[2]) >= 2 * one_request
     assert all(len(r.choices[0].tokens) == 10 for r in reqs)
 
 
@@ -129,7 +114,7 @@ def test_itl_grows_with_running_requests_and_prefill_is_chunked() -> None:
 
     asyncio.run(run())
     assert engine_steps[0] >= 10
-    assert abs(_ttft(long) - 640 / 1e4) < 1e-6
+    assert abs(ttft(long) - 640 / 1e4) < 1e-6
 
 
 def test_outputs_are_deterministic_for_a_seed() -> None:

@@ -21,11 +21,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import httpx
 
 from infera_core.worker import KvEventsInfo, WorkerRecord
+
+if TYPE_CHECKING:
+    from infera_sim.engine import SimEngine
+    from infera_sim.request import SimRequest
 
 READY = "INFERA_SIM_READY "
 
@@ -161,6 +165,35 @@ def _wait_health(handle: SimHandle, timeout: float) -> None:
                 pass
             time.sleep(0.02)
     raise TimeoutError(f"sim at {handle.url} not healthy after {timeout}s")
+
+
+async def run_requests(engine: SimEngine, reqs: list[SimRequest], one_by_one: bool = False) -> None:
+    """Run ``reqs`` to completion on ``engine`` in this event loop (no HTTP): all added at
+    once, or with ``one_by_one`` each once the one before has finished."""
+    import asyncio
+
+    async def done(r: SimRequest) -> None:
+        while not r.done:
+            await r.wake.wait()
+            r.wake.clear()
+
+    task = asyncio.get_running_loop().create_task(engine.run())
+    try:
+        if not one_by_one:
+            for r in reqs:
+                engine.add(r)
+        for r in reqs:
+            if one_by_one:
+                engine.add(r)
+            await done(r)
+    finally:
+        task.cancel()
+
+
+def ttft(r: SimRequest) -> float:
+    """A finished request's simulated time to first token."""
+    assert r.first_token_at is not None
+    return r.first_token_at - r.arrival
 
 
 class KvMirror:
