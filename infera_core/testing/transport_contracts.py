@@ -163,19 +163,25 @@ class RequestTransportContract:
             assert time.monotonic() - t0 < 5
 
     async def test_a_worker_that_is_gone_is_a_retryable_error(self) -> None:
-        async with self.worker() as (engine, ep, client, attached):
+        async with self.worker(first_byte_timeout=3.0) as (engine, ep, client, attached):
             for a in attached:
                 await a.close()
             attached.clear()
             await engine.stop()
-            try:
-                await client.open(ep, "/v1/chat/completions", json.dumps(CHAT).encode())
-            except UpstreamError as exc:
-                # at once (refused, no responders…), not after the first-byte timeout: the cause,
-                # not a wall-clock bound, so a loaded machine cannot make it fail
-                assert not exc.timeout, f"the worker's absence was only seen as a timeout: {exc}"
-            else:
-                raise AssertionError("open() succeeded against a stopped worker")
+            for attempt in (1, 2):
+                try:
+                    await client.open(ep, "/v1/chat/completions", json.dumps(CHAT).encode())
+                except UpstreamError as exc:
+                    if exc.timeout and attempt == 1:
+                        # a message bus may still deliver a request sent the moment the worker
+                        # left (nats-server did, rarely, under load): the next one must not wait
+                        continue
+                    # at once (refused, no responders…), not after the first-byte timeout: the
+                    # cause, not a wall-clock bound, so a loaded machine cannot make it fail
+                    assert not exc.timeout, f"the worker's absence was only seen as a timeout: {exc}"
+                    break
+                else:
+                    raise AssertionError("open() succeeded against a stopped worker")
 
 
 class StandinKvPublisher:
