@@ -78,7 +78,7 @@ class LeaseKeeper:
                     if failing:
                         log.info("etcd: lease keepalives work again (%d leases)", len(self._leases))
                         failing = False
-            except ETCD_ERRORS as exc:  # ConnectionError is an OSError
+            except _STREAM_ERRORS as exc:
                 if not failing:
                     log.warning("etcd: lease keepalive stream failed (%s); retrying", _short(exc))
                 failing = True
@@ -114,6 +114,11 @@ class LeaseKeeper:
         finally:
             self._regranting.discard(old_lease)
         self.rekey(old_lease, reg)
+
+
+_STREAM_ERRORS: tuple[type[BaseException], ...] = (*ETCD_ERRORS, asyncio.InvalidStateError)
+"""What breaks the keepalive stream (ConnectionError is an OSError); InvalidStateError is gRPC's
+"RPC already finished": a write after etcd ended the stream (it went away between two rounds)."""
 
 
 def _short(exc: BaseException) -> str:

@@ -23,6 +23,7 @@ from engine_env import clean_environ
 from infera_core.discovery.base import DiscoverySettings
 from infera_core.discovery.etcd import EtcdDiscovery
 from infera_core.engine_support import metrics_sum
+from infera_core.errors import DiscoveryError
 from infera_core.kv.events import BlockStored, KvEventDecoder
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fixtures import make_hooks
@@ -218,8 +219,12 @@ def serve(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[Callable[..., Ser
 
 
 def etcd_workers(etcd: EtcdServer) -> dict[str, WorkerRecord]:
+    """The workers registered in ``etcd`` now (a fresh client: connecting may take a while
+    while vLLM engines start on the same loaded cores, hence the generous connect timeout)."""
+
     async def read() -> list[WorkerRecord]:
-        discovery = EtcdDiscovery(DiscoverySettings(etcd_endpoints=[etcd.endpoint]))
+        settings = DiscoverySettings(etcd_endpoints=[etcd.endpoint], connect_timeout=30.0)
+        discovery = EtcdDiscovery(settings)
         await discovery.start()
         try:
             return await discovery.list_workers()
@@ -232,7 +237,10 @@ def etcd_workers(etcd: EtcdServer) -> dict[str, WorkerRecord]:
 def wait_registered(etcd: EtcdServer, proc: LauncherProcess, worker_id: str) -> WorkerRecord:
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
-        record = etcd_workers(etcd).get(worker_id)
+        try:
+            record = etcd_workers(etcd).get(worker_id)
+        except DiscoveryError:  # etcd did not answer this time (a starved machine): ask again
+            record = None
         if record is not None:
             return record
         if proc.proc.poll() is not None:
