@@ -34,6 +34,15 @@ class CoalescingTransport:
         else:
             self._t.write(data)
 
+    def write_body(self, data: bytes) -> None:
+        """``write`` for bytes known not to be a header block (a streamed body chunk)."""
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._t.write(held + data)
+        else:
+            self._t.write(data)
+
     def flush(self) -> None:
         held = self._held
         if held is not None:

@@ -51,6 +51,7 @@ class Http1Response:
         "content_type",
         "done",
         "headers",
+        "sink",
         "status",
     )
 
@@ -64,6 +65,9 @@ class Http1Response:
         self.done = False
         self._exc: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self.sink: Callable[[bytes], bool] | None = None
+        """Set by a relay: called with each body chunk while none is buffered before it;
+        True when it took the chunk (it is then not buffered for ``async for``)."""
 
     def header(self, name: str, default: str | None = None) -> str | None:
         """A response header by case-insensitive name."""
@@ -379,6 +383,9 @@ class Http1Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         resp = self.resp
         if resp is None:
+            return
+        sink = resp.sink
+        if sink is not None and not resp._chunks and sink(body):
             return
         resp._chunks.append(body)
         resp._buffered += len(body)

@@ -2,7 +2,9 @@
 
 The client's bytes go to the worker unchanged; the worker's bytes come back
 unchanged (SSE passed through as received with ``iter_any()``, never re-encoded).
-Per chunk the only work is counting ``data: `` and one clock read. A client
+Per chunk the only work is counting ``data: `` and one clock read; with the native
+transport a chunk is written to the client from the worker connection's read callback
+(:mod:`infera_core.server.splice`), without waking the request's task. A client
 disconnect cancels the upstream request; a worker failing mid-stream ends the
 client's stream with an SSE error event.
 """
@@ -10,7 +12,6 @@ client's stream with an SSE error event.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,8 @@ from infera_core.server.asgi import (
 from infera_core.server.core import RouterCore, usage_of
 from infera_core.server.endpoint import ProxyEndpoint
 from infera_core.server.errors import ApiError
+from infera_core.server.http1 import Http1Response
+from infera_core.server.splice import StreamTally
 from infera_core.server.transport import READ_ERRORS, UpstreamResponse
 from infera_core.server.usage import (
     UsageStripper,
@@ -91,31 +94,41 @@ class OpenAIProxy(ProxyEndpoint):
                 "headers": [*SSE_HEADERS, (b"x-infera-worker", worker.encode("latin-1"))],
             }
         )
-        first = last = 0.0
-        events = 0
-        prev = tail = b""
+        tally = StreamTally()
         strip = UsageStripper() if router_added_usage(ctx.body) else None
+        # the native transport hands chunks to the client's transport as they are parsed
+        # (no task wake-up per chunk); what it declines comes through the loop below
+        sink = tally if strip is None and type(resp) is Http1Response and tally.attach(send) else None
         try:
-            async for chunk in resp:
-                if strip is not None:
-                    chunk = strip.feed(chunk)
-                    if not chunk:
-                        continue
-                last = time.perf_counter()
-                if not first:
-                    first = last
-                events += chunk.count(b"data: ")
-                prev, tail = tail, chunk
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if sink is None:
+                async for chunk in resp:
+                    if strip is not None:
+                        chunk = strip.feed(chunk)
+                        if not chunk:
+                            continue
+                    tally.note(chunk)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            else:
+                assert isinstance(resp, Http1Response)
+                resp.sink = sink
+                async for chunk in resp:
+                    resp.sink = None  # until this chunk is out: none may overtake it
+                    tally.note(chunk)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    resp.sink = sink
         except READ_ERRORS as exc:
             log.warning("worker %s failed mid-stream: %r", worker, exc)
             err = ApiError(502, f"Worker {worker} failed mid-stream: {exc!r}", code="upstream_stream_error")
             await send({"type": "http.response.body", "body": err.sse_event(), "more_body": False})
             return False
+        finally:
+            if sink is not None:
+                resp.sink = None  # type: ignore[attr-defined]
         rest = strip.flush() if strip is not None else b""
         await send({"type": "http.response.body", "body": rest, "more_body": False})
+        first, last, events = tally.first, tally.last, tally.events
         if first:
-            end = prev + tail
+            end = tally.prev + tally.tail
             if b"[DONE]" in end:
                 events -= 1
             metrics.stream_timing(model, first - t0, (last - first) / (events - 1) if events > 1 else None)
