@@ -67,6 +67,10 @@ class KvRouting:
     async def stop(self) -> None:
         await self.hub.close()
 
+    async def stop_following(self) -> None:
+        """Stop following KV events before the engines stop (see :meth:`KvHub.stop_following`)."""
+        await self.hub.stop_following()
+
     async def start_transport(self, kind: str) -> None:
         """Start the router side of KV-event transport ``kind`` now (one error line if it cannot)."""
         await self.hub.start_source(kind)

@@ -169,6 +169,7 @@ class KvHub:
         self._ctx: zmq.asyncio.Context | None = None
         self._monitor: asyncio.Task[None] | None = None
         self._closed = False
+        self._following = True
         self.sources = KvSources(catalog, self.settings.kv_replay_timeout_s)
         self.metrics = KvMetrics(self)
         if registry is not None:
@@ -219,6 +220,7 @@ class KvHub:
     async def _start(self) -> None:
         self._ctx = zmq.asyncio.Context()
         self._closed = False
+        self._following = True
         for record in list(self.records.values()):
             self._subscribe(record)
         self._monitor = asyncio.create_task(self._watch_silence(), name="kv-silence-monitor")
@@ -240,6 +242,21 @@ class KvHub:
             self._ctx = None
 
     stop = close
+
+    async def stop_following(self) -> None:
+        """Unsubscribe from every publisher and follow no new one: for an orderly stop of the
+        engines behind this router (their sockets closing then is no lost publisher)."""
+        await self.on_ingest(self._stop_following())
+
+    async def _stop_following(self) -> None:
+        self._following = False
+        tasks = [s.task for subs in self.subs.values() for s in subs if s.task is not None]
+        self.subs.clear()
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
 
     # -- fleet changes --------------------------------------------------------------
     def worker_added(self, record: WorkerRecord) -> None:
@@ -275,7 +292,7 @@ class KvHub:
 
     def _subscribe(self, record: WorkerRecord) -> None:
         kv = record.kv_events
-        if kv is None:
+        if kv is None or not self._following:
             return
         if not self.sources.installed(record.kv_event_transport):
             log.error(

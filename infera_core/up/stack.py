@@ -376,6 +376,11 @@ class Stack:
 
     async def stop(self, drain: bool = True) -> None:
         """Drain and stop every worker, then the server and discovery. Idempotent."""
+        if self.kv is not None and self._server is not None:
+            # the router stops following KV events first: the engines' publishers going away
+            # now is an orderly stop, not a lost publisher (no 'events count as lost' warning)
+            with contextlib.suppress(Exception):
+                await self.kv.stop_following()
         for lc in self.launchers:
             lc.request_drain()
             if not drain:

@@ -185,3 +185,36 @@ async def test_a_message_over_the_size_limit_is_refused_and_its_events_count_as_
 
 def test_the_size_limit_has_a_sane_default() -> None:
     assert KvSettings().kv_max_message_bytes == 16 * 1024 * 1024
+
+
+LOST = "events in between count as lost"
+
+
+async def test_a_publisher_that_goes_away_while_followed_counts_its_events_as_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with publisher() as p:
+        p.pub.close(0)
+        await until(lambda: LOST in caplog.text)
+        assert p.hub.subs["w"][0].drops >= 1
+
+
+async def test_publishers_stopped_after_stop_following_are_no_loss(caplog: pytest.LogCaptureFixture) -> None:
+    """An orderly stop (``up`` / ``bench --compare`` ending) unfollows before the engines go."""
+    async with publisher() as p:
+        await p.hub.stop_following()
+        assert p.hub.subs == {}
+        p.pub.close(0)
+        p.hub.worker_added(  # nor is a worker (re)joining meanwhile followed again
+            WorkerRecord(
+                worker_id="w2",
+                url="http://127.0.0.1:9",
+                model="m",
+                engine="vllm",
+                kv_events=KvEventsInfo(
+                    endpoint=f"tcp://127.0.0.1:{free_port()}", format="vllm", block_size=BS
+                ),
+            )
+        )
+        assert p.hub.subs == {}
+    assert LOST not in caplog.text

@@ -92,6 +92,10 @@ def test_up_serves_then_sigint_stops_everything(up_proc: subprocess.Popen[str]) 
 
     up_proc.send_signal(signal.SIGINT)
     assert up_proc.wait(60) == 0
+    assert up_proc.stderr is not None
+    err = up_proc.stderr.read()
+    assert "stopped" in err
+    assert "count as lost" not in err  # an orderly stop loses no publisher's events
     _, gone_alive = psutil.wait_procs(children, timeout=10)
     assert gone_alive == [], f"left behind: {gone_alive}"
     with socket.socket() as s:  # the server's port is free again
