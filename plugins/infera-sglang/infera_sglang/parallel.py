@@ -8,8 +8,9 @@
   ``--disaggregation-decode-enable-radix-cache`` is set (``server_args.py``), and then publishes
   no KV events. Infera's SGLang workers always publish KV events, so decode workers get the flag
   — except where SGLang refuses the combination (``--disable-radix-cache``, speculative decoding,
-  ``--enable-hisparse``, the ``fake`` transfer backend): there the decode worker keeps SGLang's
-  default and its view stays empty.
+  ``--enable-hisparse``): there the decode worker keeps SGLang's default and its view stays
+  empty. (SGLang's ``fake`` transfer backend, which refuses it too, is refused by the transfer
+  plan before this runs: ``--transfer-backend fake`` is no Infera transfer backend.)
 """
 
 from __future__ import annotations
@@ -47,15 +48,12 @@ def parallel_flags(ctx: LaunchContext, dp: int) -> list[str]:
     return flags
 
 
-def decode_radix_flags(ctx: LaunchContext, transfer_backend: str | None = None) -> list[str]:
+def decode_radix_flags(ctx: LaunchContext) -> list[str]:
     """``--disaggregation-decode-enable-radix-cache`` for a decode worker (its KV events), unless
     the user set it already or gave a flag SGLang refuses it with."""
     if ctx.role is not Role.DECODE:
         return []
     names = {arg.split("=", 1)[0] for arg in ctx.engine_args}
     if DECODE_RADIX_FLAG in names or names.intersection(RADIX_INCOMPATIBLE):
-        return []
-    backend = transfer_backend or str(ctx.options.get("transfer_backend") or "")
-    if backend == "fake":
         return []
     return [DECODE_RADIX_FLAG]
