@@ -24,7 +24,6 @@ from infera_core.discovery.base import DiscoverySettings
 from infera_core.discovery.etcd import EtcdDiscovery
 from infera_core.testing.etcd import EtcdServer, etcd_binary
 from infera_core.testing.net import free_port
-from infera_core.worker import KvEventsInfo, WorkerRecord
 
 sim_testing = pytest.importorskip("infera_sim.testing")
 
@@ -34,22 +33,6 @@ MODEL = "sim-model"
 BS = 16
 INFERA_RUN = str(Path(sys.executable).with_name("infera-run"))
 CLOSE = {"connection": "close"}
-
-
-def _record(i: int, sim: Any) -> WorkerRecord:
-    return WorkerRecord(
-        worker_id=f"sim-{i}",
-        url=sim.url,
-        model=MODEL,
-        engine="sim",
-        kv_events=KvEventsInfo(
-            endpoint=sim.kv_events_endpoint,
-            replay_endpoint=sim.replay_endpoint,
-            format="vllm",
-            block_size=BS,
-            fingerprint="infera-sim-v1:vocab=32000",
-        ),
-    )
 
 
 class Stack:
@@ -108,7 +91,7 @@ async def stack(*serve_args: str, processes: int = 2, **sim_flags: Any) -> Async
             await disc.start()
             stack.push_async_callback(disc.close)
             for i, sim in enumerate(sims):
-                reg = await disc.register(_record(i, sim))
+                reg = await disc.register(sim.record(f"sim-{i}"))
                 stack.push_async_callback(reg.deregister)
             port = free_port()
             argv = [INFERA_RUN, "serve", "--port", str(port), "--etcd-endpoint", etcd.endpoint]
@@ -320,7 +303,7 @@ async def test_kv_ingest_runs_off_the_proxying_loop() -> None:
     kv = KvRouting(hooks.catalog(), KvSettings())
     with sim_testing.start_sim(block_size=BS) as sim:
         async with serving(settings_for(router_policy="kv-aware"), hooks, kv=kv) as srv:
-            srv.store.put(_record(0, sim))
+            srv.store.put(sim.record("sim-0"))
             await srv.wait_workers(1)
             loop = kv.hub._loop
             assert loop is not None and loop is not asyncio.get_running_loop()
