@@ -509,6 +509,39 @@ def test_a_plugin_adds_a_connector_and_amends_the_builtin_ones() -> None:
     assert plugin.amended == [("prefill", "p2p"), ("decode", "p2p"), ("decode", "nixl"), ("mixed", None)]
 
 
+class Unspelled(P2pConnector):
+    """A plugin's connector with no vLLM class name of its own (native=())."""
+
+    name = "unspelled"
+    native = ()
+
+
+def test_offloading_with_a_plugin_connector_that_has_no_vllm_class_is_one_line() -> None:
+    class Plugin:
+        @hookimpl
+        def infera_register_transfer_connectors(self, registry: TransferConnectorRegistry) -> None:
+            registry.add(Unspelled())
+
+    hooks = make_hooks(("unspelled", Plugin()))
+    c = ctx(Role.DECODE, pd_connector="unspelled")
+    c.hooks = hooks
+    assert transfer_plan(c).connector == "unspelled"  # without offloading it runs as the plugin says
+    for option, value, flag in (
+        ("kv_offloading_size", 8, "--kv-offloading-size"),
+        ("lmcache_config", "/etc/lmcache.yaml", "--lmcache-config"),
+    ):
+        c = ctx(Role.DECODE, pd_connector="unspelled", **{option: value})
+        c.hooks = hooks
+        # not a MultiConnector with NixlConnector as the PD child (the plugin's choice lost)
+        with pytest.raises(EngineError, match=rf"^--pd-connector unspelled with {flag}: .* drop {flag}"):
+            VllmAdapter().engine_flags(c)
+    # an unknown --pd-connector is refused with offloading too (not silently NIXL)
+    c = ctx(Role.PREFILL, pd_connector="nope", kv_offloading_size=8)
+    c.hooks = hooks
+    with pytest.raises(EngineError, match=r"^--pd-connector nope: vllm knows .*unspelled"):
+        VllmAdapter().engine_flags(c)
+
+
 def test_a_connector_name_registered_twice_names_both_plugins() -> None:
     class Again:
         @hookimpl

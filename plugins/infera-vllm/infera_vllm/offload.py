@@ -129,12 +129,16 @@ def _child(ctx: LaunchContext, size: float | None, backend: str | None) -> dict[
 
 
 def plan_offload(
-    ctx: LaunchContext, config: Mapping[str, Any], pd_connector: str = "NixlConnector"
+    ctx: LaunchContext,
+    config: Mapping[str, Any],
+    pd_connector: str | None = "NixlConnector",
+    pd_name: str = "nixl",
 ) -> OffloadPlan:
     """Offloading applied to ``config``, the user's ``--kv-transfer-config`` (``{}`` for none).
 
     ``pd_connector``: the PD connector's vLLM name (prefill/decode workers whose config
-    names none: the one ``--pd-connector`` picks).
+    names none: the one ``--pd-connector`` picks); None when that connector (``pd_name``, a
+    plugin's) has no vLLM class to put in a MultiConnector: offloading there is one error line.
     """
     size = _size(ctx)
     backend = _backend(ctx, size)
@@ -150,7 +154,14 @@ def plan_offload(
         return OffloadPlan(config)
     named = config.get("kv_connector")
     if ctx.role is not Role.MIXED:
-        return OffloadPlan(_compose(config, _child(ctx, size, backend), pd_connector), env=env)
+        if pd_connector is None and named is None:
+            flag = "--lmcache-config" if lmcache_file is not None else "--kv-offloading-size"
+            raise EngineError(
+                f"--pd-connector {pd_name} with {flag}: offloading on a prefill/decode worker runs in a "
+                f"vLLM MultiConnector beside the PD connector, and {pd_name} (a plugin's) names no vLLM "
+                f"kv_connector class for it; drop {flag}, or have its plugin list its class in native"
+            )
+        return OffloadPlan(_compose(config, _child(ctx, size, backend), pd_connector or ""), env=env)
     if lmcache_file is not None:
         if named not in (None, LMCACHE_V1):
             raise _replaced(str(named), "--lmcache-config")

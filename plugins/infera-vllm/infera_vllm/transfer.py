@@ -22,6 +22,7 @@ from infera_core.transfer import (
     check_one_sided_mixed,
     connectors_for,
     extra_config,
+    find_connector,
     one_pd_child,
     parse_user_config,
     resolve_plan,
@@ -236,11 +237,13 @@ def transfer_plan(ctx: LaunchContext) -> TransferPlan:
         return ctx.kv_transfer
     user = parse_user_config(ctx.options.get("kv_transfer_config"))
     chosen = str(ctx.options.get("pd_connector") or "nixl")
-    pd_native = connectors_for(ctx, ENGINE, BUILTIN).get(chosen)
-    # a plugin's connector may have no vLLM spelling of its own (native=()): NIXL's class then
-    offloading = plan_offload(
-        ctx, user, pd_native.native[0] if pd_native is not None and pd_native.native else "NixlConnector"
-    )
+    pd_class: str | None = "NixlConnector"
+    if ctx.role is not Role.MIXED and user.get("kv_connector") is None:
+        # the PD child offloading would compose with: an unknown --pd-connector is one line here,
+        # a plugin's connector without a vLLM class of its own (native=()) has none (None)
+        pd = find_connector(connectors_for(ctx, ENGINE, BUILTIN), ENGINE, native=None, chosen=chosen)
+        pd_class = pd.native[0] if pd.native else None
+    offloading = plan_offload(ctx, user, pd_class, pd_name=chosen)
     user = offloading.config
     mixed = None
     if ctx.role is Role.MIXED:
