@@ -51,7 +51,7 @@ from infera_core.kv.settings import KvSettings
 from infera_core.kv.sources import KvSources
 from infera_core.kv.zmq_sub import close_monitored, open_sub, redial, replay
 from infera_core.transports import ZMQ, KvEventSource
-from infera_core.worker import WorkerRecord
+from infera_core.worker import Status, WorkerRecord
 
 log = logging.getLogger("infera.kv.hub")
 
@@ -388,13 +388,20 @@ class KvHub:
 
     def _dropped(self, sub: Subscription) -> None:
         sub.drops += 1
-        log.warning(
-            "worker %s: KV publisher connection %s dropped (a message over --kv-max-message-bytes %d,"
-            " or the publisher went away): reconnecting; events in between count as lost",
-            sub.record.worker_id,
-            sub.endpoint,
-            self.settings.kv_max_message_bytes,
-        )
+        if sub.record.status == Status.DRAINING:  # a worker stopping in order: its engine goes next
+            log.info(
+                "worker %s: KV publisher connection %s closed while the worker drains",
+                sub.record.worker_id,
+                sub.endpoint,
+            )
+        else:
+            log.warning(
+                "worker %s: KV publisher connection %s dropped (a message over --kv-max-message-bytes %d,"
+                " or the publisher went away): reconnecting; events in between count as lost",
+                sub.record.worker_id,
+                sub.endpoint,
+                self.settings.kv_max_message_bytes,
+            )
         kv = sub.record.kv_events
         if kv is not None and not kv.seq_frames:  # no seq: what was lost cannot be told or replayed
             self._clear(sub, stale=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -23,7 +24,7 @@ from infera_core.kv.events import BlockStored, KvEventBatch
 from infera_core.kv.hub import KvHub
 from infera_core.kv.settings import KvSettings
 from infera_core.testing.net import free_port
-from infera_core.worker import KvEventsInfo, WorkerRecord
+from infera_core.worker import KvEventsInfo, Status, WorkerRecord
 
 BS = 16
 TOPIC = b"kv-events"
@@ -217,4 +218,19 @@ async def test_publishers_stopped_after_stop_following_are_no_loss(caplog: pytes
             )
         )
         assert p.hub.subs == {}
+    assert LOST not in caplog.text
+
+
+async def test_a_publisher_that_goes_away_while_its_worker_drains_is_no_loss(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker stopping in order (``worker`` on SIGTERM, seen by a router elsewhere) publishes
+    ``draining`` before its engine stops: the socket closing then is expected, not a warning."""
+    caplog.set_level(logging.INFO, logger="infera.kv.hub")
+    async with publisher() as p:
+        record = p.hub.records["w"]
+        p.hub.worker_added(record.model_copy(update={"status": Status.DRAINING}))
+        p.pub.close(0)
+        await until(lambda: p.hub.subs["w"][0].drops >= 1)
+        assert "closed while the worker drains" in caplog.text
     assert LOST not in caplog.text
