@@ -6,8 +6,11 @@ own snapshot of ``metrics``, ``workers``, ``stats``, ``usage`` or ``process``. T
 client reaches for ``/metrics``, ``/v1/workers``, ``/v1/admin/stats``, ``/v1/admin/usage``
 asks every sibling at that moment and merges (:mod:`infera_core.server.aggregate`), so any
 process gives the whole router's figures and nothing is shared on the proxying path. A
-sibling that does not answer within ``timeout`` (restarting) is left out, and
-``infera_server_processes_reporting`` says so. Those routes carry ``x-infera-process``
+sibling that does not answer within ``timeout`` is left out, and
+``infera_server_processes_reporting`` says so. A restarting sibling refuses the connection at
+once; the timeout (5 s) is for a live one that is slow to be scheduled on a loaded machine
+(at 2 s, ``/metrics`` on a 2-core box at load 10 sometimes left one out), and stays under
+Prometheus' default 10 s scrape timeout. Those routes carry ``x-infera-process``
 (which process answered); ``GET /v1/admin/processes`` lists each process's own figures.
 
 API-key budgets are the one thing the processes share on the request path
@@ -69,7 +72,7 @@ class Peers:
         index: int,
         count: int,
         directory: str | Path,
-        timeout: float = 2.0,
+        timeout: float = 5.0,
         budgets: SharedBudgets | None = None,
     ) -> None:
         self.index = index
