@@ -70,6 +70,8 @@ class StreamTally:
         True when written to the client."""
         if self._flow.write_paused or self._cycle.disconnected:
             return False
+        if not chunk:  # framed, an empty chunk would be the terminating one ("0\r\n\r\n")
+            return True
         out = self._out
         assert out is not None
         try:
