@@ -17,7 +17,11 @@ TRACE = Path("/work/shared/workloads/mooncake_synthetic_trace.jsonl")
 @pytest.mark.skipif(not TRACE.exists(), reason=f"the Mooncake trace is not at {TRACE}")
 def test_live_replay_reports_every_router_and_kv_aware_finds_more_cached_tokens() -> None:
     script = str(ROOT / "bench" / "saturation_live.py")
-    args = ["--rows", "100", "--sims", "2", "--speedup", "10", "--sim-speedup", "1", "--trace", str(TRACE)]
+    # light load (0.2x the fleet's prefill rate) over rows that reuse prefixes: a shared prefix
+    # is cached and its KV events are in before the next request for it, however loaded the
+    # machine (at load 0.99, 100 rows of little reuse, the gap fell within noise under CI
+    # contention: hit 0.036 vs 0.029)
+    args = ["--rows", "200", "--sims", "2", "--speedup", "3", "--sim-speedup", "1", "--trace", str(TRACE)]
     # the dev venv has no sglang-router: that router is reported as skipped, the others run
     args += ["--routers", "kv-aware,round-robin,sglang-cache-aware", "--sglang-python", sys.executable]
     proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=300)
@@ -35,3 +39,4 @@ def test_live_replay_reports_every_router_and_kv_aware_finds_more_cached_tokens(
     assert 0 < kv[0] <= kv[1] <= kv[2], proc.stdout
     # the sims' own counters: kv-aware sends shared prefixes to the sim that holds them
     assert kv[3] > 1.25 * rr[3] > 0, proc.stdout
+    assert kv[4] >= 0.8, proc.stdout  # near the pooled-LRU bound (1.00 measured; round-robin 0.54)
