@@ -19,7 +19,6 @@ The frames are shaped as the two sources build them (checked against their code)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -33,16 +32,6 @@ from infera_core.kv.index import TIER_CPU, TIER_GPU, KvIndex, WorkerView
 BS = 16
 NATIVE = accel.native_ops()
 PROMPT = list(range(7000, 7000 + 512))
-
-
-@pytest.fixture(params=["python", "native"])
-def how(request: pytest.FixtureRequest) -> Iterator[str]:
-    if request.param == "native":
-        assert NATIVE is not None, "infera-kv-native is not built (it needs a C compiler when installed)"
-    before = accel.ops
-    accel.ops = NATIVE if request.param == "native" else accel.PYTHON  # type: ignore[assignment]
-    yield request.param
-    accel.ops = before
 
 
 def lmcache_store(tokens: list[int], chunk: int, skip: int = 0, first_hash: int = 11) -> bytes:
@@ -68,11 +57,11 @@ def lmcache_store(tokens: list[int], chunk: int, skip: int = 0, first_hash: int 
     return msgspec.msgpack.encode([1.0, events, None])
 
 
-def _index(how: str, payloads: list[bytes], block_size: int = BS) -> tuple[KvIndex, WorkerView]:
+def _index(ingest: str, payloads: list[bytes], block_size: int = BS) -> tuple[KvIndex, WorkerView]:
     index = KvIndex()
     view = index.add_view("w", None, block_size)
     for seq, payload in enumerate(payloads):
-        if how == "native":
+        if ingest == "native":
             assert index.apply_payload(view, payload, seq) is not None
         else:
             index.apply(view, MsgpackEventDecoder().decode_raw(payload), seq)
@@ -83,36 +72,38 @@ def _score(index: KvIndex, view: WorkerView, tokens: list[int]) -> float:
     return float(index.match(index.hash_prompt(tokens, view.block_size), [view], (1.0, 0.5, 0.25))[0])
 
 
-def test_chunks_of_the_workers_block_size_are_credited_on_the_cpu_tier(how: str) -> None:
+def test_chunks_of_the_workers_block_size_are_credited_on_the_cpu_tier(ingest: str) -> None:
     """LMCache ``chunk_size`` = the worker's block size: each chunk is one block, chained."""
     tokens = PROMPT[: 4 * BS]
-    index, view = _index(how, [lmcache_store(tokens, BS)])
+    index, view = _index(ingest, [lmcache_store(tokens, BS)])
     assert (len(view.held(TIER_GPU)), len(view.held(TIER_CPU))) == (0, 4)
     assert _score(index, view, tokens) == 4 * 0.5
     assert view.bad_block_size == view.unknown_parent == 0
 
 
-def test_default_256_token_chunks_are_not_indexed_and_are_counted(how: str) -> None:
+def test_default_256_token_chunks_are_not_indexed_and_are_counted(ingest: str) -> None:
     """LMCache's default chunk (256 tokens) on a 16-token-block worker: one hash for 16 router
     blocks; counted as a block size mismatch (logged once), never credited."""
-    index, view = _index(how, [lmcache_store(PROMPT, 256)])
+    index, view = _index(ingest, [lmcache_store(PROMPT, 256)])
     assert view.block_count() == 0 and view.bad_block_size == 2
     assert _score(index, view, PROMPT) == 0
 
 
-def test_a_store_that_skips_leading_tokens_names_parent_0_and_is_not_indexed(how: str) -> None:
+def test_a_store_that_skips_leading_tokens_names_parent_0_and_is_not_indexed(ingest: str) -> None:
     """A second ``store`` for the same prompt (chunked prefill, or a prefix LMCache already had)
     starts mid-prompt: its first chunk's parent is LMCache's initial ``prev_key`` 0, which no
     event ever stored, so the chain (and every chunk after it) cannot be placed."""
     tokens = PROMPT[: 4 * BS]
-    index, view = _index(how, [lmcache_store(tokens[: 2 * BS], BS), lmcache_store(tokens, BS, skip=2 * BS)])
+    index, view = _index(
+        ingest, [lmcache_store(tokens[: 2 * BS], BS), lmcache_store(tokens, BS, skip=2 * BS)]
+    )
     assert len(view.held(TIER_CPU)) == 2 and view.unknown_parent == 2
     assert _score(index, view, tokens) == 2 * 0.5
 
 
-def test_a_partial_last_chunk_is_a_block_size_mismatch(how: str) -> None:
+def test_a_partial_last_chunk_is_a_block_size_mismatch(ingest: str) -> None:
     tokens = PROMPT[: 2 * BS + 5]
-    _, view = _index(how, [lmcache_store(tokens, BS)])
+    _, view = _index(ingest, [lmcache_store(tokens, BS)])
     assert len(view.held(TIER_CPU)) == 2 and view.bad_block_size == 1
 
 

@@ -16,7 +16,6 @@ Frames are shaped as each engine's publisher sends them (msgpack ``[ts, events, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -45,16 +44,6 @@ ENGINE_MEDIA = {
     "STORAGE": TIER_DISK,  # vLLM offloading storage
     "REMOTE": TIER_DISK,  # ATOM: blocks a PD decode received
 }
-
-
-@pytest.fixture(params=["python", "native"])
-def ingest(request: pytest.FixtureRequest) -> Iterator[str]:
-    if request.param == "native":
-        assert NATIVE is not None, "infera-kv-native is not built (it needs a C compiler when installed)"
-    before = accel.ops
-    accel.ops = NATIVE if request.param == "native" else accel.PYTHON  # type: ignore[assignment]
-    yield request.param
-    accel.ops = before
 
 
 def _apply(index: KvIndex, view: WorkerView, payload: bytes, seq: int, how: str) -> None:
