@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
+from infera_core.scheduling.dp import DP_RANK_HEADER
 from infera_core.worker import WorkerRecord
 
 
@@ -146,10 +147,6 @@ def prefill_transfer_params(
     if not isinstance(params, dict):
         raise PdLegError(f"prefill worker {prefill.worker_id} returned no kv_transfer_params ({hint})")
     return params
-
-
-DP_RANK_HEADER = "X-Data-Parallel-Rank"
-"""The header naming the DP rank a leg is steered to (SGLang reads it; :mod:`infera_core.scheduling.dp`)."""
 
 
 def leg_headers(ctx: PdContext, rank: int | None = None) -> dict[str, str]:

@@ -123,6 +123,22 @@ def raw_header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+class EchoHeader:
+    """A ``send`` that adds one header to the response start; ``inner`` is the server's own
+    ``send`` (the stream relay writes around it once the response started)."""
+
+    __slots__ = ("header", "inner")
+
+    def __init__(self, inner: Send, name: bytes, value: bytes) -> None:
+        self.inner = inner
+        self.header = (name, value)
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), self.header]
+        await self.inner(message)
+
+
 async def send_bytes(
     send: Send,
     status: int,

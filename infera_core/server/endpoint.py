@@ -18,7 +18,7 @@ from infera_core.server.asgi import (
     CLIENT_CLOSING,
     ON_DISCONNECT,
     ClientGone,
-    Message,
+    EchoHeader,
     Receive,
     Scope,
     Send,
@@ -77,7 +77,7 @@ class ProxyEndpoint:
             elif name == b"x-request-id" and client_rid is None:
                 client_rid = value.decode("latin-1")
         if client_rid is not None:
-            send = _echo_request_id(send, client_rid.encode("latin-1"))
+            send = EchoHeader(send, b"x-request-id", client_rid.encode("latin-1"))
         try:
             auth = self.auth
             principal = auth.authenticate(scope) if auth is not None else None
@@ -137,17 +137,6 @@ class ProxyEndpoint:
         self.core.metrics.usage(ctx.model, prompt, completion)
         if self.auth is not None and ctx.principal is not None:
             self.auth.spent(ctx.principal, ctx.model, prompt, completion)
-
-
-def _echo_request_id(send: Send, value: bytes) -> Send:
-    """``send`` that adds the client's ``x-request-id`` to the response headers."""
-
-    async def echo(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            message["headers"] = [*message.get("headers", ()), (b"x-request-id", value)]
-        await send(message)
-
-    return echo
 
 
 async def _left_meanwhile(scope: Scope) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+from infera_core.server.asgi import EchoHeader
 from infera_core.server.coalesce import CoalescingTransport
 
 _clock = time.perf_counter
@@ -53,7 +54,10 @@ class StreamTally:
     def attach(self, send: Any) -> bool:
         """Write chunks straight to the client when ``send`` is the server's own (uvicorn's
         cycle on :class:`~infera_core.server.protocol.InferaHttpProtocol`) and the response
-        it started is chunked. False: not possible here (the relay sends every chunk)."""
+        it started is chunked (also behind :class:`~infera_core.server.asgi.EchoHeader`, which
+        only touches the response start). False: not possible here (the relay sends every chunk)."""
+        if type(send) is EchoHeader:
+            send = send.inner
         cycle = getattr(send, "__self__", None)
         if type(cycle) is not RequestResponseCycle:
             return False

@@ -1,6 +1,7 @@
 """Streams relayed from the worker connection's read callback (infera_core.server.splice):
 every chunk arrives once and in order, also when the client stops reading for a while
-(its transport pauses, the relay task takes over, then hands back)."""
+(its transport pauses, the relay task takes over, then hands back), and a client's
+``x-request-id`` (echoed on the response) keeps a stream on that path."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import json
 import socket
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 
+from infera_core.server.splice import StreamTally
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import serving, settings_for, until
 from infera_core.worker import WorkerRecord
@@ -28,7 +31,8 @@ def _event(i: int) -> bytes:
 class BurstUpstream:
     """Streams ``EVENTS`` numbered events (~20 MB: more than the kernel buffers on the way hold) as fast as the router takes them."""
 
-    def __init__(self) -> None:
+    def __init__(self, events: int = EVENTS) -> None:
+        self.events = events
         self.writer: asyncio.StreamWriter | None = None
         self.server: asyncio.Server | None = None
         self.port = 0
@@ -45,7 +49,7 @@ class BurstUpstream:
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
         )
-        for i in range(EVENTS):
+        for i in range(self.events):
             ev = _event(i)
             writer.write(b"%x\r\n%b\r\n" % (len(ev), ev))
             if i % 50 == 0:
@@ -118,3 +122,34 @@ async def test_a_stream_the_client_stalls_arrives_whole_and_in_order(
     assert events[-1] == b"data: [DONE]"
     numbers = [int(json.loads(e[6:])["choices"][0]["delta"]["content"].split()[0]) for e in events[:-1]]
     assert numbers == list(range(EVENTS))
+
+
+@pytest.mark.parametrize("request_id", [None, "trace-7"])
+async def test_a_stream_is_written_from_the_read_callback_with_or_without_a_request_id(
+    request_id: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    attached: list[bool] = []
+    attach = StreamTally.attach
+
+    def recording(self: StreamTally, send: object) -> bool:
+        attached.append(attach(self, send))
+        return attached[-1]
+
+    monkeypatch.setattr(StreamTally, "attach", recording)
+    headers = {"x-request-id": request_id} if request_id else {}
+    async with (
+        BurstUpstream(events=50) as up,
+        serving(settings_for(), make_hooks()) as srv,
+    ):
+        srv.store.put(
+            WorkerRecord(worker_id="b0", url=f"http://127.0.0.1:{up.port}", model="m", engine="fake")
+        )
+        await srv.wait_workers(1)
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as c:
+            body = {"model": "m", "prompt": "hi", "stream": True}
+            r = await c.post("/v1/completions", json=body, headers=headers)
+    assert r.status_code == 200
+    assert r.headers.get("x-request-id") == request_id  # echoed when sent
+    events = [e for e in r.text.split("\n\n") if e]
+    assert len(events) == 51 and events[-1] == "data: [DONE]"
+    assert attached == [True]  # the relay handed the stream to the read callback
