@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
+    from infera_core.scheduling.shared_load import SharedLoad
     from infera_core.scheduling.types import Endpoint
 
 Rows = npt.NDArray[np.int64]
@@ -42,10 +43,12 @@ class EndpointArrays:
         "fill",
         "generation",
         "in_flight",
+        "load_slot",
         "prompt_tokens",
         "recent",
         "recent_ts",
         "recent_writes",
+        "shared",
         "size",
         "waiting",
     )
@@ -58,6 +61,11 @@ class EndpointArrays:
         self.waiting = np.zeros(capacity, np.float64)
         self.fill = np.zeros(capacity, np.float64)
         """Prompt tokens sent to the worker that its cache did not hold (``cache-fill``, scaled)."""
+        self.load_slot = np.full(capacity, -1, np.int64)
+        """The endpoint's slot in :attr:`shared` (-1: none)."""
+        self.shared: SharedLoad | None = None
+        """Requests in flight counted with the sibling processes (``serve --processes N`` with
+        ``--max-inflight-per-worker``); None: this process's own counts are the router's."""
         self.recent_writes = 0
         """Counts writes to ``recent``/``recent_ts`` (what is derived from them is cached)."""
         self.size = 0
@@ -77,6 +85,9 @@ class EndpointArrays:
                 new = np.zeros(n, old.dtype)
                 new[:row] = old
                 setattr(self, name, new)
+            slots = np.full(n, -1, np.int64)
+            slots[:row] = self.load_slot
+            self.load_slot = slots
         self.size = row + 1
         return row
 
@@ -87,6 +98,7 @@ class EndpointArrays:
         self.recent_ts[row] = 0.0
         self.waiting[row] = 0.0
         self.fill[row] = 0.0
+        self.load_slot[row] = -1
         self.recent_writes += 1
         self._free.append(row)
         self.generation += 1

@@ -53,11 +53,23 @@ Observer = Callable[[str, float], None]
 
 
 def under_cap(candidates: list[Endpoint], cap: int) -> list[Endpoint]:
-    """The candidates with fewer than ``cap`` requests in flight (over the arrays when many)."""
+    """The candidates with fewer than ``cap`` requests in flight (over the arrays when many):
+    the router's count when the processes share one (:mod:`~infera_core.scheduling.shared_load`)."""
+    arrays = state()
+    shared = arrays.shared
     if len(candidates) < ARRAY_MIN:
-        return [ep for ep in candidates if ep.in_flight < cap]
+        if shared is None:
+            return [ep for ep in candidates if ep.in_flight < cap]
+        q, n = shared.q, shared.processes
+        first = -shared.index  # ep.load_word is this process's count: the slot's counts start there - index
+        return [
+            ep
+            for ep in candidates
+            if (ep.in_flight if (w := ep.load_word + first) < 0 else sum(q[w : w + n])) < cap
+        ]
     cands = candidates if type(candidates) is Candidates else Candidates(candidates)
-    keep = state().in_flight[cands.rows] < cap
+    rows = cands.rows
+    keep = (arrays.in_flight[rows] if shared is None else shared.in_flight_rows(arrays, rows)) < cap
     return cands.subset(keep) if keep.any() else []
 
 

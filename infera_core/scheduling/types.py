@@ -56,6 +56,21 @@ class _Column(Generic[T]):
             _arrays.state().recent_writes += 1
 
 
+class _InFlight(_Column[int]):
+    """``Endpoint.in_flight``: also stored as this process's count in the router-wide table
+    (:mod:`infera_core.scheduling.shared_load`) when the endpoint has a word there."""
+
+    __slots__ = ()
+
+    def __set__(self, obj: Endpoint, value: int) -> None:
+        state = _arrays._STATE
+        assert state is not None
+        state.in_flight[obj.row] = value
+        word = obj.load_word
+        if word >= 0:
+            state.shared.q[word] = value  # type: ignore[union-attr]
+
+
 class Endpoint:
     """A routable worker as the scheduler sees it, with the router's own load accounting.
 
@@ -71,6 +86,7 @@ class Endpoint:
         "_record",
         "_stats",
         "dp_rank",
+        "load_word",
         "picks",
         "row",
         "upstream",
@@ -83,6 +99,8 @@ class Endpoint:
         self.worker_id = record.worker_id
         self.dp_rank = dp_rank if dp_rank is not None else record.dp_rank
         self.picks = 0
+        self.load_word = -1
+        """This process's count for the worker in the router-wide in-flight table (-1: none)."""
         self._breaker_open = False
         self._breaker_retry_at = 0.0
         self._stats: dict[str, float] = {}
@@ -98,7 +116,7 @@ class Endpoint:
             pass
 
     # -- counters in the shared arrays ------------------------------------------------
-    in_flight = _Column("in_flight", int)
+    in_flight = _InFlight("in_flight", int)
     in_flight_prompt_tokens = _Column("prompt_tokens", int)
     recent_dispatch = _Column("recent", float, counted=True)
     recent_dispatch_ts = _Column("recent_ts", float, counted=True)

@@ -32,14 +32,13 @@ import ctypes
 import errno
 import fcntl
 import functools
-import hashlib
 import logging
-import mmap
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from typing import Any
+
+from infera_core.shm import name_hash, shared_memory
 
 log = logging.getLogger("infera.server.keys")
 
@@ -98,14 +97,7 @@ class SharedBudgets:
         """This process's index (:meth:`attach` in each server process)."""
         words = -(-capacity * self.width * 8 // _MUTEX) * _MUTEX
         size = words + (capacity + 1) * _MUTEX
-        if hasattr(os, "memfd_create"):
-            self._fd = os.memfd_create("infera-key-budgets")
-        else:  # not Linux: an unlinked temporary file serves the same
-            fd, name = tempfile.mkstemp(prefix="infera-key-budgets-")
-            os.unlink(name)
-            self._fd = fd
-        os.ftruncate(self._fd, size)
-        self._map = mmap.mmap(self._fd, size)
+        self._fd, self._map = shared_memory("infera-key-budgets", size)
         self._q = memoryview(self._map).cast("q")
         self._d = memoryview(self._map).cast("d")
         # lock i (0: the table's, 1 + k: slot k's) is the mutex at _arg0 + _step * i, or byte i
@@ -176,9 +168,7 @@ class SharedBudgets:
     # -- slots -------------------------------------------------------------------------------
     def slot(self, name: str) -> int | None:
         """The first word of ``name``'s slot (claimed if new); None when the table is full."""
-        digest = hashlib.blake2b(name.encode(), digest_size=16).digest()
-        h1 = int.from_bytes(digest[:8], "little", signed=True)
-        h2 = int.from_bytes(digest[8:], "little", signed=True) or 1  # (0, 0) marks a free slot
+        h1, h2 = name_hash(name)
         q = self._q
         table = self._lock_arg(None)
         self._lock(table)

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from infera_core.discovery.base import ChangeKind, FleetChange
+from infera_core.scheduling.arrays import state
+from infera_core.scheduling.shared_load import SharedLoad
 from infera_core.scheduling.types import Endpoint
 from infera_core.worker import Status, WorkerRecord
 
@@ -32,7 +34,7 @@ UpstreamFor = Callable[[WorkerRecord], Any]
 class EndpointTable:
     """worker_id → Endpoint, and model → endpoints serving it."""
 
-    __slots__ = ("_added", "_removed", "by_id", "by_model", "upstream_for")
+    __slots__ = ("_added", "_removed", "_shared", "by_id", "by_model", "upstream_for")
 
     def __init__(self, upstream_for: UpstreamFor | None = None) -> None:
         self.upstream_for = upstream_for
@@ -40,12 +42,39 @@ class EndpointTable:
         self.by_model: dict[str, list[Endpoint]] = {}
         self._added: list[Listener] = []
         self._removed: list[Listener] = []
+        self._shared: SharedLoad | None = None
 
     def add_listener(self, on_added: Listener | None = None, on_removed: Listener | None = None) -> None:
         if on_added is not None:
             self._added.append(on_added)
         if on_removed is not None:
             self._removed.append(on_removed)
+
+    def share_load(self, shared: SharedLoad) -> None:
+        """Count requests in flight with the sibling processes (``serve --processes N``): every
+        endpoint, now and later, mirrors its count into ``shared`` and the cap reads the sum."""
+        state().shared = self._shared = shared
+        for ep in self.by_id.values():
+            self._claim(ep, shared)
+
+    @staticmethod
+    def _claim(ep: Endpoint, shared: SharedLoad) -> None:
+        slot = shared.claim(ep.worker_id, ep.in_flight)
+        state().load_slot[ep.row] = slot
+        if slot >= 0:
+            ep.load_word = shared.word(slot)
+        else:
+            shared.unslotted += 1
+
+    @staticmethod
+    def _leave(ep: Endpoint, shared: SharedLoad) -> None:
+        slot = int(state().load_slot[ep.row])
+        state().load_slot[ep.row] = -1
+        if slot >= 0:
+            ep.load_word = -1  # its requests still in flight no longer count for the worker
+            shared.leave(slot)
+        else:
+            shared.unslotted -= 1
 
     # -- reads (hot path) -------------------------------------------------------
     def candidates(self, model: str) -> list[Endpoint]:
@@ -75,6 +104,8 @@ class EndpointTable:
         if ep is None:
             ep = Endpoint(record)
             self.by_id[record.worker_id] = ep
+            if self._shared is not None:
+                self._claim(ep, self._shared)
         else:
             ep.record = record
             ep.dp_rank = record.dp_rank
@@ -87,6 +118,8 @@ class EndpointTable:
     def remove(self, worker_id: str) -> Endpoint | None:
         ep = self.by_id.pop(worker_id, None)
         if ep is not None:
+            if self._shared is not None:
+                self._leave(ep, self._shared)
             self._rebuild()
             self._notify(self._removed, ep.record)
         return ep

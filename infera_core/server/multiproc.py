@@ -21,6 +21,8 @@ on the aggregated routes (:mod:`infera_core.server.peers`).
 * With ``--api-key-file``, the supervisor makes the API keys' budget table
   (:class:`~infera_core.server.budgets.SharedBudgets`) before the first fork: every
   process, restarted ones too, enforces one budget per key for the whole router.
+  With ``--max-inflight-per-worker`` it makes the table of requests in flight per worker
+  (:class:`~infera_core.scheduling.shared_load.SharedLoad`): the cap is the router's.
 * The processes run in their own process group (Ctrl-C reaches the supervisor only, so
   each gets exactly one signal) and get SIGTERM should the supervisor die.
 """
@@ -43,6 +45,7 @@ from typing import Any
 
 from infera_core.errors import InferaError
 from infera_core.facade import InferaHooks
+from infera_core.scheduling.shared_load import SharedLoad
 from infera_core.server.budgets import SharedBudgets
 from infera_core.server.settings import ServeSettings
 
@@ -102,13 +105,16 @@ def supervise(settings: ServeSettings, hooks: InferaHooks, count: int) -> int:
     settings = settings.model_copy(update={"port": holder.getsockname()[1]})
     directory = tempfile.mkdtemp(prefix="infera-serve-")
     budgets = SharedBudgets(count) if settings.api_key_file is not None else None
+    load = SharedLoad(count) if settings.max_inflight_per_worker > 0 else None
     try:
-        return _Supervisor(settings, hooks, count, directory, budgets).run()
+        return _Supervisor(settings, hooks, count, directory, budgets, load).run()
     finally:
         holder.close()
         shutil.rmtree(directory, ignore_errors=True)
         if budgets is not None:
             budgets.close()
+        if load is not None:
+            load.close()
 
 
 class _Child:
@@ -131,9 +137,11 @@ class _Supervisor:
         count: int,
         directory: str,
         budgets: SharedBudgets | None = None,
+        load: SharedLoad | None = None,
     ) -> None:
         self.settings = settings
         self.budgets = budgets
+        self.load = load
         self.hooks = hooks
         self.count = count
         self.directory = directory
@@ -287,7 +295,16 @@ class _Supervisor:
         pid = os.fork()
         if pid == 0:  # the server process
             os.close(read_fd)
-            _child(self.settings, self.hooks, index, self.count, self.directory, write_fd, self.budgets)
+            _child(
+                self.settings,
+                self.hooks,
+                index,
+                self.count,
+                self.directory,
+                write_fd,
+                self.budgets,
+                self.load,
+            )
         os.close(write_fd)
         self.children[pid] = _Child(index, pid, read_fd)
 
@@ -315,6 +332,7 @@ def _child(
     directory: str,
     ready_fd: int,
     budgets: SharedBudgets | None,
+    load: SharedLoad | None,
 ) -> None:
     """Serve as process ``index``; never returns (``os._exit``)."""
     parent = os.getppid()
@@ -345,7 +363,7 @@ def _child(
             settings,
             hooks,
             sock=reuseport_socket(settings.host, settings.port),
-            peers=Peers(index, count, directory, budgets=budgets),
+            peers=Peers(index, count, directory, budgets=budgets, load=load),
             on_ready=serving,
         )
         code = 0

@@ -13,8 +13,10 @@ once; the timeout (5 s) is for a live one that is slow to be scheduled on a load
 Prometheus' default 10 s scrape timeout. Those routes carry ``x-infera-process``
 (which process answered); ``GET /v1/admin/processes`` lists each process's own figures.
 
-API-key budgets are the one thing the processes share on the request path
-(:mod:`infera_core.server.budgets`): :meth:`Peers.install` binds this process's keys to them.
+API-key budgets (:mod:`infera_core.server.budgets`) and, with ``--max-inflight-per-worker``,
+the requests in flight per worker (:mod:`infera_core.scheduling.shared_load`) are the
+things the processes share on the request path: :meth:`Peers.install` binds this process's
+keys and endpoint table to them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import Metric
 from starlette.routing import BaseRoute
 
+from infera_core.scheduling.shared_load import SharedLoad
 from infera_core.server.aggregate import (
     family_json,
     merge_families,
@@ -74,9 +77,11 @@ class Peers:
         directory: str | Path,
         timeout: float = 5.0,
         budgets: SharedBudgets | None = None,
+        load: SharedLoad | None = None,
     ) -> None:
         self.index = index
         self.budgets = budgets
+        self.load = load
         self.count = count
         self.directory = Path(directory)
         self.timeout = timeout
@@ -197,6 +202,9 @@ class Peers:
         if auth is not None and self.budgets is not None:
             self.budgets.attach(self.index)
             auth.ring.share(self.budgets)
+        if self.load is not None:
+            self.load.attach(self.index)
+            self.core.table.share_load(self.load)
         admin = [Depends(require_admin)]
         own_workers = _endpoint(app, "/v1/workers")
         header = {PROCESS_HEADER: str(self.index)}
