@@ -44,8 +44,22 @@ async def srv(sims: list[SimHandle]) -> AsyncIterator[RunningServer]:
         yield server
 
 
-async def test_openai_chat_and_completions(srv: RunningServer) -> None:
-    client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+@pytest.fixture
+async def oai(srv: RunningServer) -> AsyncIterator[openai.AsyncOpenAI]:
+    """An OpenAI client, closed after the test (its pool's sockets with it)."""
+    async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0) as client:
+        yield client
+
+
+@pytest.fixture
+async def claude(srv: RunningServer) -> AsyncIterator[anthropic.AsyncAnthropic]:
+    """An Anthropic client, closed after the test."""
+    async with anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0) as client:
+        yield client
+
+
+async def test_openai_chat_and_completions(oai: openai.AsyncOpenAI) -> None:
+    client = oai
     chat = await client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Hello there"}], max_tokens=8
     )
@@ -62,8 +76,8 @@ async def test_openai_chat_and_completions(srv: RunningServer) -> None:
         await client.completions.create(model=MODEL, prompt=[])
 
 
-async def test_openai_streaming(srv: RunningServer) -> None:
-    client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+async def test_openai_streaming(oai: openai.AsyncOpenAI) -> None:
+    client = oai
     stream = await client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Stream please"}],
@@ -84,8 +98,8 @@ async def test_openai_streaming(srv: RunningServer) -> None:
     assert len("".join(pieces)) > 0
 
 
-async def test_anthropic_text_and_streaming(srv: RunningServer) -> None:
-    client = anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0)
+async def test_anthropic_text_and_streaming(claude: anthropic.AsyncAnthropic) -> None:
+    client = claude
     msg = await client.messages.create(
         model=MODEL,
         max_tokens=6,
@@ -104,8 +118,8 @@ async def test_anthropic_text_and_streaming(srv: RunningServer) -> None:
     assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 5
 
 
-async def test_anthropic_tools_round_trip(srv: RunningServer) -> None:
-    client = anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0)
+async def test_anthropic_tools_round_trip(claude: anthropic.AsyncAnthropic) -> None:
+    client = claude
     msg = await client.messages.create(
         model=MODEL,
         max_tokens=20,
@@ -146,8 +160,8 @@ async def test_anthropic_tools_round_trip(srv: RunningServer) -> None:
     assert follow.content[0].type == "text" and follow.stop_reason in {"end_turn", "max_tokens"}
 
 
-async def test_anthropic_multimodal_is_a_clear_400(srv: RunningServer) -> None:
-    client = anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0)
+async def test_anthropic_multimodal_is_a_clear_400(claude: anthropic.AsyncAnthropic) -> None:
+    client = claude
     image: Any = {
         "type": "image",
         "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},

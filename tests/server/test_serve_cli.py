@@ -90,9 +90,9 @@ def test_killing_a_worker_between_requests_loses_nothing(tmp_path: Path, two_sim
     fleet = tmp_path / "fleet.yaml"
     _write_fleet(fleet, two_sims)
     serve = Serve("--discovery", "static", "--static-file", str(fleet), "--request-max-retries", "1")
+    client = openai.OpenAI(base_url=serve.url + "/v1", api_key="unused", max_retries=0)
     try:
         serve.wait_healthy(2)
-        client = openai.OpenAI(base_url=serve.url + "/v1", api_key="unused", max_retries=0)
         for _ in range(4):
             r = client.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3
@@ -121,6 +121,7 @@ def test_killing_a_worker_between_requests_loses_nothing(tmp_path: Path, two_sim
         )
         assert "infera_retries_total" in metrics
     finally:
+        client.close()
         serve.stop()
     assert serve.proc.returncode == 0, serve.proc.stdout.read() if serve.proc.stdout else ""
 

@@ -18,8 +18,9 @@ def sim() -> Iterator[SimHandle]:
 
 
 @pytest.fixture
-def client(sim: SimHandle) -> openai.OpenAI:
-    return openai.OpenAI(base_url=sim.url + "/v1", api_key="none", max_retries=0)
+def client(sim: SimHandle) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=sim.url + "/v1", api_key="none", max_retries=0) as client:
+        yield client
 
 
 def test_chat_completion(client: openai.OpenAI) -> None:
