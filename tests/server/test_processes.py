@@ -69,7 +69,7 @@ class Stack:
         return await client.post(self.url + "/v1/completions", json=body, headers=CLOSE)
 
 
-async def _until(check: Callable[[], Any], within: float = 30.0) -> Any:
+async def _until(check: Callable[[], Any], within: float = 90.0) -> Any:
     async with asyncio.timeout(within):
         while True:
             got = await check()
