@@ -10,18 +10,22 @@ the next tick), so a small JSON response leaves in one packet.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 
 class CoalescingTransport:
     """Wraps a server transport; everything but ``write``/``close`` passes through."""
 
-    __slots__ = ("_held", "_loop", "_t")
+    __slots__ = ("_held", "_loop", "_t", "linger")
 
     def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._t = transport
         self._loop = loop
         self._held: bytes | None = None
+        self.linger: Callable[[], bool] | None = None
+        """Asked on :meth:`close`: True when the protocol closes lingering instead (the
+        request's body is still arriving; see ``InferaHttpProtocol._linger``)."""
 
     def write(self, data: bytes) -> None:
         held = self._held
@@ -55,7 +59,9 @@ class CoalescingTransport:
 
     def close(self) -> None:
         self.flush()
-        self._t.close()
+        linger = self.linger
+        if linger is None or not linger():
+            self._t.close()
 
     def is_closing(self) -> bool:
         return bool(self._t.is_closing())

@@ -32,7 +32,10 @@ from infera_core.server.transport import set_nodelay
 log = logging.getLogger("infera.server")
 
 _LINGER = 2.0
-"""Seconds a rejected connection is still read (and what arrives dropped) before it is closed."""
+"""Seconds a rejected connection is still read (and what arrives dropped) after the last
+bytes came, before it is closed."""
+_LINGER_MAX = 30.0
+"""Seconds a rejected connection that keeps sending is read at most (nginx's ``lingering_time``)."""
 _REASONS = {
     400: b"Bad Request",
     408: b"Request Timeout",
@@ -115,11 +118,14 @@ class InferaHttpProtocol(HttpToolsProtocol):
     """Bytes of the read a request began in (an upper bound of its headers there)."""
     _fresh = False
     _rejected = False
+    _linger_until = 0.0
     _is_closing: Callable[[], bool]
 
     def connection_made(self, transport: Any) -> None:
         set_nodelay(transport)
-        super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+        coalescing = CoalescingTransport(transport, self.loop)
+        coalescing.linger = self._linger
+        super().connection_made(coalescing)  # type: ignore[arg-type]
         self._is_closing = self.transport.is_closing  # every request's scope[CLIENT_CLOSING]
         limits = self.limits
         state = self.server_state
@@ -158,12 +164,31 @@ class InferaHttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         self.transport.write(_raw_error(err))
+        self._half_close()
+
+    def _half_close(self) -> None:
+        """Send EOF and read (dropping) what the client still sends until it stops for
+        ``_LINGER`` seconds, ``_LINGER_MAX`` at most; closing with unread bytes would send
+        an RST, which can reach the client before it read the answer."""
         try:
             self.transport.write_eof()
         except (OSError, RuntimeError, NotImplementedError):
             self.transport.close()
             return
-        self.deadline = self.loop.time() + _LINGER
+        now = self.loop.time()
+        self._linger_until = now + _LINGER_MAX
+        self.deadline = now + _LINGER
+
+    def _linger(self) -> bool:
+        """The app's response ended (and uvicorn closes the connection) while the request's
+        body was still arriving, a 413 for one: close lingering, as for a rejection. False
+        when there is nothing left to read (a plain close)."""
+        if not self._awaiting_body or self._rejected or self.transport.is_closing():
+            return False
+        self._rejected = True
+        self._awaiting_body = False
+        self._half_close()
+        return True
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes that are not HTTP, OpenAI-shaped (it sends plain text)."""
@@ -221,7 +246,9 @@ class InferaHttpProtocol(HttpToolsProtocol):
         )
 
     def data_received(self, data: bytes) -> None:
-        if self._rejected:
+        if self._rejected:  # lingering: dropped, and the close waits while the client sends
+            if self._linger_until:
+                self.deadline = min(self.loop.time() + _LINGER, self._linger_until)
             return
         self._read_len = n = len(data)
         if self._awaiting_body:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -211,6 +212,40 @@ async def test_body_over_max_body_bytes_gets_413_before_it_is_sent(ups: list[Fak
         assert status == 413 and closed
         assert body["error"]["code"] == "request_too_large"
         writer.close()
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+async def test_a_client_that_sends_its_whole_body_before_reading_gets_the_413(
+    ups: list[FakeUpstream], framing: str
+) -> None:
+    """The 413 goes out at once; the rest of the body is read and dropped (a lingering close)
+    so the client's writes succeed and it reads the answer, not a connection reset."""
+    body = b"x" * 24_000_000  # more than every buffer on the way holds
+    if framing == "chunked":
+        step = 1 << 16
+        frames = b"".join(b"%x\r\n%b\r\n" % (step, body[i : i + step]) for i in range(0, len(body), step))
+        head, payload = b"transfer-encoding: chunked\r\n", frames + b"0\r\n\r\n"
+    else:
+        head, payload = b"content-length: %d\r\n" % len(body), body
+
+    def client(port: int) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                + head
+                + b"\r\n"
+                + payload
+            )
+            received = b""
+            while chunk := sock.recv(65536):
+                received += chunk
+            return received
+
+    async with stack(ups, max_body_bytes=1_000_000) as srv:
+        answer = await asyncio.to_thread(client, int(srv.url.rsplit(":", 1)[1]))
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == "request_too_large"
+    assert ups[0].requests == 0
 
 
 async def test_chunked_body_over_max_body_bytes_gets_413_while_streaming(ups: list[FakeUpstream]) -> None:
