@@ -3,6 +3,7 @@ nats-server the stack starts itself."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import httpx
@@ -53,10 +54,30 @@ async def test_up_on_the_nats_plane_serves_both_apis_and_routes_kv_aware() -> No
             )
             assert messages.status_code == 200, messages.text
             assert messages.json()["type"] == "message"
+            # KV events reach the router through JetStream: once the worker that served a
+            # prompt shows its blocks in the router's index, kv-aware keeps that prompt there
+            body = {"model": "sim-model", "prompt": " ".join(f"word{i}" for i in range(300)), "max_tokens": 2}
+            first = await client.post(f"{stack.url}/completions", json=body)
+            assert first.status_code == 200, first.text
+            owner = first.headers["x-infera-worker"]
+
+            async def cached() -> bool:
+                view = await client.get(f"{stack.root}/v1/admin/cache-view/{owner}")
+                return view.status_code == 200 and bool(view.json()["blocks"])
+
+            async with asyncio.timeout(60):
+                while not await cached():  # noqa: ASYNC110 (the index is in the router: no event to wait on)
+                    await asyncio.sleep(0.1)
+            picks = {
+                (await client.post(f"{stack.url}/completions", json=body)).headers["x-infera-worker"]
+                for _ in range(4)
+            }
+            assert picks == {owner}
         w = DemoWorkload(groups=4, questions_per_group=4, prefix_len=300, question_len=12, output_len=4)
         rr, routed = await run_demo(stack, Console(quiet=True), w)
     assert rr.summary["completed"] == routed.summary["completed"] == 16
-    # KV events reach the router through JetStream: kv-aware keeps each prefix on one worker
-    assert routed.summary["prefix_cache_hit_rate"] > rr.summary["prefix_cache_hit_rate"] + 0.15
+    # (which policy caches more over these 16 requests depends on how soon JetStream delivers
+    # the events after each answer: the routing itself is asserted above, on a condition)
+    assert routed.summary["prefix_cache_hit_rate"] is not None
     with socket.socket() as sock:  # the embedded nats-server stopped with the stack
         assert sock.connect_ex(("127.0.0.1", nats_port)) != 0
