@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
+from typing import Any
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -27,7 +28,7 @@ def wait_port(host: str, port: int, timeout: float = 10.0) -> None:
             time.sleep(0.02)
 
 
-def stop_process(proc: subprocess.Popen[bytes] | None, grace: float = 5.0) -> None:
+def stop_process(proc: subprocess.Popen[Any] | None, grace: float = 5.0) -> None:
     """SIGTERM ``proc`` (if it still runs), SIGKILL it after ``grace`` seconds, and reap it."""
     if proc is None or proc.poll() is not None:
         return

@@ -8,10 +8,6 @@ its requests, so a budget kept per process would let more through than asserted.
 from __future__ import annotations
 
 import copy
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,13 +17,12 @@ import httpx
 import pytest
 import yaml
 
-from infera_core.testing.net import free_port
+from infera_core.testing.serve_processes import CLOSE, ServeProcesses, serve_processes
+from infera_core.testing.serve_processes import poll as _until
 
 sim_testing = pytest.importorskip("infera_sim.testing")
 
 MODEL = "sim-model"
-INFERA_RUN = str(Path(sys.executable).with_name("infera-run"))
-CLOSE = {"connection": "close"}
 PROMPT = "the same prompt every time"
 KEYS: dict[str, Any] = {
     "keys": [
@@ -40,35 +35,17 @@ KEYS: dict[str, Any] = {
 }
 
 
-def _until(check: Callable[[], Any], within: float = 60.0) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {check.__name__}")
-        time.sleep(0.05)
-
-
 class Router:
-    def __init__(self, url: str, proc: subprocess.Popen[str], keys: Path) -> None:
-        self.url = url
-        self.proc = proc
+    def __init__(self, serve: ServeProcesses, keys: Path) -> None:
+        self.serve = serve
+        self.http = serve.http
         self.keys = keys
-        self.http = httpx.Client(base_url=url, timeout=30)
 
     def complete(self, key: str) -> httpx.Response:
         body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2}
         return self.http.post(
             "/v1/completions", json=body, headers={**CLOSE, "authorization": f"Bearer {key}"}
         )
-
-    def per_process(self) -> dict[int, float]:
-        """Requests each process answered (``GET /v1/admin/processes``)."""
-        r = self.http.get("/v1/admin/processes", headers=CLOSE)
-        assert r.status_code == 200, r.text
-        return {p["process"]: p["requests"] for p in r.json()["data"]}
 
     def usage(self, name: str) -> dict[str, Any]:
         """Key ``name`` in ``GET /v1/admin/usage`` (limits as the answering process has them)."""
@@ -79,13 +56,13 @@ class Router:
 
     def send_until_both_served(self, key: str, at_least: int) -> tuple[list[httpx.Response], float]:
         """``at_least`` requests with ``key``, then more until both processes took some of them."""
-        before = self.per_process()
+        before = self.serve.answered()
         t0 = time.monotonic()
         out: list[httpx.Response] = []
         while True:
             out.append(self.complete(key))
             if len(out) >= at_least:
-                now = self.per_process()
+                now = self.serve.answered()
                 if all(now[p] > before[p] for p in before):
                     return out, time.monotonic() - t0
                 assert len(out) < 200, (before, now)
@@ -96,43 +73,20 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
     tmp = tmp_path_factory.mktemp("budgets")
     keys = tmp / "keys.yaml"
     keys.write_text(yaml.safe_dump(KEYS))
-    with sim_testing.start_sim(model=MODEL, speedup="inf", kv_events_port=None, kv_replay_port=None) as sim:
-        fleet = tmp / "fleet.yaml"
-        fleet.write_text(yaml.safe_dump({"workers": [{"worker_id": "sim0", "url": sim.url, "model": MODEL}]}))
-        port = free_port()
-        argv = [INFERA_RUN, "serve", "--port", str(port), "--processes", "2", "--discovery", "static"]
-        argv += ["--static-file", str(fleet), "--router-policy", "round-robin", "--api-key-file", str(keys)]
-        proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=dict(os.environ, INFERA_LOG_LEVEL="warning"),
-        )
-        r = Router(f"http://127.0.0.1:{port}", proc, keys)
-        try:
-
-            def serving() -> bool:
-                if proc.poll() is not None:
-                    raise AssertionError(f"serve exited: {proc.stdout.read() if proc.stdout else ''}")
-                try:
-                    got = r.http.get("/v1/admin/processes", headers=CLOSE)
-                except httpx.HTTPError:
-                    return False
-                return got.status_code == 200 and len(got.json()["data"]) == 2
-
-            _until(serving)
-            _until(lambda: r.complete("sk-free").status_code == 200)
-            yield r
-        finally:
-            r.http.close()
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+    with (
+        sim_testing.start_sim(model=MODEL, speedup="inf", kv_events_port=None, kv_replay_port=None) as sim,
+        serve_processes(
+            [{"worker_id": "sim0", "url": sim.url, "model": MODEL}],
+            tmp,
+            "--router-policy",
+            "round-robin",
+            "--api-key-file",
+            str(keys),
+        ) as serve,
+    ):
+        r = Router(serve, keys)
+        _until(lambda: r.complete("sk-free").status_code == 200)
+        yield r
 
 
 def test_requests_per_minute_is_one_bucket_for_the_router(router: Router) -> None:
@@ -196,9 +150,9 @@ def test_a_changed_key_file_is_read_by_every_process(router: Router) -> None:
         return False
 
     _until(reloaded_everywhere)
-    before = router.per_process()
+    before = router.serve.answered()
     statuses: list[int] = []
-    while len(statuses) < 10 or not all(router.per_process()[p] > before[p] for p in before):
+    while len(statuses) < 10 or not all(router.serve.answered()[p] > before[p] for p in before):
         r = router.complete("sk-later")
         statuses.append(r.status_code)
         if r.status_code == 200:  # its tokens count before the next request
@@ -214,19 +168,7 @@ def test_a_restarted_process_keeps_the_budgets(router: Router) -> None:
     assert first.status_code == 200, first.text
     spent = first.json()["usage"]["total_tokens"]
     _until(_spent("kept", spent, router))
-    r = router.http.get("/v1/admin/processes", headers=CLOSE)
-    victim = r.json()["data"][0]
-    os.kill(victim["pid"], signal.SIGKILL)
-
-    def restarted() -> bool:
-        try:
-            got = router.http.get("/v1/admin/processes", headers=CLOSE)
-        except httpx.HTTPError:
-            return False
-        pids = {p["process"]: p["pid"] for p in got.json()["data"]} if got.status_code == 200 else {}
-        return len(pids) == 2 and pids[victim["process"]] != victim["pid"]
-
-    _until(restarted)
+    router.serve.kill(router.serve.processes()[0])
     got, _ = router.send_until_both_served("sk-kept", at_least=6)
     assert {r.status_code for r in got} == {429}  # the new process found the day's tokens spent
     assert router.usage("kept")["tokens_today"] == spent

@@ -10,41 +10,22 @@ once it is restarted."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from infera_core.testing.net import free_port
+from infera_core.testing.serve_processes import CLOSE, ServeProcesses, serve_processes
+from infera_core.testing.serve_processes import poll as _until
 
 MODEL = "m"
-INFERA_RUN = str(Path(sys.executable).with_name("infera-run"))
-CLOSE = {"connection": "close"}
 ANSWER = json.dumps(
     {"id": "c", "object": "text_completion", "model": MODEL, "choices": [{"index": 0, "text": "ok"}]}
 ).encode()
-
-
-def _until(check: Callable[[], Any], within: float = 60.0) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {getattr(check, '__name__', check)}")
-        time.sleep(0.05)
 
 
 class HoldingWorker(ThreadingHTTPServer):
@@ -88,16 +69,14 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class Router:
-    def __init__(self, url: str, proc: subprocess.Popen[str], worker: HoldingWorker) -> None:
-        self.url = url
-        self.proc = proc
+    def __init__(self, serve: ServeProcesses, worker: HoldingWorker) -> None:
+        self.serve = serve
         self.worker = worker
-        self.http = httpx.Client(base_url=url, timeout=60)
         self.pool = ThreadPoolExecutor(4)
 
     def complete(self) -> httpx.Response:
         body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
-        return self.http.post("/v1/completions", json=body, headers=CLOSE)
+        return self.serve.http.post("/v1/completions", json=body, headers=CLOSE)
 
     def hold_one(self) -> Future[httpx.Response]:
         """A request the worker holds (it has arrived there when this returns)."""
@@ -107,23 +86,14 @@ class Router:
         assert not held.done(), held.result().text
         return held
 
-    def processes(self) -> list[dict[str, Any]]:
-        r = self.http.get("/v1/admin/processes", headers=CLOSE)
-        assert r.status_code == 200, r.text
-        data: list[dict[str, Any]] = r.json()["data"]
-        return data
-
-    def answered(self) -> dict[int, float]:
-        return {p["process"]: p["requests"] for p in self.processes()}
-
     def refused_by_both(self) -> list[httpx.Response]:
         """Requests until both processes answered some; every one must be refused."""
-        before = self.answered()
+        before = self.serve.answered()
         out: list[httpx.Response] = []
         while True:
             out.append(self.complete())
             assert out[-1].status_code == 429, (out[-1].status_code, out[-1].text, self.worker.arrived)
-            now = self.answered()
+            now = self.serve.answered()
             if all(now[p] > before[p] for p in before):
                 return out
             assert len(out) < 200, (before, now)
@@ -131,48 +101,26 @@ class Router:
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
-    tmp = tmp_path_factory.mktemp("inflight")
     worker = HoldingWorker()
     threading.Thread(target=worker.serve_forever, daemon=True).start()
-    fleet = tmp / "fleet.yaml"
-    fleet.write_text(yaml.safe_dump({"workers": [{"worker_id": "w0", "url": worker.url, "model": MODEL}]}))
-    port = free_port()
-    argv = [INFERA_RUN, "serve", "--port", str(port), "--processes", "2", "--discovery", "static"]
-    argv += ["--static-file", str(fleet), "--router-policy", "round-robin", "--max-inflight-per-worker", "1"]
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=dict(os.environ, INFERA_LOG_LEVEL="warning"),
-    )
-    r = Router(f"http://127.0.0.1:{port}", proc, worker)
+    args = ("--router-policy", "round-robin", "--max-inflight-per-worker", "1")
     try:
-
-        def serving() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"serve exited: {proc.stdout.read() if proc.stdout else ''}")
+        with serve_processes(
+            [{"worker_id": "w0", "url": worker.url, "model": MODEL}],
+            tmp_path_factory.mktemp("inflight"),
+            *args,
+        ) as serve:
+            r = Router(serve, worker)
+            worker.gate.set()
+            _until(lambda: r.complete().status_code == 200)
+            worker.gate.clear()
             try:
-                return len(r.processes()) == 2
-            except (httpx.HTTPError, AssertionError):
-                return False
-
-        _until(serving)
-        worker.gate.set()
-        _until(lambda: r.complete().status_code == 200)
-        worker.gate.clear()
-        yield r
+                yield r
+            finally:
+                worker.gate.set()
+                r.pool.shutdown(wait=True)
     finally:
         worker.gate.set()
-        r.http.close()
-        r.pool.shutdown(wait=True)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
         worker.shutdown()
         worker.server_close()
 
@@ -186,10 +134,10 @@ def test_one_request_in_flight_fills_the_cap_for_both_processes(router: Router) 
     assert held.result(60).status_code == 200
     assert router.worker.arrived == arrived  # nothing refused reached the worker
     # the request done, either process admits again
-    before = router.answered()
+    before = router.serve.answered()
     while True:
         assert router.complete().status_code == 200
-        now = router.answered()
+        now = router.serve.answered()
         if all(now[p] > before[p] for p in before):
             break
     router.worker.gate.clear()
@@ -198,19 +146,10 @@ def test_one_request_in_flight_fills_the_cap_for_both_processes(router: Router) 
 def test_a_killed_process_does_not_keep_its_requests_counted(router: Router) -> None:
     router.worker.gate.clear()
     held = router.hold_one()
-    (holder,) = [p for p in router.processes() if p["in_flight"] == 1]
-    os.kill(holder["pid"], signal.SIGKILL)
+    (holder,) = [p for p in router.serve.processes() if p["in_flight"] == 1]
+    router.serve.kill(holder)
     with pytest.raises(httpx.HTTPError):
         held.result(60)  # its connection died with the process
-
-    def restarted() -> bool:
-        try:
-            pids = {p["process"]: p["pid"] for p in router.processes()}
-        except (httpx.HTTPError, AssertionError):
-            return False
-        return len(pids) == 2 and pids[holder["process"]] != holder["pid"]
-
-    _until(restarted)
     # the dead process's count was cleared by its successor: one request is admitted again
     # (whichever process takes it), and the cap holds for the rest
     again = router.hold_one()
