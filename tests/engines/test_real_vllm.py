@@ -120,7 +120,10 @@ def test_two_real_vllm_workers_kv_aware_routes_a_repeated_prefix_to_its_cache(
     vllm_worker: Callable[..., LauncherProcess], etcd_server: EtcdServer, serve: Callable[..., Server]
 ) -> None:
     started = time.monotonic()
-    launchers = {wid: vllm_worker(wid) for wid in ("vllm-a", "vllm-b")}
+    # no one-token generation checks (one every 5 s by default): the other worker's prompt-token
+    # counter must move only if the router sent it the repeated prompt (a check's 4 tokens
+    # landed in the window once under CI contention)
+    launchers = {wid: vllm_worker(wid, "--health-generate-interval", "0") for wid in ("vllm-a", "vllm-b")}
     records = {wid: wait_registered(etcd_server, proc, wid) for wid, proc in launchers.items()}
     print(f"two real vLLM workers registered after {time.monotonic() - started:.1f}s")
     server = serve(*kv_aware_flags())
