@@ -134,14 +134,18 @@ async def test_nats_restart_under_load_fails_only_while_down(
         finally:
             stop.set()
             await asyncio.gather(*tasks)
+        opened = srv.core.breakers.opened
     first_ok = min(t for t, s in statuses if t > up_at and s == 200)
     failures = [(t, s) for t, s in statuses if s != 200]
     assert all(down_at <= t <= first_ok for t, _ in failures), "a request failed while NATS was up"
     assert {s for _, s in failures} <= {502, 503, 504}
     print(
-        f"NATS restart: {len(failures)} failed requests; recovered {first_ok - up_at:.2f} s after NATS was back"
+        f"NATS restart: {len(failures)} failed requests; recovered {first_ok - up_at:.2f} s after NATS was back; "
+        f"{opened} breakers opened"
     )
-    assert first_ok - up_at < 3  # NATS down is not the workers' fault: no breaker cool-down to wait out
+    # NATS down is not the workers' fault: no breaker opened, so none had a cool-down to wait out
+    # (recovery itself is NATS's reconnect, which a loaded machine can stretch past seconds)
+    assert opened == 0
 
 
 async def test_slow_consumer_fails_its_response_and_cancels_it(nats_server: NatsServer) -> None:

@@ -7,9 +7,9 @@ returns once the head message arrived (the "first byte"); the body follows as ``
 messages and an ``E`` (framing: :mod:`infera_nats.transport_wire`). Like the HTTP hop:
 
 * before the head everything is an :class:`UpstreamError` (retried on another worker,
-  counted by the breaker): NATS not connected, no responder for the subject (the server's
-  "no responders" status), the worker's engine unreachable (``X``), the first-byte timeout
-  (``timeout=True``);
+  counted by the breaker): no responder for the subject (the server's "no responders"
+  status), the worker's engine unreachable (``X``), the first-byte timeout (``timeout=True``);
+  NATS not connected is a :class:`TransportDownError`, retried but not the worker's fault;
 * after it, a broken body raises :class:`UpstreamReadError`: the connection to NATS
   dropped, a message went missing (slow consumer: the ``seq`` jumped), the worker sent
   ``X``, or nothing came for ``idle_timeout``;
