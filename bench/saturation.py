@@ -20,7 +20,11 @@ blocks they left free.
 
     .venv/bin/python bench/saturation.py [--rows 3000] [--skip 0] [--speedup 8] [--sims 8]
         [--blocks 2048] [--policies kv-aware,kv-aware-before,sglang-cache-aware,round-robin,least-load]
-        [--pooled-sim]
+        [--event-lag 0] [--pooled-sim]
+
+``--event-lag S`` delays every KV event batch by S virtual seconds on its way to the index
+(an event plane that lags: JetStream on a loaded host); ``kv-aware-no-linger`` is
+``kv-aware`` whose credit for a prompt it sent ends with the request.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ BS = 16
 BEFORE = "kv-aware-before"
 SGLANG = "sglang-cache-aware"
 """sglang-router's ``cache_aware`` (defaults), re-implemented in ``bench/sglang_cache_aware.py``."""
+NO_LINGER = "kv-aware-no-linger"
+"""``kv-aware`` whose in-flight credit ends with the request (``kv-overlap``'s ``linger`` 0)."""
 
 
 @dataclass(slots=True)
@@ -118,8 +124,11 @@ def pooled_bound(arrivals: list[Arrival], capacity: int) -> float:
 class Fleet:
     """The sims, their endpoints and the router's KV index, on one virtual clock."""
 
-    def __init__(self, sims: int, blocks: int, cfg_over: dict[str, float]) -> None:
+    def __init__(self, sims: int, blocks: int, cfg_over: dict[str, float], lag: float = 0.0) -> None:
         self.index = KvIndex()
+        self.lag = lag
+        self.late: list[tuple[float, int, object, KvEventBatch]] = []
+        """KV event batches on their way to the index: (when they arrive, order, view, batch)."""
         self.engines: list[SimEngine] = []
         self.endpoints: list[Endpoint] = []
         self.views = []
@@ -143,9 +152,19 @@ class Fleet:
         index = self.index
 
         def publish(ts: float, events: list[KvEvent]) -> None:
-            index.apply(view, KvEventBatch(ts, events))  # type: ignore[arg-type]
+            if self.lag:
+                heapq.heappush(self.late, (ts + self.lag, len(self.late), view, KvEventBatch(ts, events)))
+            else:
+                index.apply(view, KvEventBatch(ts, events))  # type: ignore[arg-type]
 
         return publish
+
+    def deliver(self, now: float) -> None:
+        """Index the event batches that arrived by ``now`` (``--event-lag``)."""
+        late = self.late
+        while late and late[0][0] <= now:
+            _, _, view, batch = heapq.heappop(late)
+            self.index.apply(view, batch)  # type: ignore[arg-type]
 
 
 def run(
@@ -157,8 +176,9 @@ def run(
     cfg: dict[str, float] = {"prefill_tokens_per_s": args.prefill_rate * (n if pooled else 1)}
     if pooled:
         cfg |= {"max_num_seqs": 256 * n, "max_num_batched_tokens": 8192 * n}
-    fleet = Fleet(1 if pooled else n, args.blocks * (n if pooled else 1), cfg)
-    deps = SchedulerDeps(kv_index=fleet.index, clock=time.monotonic)
+    fleet = Fleet(1 if pooled else n, args.blocks * (n if pooled else 1), cfg, args.event_lag)
+    clock = [0.0]  # virtual time, for the policies' clocks (approximate-prefix's TTL, kv-overlap's linger)
+    deps = SchedulerDeps(kv_index=fleet.index, clock=lambda: clock[0])
     sglang = CacheAware([ep.worker_id for ep in fleet.endpoints]) if policy == SGLANG else None
     profile = build_profile(policy, profile_config("round-robin" if sglang else policy, reg), reg, deps)
     names = [ep.worker_id for ep in fleet.endpoints]
@@ -204,9 +224,13 @@ def run(
         t_arr = arrivals[k].t if k < len(arrivals) else float("inf")
         if heap and heap[0][0] <= t_arr:
             t, i = heapq.heappop(heap)
+            clock[0] = t
+            fleet.deliver(t)
             end_step(i, t)
             continue
         a = arrivals[k]
+        clock[0] = a.t
+        fleet.deliver(a.t)
         held.append(sum(e.cache.used for e in engines))
         rid = f"r{k}"
         k += 1
@@ -249,6 +273,10 @@ def profile_config(policy: str, reg: PolicyRegistry) -> ProfileConfig:
         cfg = kv_profile(1.0, 0.1, 0.05, 1.2, 16.0)
         cfg.scorers[0].params = {"pending": False}
         return cfg
+    if policy == NO_LINGER:
+        cfg = reg.preset("kv-aware").profile.model_copy(deep=True)
+        cfg.scorers[0].params = {"linger": 0}
+        return cfg
     if policy.startswith("kv:"):
         o, load, recent, guard, *rest = (float(x) for x in policy[3:].split("/"))
         gap = rest[0] if rest else 8.0
@@ -278,8 +306,14 @@ def main() -> None:
     ap.add_argument(
         "--policies",
         default=f"kv-aware,{BEFORE},{SGLANG},round-robin,least-load",
-        help=f"presets, {BEFORE}, {SGLANG} (sglang-router's cache_aware), or "
+        help=f"presets, {BEFORE}, {NO_LINGER}, {SGLANG} (sglang-router's cache_aware), or "
         "kv:OVERLAP/LOAD/RECENT/GUARD-FACTOR[/GAP[/FILL]] for a kv-aware variant",
+    )
+    ap.add_argument(
+        "--event-lag",
+        type=float,
+        default=0.0,
+        help="virtual seconds between a sim emitting KV events and the router indexing them",
     )
     ap.add_argument(
         "--pooled-sim",

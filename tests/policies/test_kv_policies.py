@@ -71,7 +71,8 @@ class TestImbalanceGuardContract(FilterContract):
 class Fleet:
     def __init__(self, n: int, preset: str, cache_blocks: int = 10**9) -> None:
         self.index = KvIndex()
-        self.deps = SchedulerDeps(kv_index=self.index, clock=lambda: 0.0)
+        self.now = 0.0
+        self.deps = SchedulerDeps(kv_index=self.index, clock=lambda: self.now)
         self.profile: Profile = build_profile(preset, REG.preset(preset).profile, REG, self.deps)
         self.endpoints = []
         for i in range(n):
@@ -245,8 +246,9 @@ def test_load_accounting_returns_to_zero_when_both_pd_legs_finish() -> None:
     assert (a.in_flight_prompt_tokens, b.in_flight_prompt_tokens) == (0, 0)
 
 
-def test_a_prompt_in_flight_counts_as_cached_where_it_went_until_it_ends() -> None:
-    """No KV event yet (the worker is still computing it): a request sharing the prefix follows it."""
+def test_a_prompt_in_flight_counts_as_cached_where_it_went_until_shortly_after_it_ends() -> None:
+    """No KV event yet (the worker is still computing it, or its events lag): a request sharing
+    the prefix follows it, until ``linger`` (2 s) after the request ended."""
     fleet = Fleet(4, "kv-aware")
     scorer = fleet.profile.scorers[0]
     rng = random.Random(5)
@@ -261,7 +263,61 @@ def test_a_prompt_in_flight_counts_as_cached_where_it_went_until_it_ends() -> No
     fleet.profile.finished(first, ep, True)
     fleet.profile.finished(second, ep, True)
     third = RequestContext("c", "m", "/v1/completions", {}, token_ids=shared)
+    fleet.now = 1.9  # ended well 1.9 s ago: its events may still be on the way
+    assert scorer.score(third, fleet.endpoints)[fleet.endpoints.index(ep)] == 1.0
+    assert fleet.profile.pick(third, fleet.profile.filter(third, list(fleet.endpoints))) is ep
+    fleet.profile.finished(third, ep, False)  # (its own credit ends with it: it failed)
+    fleet.now = 2.0
     assert scorer.score(third, fleet.endpoints) == [0.0] * 4  # no events came: nothing is assumed
+
+
+def test_a_failed_request_stops_counting_as_cached_at_once() -> None:
+    fleet = Fleet(4, "kv-aware")
+    scorer = fleet.profile.scorers[0]
+    shared = list(range(8 * BS))
+    first = RequestContext("a", "m", "/v1/completions", {}, token_ids=shared)
+    ep = fleet.profile.pick(first, fleet.profile.filter(first, list(fleet.endpoints)))
+    probe = RequestContext("p", "m", "/v1/completions", {}, token_ids=shared)
+    assert scorer.score(probe, fleet.endpoints)[fleet.endpoints.index(ep)] == 1.0
+    fleet.profile.finished(first, ep, False)
+    assert scorer.score(probe, fleet.endpoints) == [0.0] * 4
+
+
+def test_a_request_id_sent_again_while_its_credit_lingers_counts_until_the_new_one_ends() -> None:
+    fleet = Fleet(2, "kv-aware")
+    scorer = fleet.profile.scorers[0]
+    shared = list(range(8 * BS))
+    ctx = RequestContext("same", "m", "/v1/completions", {}, token_ids=shared)
+    ep = fleet.profile.pick(ctx, fleet.profile.filter(ctx, list(fleet.endpoints)))
+    fleet.profile.finished(ctx, ep, True)  # lingers until 2.0
+    fleet.now = 1.0
+    again = RequestContext("same", "m", "/v1/completions", {}, token_ids=shared)
+    scorer.on_routed(again, ep)  # in flight again: no end time until it ends
+    fleet.now = 5.0
+    assert scorer.score(again, fleet.endpoints)[fleet.endpoints.index(ep)] == 1.0
+    fleet.profile.finished(again, ep, True)
+    fleet.now = 6.9
+    assert scorer.score(again, fleet.endpoints)[fleet.endpoints.index(ep)] == 1.0
+    fleet.now = 7.0
+    assert scorer.score(again, fleet.endpoints) == [0.0] * 2
+
+
+def test_linger_zero_keeps_the_credit_only_while_in_flight() -> None:
+    reg_profile = REG.preset("kv-aware").profile
+    scorers = [
+        s.model_copy(update={"params": {"linger": 0}}) if s.name == "kv-overlap" else s
+        for s in reg_profile.scorers
+    ]
+    fleet = Fleet(2, "kv-aware")
+    fleet.profile = build_profile(
+        "kv-aware", reg_profile.model_copy(update={"scorers": scorers}), REG, fleet.deps
+    )
+    scorer = fleet.profile.scorers[0]
+    shared = list(range(8 * BS))
+    ctx = RequestContext("a", "m", "/v1/completions", {}, token_ids=shared)
+    ep = fleet.profile.pick(ctx, fleet.profile.filter(ctx, list(fleet.endpoints)))
+    fleet.profile.finished(ctx, ep, True)
+    assert scorer.score(ctx, fleet.endpoints) == [0.0] * 2
 
 
 def test_an_uncached_prompt_goes_where_the_cache_took_fewest_new_blocks() -> None:

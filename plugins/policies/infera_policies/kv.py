@@ -9,7 +9,8 @@ The ``kv-aware`` preset combines them. For each candidate worker *w* (after the
 * ``overlap(w)`` — tier-weighted fraction of the prompt's full blocks cached on *w*
   (longest prefix, from the KV index; a block on CPU counts 0.5, on disk 0.25), or
   shared with a request still in flight on *w* (its blocks are being computed there
-  and stay held until it ends; KV events only report them later), whichever is longer;
+  and stay held until it ends; KV events only report them later) or that ended well
+  there less than 2 s ago (its events may still be on the way), whichever is longer;
 * ``load(w)`` — ``in_flight(w) + in_flight_prompt_tokens(w) / 4096 + waiting(w)``
   (the router's own accounting; ``waiting`` from the engine's ``/metrics`` when scraped);
 * ``fill(w)`` — prompt tokens sent to *w* that its cache did not hold, decayed by half
@@ -32,7 +33,6 @@ PD presets: ``kv-aware-prefill`` is strongly cache-seeking (load 0.15),
 
 from __future__ import annotations
 
-import bisect
 import math
 import time
 from collections.abc import Sequence
@@ -61,13 +61,12 @@ from infera_core.scheduling.types import (
     SchedulerDeps,
     Scorer,
 )
+from infera_policies.in_flight import InFlightPrefixes
 
 BASE_FILTERS = [PluginRef(name="health"), PluginRef(name="role")]
 CLOCK_KEY = "infera_policies.dispatch_clock"
 FILL_CLOCK_KEY = "infera_policies.fill_clock"
 IN_FLIGHT_KEY = "infera_policies.in_flight_prefixes"
-MAX_IN_FLIGHT = 100_000
-"""Requests whose prompts :class:`InFlightPrefixes` remembers at most."""
 
 
 class DispatchClock:
@@ -139,6 +138,13 @@ class OverlapParams(BaseModel):
         description="Count the prompts of requests still in flight on a worker as cached there "
         "(their blocks are being computed and stay held until the request ends; KV events come later).",
     )
+    linger: float = Field(
+        2.0,
+        ge=0,
+        le=60,
+        description="Seconds a prompt stays credited where it ran after its request ended well, while the "
+        "worker's KV events for it are still on the way (a lagging event plane); 0: until it ends.",
+    )
 
 
 class KvOverlapScorer(Scorer):
@@ -146,7 +152,7 @@ class KvOverlapScorer(Scorer):
 
     name = "kv-overlap"
     needs_tokens = True
-    __slots__ = ("_bsize", "_key", "_slot", "in_flight", "index", "pending", "weights")
+    __slots__ = ("_bsize", "_key", "_slot", "in_flight", "index", "linger", "pending", "weights")
 
     def __init__(
         self, index: Any, params: OverlapParams | None = None, in_flight: InFlightPrefixes | None = None
@@ -155,6 +161,7 @@ class KvOverlapScorer(Scorer):
         self.index = index
         self.weights = (p.gpu, p.cpu, p.disk)
         self.pending = p.pending
+        self.linger = p.linger
         self.in_flight = in_flight if in_flight is not None else InFlightPrefixes()
         self._key: object = None
         self._slot: Rows = np.zeros(0, np.int64)
@@ -266,118 +273,7 @@ class KvOverlapScorer(Scorer):
                 )
 
     def on_finished(self, ctx: RequestContext, endpoint: Endpoint, ok: bool) -> None:
-        self.in_flight.remove(ctx, endpoint)
-
-
-class InFlightPrefixes:
-    """The prompts of requests still in flight, per endpoint row: ``kv-overlap``'s ``pending`` credit.
-
-    A worker computes a prompt's blocks once it admits the request and holds them until
-    the request ends, but KV events report them only after they are computed: without
-    this, requests sharing a prefix that arrive close together (a burst, or a queue near
-    capacity) all see it nowhere and are spread, each computing it again. Shared by every
-    profile of a server (``SchedulerDeps.extra``).
-    """
-
-    __slots__ = ("last", "pending", "sent")
-
-    def __init__(self) -> None:
-        self.last: tuple[str, Rows | list[int], Floats | list[float]] | None = None
-        """(request id, candidate rows, their overlap): the last request ``kv-overlap`` scored."""
-        self.pending: dict[int, dict[int, dict[int, int]]] = {}
-        """Block size → router hash → {endpoint row: requests in flight there whose prompt has that block}."""
-        self.sent: dict[tuple[str, str], tuple[int, int, list[int]]] = {}
-        """(request id, worker id) → (endpoint row, block size, the prompt's hashes counted in ``pending``)."""
-
-    def add(self, ctx: RequestContext, endpoint: Endpoint, hashes: list[int], bs: int) -> None:
-        key = (ctx.request_id, endpoint.worker_id)
-        if not hashes or key in self.sent:
-            return
-        row = endpoint.row
-        pending = self.pending.setdefault(bs, {})
-        marks = [hashes[k] for k in checkpoints(len(hashes))]
-        for h in marks:
-            held = pending.get(h)
-            if held is None:
-                pending[h] = {row: 1}
-            else:
-                held[row] = held.get(row, 0) + 1
-        self.sent[key] = (row, bs, marks)
-        if len(self.sent) > MAX_IN_FLIGHT:  # a request whose end was never reported: forget the oldest
-            self._drop(*next(iter(self.sent)))
-
-    def remove(self, ctx: RequestContext, endpoint: Endpoint) -> None:
-        self._drop(ctx.request_id, endpoint.worker_id)
-
-    def _drop(self, request_id: str, worker_id: str) -> None:
-        sent = self.sent.pop((request_id, worker_id), None)
-        if sent is None:
-            return
-        row, bs, hashes = sent
-        pending = self.pending.get(bs)
-        if pending is None:
-            return
-        for h in hashes:
-            held = pending.get(h)
-            if held is None:
-                continue
-            c = held.get(row, 0) - 1
-            if c > 0:
-                held[row] = c
-            else:
-                held.pop(row, None)
-                if not held:
-                    del pending[h]
-        if not pending:
-            del self.pending[bs]
-
-    def depth(self, ctx: RequestContext, index: Any) -> dict[int, float]:
-        """Per endpoint row, the fraction of the prompt's blocks that requests in flight there share.
-
-        Only the blocks at :func:`checkpoints` are remembered (every block up to 32, then 16
-        per doubling: ≤ 6% short of the true depth, 111 entries for a 1024-block prompt).
-        Block hashes chain, so the rows holding a later checkpoint hold the earlier ones
-        too: the walk only looks at the rows that drop out, and stops when none is left.
-        """
-        out: dict[int, float] = {}
-        if not ctx.token_ids:
-            return out
-        for bs, pending in self.pending.items():  # almost always one block size
-            hashes = ctx.cached_block_hashes(bs, index.hash_prompt)
-            if not hashes:
-                continue
-            n = len(hashes)
-            prev: dict[int, int] | None = None
-            done = 0  # blocks matched up to the last checkpoint found
-            for k in checkpoints(n):
-                cur = pending.get(hashes[k])
-                if cur is None:
-                    break
-                if prev is not None and len(cur) != len(prev):
-                    for row in prev.keys() - cur.keys():
-                        out[row] = max(out.get(row, 0.0), done / n)
-                prev = cur
-                done = k + 1
-            for row in prev or ():
-                if row not in out or out[row] < done / n:
-                    out[row] = done / n
-        return out
-
-
-_CHECKPOINTS: list[int] = []
-
-
-def checkpoints(n: int) -> list[int]:
-    """Block indices below ``n`` that :class:`InFlightPrefixes` remembers: k with (k + 1) a multiple of
-    ``2 ** max(0, bit_length(k + 1) − 5)``: every block up to 32, then 16 per doubling."""
-    cps = _CHECKPOINTS
-    if not cps or cps[-1] < n:
-        k = cps[-1] + 1 if cps else 0
-        while k < max(2 * n, 64):
-            if (k + 1) % (1 << max(0, (k + 1).bit_length() - 5)) == 0:
-                cps.append(k)
-            k += 1
-    return cps[: bisect.bisect_left(cps, n)]
+        self.in_flight.remove(ctx, endpoint, ok, self.linger)
 
 
 class LoadParams(BaseModel):
@@ -610,7 +506,7 @@ def register_kv(registry: PolicyRegistry) -> None:
     def in_flight(d: SchedulerDeps) -> InFlightPrefixes:
         shared = d.extra.get(IN_FLIGHT_KEY)
         if not isinstance(shared, InFlightPrefixes):
-            shared = d.extra[IN_FLIGHT_KEY] = InFlightPrefixes()
+            shared = d.extra[IN_FLIGHT_KEY] = InFlightPrefixes(d.clock)
         return shared
 
     def overlap(p: Any, d: SchedulerDeps) -> Scorer:
