@@ -9,9 +9,12 @@ import time
 from typing import Any
 
 import httpx
+import nats
+import nats.errors
 import pytest
 from infera_nats.responder import Responder
 from infera_nats.transport import NatsUpstream
+from nats.errors import NoRespondersError
 
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.transport import UpstreamReadError
@@ -95,9 +98,28 @@ async def test_killed_responder_requests_go_to_the_other_worker(
         dead = fleet.responders[0]
         assert dead.nc is not None
         await dead.nc.close()  # the responder is gone; its worker record is still there
+        # until the server has seen that connection close it still delivers to its subscription,
+        # and such a request waits out the first-byte timeout (the case a slow server shows)
+        await _until_no_responders(nats_server, dead.subject)
         results = [await c.post("/v1/chat/completions", json=CHAT) for _ in range(6)]
         assert [r.status_code for r in results] == [200] * 6
         assert {r.headers["x-infera-worker"] for r in results} == {"w1"}
+
+
+async def _until_no_responders(server: NatsServer, subject: str, within: float = 10.0) -> None:
+    """Wait until the NATS server answers a request on ``subject`` with "no responders"."""
+    probe = await nats.connect(server.url)
+    try:
+        async with asyncio.timeout(within):
+            while True:
+                try:
+                    await probe.request(subject, b"", timeout=0.5)
+                except NoRespondersError:
+                    return
+                except nats.errors.TimeoutError:
+                    pass
+    finally:
+        await probe.close()
 
 
 @pytest.mark.slow
