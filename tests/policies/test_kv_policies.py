@@ -346,3 +346,17 @@ def test_cache_fill_stays_finite_and_ordered_over_many_half_lives() -> None:
         fill.on_routed(RequestContext(f"r{i}", "m", "/v1/completions", {}, token_ids=[1] * n), ep)
     got = fill.score(RequestContext("p", "m", "/v1/completions", {}, token_ids=[2] * 64), [a, b, c])
     assert got[2] == 1.0 and got[0] == 0.0 and 0.0 < got[1] < 1.0, got
+
+
+def test_lingering_credits_expire_even_when_nothing_is_scored() -> None:
+    """One worker: the profile never scores, so only sending expires credits; they must not pile up."""
+    fleet = Fleet(1, "kv-aware")
+    scorer = fleet.profile.scorers[0]
+    ep = fleet.endpoints[0]
+    for i in range(50):
+        fleet.now = float(i)
+        ctx = RequestContext(f"r{i}", "m", "/v1/completions", {}, token_ids=[i] * (4 * BS))
+        scorer.on_routed(ctx, ep)
+        fleet.profile.finished(ctx, ep, True)
+    in_flight = scorer.in_flight  # type: ignore[attr-defined]
+    assert len(in_flight.sent) <= 3 and len(in_flight.ending) <= 3

@@ -51,6 +51,7 @@ class InFlightPrefixes:
         key = (ctx.request_id, endpoint.worker_id)
         if not hashes:
             return
+        self.expire()  # (also here: a fleet of one worker is never scored)
         if key in self.sent:
             if key not in self.ending:
                 return  # already counted (another profile of the same request)
