@@ -101,6 +101,11 @@ class Fleet:
         self.picks[ep.worker_id] += 1
         return ep.worker_id
 
+    def send(self, rid: str, tokens: list[int]) -> tuple[RequestContext, Endpoint]:
+        """Route one request and leave it in flight."""
+        ctx = RequestContext(rid, "m", "/v1/completions", {}, token_ids=tokens)
+        return ctx, self.profile.pick(ctx, self.profile.filter(ctx, list(self.endpoints)))
+
     def _engine(self, worker: str, tokens: list[int]) -> None:
         """Like a prefix-caching engine: count hits, store the prompt's blocks, evict LRU."""
         view = self.index.view(worker, None)
@@ -275,8 +280,7 @@ def test_a_failed_request_stops_counting_as_cached_at_once() -> None:
     fleet = Fleet(4, "kv-aware")
     scorer = fleet.profile.scorers[0]
     shared = list(range(8 * BS))
-    first = RequestContext("a", "m", "/v1/completions", {}, token_ids=shared)
-    ep = fleet.profile.pick(first, fleet.profile.filter(first, list(fleet.endpoints)))
+    first, ep = fleet.send("a", shared)
     probe = RequestContext("p", "m", "/v1/completions", {}, token_ids=shared)
     assert scorer.score(probe, fleet.endpoints)[fleet.endpoints.index(ep)] == 1.0
     fleet.profile.finished(first, ep, False)
@@ -287,8 +291,7 @@ def test_a_request_id_sent_again_while_its_credit_lingers_counts_until_the_new_o
     fleet = Fleet(2, "kv-aware")
     scorer = fleet.profile.scorers[0]
     shared = list(range(8 * BS))
-    ctx = RequestContext("same", "m", "/v1/completions", {}, token_ids=shared)
-    ep = fleet.profile.pick(ctx, fleet.profile.filter(ctx, list(fleet.endpoints)))
+    ctx, ep = fleet.send("same", shared)
     fleet.profile.finished(ctx, ep, True)  # lingers until 2.0
     fleet.now = 1.0
     again = RequestContext("same", "m", "/v1/completions", {}, token_ids=shared)
@@ -313,9 +316,7 @@ def test_linger_zero_keeps_the_credit_only_while_in_flight() -> None:
         "kv-aware", reg_profile.model_copy(update={"scorers": scorers}), REG, fleet.deps
     )
     scorer = fleet.profile.scorers[0]
-    shared = list(range(8 * BS))
-    ctx = RequestContext("a", "m", "/v1/completions", {}, token_ids=shared)
-    ep = fleet.profile.pick(ctx, fleet.profile.filter(ctx, list(fleet.endpoints)))
+    ctx, ep = fleet.send("a", list(range(8 * BS)))
     fleet.profile.finished(ctx, ep, True)
     assert scorer.score(ctx, fleet.endpoints) == [0.0] * 2
 
