@@ -9,8 +9,9 @@ time of the worker's last response headers. A worker is *hung* when
 * it sent no response headers at all for ``T`` (a slow but live worker keeps answering
   something), and
 * a routable peer serving the same model in the same role (mixed, prefill or decode) is
-  not stuck too (an outlier is judged against its peers: a fleet that is slow
-  everywhere, or a lone worker, is left alone).
+  not stuck too, and either waits for nothing or answered within ``T`` (an outlier is
+  judged against its peers: a fleet that is slow everywhere, or a lone worker, is left
+  alone; a peer whose requests are merely younger is no evidence either way).
 
 PD legs are watched like mixed requests (:class:`~infera_core.server.pd.legs.Legs`): a
 prefill or decode worker that accepts its leg and never answers is judged against the
@@ -155,7 +156,10 @@ class HangDetector:
             live = {
                 (ep.record.model, ep.record.role)
                 for ep in self.peers()
-                if ep.worker_id not in stuck and ep.record.routable and not ep.breaker_open
+                if ep.worker_id not in stuck
+                and ep.record.routable
+                and not ep.breaker_open
+                and self._answering(ep.worker_id, now, bar)
             }
             for waiting in list(stuck.values()):
                 ep = next(iter(waiting)).endpoint
@@ -163,6 +167,13 @@ class HangDetector:
                     self._trip(ep, waiting, now - min(w.since for w in waiting), bar)
         if any(self._waiting.values()):
             self._arm()
+
+    def _answering(self, wid: str, now: float, bar: float) -> bool:
+        """Whether a peer that is not stuck shows the fleet is answering: it waits for nothing,
+        or it sent response headers within ``bar``. A peer whose requests wait younger than
+        the bar and that answered nothing lately is no evidence yet (under load, a fleet that
+        is slow everywhere got its requests a little later on one worker than another)."""
+        return not self._waiting.get(wid) or now - self._last.get(wid, -bar) <= bar
 
     def _trip(self, ep: Endpoint, waiting: set[Waiting], waited: float, bar: float) -> None:
         if not ep.breaker_open:

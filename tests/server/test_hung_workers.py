@@ -17,6 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
+from infera_core.scheduling.types import Endpoint
+from infera_core.server.breaker import Breakers
+from infera_core.server.hangs import HangDetector
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import RunningServer, serving, settings_for, until
 from infera_core.testing.upstream import FakeUpstream, fake_upstreams, record_for
@@ -86,6 +89,32 @@ async def test_a_fleet_that_is_slow_everywhere_is_left_in_rotation() -> None:
         codes = await asyncio.gather(*(c.post("/v1/chat/completions", json=CHAT) for _ in range(4)))
         assert [r.status_code for r in codes] == [200] * 4
         assert await breakers(c) == {"w0": "closed", "w1": "closed"}
+
+
+async def test_a_peer_whose_requests_are_only_younger_is_no_evidence_of_an_outlier() -> None:
+    """The slow-everywhere fleet as a loaded router sees it: w1 got its requests 0.2 s after w0.
+    At 0.35 s w0 waited past the bar and w1 not yet, but w1 answered nothing either: w0 stays.
+    Once w1 answers, w0 (still silent) is the outlier."""
+    now = [0.0]
+    peers = [
+        Endpoint(WorkerRecord(worker_id=f"w{i}", url=f"http://w{i}", model="m", engine="e")) for i in range(2)
+    ]
+    detector = HangDetector(Breakers(3, 5.0), lambda: peers, timeout=0.3, factor=1.0, clock=lambda: now[0])
+    held = asyncio.ensure_future(asyncio.sleep(60))  # the requests' task, cancelled when w0 trips
+    detector.begin(peers[0], held)
+    now[0] = 0.2
+    w1 = detector.begin(peers[1], held)
+    now[0] = 0.35
+    detector._check()
+    assert not peers[0].breaker_open
+    now[0] = 0.4
+    detector.end(w1, answered=True)
+    detector.begin(peers[1], held)  # w1 is busy again, but it answered within the bar
+    now[0] = 0.45
+    detector._check()
+    assert peers[0].breaker_open and not peers[1].breaker_open
+    await asyncio.sleep(0)
+    assert held.cancelled()
 
 
 async def test_the_threshold_follows_the_fleets_typical_latency() -> None:
