@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infera_core.facade import InferaHooks
+from infera_core.plugin.hooks import InferaHooks
 from infera_core.up.settings import UpSettings
 from infera_core.up.stack import Stack
 from infera_core.worker import KvEventsInfo, WorkerRecord

@@ -27,9 +27,10 @@ from infera_policies.kv import register_kv
 from infera_core.builtin.policies import register_defaults
 from infera_core.kv.events import BlockStored, KvEventBatch
 from infera_core.kv.index import KvIndex
-from infera_core.registry import PolicyRegistry
+from infera_core.request import RequestContext
 from infera_core.scheduling.profile import build_profile
-from infera_core.scheduling.types import Endpoint, RequestContext, SchedulerDeps
+from infera_core.scheduling.registry import PolicyRegistry
+from infera_core.scheduling.types import Endpoint, SchedulerDeps
 from infera_core.worker import KvEventsInfo, WorkerRecord
 
 BS = 32

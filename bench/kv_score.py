@@ -78,8 +78,8 @@ def tokenization_ms(n_tokens: int) -> float | None:
 
 async def _conversation_costs(model_dir: Path, prefix_bytes: int, turns: int, first: str) -> list[float]:
     from infera_core.bench.workloads import WordSource
-    from infera_core.facade import InferaHooks
-    from infera_core.scheduling.types import RequestContext
+    from infera_core.plugin.hooks import InferaHooks
+    from infera_core.request import RequestContext
     from infera_core.tokenize.service import RoutingTokenizers, parse_model_specs
 
     tokens = RoutingTokenizers(

@@ -90,8 +90,8 @@ def lookups_for(args: Any) -> list[tuple[int, list[int]]]:
 async def router_main(args: Any) -> None:
     from infera_nats.kv_wire import kv_subject
 
-    from infera_core.facade import InferaHooks
     from infera_core.kv.hub import KvHub
+    from infera_core.plugin.hooks import InferaHooks
     from infera_core.worker import KvEventsInfo, WorkerRecord
 
     os.environ["INFERA_NATS_URL"] = args.nats

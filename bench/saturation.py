@@ -50,10 +50,11 @@ from infera_core.bench.trace import BlockTokens
 from infera_core.builtin.policies import register_defaults
 from infera_core.kv.events import KvEvent, KvEventBatch
 from infera_core.kv.index import KvIndex
-from infera_core.registry import PolicyRegistry
+from infera_core.request import RequestContext
 from infera_core.scheduling.config import ProfileConfig
 from infera_core.scheduling.profile import build_profile
-from infera_core.scheduling.types import Endpoint, RequestContext, SchedulerDeps
+from infera_core.scheduling.registry import PolicyRegistry
+from infera_core.scheduling.types import Endpoint, SchedulerDeps
 from infera_core.worker import KvEventsInfo, WorkerRecord
 
 TRACE = "/work/shared/workloads/mooncake_synthetic_trace.jsonl"

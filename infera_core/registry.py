@@ -8,19 +8,12 @@ reads registries through :meth:`Registry.get` and :meth:`Registry.names`.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping
+import importlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from infera_core.discovery.base import DiscoveryFactory
-from infera_core.engine import EngineAdapter, old_check_signatures
 from infera_core.errors import DuplicateNameError, PluginError, UnknownNameError
-from infera_core.kv.events import KvEventDecoder
-from infera_core.pd import PdTransport
-from infera_core.scheduling.config import ProfileConfig
-from infera_core.scheduling.types import PolicyFactory
-from infera_core.tokenize.base import TokenizerFactory
-from infera_core.transports import KvEventTransportFactory, RequestTransportFactory
 
 
 class Named(Protocol):
@@ -136,142 +129,26 @@ class Registry(Generic[T]):
         return len(self._entries)
 
 
-def option_clashes(adapter: EngineAdapter, taken: Collection[str]) -> list[str]:
-    """The adapter's options spelled like one of Infera's launcher flags (``taken``), as
-    ``"--port (Infera's --port)"``: Infera's flag would win and the option could never be set."""
-    out = []
-    for opt in adapter.options():
-        hit = next((f for f in (opt.flag, f"--no-{opt.flag[2:]}") if f in taken), None)
-        if hit is not None:
-            out.append(f"{opt.flag} (Infera's {hit})")
-    return out
+_MOVED = {
+    "EngineRegistry": "infera_core.engines.base",
+    "option_clashes": "infera_core.engines.base",
+    "OPTION_CLASH_HINT": "infera_core.engines.base",
+    "KvDecoderRegistry": "infera_core.kv.events",
+    "PdTransportRegistry": "infera_core.engines.pd",
+    "PdProtocolRegistry": "infera_core.engines.pd",
+    "DiscoveryRegistry": "infera_core.discovery.base",
+    "TokenizerRegistry": "infera_core.tokenize.base",
+    "RequestTransportRegistry": "infera_core.transports.base",
+    "KvEventTransportRegistry": "infera_core.transports.base",
+    "PolicyRegistry": "infera_core.scheduling.registry",
+    "Preset": "infera_core.scheduling.registry",
+}
 
 
-OPTION_CLASH_HINT = (
-    "rename them (e.g. --engine-port) or read Infera's value from the LaunchContext "
-    "(ctx.port, ctx.model, ctx.role…)"
-)
-
-
-class EngineRegistry(Registry[EngineAdapter]):
-    kind = "engine"
-    protocol = EngineAdapter
-
-    def check_options(self, taken: Collection[str], distributions: Mapping[str, str | None]) -> None:
-        """Refuse (:class:`PluginError`) an engine whose options are spelled like Infera's
-        launcher flags ``taken`` (:func:`infera_core.launcher.flags.launcher_flags`), naming
-        its plugin and ``distributions[plugin]``. Run once every plugin is collected, since
-        discovery backends and transports add launcher flags of their own."""
-        for entry in self.entries():
-            try:
-                clashes = option_clashes(entry.obj, taken)
-            except Exception as exc:
-                raise PluginError(
-                    f"plugin {entry.owner!r}: engine {entry.name!r} options() failed: {type(exc).__name__}: {exc}"
-                ) from exc
-            if clashes:
-                dist = distributions.get(entry.owner)
-                raise PluginError(
-                    f"plugin {entry.owner!r}{f' (distribution {dist})' if dist else ''} registered engine "
-                    f"{entry.name!r} with options named like Infera's own flags: {', '.join(clashes)}; "
-                    f"Infera's flag would win and the option could never be set: {OPTION_CLASH_HINT}"
-                )
-
-    def _check(self, obj: object) -> None:
-        super()._check(obj)
-        old = old_check_signatures(obj)
-        if old:
-            raise PluginError(
-                f"plugin {self.owner!r} registered engine {getattr(obj, 'name', '?')!r} with checks written "
-                f"for the old adapter contract: {', '.join(old)}; each now takes one RunningEngine "
-                "(engine.client, engine.url, engine.ctx), e.g. async def is_ready(self, engine) "
-                "(see docs/plugin-guide.md, 'Engine plugins')"
-            )
-
-
-class KvDecoderRegistry(Registry[KvEventDecoder]):
-    kind = "KV event decoder"
-    protocol = KvEventDecoder
-
-
-class PdTransportRegistry(Registry[PdTransport]):
-    kind = "PD transport"
-    protocol = PdTransport
-
-
-class DiscoveryRegistry(Registry[DiscoveryFactory]):
-    kind = "discovery backend"
-    protocol = DiscoveryFactory
-
-
-class TokenizerRegistry(Registry[TokenizerFactory]):
-    kind = "tokenizer"
-    protocol = TokenizerFactory
-
-
-class RequestTransportRegistry(Registry[RequestTransportFactory]):
-    kind = "request transport"
-    protocol = RequestTransportFactory
-
-
-class KvEventTransportRegistry(Registry[KvEventTransportFactory]):
-    kind = "KV-event transport"
-    protocol = KvEventTransportFactory
-
-
-@dataclass(frozen=True, slots=True)
-class Preset:
-    """A named scheduling profile selectable with ``--router-policy``."""
-
-    name: str
-    profile: ProfileConfig
-    description: str = ""
-
-
-class PolicyRegistry(Registry[PolicyFactory]):
-    """Filters, scorers and pickers (by ``kind:name``) plus named presets."""
-
-    kind = "policy"
-
-    def __init__(self, owner: str = "<core>", _shared: dict[str, Entry[PolicyFactory]] | None = None) -> None:
-        super().__init__(owner, _shared)
-        self._presets: dict[str, Entry[Preset]] = {}
-
-    def _copy_extra_state(self, other: Any) -> None:
-        self._presets = other._presets
-
-    def add(self, obj: PolicyFactory) -> None:
-        if not isinstance(obj, PolicyFactory):
-            raise PluginError(
-                f"plugin {self.owner!r} registered a {type(obj).__name__} as a policy: "
-                "register infera_core.scheduling.types.PolicyFactory(name, kind, build, params, description)"
-            )
-        self._add(f"{obj.kind}:{obj.name}", obj)
-
-    def factory(self, kind: str, name: str) -> PolicyFactory:
-        key = f"{kind}:{name}"
-        if key not in self._entries:
-            available = [n.split(":", 1)[1] for n in self.names() if n.startswith(kind + ":")]
-            raise UnknownNameError(kind, name, available, self.note)
-        return self._entries[key].obj
-
-    def add_preset(self, name: str, profile: ProfileConfig, description: str = "") -> None:
-        if name in self._presets:
-            first = self._presets[name].owner
-            raise DuplicateNameError(
-                f"policy preset {name!r} is registered twice: by plugin {first!r} and by plugin {self.owner!r}"
-            )
-        self._presets[name] = Entry(name, Preset(name, profile, description), self.owner)
-
-    def preset(self, name: str) -> Preset:
-        try:
-            return self._presets[name].obj
-        except KeyError:
-            raise UnknownNameError("policy preset", name, self.preset_names(), self.note) from None
-
-    def preset_names(self) -> list[str]:
-        return sorted(self._presets)
-
-    def preset_entries(self) -> Iterator[Entry[Preset]]:
-        for name in self.preset_names():
-            yield self._presets[name]
+def __getattr__(name: str) -> Any:
+    """The typed registries moved beside their contracts; the old names resolve for one
+    release (by module name, so this generic module depends on none of them)."""
+    home = _MOVED.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

@@ -17,6 +17,10 @@ SCHEMA_VERSION = 1
 DEFAULT_PREFIX = "/infera/workers/"
 
 
+DP_RANK_HEADER = "X-Data-Parallel-Rank"
+"""The header that sends a request to one data-parallel rank of a worker that fronts several."""
+
+
 class Role(StrEnum):
     MIXED = "mixed"
     PREFILL = "prefill"
@@ -85,7 +89,7 @@ class WorkerRecord(BaseModel):
     started_at: float = Field(default_factory=time.time)
     request_transport: str = "http"
     """Name of the request transport that reaches this worker (``http``, ``nats``…; see
-    :mod:`infera_core.transports`). A router without that transport logs it and does not
+    :mod:`infera_core.transports.base`). A router without that transport logs it and does not
     route here."""
     request_params: dict[str, Any] = Field(default_factory=dict)
     """Parameters of the request transport (e.g. a NATS subject); empty for ``http``."""

@@ -124,7 +124,7 @@ if not infera_kv_native.available or accel.ops.name != "native":
 if "presets" not in rows.get("example_policy", {}).get("provides", {}):
     problems.append("example_policy provides no presets from the installed wheel")
 # the headline feature: the installed serve routes kv-aware, by default and by name
-from infera_core.facade import InferaHooks
+from infera_core.plugin.hooks import InferaHooks
 from infera_core.server.app import create_app
 from infera_core.server.settings import ServeSettings
 

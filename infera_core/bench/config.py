@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode
 
-from infera_core.settings import InferaSettings
+from infera_core.config.settings import InferaSettings
 
 Workload = Literal["random", "shared-prefix", "multi-turn", "trace"]
 

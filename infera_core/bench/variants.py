@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 
 from infera_core.errors import ConfigError, UnknownNameError
-from infera_core.registry import PolicyRegistry
 from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
+from infera_core.scheduling.registry import PolicyRegistry
 
 CONFIG_SUFFIXES = (".yaml", ".yml")
 

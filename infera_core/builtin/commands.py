@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from infera_core.cli.lazy_group import LazyCommand, LazyGroup
-from infera_core.hookspecs import hookimpl
+from infera_core.plugin.spec import hookimpl
 
 #: subcommand name -> ("module:attribute", one-line help)
 CORE_COMMANDS: dict[str, tuple[str, str]] = {

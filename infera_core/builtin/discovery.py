@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from infera_core.hookspecs import hookimpl
-from infera_core.registry import DiscoveryRegistry
+from infera_core.discovery.base import DiscoveryRegistry
+from infera_core.plugin.spec import hookimpl
 
 
 @hookimpl

@@ -14,18 +14,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from infera_core.hookspecs import hookimpl
-from infera_core.registry import PolicyRegistry
+from infera_core.plugin.spec import hookimpl
+from infera_core.request import RequestContext
 from infera_core.scheduling.arrays import FilterMemo, Floats, rows_of, state
 from infera_core.scheduling.config import PluginRef, ProfileConfig
-from infera_core.scheduling.types import (
-    Endpoint,
-    Filter,
-    Picker,
-    PolicyFactory,
-    RequestContext,
-    SchedulerDeps,
-)
+from infera_core.scheduling.registry import PolicyRegistry
+from infera_core.scheduling.types import Endpoint, Filter, Picker, PolicyFactory, SchedulerDeps
 from infera_core.worker import Role, Status
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from infera_core.hookspecs import hookimpl
-from infera_core.registry import TokenizerRegistry
+from infera_core.plugin.spec import hookimpl
+from infera_core.tokenize.base import TokenizerRegistry
 
 
 @hookimpl

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from infera_core.hookspecs import hookimpl
-from infera_core.registry import KvEventTransportRegistry, RequestTransportRegistry
-from infera_core.transports import (
+from infera_core.plugin.spec import hookimpl
+from infera_core.transports.base import (
     HTTP,
     ZMQ,
     ClientContext,
     KvEventSource,
+    KvEventTransportRegistry,
     KvSourceContext,
+    RequestTransportRegistry,
     WorkerAttachment,
     WorkerContext,
 )
 
 if TYPE_CHECKING:
-    from infera_core.server.transport import Upstream
+    from infera_core.transports.upstreams import Upstream
 
 
 class HttpRequestTransport:
@@ -28,7 +29,7 @@ class HttpRequestTransport:
     settings_model = None
 
     def create_client(self, ctx: ClientContext) -> Upstream:
-        from infera_core.server.transport import make_upstream
+        from infera_core.transports.http import make_upstream
 
         return make_upstream(
             ctx.http_client,  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ import click
 from infera_core import __version__
 from infera_core.cli.lazy_group import LazyGroup
 from infera_core.errors import InferaError
-from infera_core.facade import InferaHooks
+from infera_core.plugin.hooks import InferaHooks
 
 
 def _versions(hooks: InferaHooks) -> str:

@@ -12,9 +12,9 @@ import click
 from rich.console import Console
 
 from infera_core.bench.config import BenchSettings
+from infera_core.config.settings import click_options, resolve
 from infera_core.errors import ConfigError
-from infera_core.facade import InferaHooks
-from infera_core.settings import click_options, resolve
+from infera_core.plugin.hooks import InferaHooks
 
 
 @click.command("bench")
@@ -42,10 +42,10 @@ def bench_cmd(hooks: InferaHooks, /, config_file: Path | None, **values: Any) ->
 
 
 async def _main(s: BenchSettings, hooks: InferaHooks) -> None:
-    from infera_core.bench.compare import run_targets
     from infera_core.bench.plan import describe
     from infera_core.bench.report import print_table, write_json, write_report
     from infera_core.bench.runner import BenchError
+    from infera_core.up.compare import run_targets
 
     if s.policies and s.url:
         raise ConfigError("--policies starts its own stacks; drop --url (or drop --policies)")

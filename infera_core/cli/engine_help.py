@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import click
 
-from infera_core.engine import FlagAliases
+from infera_core.config.settings import SettingsCommand
+from infera_core.engines.base import FlagAliases
 from infera_core.errors import InferaError
-from infera_core.facade import InferaHooks
-from infera_core.settings import SettingsCommand
+from infera_core.plugin.hooks import InferaHooks
 
 
 def engine_option_rows(hooks: InferaHooks, engine: str) -> list[tuple[str, str]]:

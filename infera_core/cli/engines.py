@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from infera_core.engine import EngineOption
-from infera_core.facade import InferaHooks
+from infera_core.engines.base import EngineOption
+from infera_core.plugin.hooks import InferaHooks
 
 
 def option_as_dict(opt: EngineOption) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from infera_core.errors import InferaError
-from infera_core.facade import InferaHooks
+from infera_core.plugin.hooks import InferaHooks
 
 
 @click.command("plugins")

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from infera_core.cli.engines import warn_failed_plugins
-from infera_core.facade import InferaHooks
+from infera_core.plugin.hooks import InferaHooks
 
 KINDS = ("filter", "scorer", "picker")
 

@@ -7,9 +7,15 @@ from typing import Any
 
 import click
 
-from infera_core.facade import InferaHooks
+from infera_core.config.settings import (
+    SettingsCommand,
+    click_options,
+    command_settings,
+    config_option,
+    resolve,
+)
+from infera_core.plugin.hooks import InferaHooks
 from infera_core.server.settings import ServeSettings
-from infera_core.settings import SettingsCommand, click_options, command_settings, config_option, resolve
 
 
 @click.command("serve", cls=SettingsCommand, base=ServeSettings)

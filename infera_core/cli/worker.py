@@ -15,15 +15,20 @@ from typing import Any
 
 import click
 
-from infera_core.backends import backend_models
-from infera_core.engine import EngineAdapter, EngineOption, FlagAliases
+from infera_core.config.backends import backend_models
+from infera_core.config.settings import click_options, compose_settings, read_config_file, resolve
+from infera_core.engines.base import (
+    OPTION_CLASH_HINT,
+    EngineAdapter,
+    EngineOption,
+    FlagAliases,
+    option_clashes,
+)
 from infera_core.errors import PluginError
-from infera_core.facade import InferaHooks
 from infera_core.launcher.flags import split_flat
 from infera_core.launcher.runtime import run_worker
 from infera_core.launcher.settings import WorkerSettings
-from infera_core.registry import OPTION_CLASH_HINT, option_clashes
-from infera_core.settings import click_options, compose_settings, read_config_file, resolve
+from infera_core.plugin.hooks import InferaHooks
 
 OPT_PREFIX = "engine_opt_"
 

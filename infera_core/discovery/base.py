@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
-from infera_core.backends import BackendOptions
+from infera_core.config.backends import BackendOptions
+from infera_core.registry import Registry
 from infera_core.worker import DEFAULT_PREFIX, WorkerRecord
 
 
@@ -49,7 +50,7 @@ class DiscoverySettings:
     """The memory backend's store (:class:`infera_core.discovery.memory.MemoryStore`);
     None means the process-wide default store."""
     options: BackendOptions = field(default_factory=BackendOptions)
-    """Settings models of plugin backends (see :mod:`infera_core.backends`)."""
+    """Settings models of plugin backends (see :mod:`infera_core.config.backends`)."""
 
     @classmethod
     def of(cls, source: object, **overrides: Any) -> DiscoverySettings:
@@ -127,3 +128,8 @@ class DiscoveryFactory(Protocol):
     def description(self) -> str: ...
 
     def create(self, settings: DiscoverySettings) -> Discovery: ...
+
+
+class DiscoveryRegistry(Registry[DiscoveryFactory]):
+    kind = "discovery backend"
+    protocol = DiscoveryFactory

@@ -30,7 +30,7 @@ from infera_core.discovery.etcd_client import ETCD_ERRORS, EtcdConnection, descr
 from infera_core.discovery.etcd_lease import LeaseKeeper
 from infera_core.discovery.records import SYNCED, check_update, diff, parse_record
 from infera_core.errors import DiscoveryError
-from infera_core.redact import redact_url
+from infera_core.util.redact import redact_url
 from infera_core.worker import WorkerRecord
 
 log = logging.getLogger("infera.discovery.etcd")

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from infera_core.discovery.base import ChangeKind, DiscoverySettings, FleetChange, Registration
 from infera_core.discovery.records import SYNCED, check_update
 from infera_core.errors import DiscoveryError
-from infera_core.redact import redact_url
+from infera_core.util.redact import redact_url
 from infera_core.worker import WorkerRecord
 
 

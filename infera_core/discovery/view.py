@@ -38,7 +38,7 @@ from infera_core.discovery.base import ChangeKind, Discovery, FleetChange
 from infera_core.worker import WorkerRecord
 
 if TYPE_CHECKING:
-    from infera_core.facade import InferaHooks
+    from infera_core.plugin.hooks import InferaHooks
 
 log = logging.getLogger("infera.discovery.view")
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from infera_core.backends import BackendOptions
+from infera_core.config.backends import BackendOptions
 from infera_core.kv import accel
 from infera_core.kv.agreement import AgreementCheck, parse_block_sizes
 from infera_core.kv.hub import KvHub
 from infera_core.kv.index import KvIndex
 from infera_core.kv.settings import KvSettings
-from infera_core.scheduling.types import RequestContext
+from infera_core.request import RequestContext
 from infera_core.tokenize.service import RoutingTokenizers, parse_model_specs
 from infera_core.worker import WorkerRecord
 

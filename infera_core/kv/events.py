@@ -18,6 +18,8 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
+from infera_core.registry import Registry
+
 BlockHash = int | bytes
 
 
@@ -103,3 +105,8 @@ class RawKvEventDecoder(KvEventDecoder, Protocol):
     def decode_raw(self, payload: bytes) -> IndexBatch:
         """Like ``decode``; stored blocks may come back as :class:`BlockStoredRaw`."""
         ...
+
+
+class KvDecoderRegistry(Registry[KvEventDecoder]):
+    kind = "KV event decoder"
+    protocol = KvEventDecoder

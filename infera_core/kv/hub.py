@@ -24,7 +24,7 @@ not at all. Reports (``cache_view``, metrics) iterate copies of the hub's tables
 
 That is the built-in ``zmq`` KV-event transport. A worker whose record names another
 transport (``kv_event_transport``, e.g. ``nats``) is followed through that transport's
-:class:`~infera_core.transports.KvEventSource` (one per transport, made on first use):
+:class:`~infera_core.transports.base.KvEventSource` (one per transport, made on first use):
 it delivers ``(seq, payload)`` batches to the same sequencing, gap and decoding logic,
 and its ``replay`` fills gaps. An unknown transport is logged and not followed.
 """
@@ -50,7 +50,7 @@ from infera_core.kv.metrics import KvMetrics
 from infera_core.kv.settings import KvSettings
 from infera_core.kv.sources import KvSources
 from infera_core.kv.zmq_sub import close_monitored, open_sub, redial, replay
-from infera_core.transports import ZMQ, KvEventSource
+from infera_core.transports.base import ZMQ, KvEventSource
 from infera_core.worker import Status, WorkerRecord
 
 log = logging.getLogger("infera.kv.hub")

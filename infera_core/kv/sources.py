@@ -12,9 +12,9 @@ import contextlib
 import logging
 from typing import Any
 
-from infera_core.backends import BackendOptions
+from infera_core.config.backends import BackendOptions
 from infera_core.errors import InferaError, UnknownNameError
-from infera_core.transports import ZMQ, KvEventSource, KvSourceContext
+from infera_core.transports.base import ZMQ, KvEventSource, KvSourceContext
 
 log = logging.getLogger("infera.kv.sources")
 

@@ -6,5 +6,5 @@
 * :mod:`infera_core.launcher.settings` — ``WorkerSettings`` (flags and ``INFERA_*`` env vars).
 * :mod:`infera_core.launcher.process` — the engine subprocess (own process group, prefixed
   output, last log lines kept).
-* :func:`infera_core.launcher.alias.main_for` — ``python -m infera_<engine>`` entry points.
+* :func:`infera_core.cli.alias.main_for` — ``python -m infera_<engine>`` entry points.
 """

@@ -1,7 +1,7 @@
 """Engine spellings of what Infera manages: one flat flag list, and flags after ``--``.
 
 ``python -m infera.engine.<name> …`` takes one flat list: Infera's own flags are taken,
-an engine's spelling of an Infera setting (:class:`~infera_core.engine.FlagAlias`, e.g.
+an engine's spelling of an Infera setting (:class:`~infera_core.engines.base.FlagAlias`, e.g.
 vLLM ``--tensor-parallel-size 2``) becomes the Infera flag (``--tp 2``), and everything
 else goes to the engine unchanged (:func:`split_flat`). Flags after ``--`` of
 ``infera-run worker``/``up`` whose alias names an adapter option (``--block-size 32``)
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from infera_core.engine import EngineAdapter, FlagAlias, FlagAliases
+from infera_core.engines.base import EngineAdapter, FlagAlias, FlagAliases
 from infera_core.errors import ConfigError
 
 
@@ -157,14 +157,14 @@ def launcher_flags(catalog: Any = None) -> dict[str, str]:
     """Every flag ``infera-run worker <engine>`` has of its own, mapped to the setting it sets.
 
     With a catalog (``hooks.catalog()``), the flags of the installed discovery backends and
-    transports are included. An :class:`~infera_core.engine.EngineOption` spelled like one of
+    transports are included. An :class:`~infera_core.engines.base.EngineOption` spelled like one of
     these (``port``, ``model``, ``role``…) would be shadowed by Infera's flag: the catalog
     refuses its plugin at load (:meth:`~infera_core.registry.EngineRegistry.check_options`),
     and the contract kit fails it.
     """
-    from infera_core.backends import backend_models
+    from infera_core.config.backends import backend_models
+    from infera_core.config.settings import compose_settings, field_options
     from infera_core.launcher.settings import WorkerSettings
-    from infera_core.settings import compose_settings, field_options
 
     model = (
         compose_settings(WorkerSettings, backend_models(catalog)) if catalog is not None else WorkerSettings

@@ -17,8 +17,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from infera_core.engine import EngineAdapter, HealthGenerate, RunningEngine
-from infera_core.redact import redact_url
+from infera_core.engines.base import EngineAdapter, HealthGenerate, RunningEngine
+from infera_core.util.redact import redact_url
 from infera_core.worker import Role
 
 log = logging.getLogger("infera.launcher")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from infera_core.engine import EngineAdapter, RunningEngine, ServedBlockSize
+from infera_core.engines.base import EngineAdapter, RunningEngine, ServedBlockSize
 from infera_core.launcher.waits import quietly
 from infera_core.worker import WorkerRecord
 

@@ -20,7 +20,7 @@ import sys
 from collections import deque
 from collections.abc import Callable
 
-from infera_core.engine import LaunchSpec
+from infera_core.engines.base import LaunchSpec
 from infera_core.errors import EngineError
 from infera_core.launcher.pdeathsig import PARENT_ENV
 

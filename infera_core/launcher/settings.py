@@ -8,9 +8,9 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from infera_core.config.settings import InferaSettings
 from infera_core.discovery.base import DiscoverySettings
 from infera_core.errors import ConfigError
-from infera_core.settings import InferaSettings
 from infera_core.worker import DEFAULT_PREFIX, Role
 
 

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from infera_core.kv.index import WorkerView
-    from infera_core.scheduling.types import Endpoint, RequestContext
+    from infera_core.request import RequestContext
+    from infera_core.scheduling.types import Endpoint
 
-DP_RANK_HEADER = "X-Data-Parallel-Rank"
 """The header that steers a request to one DP rank of a DP-attention server."""
 
 DEFAULT_WEIGHTS = (1.0, 0.5, 0.25)

@@ -1,7 +1,7 @@
 """The PD profile handler: topology per model, then a prefill pick and a decode pick.
 
 Topology is automatic: a model whose active fleet holds a prefill and a decode worker
-that can pair (:func:`infera_core.pd.check_pair`, and a PD transport installed for their
+that can pair (:func:`infera_core.engines.pd.check_pair`, and a PD transport installed for their
 protocol) is served by pairs; otherwise by mixed workers. A fleet with only one PD side
 (or sides that cannot pair) and no mixed worker answers 503 with the reason. The router
 config's ``pd:`` section can force ``mode: mixed`` or ``mode: pd`` per model::
@@ -29,14 +29,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from infera_core.engines.pd import PdPairError, check_pair
 from infera_core.errors import ConfigError
-from infera_core.pd import PdPairError, check_pair
-from infera_core.registry import PolicyRegistry
+from infera_core.request import RequestContext
 from infera_core.scheduling.dp import DpRanks
 from infera_core.scheduling.profile import Profile, build_profile
+from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.router_config import ProfileChoice
 from infera_core.scheduling.scheduler import CandidateSource, NoWorkerError, OverloadedError, under_cap
-from infera_core.scheduling.types import Endpoint, RequestContext, RoutedEvent, SchedulerDeps
+from infera_core.scheduling.types import Endpoint, RoutedEvent, SchedulerDeps
 from infera_core.worker import Role, WorkerRecord
 
 PREFILL_PRESETS = ("kv-aware-prefill", "kv-aware", "least-load", "round-robin")

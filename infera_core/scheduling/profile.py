@@ -12,18 +12,11 @@ import numpy as np
 from pydantic import ValidationError
 
 from infera_core.errors import ConfigError, UnknownNameError
-from infera_core.registry import PolicyRegistry
+from infera_core.request import RequestContext
 from infera_core.scheduling.arrays import ARRAY_MIN
 from infera_core.scheduling.config import PluginRef, ProfileConfig
-from infera_core.scheduling.types import (
-    Endpoint,
-    Filter,
-    Picker,
-    PolicyKind,
-    RequestContext,
-    SchedulerDeps,
-    Scorer,
-)
+from infera_core.scheduling.registry import PolicyRegistry
+from infera_core.scheduling.types import Endpoint, Filter, Picker, PolicyKind, SchedulerDeps, Scorer
 
 
 class Profile:

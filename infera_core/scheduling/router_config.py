@@ -22,8 +22,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infera_core.errors import ConfigError, UnknownNameError
-from infera_core.registry import PolicyRegistry
 from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
+from infera_core.scheduling.registry import PolicyRegistry
 
 PREFERRED_POLICY = "kv-aware"
 """The preset ``serve`` and ``up`` use when none is given and a plugin provides it."""

@@ -12,12 +12,13 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol
 
-from infera_core.registry import PolicyRegistry
+from infera_core.request import RequestContext
 from infera_core.scheduling.arrays import ARRAY_MIN, Candidates, state
 from infera_core.scheduling.dp import DpRanks
 from infera_core.scheduling.profile import Profile, build_profile
+from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.router_config import RouterConfig
-from infera_core.scheduling.types import Endpoint, RequestContext, RoutedEvent, SchedulerDeps
+from infera_core.scheduling.types import Endpoint, RoutedEvent, SchedulerDeps
 
 DIRECT_HEADER = "x-worker-instance-id"
 

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from infera_core.scheduling.arrays import EndpointArrays, Rows
-from infera_core.shm import name_hash, shared_memory
+from infera_core.util.shm import name_hash, shared_memory
 
 log = logging.getLogger("infera.scheduling.shared_load")
 

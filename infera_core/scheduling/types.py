@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from pydantic import BaseModel
 
+from infera_core.request import RequestContext as RequestContext
 from infera_core.scheduling import arrays as _arrays
 from infera_core.worker import Role, WorkerRecord
 
 if TYPE_CHECKING:
-    from infera_core.server.transport import Upstream
+    from infera_core.transports.upstreams import Upstream
 
 PolicyKind = Literal["filter", "scorer", "picker"]
 
@@ -106,7 +107,7 @@ class Endpoint:
         self._stats: dict[str, float] = {}
         self.upstream: Upstream = None  # type: ignore[assignment]
         """The client of the request transport that reaches this worker
-        (:class:`infera_core.server.transport.Upstream`), set by the server's endpoint table
+        (:class:`infera_core.transports.upstreams.Upstream`), set by the server's endpoint table
         from ``record.request_transport``; requests go through ``ep.upstream.open(...)``."""
 
     def __del__(self) -> None:
@@ -172,71 +173,6 @@ class Endpoint:
 
     def __repr__(self) -> str:
         return f"Endpoint({self.worker_id!r}, in_flight={self.in_flight})"
-
-
-class RequestContext:
-    """Per-request routing input, built once by the route handler.
-
-    ``token_ids`` is filled by the scheduler (tokenizing at most once, only when a
-    scorer has ``needs_tokens``); ``block_hashes`` caches per block size.
-    """
-
-    __slots__ = (
-        "_block_hashes",
-        "body",
-        "client_request_id",
-        "headers",
-        "model",
-        "principal",
-        "request_id",
-        "role",
-        "route",
-        "session_key",
-        "token_ids",
-        "tokenize_failed",
-    )
-
-    def __init__(
-        self,
-        request_id: str,
-        model: str,
-        route: str,
-        body: dict[str, Any],
-        headers: Mapping[str, str] | None = None,
-        role: Role = Role.MIXED,
-        token_ids: list[int] | None = None,
-    ) -> None:
-        self.request_id = request_id
-        self.model = model
-        self.route = route
-        self.body = body
-        self.headers: Mapping[str, str] = headers or {}
-        self.role = role
-        self.token_ids = token_ids
-        self.tokenize_failed = False
-        self.session_key: str | None = None
-        self._block_hashes: dict[int, list[int]] = {}
-        self.client_request_id: str | None = None
-        """The client's ``X-Request-Id``: a label for logs, echoed back, never a key."""
-        self.principal: Any = None
-        """Who sent it (the server's API-key principal), None without ``--api-key-file``."""
-
-    @property
-    def log_id(self) -> str:
-        """``request_id`` for log lines, with the client's own id when it sent one."""
-        if self.client_request_id is None:
-            return self.request_id
-        return f"{self.request_id} (client id {self.client_request_id[:128]!r})"
-
-    def cached_block_hashes(
-        self, block_size: int, compute: Callable[[list[int], int], list[int]]
-    ) -> list[int]:
-        """Block hashes of ``token_ids`` at ``block_size``, computed once per size."""
-        hashes = self._block_hashes.get(block_size)
-        if hashes is None:
-            hashes = compute(self.token_ids or [], block_size) if self.token_ids else []
-            self._block_hashes[block_size] = hashes
-        return hashes
 
 
 class Filter:

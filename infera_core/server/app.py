@@ -30,11 +30,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
-from infera_core.backends import BackendOptions
+from infera_core.config.backends import BackendOptions
 from infera_core.discovery.base import Discovery, DiscoverySettings
 from infera_core.discovery.view import FleetView
-from infera_core.facade import InferaHooks
-from infera_core.redact import redact_url
+from infera_core.plugin.hooks import InferaHooks
 from infera_core.scheduling.router_config import RouterConfig, default_policy, load_router_config
 from infera_core.scheduling.scheduler import build_scheduler
 from infera_core.scheduling.types import SchedulerDeps
@@ -61,10 +60,11 @@ from infera_core.server.proxy import OpenAIProxy
 from infera_core.server.series import LeanCollector
 from infera_core.server.settings import ServeSettings
 from infera_core.server.tokenize_routes import add_tokenize_routes
-from infera_core.server.transport import Upstreams
 from infera_core.server.usage import UsageLedger
 from infera_core.server.validate import BodyLimits, check_chat, check_completion
-from infera_core.transports import ClientContext
+from infera_core.transports.base import ClientContext
+from infera_core.transports.clients import Upstreams
+from infera_core.util.redact import redact_url
 from infera_core.worker import WorkerRecord
 
 

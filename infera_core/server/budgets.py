@@ -38,7 +38,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from infera_core.shm import name_hash, shared_memory
+from infera_core.util.shm import name_hash, shared_memory
 
 log = logging.getLogger("infera.server.keys")
 

@@ -17,20 +17,20 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from infera_core.scheduling.dp import DP_RANK_HEADER
+from infera_core.request import RequestContext
 from infera_core.scheduling.scheduler import (
     NoWorkerError,
     OverloadedError,
     Scheduler,
     UnknownModelError,
 )
-from infera_core.scheduling.types import Endpoint, RequestContext
+from infera_core.scheduling.types import Endpoint
 from infera_core.server.breaker import Breakers
 from infera_core.server.errors import ApiError
 from infera_core.server.fleet import EndpointTable
 from infera_core.server.hangs import HangDetector
 from infera_core.server.metrics import ServerMetrics
-from infera_core.server.transport import (
+from infera_core.transports.upstreams import (
     READ_ERRORS,
     PoolTimeoutError,
     TransportDownError,
@@ -38,7 +38,7 @@ from infera_core.server.transport import (
     UpstreamError,
     UpstreamResponse,
 )
-from infera_core.worker import Role
+from infera_core.worker import DP_RANK_HEADER, Role
 
 if TYPE_CHECKING:
     from infera_core.server.pd.dispatch import PdDispatcher
@@ -87,7 +87,7 @@ class RouterCore:
         self.table = table
         self.scheduler = scheduler
         self.upstream = upstream
-        """The server's clients (:class:`~infera_core.server.transport.Upstreams`), or one
+        """The server's clients (:class:`~infera_core.transports.clients.Upstreams`), or one
         client for every worker; requests go through each endpoint's own ``ep.upstream``."""
         if table.upstream_for is None:  # one client for all (tests, embedding code)
             table.upstream_for = lambda record: upstream

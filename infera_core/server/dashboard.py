@@ -29,11 +29,11 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.requests import HTTPConnection
 
-from infera_core.redact import redact_url
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.auth import ADMIN_STATE, CLIENT_STATE, AdminGate, ClientAuth, require_admin
 from infera_core.server.core import RouterCore
 from infera_core.server.series import LeanHistogram
+from infera_core.util.redact import redact_url
 
 log = logging.getLogger("infera.server.dashboard")
 

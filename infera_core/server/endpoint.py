@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import time
 
+from infera_core.request import RequestContext
 from infera_core.scheduling.scheduler import DIRECT_HEADER
-from infera_core.scheduling.types import Endpoint, RequestContext
+from infera_core.scheduling.types import Endpoint
 from infera_core.server.asgi import (
     CLIENT_CLOSING,
     ON_DISCONNECT,
@@ -29,8 +30,8 @@ from infera_core.server.asgi import (
 from infera_core.server.auth import AdminGate, ClientAuth
 from infera_core.server.core import RouterCore, watch_disconnect
 from infera_core.server.errors import ApiError
-from infera_core.server.transport import UpstreamResponse
 from infera_core.server.validate import BodyLimits, parse_body, parse_short_body
+from infera_core.transports.upstreams import UpstreamResponse
 
 _YIELD_AFTER = 256 * 1024
 """Body bytes beyond which parsing took long enough that the client may have left meanwhile."""

@@ -30,10 +30,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from infera_core.config.settings import read_data_file
 from infera_core.errors import ConfigError
 from infera_core.server.budgets import SharedBudgets
 from infera_core.server.errors import ApiError
-from infera_core.settings import read_data_file
 
 log = logging.getLogger("infera.server.keys")
 

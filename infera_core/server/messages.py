@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from infera_core.scheduling.types import Endpoint, RequestContext
+from infera_core.request import RequestContext
+from infera_core.scheduling.types import Endpoint
 from infera_core.server.anthropic import to_chat_request, to_message_response
 from infera_core.server.anthropic_stream import MessageStream
 from infera_core.server.asgi import (
@@ -19,8 +20,8 @@ from infera_core.server.asgi import (
 from infera_core.server.core import RouterCore
 from infera_core.server.endpoint import ProxyEndpoint
 from infera_core.server.errors import ApiError
-from infera_core.server.transport import READ_ERRORS, UpstreamResponse
 from infera_core.server.validate import BodyLimits, check_messages
+from infera_core.transports.upstreams import READ_ERRORS, UpstreamResponse
 
 ROUTE = "/v1/messages"
 _BAD_REPLY: tuple[type[BaseException], ...] = (ValueError, *READ_ERRORS)

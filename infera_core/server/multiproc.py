@@ -44,7 +44,7 @@ import traceback
 from typing import Any
 
 from infera_core.errors import InferaError
-from infera_core.facade import InferaHooks
+from infera_core.plugin.hooks import InferaHooks
 from infera_core.scheduling.shared_load import SharedLoad
 from infera_core.server.budgets import SharedBudgets
 from infera_core.server.settings import ServeSettings

@@ -27,7 +27,7 @@ from infera_core.server.asgi import CLIENT_CLOSING, ON_DISCONNECT
 from infera_core.server.coalesce import CoalescingTransport
 from infera_core.server.errors import ApiError
 from infera_core.server.limits import LimitSettings
-from infera_core.server.transport import set_nodelay
+from infera_core.transports.upstreams import set_nodelay
 
 log = logging.getLogger("infera.server")
 

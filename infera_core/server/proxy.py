@@ -15,7 +15,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from infera_core.scheduling.types import Endpoint, RequestContext
+from infera_core.request import RequestContext
+from infera_core.scheduling.types import Endpoint
 from infera_core.server.asgi import (
     SSE_HEADERS,
     Scope,
@@ -26,9 +27,7 @@ from infera_core.server.asgi import (
 from infera_core.server.core import RouterCore, usage_of
 from infera_core.server.endpoint import ProxyEndpoint
 from infera_core.server.errors import ApiError
-from infera_core.server.http1 import Http1Response
 from infera_core.server.splice import StreamTally
-from infera_core.server.transport import READ_ERRORS, UpstreamResponse
 from infera_core.server.usage import (
     UsageStripper,
     asking_usage,
@@ -37,6 +36,8 @@ from infera_core.server.usage import (
     with_stream_usage,
 )
 from infera_core.server.validate import BodyLimits
+from infera_core.transports.http.http1 import Http1Response
+from infera_core.transports.upstreams import READ_ERRORS, UpstreamResponse
 
 log = logging.getLogger("infera.server.proxy")
 

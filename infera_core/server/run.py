@@ -13,7 +13,7 @@ from typing import Any
 import uvicorn
 
 from infera_core.errors import InferaError
-from infera_core.facade import InferaHooks
+from infera_core.plugin.hooks import InferaHooks
 from infera_core.server.app import KvComponent, create_app, make_discovery
 from infera_core.server.multiproc import process_count, supervise
 from infera_core.server.peers import Peers

@@ -7,11 +7,11 @@ from typing import Literal
 
 from pydantic import Field
 
+from infera_core.config.settings import InferaSettings
 from infera_core.kv.settings import KvSettings
 from infera_core.server.auth_settings import AuthSettings
 from infera_core.server.fault_settings import FaultSettings
 from infera_core.server.limits import LimitSettings
-from infera_core.settings import InferaSettings
 
 
 class ServeSettings(InferaSettings, KvSettings, AuthSettings, LimitSettings, FaultSettings):

@@ -29,8 +29,8 @@ from infera_core.server.asgi import ClientGone, read_body
 from infera_core.server.auth import CLIENT_STATE, ClientAuth
 from infera_core.server.core import RouterCore
 from infera_core.server.errors import ApiError, bad_request
-from infera_core.server.transport import READ_ERRORS, UpstreamError
 from infera_core.server.validate import BodyLimits, parse_body
+from infera_core.transports.upstreams import READ_ERRORS, UpstreamError
 
 _FAILURES: tuple[type[BaseException], ...] = (UpstreamError, *READ_ERRORS)
 

@@ -28,15 +28,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 from unittest import mock
 
-from infera_core.scheduling.types import (
-    Endpoint,
-    Filter,
-    Picker,
-    PolicyFactory,
-    RequestContext,
-    SchedulerDeps,
-    Scorer,
-)
+from infera_core.request import RequestContext
+from infera_core.scheduling.types import Endpoint, Filter, Picker, PolicyFactory, SchedulerDeps, Scorer
 from infera_core.testing.engine_contract import ENGINE_MODULES, EngineAdapterContract, sample_launch_context
 from infera_core.testing.transport_contracts import (
     KvEventTransportContract,

@@ -36,14 +36,13 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar, TypeVar
 
-from infera_core.engine import (
+from infera_core.engines.base import (
     EngineAdapter,
     EngineOption,
     LaunchContext,
     LaunchSpec,
     RecordFields,
     RunningEngine,
-    old_check_signatures,
 )
 from infera_core.worker import KvEventsInfo, PdInfo, Role, WorkerRecord
 
@@ -184,13 +183,6 @@ class EngineAdapterContract:
     def test_satisfies_protocol(self) -> None:
         assert isinstance(self.adapter, EngineAdapter), "adapter lacks EngineAdapter methods"
 
-    def test_checks_take_one_running_engine(self) -> None:
-        old = old_check_signatures(self.adapter)
-        assert not old, (
-            f"checks written for the old (client, base_url) contract: {', '.join(old)}; "
-            "each takes one RunningEngine (engine.client, engine.url, engine.ctx)"
-        )
-
     def test_identity(self) -> None:
         a = self.adapter
         assert isinstance(a.name, str) and NAME_RE.match(a.name), f"bad engine name {a.name!r}"
@@ -210,8 +202,8 @@ class EngineAdapterContract:
         assert not dupes, f"duplicate option names: {dupes}"
 
     def test_options_do_not_clash_with_launcher_flags(self) -> None:
+        from infera_core.engines.base import OPTION_CLASH_HINT, option_clashes
         from infera_core.launcher.flags import launcher_flags
-        from infera_core.registry import OPTION_CLASH_HINT, option_clashes
 
         clashes = option_clashes(self.adapter, launcher_flags(self._catalog()))
         assert not clashes, (
@@ -222,7 +214,7 @@ class EngineAdapterContract:
 
     def _catalog(self) -> Any:
         """The installed plugins' catalog (their backends add launcher flags); None when it cannot load."""
-        from infera_core.facade import InferaHooks
+        from infera_core.plugin.hooks import InferaHooks
 
         try:
             return InferaHooks.load().catalog()

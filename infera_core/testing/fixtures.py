@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from infera_core.facade import InferaHooks
+from infera_core.plugin.hooks import InferaHooks
 from infera_core.testing.etcd import EtcdServer, etcd_binary
 from infera_core.testing.fleet import (  # noqa: F401
     etcd_fleet,

@@ -18,7 +18,7 @@ import httpx
 import uvicorn
 
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
-from infera_core.facade import InferaHooks
+from infera_core.plugin.hooks import InferaHooks
 from infera_core.server.app import KvComponent, create_app
 from infera_core.server.core import RouterCore
 from infera_core.server.run import uvicorn_config

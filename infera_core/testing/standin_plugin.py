@@ -10,10 +10,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields, RunningEngine
-from infera_core.engine_support import http_ok, metrics_in_flight
-from infera_core.hookspecs import hookimpl
-from infera_core.registry import EngineRegistry
+from infera_core.engines.base import (
+    EngineOption,
+    EngineRegistry,
+    LaunchContext,
+    LaunchSpec,
+    RecordFields,
+    RunningEngine,
+)
+from infera_core.engines.support import http_ok, metrics_in_flight
+from infera_core.plugin.spec import hookimpl
 
 
 class StandinAdapter:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
-from infera_core.engine import LaunchContext
+from infera_core.engines.base import LaunchContext
+from infera_core.engines.transfer import TransferConnector, TransferPlan
 from infera_core.errors import EngineError
 from infera_core.testing.engine_contract import sample_launch_context
-from infera_core.transfer import TransferConnector, TransferPlan
 from infera_core.worker import Role
 
 

@@ -33,21 +33,22 @@ import zmq
 import zmq.asyncio
 from pydantic import BaseModel
 
-from infera_core.backends import BackendOptions
+from infera_core.config.backends import BackendOptions
 from infera_core.kv.decode import MsgpackEventDecoder
+from infera_core.kv.events import KvDecoderRegistry
 from infera_core.kv.hub import KvHub
 from infera_core.kv.settings import KvSettings
-from infera_core.registry import KvDecoderRegistry, KvEventTransportRegistry
 from infera_core.scheduling.types import Endpoint
-from infera_core.server.transport import Upstream, UpstreamError
 from infera_core.testing.upstream import FakeUpstream
-from infera_core.transports import (
+from infera_core.transports.base import (
     ClientContext,
     KvEventTransportFactory,
+    KvEventTransportRegistry,
     RequestTransportFactory,
     WorkerAttachment,
     WorkerContext,
 )
+from infera_core.transports.upstreams import Upstream, UpstreamError
 from infera_core.worker import KvEventsInfo, WorkerRecord
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from infera_core.registry import Registry
+
 
 @runtime_checkable
 class Tokenizer(Protocol):
@@ -48,3 +50,8 @@ class TokenizerFactory(Protocol):
     def create(self, model: str, options: dict[str, Any]) -> Tokenizer:
         """A tokenizer for ``model``; ``options`` come from router config (e.g. ``path``)."""
         ...
+
+
+class TokenizerRegistry(Registry[TokenizerFactory]):
+    kind = "tokenizer"
+    protocol = TokenizerFactory

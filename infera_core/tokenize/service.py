@@ -31,7 +31,7 @@ import msgspec
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from infera_core.errors import ConfigError, InferaError, UnknownNameError
-from infera_core.scheduling.types import RequestContext
+from infera_core.request import RequestContext
 from infera_core.tokenize.base import PrefixTokenizer, Tokenizer
 from infera_core.tokenize.incremental import PrefixTokenCache
 from infera_core.worker import WorkerRecord

@@ -165,9 +165,9 @@ async def test_compare_two_targets_side_by_side(tmp_path: Path) -> None:
     from infera_sim.testing import start_sim
     from rich.console import Console
 
-    from infera_core.bench.compare import run_targets
     from infera_core.bench.config import BenchSettings
     from infera_core.bench.report import write_report
+    from infera_core.up.compare import run_targets
 
     # the second engine prefills far slower (≈0.5 s per prompt): the comparison must show it
     with (

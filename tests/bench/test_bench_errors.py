@@ -43,7 +43,7 @@ def test_cli_unreachable_url_is_one_line() -> None:
 
 
 def test_url_list_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from infera_core.settings import resolve
+    from infera_core.config.settings import resolve
 
     monkeypatch.setenv("INFERA_URL", "http://a:1/v1, http://b:2/v1")
     assert resolve(BenchSettings, {}).url == ["http://a:1/v1", "http://b:2/v1"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from infera_core.builtin.policies import register_defaults
-from infera_core.registry import PolicyRegistry
+from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.testing.contracts import FilterContract, PickerContract
 
 _CORE = PolicyRegistry()

@@ -10,19 +10,20 @@ from click.testing import CliRunner
 from pydantic import BaseModel, Field
 
 from infera_core.cli import build_cli
-from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields, RunningEngine
-from infera_core.facade import InferaHooks
-from infera_core.hookspecs import hookimpl
-from infera_core.registry import EngineRegistry, PolicyRegistry
-from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
-from infera_core.scheduling.types import (
-    Endpoint,
-    Picker,
-    PolicyFactory,
-    RequestContext,
-    SchedulerDeps,
-    Scorer,
+from infera_core.engines.base import (
+    EngineOption,
+    EngineRegistry,
+    LaunchContext,
+    LaunchSpec,
+    RecordFields,
+    RunningEngine,
 )
+from infera_core.plugin.hooks import InferaHooks
+from infera_core.plugin.spec import hookimpl
+from infera_core.request import RequestContext
+from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
+from infera_core.scheduling.registry import PolicyRegistry
+from infera_core.scheduling.types import Endpoint, Picker, PolicyFactory, SchedulerDeps, Scorer
 from infera_core.testing.fixtures import fake_entry_point, make_hooks
 
 

@@ -16,7 +16,7 @@ import click
 import pytest
 
 from infera_core.cli import build_cli
-from infera_core.facade import InferaHooks
+from infera_core.plugin.hooks import InferaHooks
 
 SYNONYMS = {
     # old or other spelling -> the project's spelling of the concept

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from infera_core.builtin.commands import CORE_COMMANDS
 from infera_core.cli import build_cli
 from infera_core.cli.lazy_group import LazyCommand
-from infera_core.hookspecs import hookimpl
+from infera_core.plugin.spec import hookimpl
 from infera_core.testing.fixtures import make_hooks
 
 SUBCOMMAND_MODULES = sorted(target.partition(":")[0] for target, _ in CORE_COMMANDS.values())

@@ -11,16 +11,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields, RunningEngine
-from infera_core.engine_support import http_ok, metrics_in_flight
-from infera_core.scheduling.types import (
-    Endpoint,
-    Filter,
-    Picker,
-    PolicyFactory,
-    RequestContext,
-    Scorer,
-)
+from infera_core.engines.base import EngineOption, LaunchContext, LaunchSpec, RecordFields, RunningEngine
+from infera_core.engines.support import http_ok, metrics_in_flight
+from infera_core.request import RequestContext
+from infera_core.scheduling.types import Endpoint, Filter, Picker, PolicyFactory, Scorer
 from infera_core.testing.contracts import (
     EngineAdapterContract,
     FilterContract,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infera_core.facade import InferaHooks
+from infera_core.plugin.hooks import InferaHooks
 from infera_core.scheduling.router_config import default_policy
 from infera_core.server.app import create_app
 from infera_core.server.settings import ServeSettings

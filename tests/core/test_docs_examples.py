@@ -9,10 +9,10 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from infera_core.cli import build_cli
-from infera_core.engine import LaunchSpec
+from infera_core.engines.base import LaunchSpec
+from infera_core.engines.transfer import TransferPlan, resolve_plan
 from infera_core.testing.contracts import EngineAdapterContract, ScorerContract, sample_launch_context
 from infera_core.testing.fixtures import make_hooks
-from infera_core.transfer import TransferPlan, resolve_plan
 from infera_core.worker import Role
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from infera_core import hookspecs
+from infera_core.plugin import spec as hookspecs
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOKS_DOC = ROOT / "docs" / "hooks.md"

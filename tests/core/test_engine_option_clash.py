@@ -16,19 +16,18 @@ from pathlib import Path
 import pytest
 
 from infera_core.cli import main
-from infera_core.engine import EngineOption
+from infera_core.cli.alias import flat_main_for
+from infera_core.engines.base import EngineOption, EngineRegistry
 from infera_core.errors import PluginError
-from infera_core.facade import InferaHooks
-from infera_core.hookspecs import hookimpl
-from infera_core.launcher.alias import flat_main_for
-from infera_core.registry import EngineRegistry
+from infera_core.plugin.hooks import InferaHooks
+from infera_core.plugin.spec import hookimpl
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.standin_plugin import StandinAdapter
 
 PLUGIN = textwrap.dedent(
     """
-    from infera_core.engine import EngineOption
-    from infera_core.hookspecs import hookimpl
+    from infera_core.engines.base import EngineOption
+    from infera_core.plugin.spec import hookimpl
     from infera_core.testing.standin_plugin import StandinAdapter
 
 

@@ -7,7 +7,8 @@ from importlib.metadata import PackageNotFoundError, distribution
 
 import pytest
 
-from infera_core.scheduling.types import Endpoint, Filter, Picker, RequestContext, SchedulerDeps, Scorer
+from infera_core.request import RequestContext
+from infera_core.scheduling.types import Endpoint, Filter, Picker, SchedulerDeps, Scorer
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.plugins import run_infera
 from infera_core.worker import Role, WorkerRecord

@@ -10,22 +10,16 @@ import pytest
 from click.testing import CliRunner
 
 from infera_core.cli import build_cli
-from infera_core.discovery.base import Discovery, DiscoverySettings
-from infera_core.engine import LaunchContext, LaunchSpec
+from infera_core.discovery.base import Discovery, DiscoveryRegistry, DiscoverySettings
+from infera_core.engines.base import LaunchContext, LaunchSpec
+from infera_core.engines.pd import LegRequest, PdContext, PdOrder, PdTransportRegistry
 from infera_core.errors import PluginError
-from infera_core.hookspecs import hookimpl
-from infera_core.kv.events import AllBlocksCleared, KvEventBatch
-from infera_core.pd import LegRequest, PdContext, PdOrder
-from infera_core.registry import (
-    DiscoveryRegistry,
-    KvDecoderRegistry,
-    PdTransportRegistry,
-    TokenizerRegistry,
-)
+from infera_core.kv.events import AllBlocksCleared, KvDecoderRegistry, KvEventBatch
+from infera_core.plugin.spec import hookimpl
 from infera_core.scheduling.types import RoutedEvent
 from infera_core.testing.contracts import sample_launch_context
 from infera_core.testing.fixtures import make_hooks
-from infera_core.tokenize.base import Tokenizer
+from infera_core.tokenize.base import Tokenizer, TokenizerRegistry
 from infera_core.worker import WorkerRecord
 
 

@@ -14,10 +14,9 @@ import pytest
 from infera_vllm.adapter import VllmAdapter
 from infera_vllm.transfer import transfer_plan
 
-from infera_core.engine import LaunchContext
-from infera_core.facade import InferaHooks
-from infera_core.hookspecs import hookimpl
-from infera_core.registry import EngineRegistry
+from infera_core.engines.base import EngineRegistry, LaunchContext
+from infera_core.plugin.hooks import InferaHooks
+from infera_core.plugin.spec import hookimpl
 from infera_core.testing.contracts import sample_launch_context
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.transfer_contract import TransferConnectorContract

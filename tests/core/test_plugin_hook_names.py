@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from infera_core.engines.base import EngineRegistry
 from infera_core.errors import PluginError
-from infera_core.hookspecs import hookimpl
-from infera_core.registry import EngineRegistry
+from infera_core.plugin.spec import hookimpl
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.plugins import run_infera, write_distribution
 
 TYPO_MODULE = """
-from infera_core.hookspecs import hookimpl
+from infera_core.plugin.spec import hookimpl
 
 
 class Adapter:

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from infera_core.discovery.base import DiscoveryRegistry
+from infera_core.engines.base import EngineRegistry
 from infera_core.errors import PluginError, UnknownNameError
-from infera_core.hookspecs import hookimpl
-from infera_core.plugins import make_plugin_manager
-from infera_core.registry import DiscoveryRegistry, EngineRegistry
+from infera_core.plugin.loader import make_plugin_manager
+from infera_core.plugin.spec import hookimpl
 from infera_core.testing.fixtures import fake_entry_point, make_hooks
 from infera_core.testing.plugins import run_infera, write_distribution
 from infera_core.testing.standin_plugin import StandinAdapter
@@ -20,7 +21,7 @@ raise ImportError("infera_broken_demo needs libfoo 9 [not installed]")
 """
 
 ENGINE_MODULE = """
-from infera_core.hookspecs import hookimpl
+from infera_core.plugin.spec import hookimpl
 from infera_core.testing.standin_plugin import StandinAdapter
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infera_core.facade import InferaHooks
+from infera_core.plugin.hooks import InferaHooks
 
 ROOT = Path(__file__).resolve().parents[2]
 FILTERS = re.compile(r"filters=\[([^\]]*)\]|filters:\s*\[([^\]]*)\]")

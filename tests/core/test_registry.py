@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import pytest
 
+from infera_core.discovery.base import DiscoveryRegistry
+from infera_core.engines.base import EngineRegistry
 from infera_core.errors import DuplicateNameError, PluginError
-from infera_core.hookspecs import hookimpl
-from infera_core.registry import DiscoveryRegistry, EngineRegistry, PolicyRegistry
+from infera_core.plugin.spec import hookimpl
+from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.standin_plugin import StandinAdapter
 

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from pydantic import Field
 
-from infera_core.settings import InferaSettings, click_options, resolve
+from infera_core.config.settings import InferaSettings, click_options, resolve
 from infera_core.testing.plugins import run_infera
 
 

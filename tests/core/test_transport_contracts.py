@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infera_core.backends import BackendOptions
 from infera_core.builtin.transports import HttpRequestTransport, ZmqKvEventTransport
+from infera_core.config.backends import BackendOptions
 from infera_core.testing.contracts import KvEventTransportContract, RequestTransportContract
 from infera_core.testing.nats import NatsServer
 

@@ -11,27 +11,30 @@ import pytest
 from click.testing import CliRunner
 from pydantic import Field
 
-from infera_core.backends import BackendOptions
 from infera_core.cli import build_cli
-from infera_core.discovery.base import Discovery, DiscoverySettings
+from infera_core.config.backends import BackendOptions
+from infera_core.config.settings import InferaSettings
+from infera_core.discovery.base import Discovery, DiscoveryRegistry, DiscoverySettings
 from infera_core.errors import DuplicateNameError, InferaError, UnknownNameError
-from infera_core.hookspecs import hookimpl
 from infera_core.kv.sources import KvSources
-from infera_core.registry import DiscoveryRegistry, KvEventTransportRegistry, RequestTransportRegistry
+from infera_core.launcher.transports import WorkerTransports
+from infera_core.plugin.spec import hookimpl
 from infera_core.scheduling.types import Endpoint
-from infera_core.server.transport import Upstream, UpstreamResponse, Upstreams, make_upstream
-from infera_core.settings import InferaSettings
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import serving, settings_for, until
 from infera_core.testing.upstream import fake_upstreams, record_for
-from infera_core.transports import (
+from infera_core.transports.base import (
     ClientContext,
     KvEventSource,
+    KvEventTransportRegistry,
     KvSourceContext,
+    RequestTransportRegistry,
     WorkerAttachment,
     WorkerContext,
-    WorkerTransports,
 )
+from infera_core.transports.clients import Upstreams
+from infera_core.transports.http import make_upstream
+from infera_core.transports.upstreams import Upstream, UpstreamResponse
 from infera_core.worker import WorkerRecord
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}

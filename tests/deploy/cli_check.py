@@ -15,7 +15,7 @@ import click
 
 from infera_core.cli import build_cli
 from infera_core.cli.lazy_group import LazyCommand
-from infera_core.facade import InferaHooks
+from infera_core.plugin.hooks import InferaHooks
 
 
 @functools.cache

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infera_core.backends import BackendOptions
+from infera_core.config.backends import BackendOptions
 from infera_core.discovery.base import Discovery, DiscoverySettings
 from infera_core.discovery.etcd import EtcdDiscovery
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore

@@ -10,8 +10,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from infera_core.backends import BackendOptions
 from infera_core.cli import build_cli
+from infera_core.config.backends import BackendOptions
 from infera_core.discovery.base import ChangeKind, DiscoverySettings
 from infera_core.discovery.view import FleetView
 from infera_core.errors import DiscoveryError

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from infera_core.engine import LaunchContext
+from infera_core.engines.base import LaunchContext
 from infera_core.launcher.address import free_port
 from infera_core.worker import Role
 

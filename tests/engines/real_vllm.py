@@ -22,7 +22,7 @@ from engine_env import clean_environ
 
 from infera_core.discovery.base import DiscoverySettings
 from infera_core.discovery.etcd import EtcdDiscovery
-from infera_core.engine_support import metrics_sum
+from infera_core.engines.support import metrics_sum
 from infera_core.errors import DiscoveryError
 from infera_core.kv.events import BlockStored, KvEventDecoder
 from infera_core.testing.etcd import EtcdServer

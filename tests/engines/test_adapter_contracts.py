@@ -15,14 +15,16 @@ from infera_sglang.adapter import LAUNCH_MODULE, SglangAdapter
 from infera_sim.adapter import SimAdapter
 from infera_vllm.adapter import API_SERVER_MODULE, VllmAdapter
 
-from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields, RunningEngine
-from infera_core.engine_support import http_ok
-from infera_core.errors import PluginError
-from infera_core.hookspecs import hookimpl
-from infera_core.registry import EngineRegistry
+from infera_core.engines.base import (
+    EngineOption,
+    LaunchContext,
+    LaunchSpec,
+    RecordFields,
+    RunningEngine,
+)
+from infera_core.engines.support import http_ok
 from infera_core.testing.contracts import EngineAdapterContract, sample_launch_context
 from infera_core.testing.engine_contract import Reply
-from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.standin_plugin import StandinAdapter
 
 _ROOT = tempfile.TemporaryDirectory(prefix="infera-engine-contracts-")
@@ -79,45 +81,6 @@ class TestSimContract(EngineAdapterContract):
 
 class TestStandinContract(EngineAdapterContract):
     adapter = StandinAdapter()
-
-
-class _OldContract:
-    """A third-party adapter written for the old ``is_ready(client, base_url)`` checks."""
-
-    name = "old-engine"
-    description = "Written against the (client, base_url) checks."
-    package_hint = "pip install old-engine"
-
-    def options(self) -> Sequence[EngineOption]:
-        return []
-
-    def build_launch(self, ctx: LaunchContext) -> LaunchSpec:
-        return LaunchSpec(argv=["old-engine"])
-
-    def record_fields(self, ctx: LaunchContext) -> RecordFields:
-        return RecordFields()
-
-    async def is_ready(self, client: Any, base_url: str) -> bool:
-        return True
-
-    async def in_flight(self, client: Any, base_url: str) -> int | None:
-        return 0
-
-
-class _OldPlugin:
-    @hookimpl
-    def infera_register_engines(self, registry: EngineRegistry) -> None:
-        registry.add(_OldContract())
-
-
-def test_an_adapter_with_the_old_check_signatures_fails_at_load_naming_its_plugin() -> None:
-    hooks = make_hooks(("old-engine-plugin", _OldPlugin()))
-    with pytest.raises(PluginError) as err:
-        hooks.catalog()
-    message = str(err.value)
-    assert "plugin 'old-engine-plugin' registered engine 'old-engine'" in message
-    assert "is_ready(client, base_url), in_flight(client, base_url)" in message
-    assert "RunningEngine" in message and "\n" not in message
 
 
 class _AlwaysReady(StandinAdapter):
@@ -188,7 +151,6 @@ class _HealthyNoCount(StandinAdapter):
             "options named like launcher flags: --port",
         ),
         (_SharedState, "test_launch_state_lives_in_the_context", "changed after another launch"),
-        (_OldContract, "test_checks_take_one_running_engine", r"is_ready\(client, base_url\)"),
     ],
 )
 def test_the_contract_kit_catches(adapter: type[Any], check: str, message: str) -> None:

@@ -9,7 +9,7 @@ import pytest
 from engine_env import ATOM_WORKER, flag, launch_context, make_engine_env
 from infera_atom.adapter import AtomAdapter
 
-from infera_core.engine import LaunchContext
+from infera_core.engines.base import LaunchContext
 from infera_core.errors import EngineError
 from infera_core.worker import Role
 

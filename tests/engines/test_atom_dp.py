@@ -20,10 +20,10 @@ from infera_atom.parallel import DP_MASTER_ENV
 from infera_atom.pd import AtomMooncakeTransport
 from infera_atom.transfer import handshake_ports
 
-from infera_core.engine import LaunchContext
+from infera_core.engines.base import LaunchContext
+from infera_core.engines.pd import PdContext
 from infera_core.errors import EngineError
 from infera_core.launcher.address import free_port
-from infera_core.pd import PdContext
 from infera_core.scheduling.dp import DpRanks
 from infera_core.scheduling.types import Endpoint
 from infera_core.worker import Role, WorkerRecord

@@ -23,11 +23,11 @@ from engine_env import ATOM_WORKER, flag, launch_context
 from infera_atom.adapter import AtomAdapter
 from infera_atom.kv_events import AtomEventDecoder
 
-from infera_core.engine import LaunchContext
-from infera_core.facade import InferaHooks
+from infera_core.engines.base import LaunchContext
 from infera_core.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from infera_core.kv.hub import KvHub
 from infera_core.kv.settings import KvSettings
+from infera_core.plugin.hooks import InferaHooks
 from infera_core.worker import WorkerRecord
 
 BS = 16

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infera_core.engine_support import bracket_host, dp_layout, free_ports, metrics_sum
+from infera_core.engines.support import bracket_host, dp_layout, free_ports, metrics_sum
 from infera_core.errors import EngineError
 from infera_core.testing.contracts import sample_launch_context
 

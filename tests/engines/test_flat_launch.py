@@ -17,8 +17,8 @@ from real_vllm import wait_registered
 
 from infera_core.cli.worker import flat_worker_args
 from infera_core.errors import ConfigError
-from infera_core.facade import InferaHooks
 from infera_core.launcher.flags import launch_options
+from infera_core.plugin.hooks import InferaHooks
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
 

@@ -20,7 +20,7 @@ import pytest
 from engine_env import clean_environ
 from infera_openai.llamacpp import LlamaCppAdapter
 
-from infera_core.engine import RunningEngine
+from infera_core.engines.base import RunningEngine
 from infera_core.testing.contracts import sample_launch_context
 
 pytestmark = pytest.mark.slow

@@ -18,10 +18,10 @@ from infera_vllm.adapter import VllmAdapter
 from infera_vllm.transfer import transfer_plan
 
 from infera_core.cli.worker import flat_worker_args
-from infera_core.engine import LaunchContext
+from infera_core.engines.base import LaunchContext
 from infera_core.errors import EngineError
-from infera_core.facade import InferaHooks
 from infera_core.launcher.flags import launch_options
+from infera_core.plugin.hooks import InferaHooks
 from infera_core.worker import Role
 
 HERE = Path(__file__).resolve().parent

@@ -26,10 +26,10 @@ from infera_openai.triton import TritonAdapter
 from infera_openai.trtllm import TrtllmAdapter
 
 from infera_core.cli.worker import flat_worker_args
-from infera_core.engine import LaunchContext, RunningEngine
+from infera_core.engines.base import LaunchContext, RunningEngine
 from infera_core.errors import EngineError
-from infera_core.facade import InferaHooks
 from infera_core.launcher.flags import launch_options
+from infera_core.plugin.hooks import InferaHooks
 from infera_core.testing.contracts import EngineAdapterContract, sample_launch_context
 from infera_core.testing.engine_contract import StandinEndpoints, closed_port
 from infera_core.up.settings import UpSettings

@@ -15,8 +15,8 @@ import pytest
 from infera_vllm.adapter import VllmAdapter
 from infera_vllm.pd import VllmMoriioReadTransport, VllmMoriioTransport
 
-from infera_core.engine import LaunchContext
-from infera_core.pd import PdContext, PdLegError, PdOrder
+from infera_core.engines.base import LaunchContext
+from infera_core.engines.pd import PdContext, PdLegError, PdOrder
 from infera_core.testing.fixtures import make_hooks
 from infera_core.worker import Role, WorkerRecord
 

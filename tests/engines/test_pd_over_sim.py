@@ -12,7 +12,7 @@ from infera_sglang.pd import SglangBootstrapTransport
 from infera_sim.testing import start_sim
 from infera_vllm.pd import VllmMoriioReadTransport, VllmMoriioTransport, VllmNixlTransport
 
-from infera_core.pd import PdContext, PdOrder
+from infera_core.engines.pd import PdContext, PdOrder
 from infera_core.worker import PdInfo, Role, WorkerRecord
 
 pytestmark = pytest.mark.slow

@@ -1,10 +1,10 @@
-"""A PD pair must be the same engine speaking the same protocol (infera_core.pd.check_pair)."""
+"""A PD pair must be the same engine speaking the same protocol (infera_core.engines.pd.check_pair)."""
 
 from __future__ import annotations
 
 import pytest
 
-from infera_core.pd import PdPairError, check_pair
+from infera_core.engines.pd import PdPairError, check_pair
 from infera_core.worker import PdInfo, Role, WorkerRecord
 
 

@@ -10,7 +10,7 @@ from infera_atom.pd import AtomMooncakeTransport
 from infera_sglang.pd import ROOM_LIMIT, SglangBootstrapTransport, steer_room
 from infera_vllm.pd import VllmMooncakeTransport, VllmNixlTransport
 
-from infera_core.pd import PdContext, PdLegError, PdOrder, PdUnsupported
+from infera_core.engines.pd import PdContext, PdLegError, PdOrder, PdUnsupported
 from infera_core.testing.fixtures import make_hooks
 from infera_core.worker import PdInfo, Role, WorkerRecord
 

@@ -26,7 +26,7 @@ from real_vllm import (
     wait_registered,
 )
 
-from infera_core.engine import RunningEngine
+from infera_core.engines.base import RunningEngine
 from infera_core.testing.contracts import sample_launch_context
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess

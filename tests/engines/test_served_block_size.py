@@ -11,7 +11,7 @@ from infera_sglang.adapter import SglangAdapter
 from infera_vllm.adapter import VllmAdapter
 from test_vllm_adapter import ctx as vllm_ctx
 
-from infera_core.engine import LaunchContext, RunningEngine
+from infera_core.engines.base import LaunchContext, RunningEngine
 from infera_core.errors import EngineError
 from infera_core.launcher.learned import with_served_block_size
 from infera_core.worker import KvEventsInfo, Role, Status, WorkerRecord

@@ -119,9 +119,10 @@ def test_kv_overlap_credits_a_dp_server_with_its_best_rank(others: int) -> None:
 
     from infera_core.kv.events import BlockStored, KvEventBatch
     from infera_core.kv.index import KvIndex
+    from infera_core.request import RequestContext
     from infera_core.scheduling.arrays import ARRAY_MIN
     from infera_core.scheduling.dp import DpRanks
-    from infera_core.scheduling.types import Endpoint, RequestContext
+    from infera_core.scheduling.types import Endpoint
 
     index = KvIndex()
     tokens = list(range(1, 65))  # 4 blocks of 16
@@ -156,7 +157,7 @@ def test_kv_overlap_credits_a_dp_server_with_its_best_rank(others: int) -> None:
 def test_sim_adapter_launches_a_dp_attention_sim_as_sglang_registers_one() -> None:
     from infera_sim.adapter import SimAdapter
 
-    from infera_core.engine import LaunchContext
+    from infera_core.engines.base import LaunchContext
     from infera_core.launcher.address import free_port
     from infera_core.worker import Role
 
@@ -186,8 +187,9 @@ def test_pd_decode_rank_follows_the_decode_rank_holding_the_prefix() -> None:
     X-Data-Parallel-Rank goes to the decode rank that holds the prompt's prefix."""
     from infera_core.kv.events import BlockStored, KvEventBatch
     from infera_core.kv.index import KvIndex
+    from infera_core.request import RequestContext
     from infera_core.scheduling.pd import build_pd_scheduler
-    from infera_core.scheduling.types import RequestContext, SchedulerDeps
+    from infera_core.scheduling.types import SchedulerDeps
     from infera_core.server.fleet import EndpointTable
     from infera_core.worker import PdInfo, Role
 

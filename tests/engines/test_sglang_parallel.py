@@ -13,7 +13,7 @@ from engine_env import SGLANG_OPTIONS, SGLANG_WORKER, flag, launch_context
 from infera_sglang.adapter import SglangAdapter
 from infera_sglang.parallel import DECODE_RADIX_FLAG
 
-from infera_core.engine import LaunchContext
+from infera_core.engines.base import LaunchContext
 from infera_core.errors import EngineError
 from infera_core.worker import Role
 

@@ -16,7 +16,7 @@ from engine_env import FakeEngineEnv, clean_environ, make_engine_env, standin_so
 from infera_sglang.pd import SglangBootstrapTransport
 from real_vllm import KvSubscriber, etcd_workers, wait_registered
 
-from infera_core.pd import PdContext, check_pair
+from infera_core.engines.pd import PdContext, check_pair
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
 

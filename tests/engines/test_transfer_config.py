@@ -20,11 +20,11 @@ from infera_sglang.adapter import SglangAdapter
 from infera_vllm.adapter import VllmAdapter
 from infera_vllm.transfer import transfer_plan
 
-from infera_core.engine import LaunchContext
+from infera_core.engines.base import LaunchContext
+from infera_core.engines.transfer import TransferConnectorRegistry, TransferPlan
 from infera_core.errors import EngineError, PluginError
-from infera_core.hookspecs import hookimpl
+from infera_core.plugin.spec import hookimpl
 from infera_core.testing.fixtures import make_hooks
-from infera_core.transfer import TransferConnectorRegistry, TransferPlan
 from infera_core.worker import PdInfo, Role
 
 HERE = Path(__file__).resolve().parent
@@ -426,7 +426,7 @@ def test_atom_conflicts_are_one_clear_line(role: Role, user: dict[str, Any], mes
 
 
 def test_atom_moriio_transport_is_registered_and_refuses_a_mooncake_peer() -> None:
-    from infera_core.pd import PdPairError, check_pair
+    from infera_core.engines.pd import PdPairError, check_pair
     from infera_core.worker import WorkerRecord
 
     assert "atom-moriio" in make_hooks().catalog().pd_transports.names()

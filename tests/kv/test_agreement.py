@@ -6,9 +6,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from infera_core.errors import ConfigError
-from infera_core.facade import InferaHooks
 from infera_core.kv.component import KvRouting
 from infera_core.kv.settings import KvSettings
+from infera_core.plugin.hooks import InferaHooks
 from infera_core.worker import KvEventsInfo, WorkerRecord
 
 pytest.importorskip("infera_sim")

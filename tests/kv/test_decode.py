@@ -116,7 +116,7 @@ def test_garbage_raises_kv_decode_error(payload: bytes) -> None:
 
 
 def test_plugins_register_vllm_and_sglang_decoders() -> None:
-    from infera_core.facade import InferaHooks
+    from infera_core.plugin.hooks import InferaHooks
 
     decoders = InferaHooks.load().catalog().kv_decoders
     assert {"vllm", "sglang"} <= set(decoders.names())

@@ -11,7 +11,7 @@ import pytest
 
 from infera_core.discovery.base import ChangeKind, FleetChange
 from infera_core.discovery.view import FleetView
-from infera_core.engine_support import metrics_in_flight
+from infera_core.engines.support import metrics_in_flight
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
 from infera_core.testing.net import free_port

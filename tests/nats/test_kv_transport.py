@@ -13,8 +13,8 @@ from infera_nats.transport_factories import NatsKvEventTransport
 from prometheus_client import CollectorRegistry
 from relay_rig import relayed
 
-from infera_core.facade import InferaHooks
 from infera_core.kv.hub import KvHub
+from infera_core.plugin.hooks import InferaHooks
 from infera_core.testing.nats import NatsServer
 from infera_core.testing.server import until
 from infera_core.worker import KvEventsInfo, WorkerRecord

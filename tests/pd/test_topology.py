@@ -11,11 +11,12 @@ from typing import Any
 import httpx
 import pytest
 
+from infera_core.engines.pd import check_pair
 from infera_core.errors import ConfigError
-from infera_core.pd import check_pair
+from infera_core.request import RequestContext
 from infera_core.scheduling.pd import PdScheduler, build_pd_scheduler
 from infera_core.scheduling.scheduler import NoWorkerError
-from infera_core.scheduling.types import RequestContext, SchedulerDeps
+from infera_core.scheduling.types import SchedulerDeps
 from infera_core.server.fleet import EndpointTable
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import serving, settings_for

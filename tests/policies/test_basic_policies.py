@@ -6,10 +6,11 @@ from collections import Counter
 
 import pytest
 
-from infera_core.facade import InferaHooks
+from infera_core.plugin.hooks import InferaHooks
+from infera_core.request import RequestContext
 from infera_core.scheduling.router_config import RouterConfig
 from infera_core.scheduling.scheduler import Scheduler, build_scheduler
-from infera_core.scheduling.types import RequestContext, SchedulerDeps
+from infera_core.scheduling.types import SchedulerDeps
 from infera_core.server.fleet import EndpointTable
 from infera_core.testing.fixtures import make_hooks
 from infera_core.worker import WorkerRecord

@@ -22,10 +22,11 @@ from infera_core.builtin.policies import register_defaults
 from infera_core.kv import accel
 from infera_core.kv.events import BlockStored, KvEventBatch
 from infera_core.kv.index import KvIndex
-from infera_core.registry import PolicyRegistry
+from infera_core.request import RequestContext
 from infera_core.scheduling.profile import Profile, build_profile
+from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.scheduler import under_cap
-from infera_core.scheduling.types import Endpoint, RequestContext, SchedulerDeps
+from infera_core.scheduling.types import Endpoint, SchedulerDeps
 from infera_core.worker import KvEventsInfo, Role, Status, WorkerRecord
 
 BS = 16

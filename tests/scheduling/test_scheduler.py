@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from infera_core.errors import ConfigError
-from infera_core.facade import InferaHooks
+from infera_core.plugin.hooks import InferaHooks
+from infera_core.request import RequestContext
 from infera_core.scheduling.router_config import RouterConfig, load_router_config
 from infera_core.scheduling.scheduler import (
     NoWorkerError,
@@ -17,7 +18,7 @@ from infera_core.scheduling.scheduler import (
     UnknownModelError,
     build_scheduler,
 )
-from infera_core.scheduling.types import Endpoint, RequestContext, RoutedEvent, SchedulerDeps
+from infera_core.scheduling.types import Endpoint, RoutedEvent, SchedulerDeps
 from infera_core.server.fleet import EndpointTable
 from infera_core.testing.fixtures import make_hooks
 from infera_core.worker import Role, Status, WorkerRecord

@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from infera_core.scheduling.types import Endpoint, RequestContext
+from infera_core.request import RequestContext
+from infera_core.scheduling.types import Endpoint
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import RunningServer, leave_mid_stream, serving, settings_for, until
 from infera_core.testing.upstream import FakeUpstream, fake_upstreams, record_for

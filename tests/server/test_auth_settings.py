@@ -10,8 +10,8 @@ import yaml
 from click.testing import CliRunner
 
 from infera_core.cli import build_cli
+from infera_core.config.settings import resolve
 from infera_core.server.settings import ServeSettings
-from infera_core.settings import resolve
 from infera_core.testing.fixtures import make_hooks
 from infera_core.up.settings import UpSettings
 from infera_core.up.stack import Stack

@@ -18,11 +18,12 @@ import httpx
 import pytest
 
 from infera_core.scheduling.types import Endpoint
-from infera_core.server.transport import PoolTimeoutError, make_upstream
-from infera_core.server.upstream_native import NativeUpstream
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import serving, settings_for, until
 from infera_core.testing.upstream import ScriptedUpstream, fake_upstreams, record_for
+from infera_core.transports.http import make_upstream
+from infera_core.transports.http.native import NativeUpstream
+from infera_core.transports.upstreams import PoolTimeoutError
 from infera_core.worker import WorkerRecord
 
 JSON = b'{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}'

@@ -12,7 +12,7 @@ from infera_sim.testing import KvMirror
 from infera_sim.tokenizer import SimTokenizerFactory
 
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
-from infera_core.engine import LaunchContext, RunningEngine
+from infera_core.engines.base import LaunchContext, RunningEngine
 from infera_core.errors import EngineError
 from infera_core.launcher.runtime import WorkerLauncher
 from infera_core.launcher.settings import WorkerSettings

@@ -10,7 +10,7 @@ import pytest
 from infera_sim.adapter import SimAdapter
 from infera_sim.testing import start_sim
 
-from infera_core.engine import RunningEngine
+from infera_core.engines.base import RunningEngine
 from infera_core.testing.contracts import sample_launch_context
 
 BODY = {"prompt": "hello", "max_tokens": 2}

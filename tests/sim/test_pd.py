@@ -17,7 +17,7 @@ import httpx
 import pytest
 from infera_sim.testing import KvMirror, SimHandle, start_sim
 
-from infera_core.pd import PdContext
+from infera_core.engines.pd import PdContext
 from infera_core.worker import PdInfo, Role, WorkerRecord
 
 PROMPT = " ".join(f"tok{i % 53}" for i in range(200))

@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infera_core.bench.workloads import WordSource, multi_turn_workload
-from infera_core.facade import InferaHooks
 from infera_core.kv.index import KvIndex
-from infera_core.scheduling.types import RequestContext
+from infera_core.plugin.hooks import InferaHooks
+from infera_core.request import RequestContext
 from infera_core.testing.tiny_tokenizer import make_tiny_model_dir
 from infera_core.tokenize.hf import HfTokenizer
 from infera_core.tokenize.incremental import PrefixTokenCache, common_prefix_len

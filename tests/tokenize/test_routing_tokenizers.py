@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from infera_core.errors import ConfigError
-from infera_core.facade import InferaHooks
-from infera_core.scheduling.types import RequestContext
+from infera_core.plugin.hooks import InferaHooks
+from infera_core.request import RequestContext
 from infera_core.testing.tiny_tokenizer import make_tiny_model_dir
 from infera_core.tokenize.hf import HfTokenizer
 from infera_core.tokenize.service import RoutingTokenizers, parse_model_specs, spec_from_record

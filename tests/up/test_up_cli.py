@@ -163,7 +163,7 @@ def test_up_with_real_etcd_registers_and_cleans_up(etcd_server: EtcdServer) -> N
 
 async def _etcd_workers(endpoint: str) -> list[str]:
     from infera_core.discovery.base import DiscoverySettings
-    from infera_core.facade import InferaHooks
+    from infera_core.plugin.hooks import InferaHooks
 
     disc = (
         InferaHooks.load()

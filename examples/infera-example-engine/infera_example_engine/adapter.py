@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping, Sequence
 
-from infera_core.engine import (
+from infera_core.engines.base import (
     EngineOption,
     FlagAlias,
     LaunchContext,
@@ -14,7 +14,7 @@ from infera_core.engine import (
     RecordFields,
     RunningEngine,
 )
-from infera_core.engine_support import (
+from infera_core.engines.support import (
     bracket_host,
     free_ports,
     http_ok,

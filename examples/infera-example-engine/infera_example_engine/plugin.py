@@ -1,5 +1,5 @@
-from infera_core.hookspecs import hookimpl
-from infera_core.registry import EngineRegistry
+from infera_core.engines.base import EngineRegistry
+from infera_core.plugin.spec import hookimpl
 
 
 @hookimpl

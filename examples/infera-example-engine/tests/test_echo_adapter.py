@@ -5,7 +5,7 @@ import httpx
 import pytest
 from infera_example_engine.adapter import EchoAdapter
 
-from infera_core.engine import RunningEngine
+from infera_core.engines.base import RunningEngine
 from infera_core.errors import EngineError
 from infera_core.testing.contracts import EngineAdapterContract, sample_launch_context
 from infera_core.testing.engine_contract import Reply, StandinEndpoints

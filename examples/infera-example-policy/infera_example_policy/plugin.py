@@ -6,10 +6,11 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infera_core.hookspecs import hookimpl
-from infera_core.registry import PolicyRegistry
+from infera_core.plugin.spec import hookimpl
+from infera_core.request import RequestContext
 from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
-from infera_core.scheduling.types import Endpoint, PolicyFactory, RequestContext, SchedulerDeps, Scorer
+from infera_core.scheduling.registry import PolicyRegistry
+from infera_core.scheduling.types import Endpoint, PolicyFactory, SchedulerDeps, Scorer
 
 
 class PreferLabelParams(BaseModel):

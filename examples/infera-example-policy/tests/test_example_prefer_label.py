@@ -8,8 +8,9 @@ import pytest
 from infera_example_policy.plugin import PREFER_LABEL, PreferLabelParams, build_prefer_label
 from pydantic import ValidationError
 
-from infera_core.facade import InferaHooks
-from infera_core.scheduling.types import Endpoint, RequestContext, SchedulerDeps
+from infera_core.plugin.hooks import InferaHooks
+from infera_core.request import RequestContext
+from infera_core.scheduling.types import Endpoint, SchedulerDeps
 from infera_core.testing.contracts import ScorerContract
 from infera_core.worker import WorkerRecord
 

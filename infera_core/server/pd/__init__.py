@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infera_core.facade import Catalog
+from infera_core.plugin.hooks import Catalog
 from infera_core.scheduling.pd import build_pd_scheduler
 from infera_core.scheduling.types import SchedulerDeps
 from infera_core.server.pd.dispatch import PdDispatcher

@@ -25,15 +25,22 @@ import json
 import time
 from typing import Any
 
-from infera_core.pd import PdContext, PdLegError, PdOrder, PdTransport, PdUnsupported
-from infera_core.registry import PdTransportRegistry
+from infera_core.engines.pd import (
+    PdContext,
+    PdLegError,
+    PdOrder,
+    PdTransport,
+    PdTransportRegistry,
+    PdUnsupported,
+)
+from infera_core.request import RequestContext
 from infera_core.scheduling.pd import Pair, PdConfig, PdScheduler
 from infera_core.scheduling.scheduler import DIRECT_HEADER, OverloadedError, SchedulingError
-from infera_core.scheduling.types import Endpoint, RequestContext
+from infera_core.scheduling.types import Endpoint
 from infera_core.server.errors import ApiError
 from infera_core.server.pd.legs import LegFailed, Legs
 from infera_core.server.pd.metrics import PdMetrics
-from infera_core.server.transport import UpstreamResponse
+from infera_core.transports.upstreams import UpstreamResponse
 
 Routed = tuple[Endpoint, UpstreamResponse]
 

@@ -13,14 +13,14 @@ import json
 import logging
 from typing import Any
 
-from infera_core.pd import LegRequest
+from infera_core.engines.pd import LegRequest
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.breaker import Breakers
 from infera_core.server.errors import ApiError
 from infera_core.server.hangs import HangDetector
 from infera_core.server.metrics import ServerMetrics
 from infera_core.server.pd.metrics import PdMetrics
-from infera_core.server.transport import READ_ERRORS, Upstream, UpstreamError, UpstreamResponse
+from infera_core.transports.upstreams import READ_ERRORS, Upstream, UpstreamError, UpstreamResponse
 
 log = logging.getLogger("infera.server.pd")
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from infera_atom.kv_events import engine_port_flags, kv_events_info, launch_env
 from infera_atom.parallel import dp_size
 from infera_atom.transfer import transfer_plan
-from infera_core.engine import (
+from infera_core.engines.base import (
     EngineOption,
     FlagAlias,
     LaunchContext,
@@ -21,7 +21,7 @@ from infera_core.engine import (
     RecordFields,
     RunningEngine,
 )
-from infera_core.engine_support import http_ok, locate_engine, reject_managed_flags
+from infera_core.engines.support import http_ok, locate_engine, reject_managed_flags
 from infera_core.errors import EngineError
 
 SERVER_MODULE = "atom.entrypoints.openai_server"

@@ -41,8 +41,8 @@ from typing import Any
 import msgspec
 
 from infera_atom.parallel import dp_master_env, dp_size, launch_port
-from infera_core.engine import LaunchContext
-from infera_core.engine_support import bracket_host
+from infera_core.engines.base import LaunchContext
+from infera_core.engines.support import bracket_host
 from infera_core.kv.events import (
     AllBlocksCleared,
     BlockHash,

@@ -22,11 +22,11 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from infera_core.engine_support import free_ports
+from infera_core.engines.support import free_ports
 from infera_core.errors import EngineError
 
 if TYPE_CHECKING:
-    from infera_core.engine import LaunchContext
+    from infera_core.engines.base import LaunchContext
 
 ENGINE_SIZES = {"dp": ("--data-parallel-size", "-dp"), "pp": ("--pipeline-parallel-size", "-pp")}
 """ATOM's own parallel sizes, passed after ``--`` (``atom/model_engine/arg_utils.py``)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from infera_core.pd import (
+from infera_core.engines.pd import (
     KvTransferParamsLegs,
     LegRequest,
     PdContext,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from infera_core.hookspecs import hookimpl
-from infera_core.registry import EngineRegistry, KvDecoderRegistry, PdTransportRegistry
-from infera_core.transfer import TransferConnectorRegistry
+from infera_core.engines.base import EngineRegistry
+from infera_core.engines.pd import PdTransportRegistry
+from infera_core.engines.transfer import TransferConnectorRegistry
+from infera_core.kv.events import KvDecoderRegistry
+from infera_core.plugin.spec import hookimpl
 
 
 @hookimpl

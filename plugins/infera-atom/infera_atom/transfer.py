@@ -18,9 +18,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from infera_atom.parallel import engine_size
-from infera_core.engine_support import free_ports
-from infera_core.errors import EngineError
-from infera_core.transfer import (
+from infera_core.engines.support import free_ports
+from infera_core.engines.transfer import (
     TransferConnector,
     TransferPlan,
     check_kv_role,
@@ -29,10 +28,11 @@ from infera_core.transfer import (
     parse_user_config,
     resolve_plan,
 )
+from infera_core.errors import EngineError
 from infera_core.worker import PdInfo, Role
 
 if TYPE_CHECKING:
-    from infera_core.engine import LaunchContext
+    from infera_core.engines.base import LaunchContext
 
 ENGINE = "atom"
 DEFAULT_CONNECTOR = "mooncake"

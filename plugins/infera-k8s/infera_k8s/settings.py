@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from infera_core.settings import InferaSettings
+from infera_core.config.settings import InferaSettings
 from infera_k8s.pods import DEFAULT_SELECTOR
 
 

@@ -34,7 +34,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from infera_core.discovery.base import ChangeKind, DiscoverySettings, FleetChange
 from infera_core.discovery.records import SYNCED, check_update, diff, parse_record
 from infera_core.errors import DiscoveryError
-from infera_core.redact import redact_url
+from infera_core.util.redact import redact_url
 from infera_core.worker import WorkerRecord
 from infera_nats.settings import NatsSettings
 from infera_nats.transport_connect import NatsUnreachableError, close_quietly, connect_nats

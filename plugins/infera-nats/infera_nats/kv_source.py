@@ -1,6 +1,6 @@
 """The router side of ``--kv-event-transport nats``: follow workers' KV events in the JetStream stream.
 
-:class:`NatsKvSource` is a :class:`infera_core.transports.KvEventSource`: for each worker
+:class:`NatsKvSource` is a :class:`infera_core.transports.base.KvEventSource`: for each worker
 (and DP rank) the KV hub follows, it reads that publisher's subject of the ``INFERA_KV``
 stream through an ordered consumer (ephemeral, in order, re-created from the last stream
 sequence after a gap, a missed heartbeat or a NATS restart) and hands every batch to the
@@ -23,7 +23,7 @@ import logging
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from infera_core.transports import KvEventSink
+from infera_core.transports.base import KvEventSink
 from infera_core.worker import WorkerRecord
 from infera_nats import kv_wire
 from infera_nats.transport_connect import close_quietly, connect_nats

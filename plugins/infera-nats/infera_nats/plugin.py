@@ -9,8 +9,9 @@ inside the hooks so loading the plugin stays cheap.
 
 from __future__ import annotations
 
-from infera_core.hookspecs import hookimpl
-from infera_core.registry import DiscoveryRegistry, KvEventTransportRegistry, RequestTransportRegistry
+from infera_core.discovery.base import DiscoveryRegistry
+from infera_core.plugin.spec import hookimpl
+from infera_core.transports.base import KvEventTransportRegistry, RequestTransportRegistry
 
 
 @hookimpl

@@ -22,8 +22,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from infera_core.scheduling.types import Endpoint
-from infera_core.server.transport import READ_ERRORS, UpstreamError
-from infera_core.server.upstream_native import NativeUpstream
+from infera_core.transports.http.native import NativeUpstream
+from infera_core.transports.upstreams import READ_ERRORS, UpstreamError
 from infera_core.worker import WorkerRecord
 from infera_nats import transport_wire as wire
 from infera_nats.transport_connect import close_quietly, connect_nats

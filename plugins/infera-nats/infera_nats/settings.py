@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from infera_core.settings import InferaSettings
+from infera_core.config.settings import InferaSettings
 
 BUCKET_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_"
 

@@ -1,7 +1,7 @@
 """``--request-transport nats``, router side: requests to workers over NATS request/reply.
 
 :class:`NatsUpstream` implements the router's ``Upstream`` protocol
-(:mod:`infera_core.server.transport`): ``open`` publishes the request to the worker's
+(:mod:`infera_core.transports.upstreams`): ``open`` publishes the request to the worker's
 subject with a reply subject under the process's one wildcard inbox subscription and
 returns once the head message arrived (the "first byte"); the body follows as ``D``
 messages and an ``E`` (framing: :mod:`infera_nats.transport_wire`). Like the HTTP hop:
@@ -27,8 +27,12 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from infera_core.scheduling.types import Endpoint
-from infera_core.server.transport import TransportDownError, UpstreamError, UpstreamReadError
+from infera_core.transports.upstreams import (
+    TransportDownError,
+    UpstreamError,
+    UpstreamReadError,
+    UpstreamTarget,
+)
 from infera_nats import transport_wire as wire
 from infera_nats.transport_connect import close_quietly, connect_nats
 
@@ -58,7 +62,9 @@ class NatsResponse:
         "status",
     )
 
-    def __init__(self, owner: NatsUpstream, endpoint: Endpoint, reply: str, cancel_subject: str) -> None:
+    def __init__(
+        self, owner: NatsUpstream, endpoint: UpstreamTarget, reply: str, cancel_subject: str
+    ) -> None:
         self.owner: NatsUpstream | None = owner
         self.endpoint = endpoint
         self.reply = reply
@@ -332,7 +338,7 @@ class NatsUpstream:
         self._starting = task = loop.create_task(self._connect())
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # failures: tried again later
 
-    async def _wait_ready(self, endpoint: Endpoint) -> Client:
+    async def _wait_ready(self, endpoint: UpstreamTarget) -> Client:
         """The connection, waiting up to ``connect_timeout`` while :meth:`start` runs."""
         if not self._ready.is_set():
             try:
@@ -357,7 +363,7 @@ class NatsUpstream:
         await close_quietly(self.nc)
         self.nc = None
 
-    def subjects(self, endpoint: Endpoint) -> tuple[str, str]:
+    def subjects(self, endpoint: UpstreamTarget) -> tuple[str, str]:
         """(request subject, cancel subject) of a worker: its record's ``request_params.subject``,
         else the default subject of its worker id."""
         subject = _record_subject(endpoint)
@@ -373,7 +379,7 @@ class NatsUpstream:
         return found
 
     async def open(
-        self, endpoint: Endpoint, path: str, body: bytes, headers: dict[str, str] | None = None
+        self, endpoint: UpstreamTarget, path: str, body: bytes, headers: dict[str, str] | None = None
     ) -> NatsResponse:
         """Publish the request to the worker's subject; the response once its head arrived."""
         nc = self.nc
@@ -436,7 +442,7 @@ class NatsUpstream:
         task.add_done_callback(self._tasks.discard)
 
 
-def _record_subject(endpoint: Endpoint) -> str | None:
+def _record_subject(endpoint: UpstreamTarget) -> str | None:
     """The request subject the worker's record names (``request_params.subject``), if any."""
     params = getattr(endpoint.record, "request_params", None)
     subject = params.get("subject") if isinstance(params, dict) else None

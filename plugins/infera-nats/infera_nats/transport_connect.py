@@ -16,7 +16,7 @@ import nats
 from nats.aio.client import Client
 from nats.errors import SlowConsumerError
 
-from infera_core.redact import redact_url
+from infera_core.util.redact import redact_url
 
 log = logging.getLogger("infera.nats")
 

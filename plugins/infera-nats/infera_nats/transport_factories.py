@@ -1,4 +1,4 @@
-"""The ``nats`` request transport and KV-event transport, as registered (see :mod:`infera_core.transports`).
+"""The ``nats`` request transport and KV-event transport, as registered (see :mod:`infera_core.transports.base`).
 
 * :class:`NatsRequestTransport`: routers reach workers through :class:`~infera_nats.transport.NatsUpstream`;
   the launcher starts a :class:`~infera_nats.responder.Responder` in front of the engine and
@@ -16,15 +16,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from infera_core.transports import Attached, ClientContext, KvSourceContext, WorkerContext
+from infera_core.transports.base import Attached, ClientContext, KvSourceContext, WorkerContext
 from infera_nats import kv_wire
 from infera_nats import transport_wire as wire
 from infera_nats.settings import NatsSettings
 
 if TYPE_CHECKING:
-    from infera_core.backends import BackendOptions
-    from infera_core.server.transport import Upstream
-    from infera_core.transports import KvEventSource, WorkerAttachment
+    from infera_core.config.backends import BackendOptions
+    from infera_core.transports.base import KvEventSource, WorkerAttachment
+    from infera_core.transports.upstreams import Upstream
 
 NATS = "nats"
 

@@ -12,8 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
-from infera_core.engine import EngineOption, FlagAlias, LaunchContext, LaunchSpec, RecordFields, RunningEngine
-from infera_core.engine_support import http_ok, metrics_sum, reject_managed_flags
+from infera_core.engines.base import (
+    EngineOption,
+    FlagAlias,
+    LaunchContext,
+    LaunchSpec,
+    RecordFields,
+    RunningEngine,
+)
+from infera_core.engines.support import http_ok, metrics_sum, reject_managed_flags
 from infera_core.errors import EngineError
 from infera_core.worker import Role
 

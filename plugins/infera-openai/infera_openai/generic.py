@@ -14,8 +14,8 @@ import string
 from collections.abc import Mapping
 from typing import ClassVar
 
-from infera_core.engine import EngineOption, FlagAlias, LaunchContext, LaunchSpec, RunningEngine
-from infera_core.engine_support import http_ok, metrics_sum
+from infera_core.engines.base import EngineOption, FlagAlias, LaunchContext, LaunchSpec, RunningEngine
+from infera_core.engines.support import http_ok, metrics_sum
 from infera_core.errors import EngineError
 from infera_openai.base import OpenAIServerAdapter, get_text
 

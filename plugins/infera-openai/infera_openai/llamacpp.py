@@ -19,8 +19,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from infera_core.engine import EngineOption, FlagAlias, LaunchContext, LaunchSpec, RunningEngine
-from infera_core.engine_support import ENGINE_PYTHON_ENV
+from infera_core.engines.base import EngineOption, FlagAlias, LaunchContext, LaunchSpec, RunningEngine
+from infera_core.engines.support import ENGINE_PYTHON_ENV
 from infera_core.errors import EngineError
 from infera_openai.base import OpenAIServerAdapter, get_text, positive
 

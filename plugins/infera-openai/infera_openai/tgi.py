@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from infera_core.engine import EngineOption, FlagAlias, LaunchContext, LaunchSpec
-from infera_core.engine_support import free_ports
+from infera_core.engines.base import EngineOption, FlagAlias, LaunchContext, LaunchSpec
+from infera_core.engines.support import free_ports
 from infera_openai.base import OpenAIServerAdapter, locate_binary, positive
 
 LAUNCHER = "text-generation-launcher"

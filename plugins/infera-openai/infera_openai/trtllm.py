@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from infera_core.engine import EngineOption, FlagAlias, LaunchContext, LaunchSpec, RunningEngine
+from infera_core.engines.base import EngineOption, FlagAlias, LaunchContext, LaunchSpec, RunningEngine
 from infera_openai.base import OpenAIServerAdapter, get_text, locate_binary, positive
 
 SERVE = "trtllm-serve"

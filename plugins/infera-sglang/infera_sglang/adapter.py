@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-from infera_core.engine import (
+from infera_core.engines.base import (
     EngineOption,
     FlagAlias,
     LaunchContext,
@@ -19,7 +19,7 @@ from infera_core.engine import (
     RecordFields,
     RunningEngine,
 )
-from infera_core.engine_support import (
+from infera_core.engines.support import (
     bracket_host,
     dp_layout,
     free_ports,

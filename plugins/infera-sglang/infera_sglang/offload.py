@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from infera_core.engine import EngineOption
+from infera_core.engines.base import EngineOption
 from infera_core.errors import EngineError
 
 if TYPE_CHECKING:
-    from infera_core.engine import LaunchContext
+    from infera_core.engines.base import LaunchContext
 
 WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
 

@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from infera_core.engine import LaunchContext
+from infera_core.engines.base import LaunchContext
 from infera_core.errors import EngineError
 from infera_core.worker import Role
 

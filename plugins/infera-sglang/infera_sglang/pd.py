@@ -11,8 +11,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from infera_core.engine_support import bracket_host
-from infera_core.pd import (
+from infera_core.engines.pd import (
     LegRequest,
     PdContext,
     PdLegError,
@@ -21,6 +20,7 @@ from infera_core.pd import (
     leg_headers,
     peer_host,
 )
+from infera_core.engines.support import bracket_host
 from infera_core.worker import WorkerRecord
 
 DEFAULT_BOOTSTRAP_PORT = 8998

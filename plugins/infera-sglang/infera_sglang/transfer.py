@@ -1,7 +1,7 @@
 """SGLang KV transfer backends (``--disaggregation-transfer-backend``) for prefill/decode workers.
 
 Each value SGLang accepts for PD (``mooncake``, ``nixl``, ``mori`` — AMD MoRI-IO —,
-``mooncake_tcp``, ``ascend``) is an :class:`infera_core.transfer.TransferConnector`. All
+``mooncake_tcp``, ``ascend``) is an :class:`infera_core.engines.transfer.TransferConnector`. All
 of them hand KV over through SGLang's common bootstrap server on the prefill
 (``--disaggregation-bootstrap-port``), so the router speaks ``sglang-bootstrap`` to each.
 """
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from infera_core.engine_support import free_ports
-from infera_core.transfer import TransferConnector, TransferPlan, resolve_plan
+from infera_core.engines.support import free_ports
+from infera_core.engines.transfer import TransferConnector, TransferPlan, resolve_plan
 from infera_core.worker import PdInfo, Role
 
 if TYPE_CHECKING:
-    from infera_core.engine import LaunchContext
+    from infera_core.engines.base import LaunchContext
 
 ENGINE = "sglang"
 DEFAULT_BACKEND = "mooncake"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from infera_core.engine import EngineOption, LaunchContext, LaunchSpec, RecordFields, RunningEngine
-from infera_core.engine_support import bracket_host, free_ports
+from infera_core.engines.base import EngineOption, LaunchContext, LaunchSpec, RecordFields, RunningEngine
+from infera_core.engines.support import bracket_host, free_ports
 from infera_core.errors import EngineError
 from infera_core.worker import KvEventsInfo, PdInfo
 from infera_sim import __version__

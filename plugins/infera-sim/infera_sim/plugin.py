@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from infera_core.hookspecs import hookimpl
-from infera_core.registry import EngineRegistry, TokenizerRegistry
+from infera_core.engines.base import EngineRegistry
+from infera_core.plugin.spec import hookimpl
+from infera_core.tokenize.base import TokenizerRegistry
 from infera_sim.adapter import SimAdapter
 from infera_sim.tokenizer import SimTokenizerFactory
 

@@ -1,5 +1,5 @@
 """``python -m infera_vllm …`` is ``infera-run worker vllm …``."""
 
-from infera_core.launcher.alias import main_for
+from infera_core.cli.alias import main_for
 
 main_for("vllm")()

@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 
-from infera_core.engine import (
+from infera_core.engines.base import (
     EngineOption,
     FlagAlias,
     LaunchContext,
@@ -20,7 +20,7 @@ from infera_core.engine import (
     RecordFields,
     RunningEngine,
 )
-from infera_core.engine_support import (
+from infera_core.engines.support import (
     EngineLocation,
     bracket_host,
     dp_layout,

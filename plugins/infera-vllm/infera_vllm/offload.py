@@ -27,12 +27,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from infera_core.engine import EngineOption, FlagAlias
+from infera_core.engines.base import EngineOption, FlagAlias
 from infera_core.errors import EngineError
 from infera_core.worker import Role
 
 if TYPE_CHECKING:
-    from infera_core.engine import LaunchContext
+    from infera_core.engines.base import LaunchContext
 
 BACKENDS = ("native", "lmcache")
 GIB = 1 << 30

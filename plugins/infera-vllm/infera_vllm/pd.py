@@ -2,7 +2,7 @@
 ``vllm-moriio`` (MoRIIO WRITE mode, concurrent) and ``vllm-moriio-read`` (MoRIIO READ mode, serial).
 
 Body shaping follows ``reference/WIRE_FORMATS.md``; the client's body is copied, never changed.
-The legs are :class:`infera_core.pd.KvTransferParamsLegs`: each transport gives only the
+The legs are :class:`infera_core.engines.pd.KvTransferParamsLegs`: each transport gives only the
 ``kv_transfer_params`` of its two legs.
 """
 
@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infera_core.engine_support import bracket_host
-from infera_core.pd import (
+from infera_core.engines.pd import (
     KvTransferParamsLegs,
     PdContext,
     PdLegError,
@@ -19,6 +18,7 @@ from infera_core.pd import (
     peer_host,
     prefill_transfer_params,
 )
+from infera_core.engines.support import bracket_host
 from infera_core.worker import WorkerRecord
 
 MOONCAKE_DEFAULT_BOOTSTRAP_PORT = 8998

@@ -1,6 +1,6 @@
 """vLLM KV transfer connectors (``--kv-transfer-config``) for prefill/decode workers.
 
-Each is an :class:`infera_core.transfer.TransferConnector` registered by the plugin:
+Each is an :class:`infera_core.engines.transfer.TransferConnector` registered by the plugin:
 ``nixl`` (NixlConnector), ``mooncake`` (MooncakeConnector), ``moriio`` (MoRIIOConnector,
 AMD MoRI-IO) and ``multi`` (MultiConnector: one PD connector composed with others, e.g.
 an offloading or LMCache connector). The user's ``--kv-transfer-config`` is merged with
@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from infera_core.engine_support import dp_layout, free_ports
-from infera_core.errors import EngineError
-from infera_core.transfer import (
+from infera_core.engines.support import dp_layout, free_ports
+from infera_core.engines.transfer import (
     TransferConnector,
     TransferPlan,
     check_kv_role,
@@ -27,11 +26,12 @@ from infera_core.transfer import (
     parse_user_config,
     resolve_plan,
 )
+from infera_core.errors import EngineError
 from infera_core.worker import PdInfo, Role
 from infera_vllm.offload import plan_offload
 
 if TYPE_CHECKING:
-    from infera_core.engine import LaunchContext
+    from infera_core.engines.base import LaunchContext
 
 ENGINE = "vllm"
 BOTH = {Role.PREFILL: ("kv_producer", "kv_both"), Role.DECODE: ("kv_consumer", "kv_both")}

@@ -19,9 +19,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infera_core.registry import PolicyRegistry
+from infera_core.request import RequestContext
 from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
-from infera_core.scheduling.types import Endpoint, PolicyFactory, RequestContext, SchedulerDeps, Scorer
+from infera_core.scheduling.registry import PolicyRegistry
+from infera_core.scheduling.types import Endpoint, PolicyFactory, SchedulerDeps, Scorer
 
 _SEED = 0x5EED_A9F
 

@@ -15,17 +15,11 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from infera_core.registry import PolicyRegistry
+from infera_core.request import RequestContext
 from infera_core.scheduling.arrays import Floats, rows_of, state
 from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
-from infera_core.scheduling.types import (
-    Endpoint,
-    Picker,
-    PolicyFactory,
-    RequestContext,
-    SchedulerDeps,
-    Scorer,
-)
+from infera_core.scheduling.registry import PolicyRegistry
+from infera_core.scheduling.types import Endpoint, Picker, PolicyFactory, SchedulerDeps, Scorer
 
 BASE_FILTERS = [PluginRef(name="health"), PluginRef(name="role")]
 

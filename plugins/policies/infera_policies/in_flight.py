@@ -17,8 +17,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from infera_core.request import RequestContext
 from infera_core.scheduling.arrays import Floats, Rows
-from infera_core.scheduling.types import Endpoint, RequestContext
+from infera_core.scheduling.types import Endpoint
 
 MAX_IN_FLIGHT = 100_000
 """Requests whose prompts :class:`InFlightPrefixes` remembers at most (in flight or lingering)."""

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from infera_core.registry import PolicyRegistry
+from infera_core.request import RequestContext
 from infera_core.scheduling.arrays import (
     ARRAY_MIN,
     Candidates,
@@ -53,14 +53,8 @@ from infera_core.scheduling.arrays import (
 )
 from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
 from infera_core.scheduling.dp import best_rank_overlap
-from infera_core.scheduling.types import (
-    Endpoint,
-    Filter,
-    PolicyFactory,
-    RequestContext,
-    SchedulerDeps,
-    Scorer,
-)
+from infera_core.scheduling.registry import PolicyRegistry
+from infera_core.scheduling.types import Endpoint, Filter, PolicyFactory, SchedulerDeps, Scorer
 from infera_policies.in_flight import InFlightPrefixes
 
 BASE_FILTERS = [PluginRef(name="health"), PluginRef(name="role")]

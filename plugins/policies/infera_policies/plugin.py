@@ -6,8 +6,8 @@ function; add a family by adding one call below.
 
 from __future__ import annotations
 
-from infera_core.hookspecs import hookimpl
-from infera_core.registry import PolicyRegistry
+from infera_core.plugin.spec import hookimpl
+from infera_core.scheduling.registry import PolicyRegistry
 
 
 @hookimpl

@@ -5,7 +5,7 @@ engine's spellings of what Infera manages are translated (docs/engines.md), ever
 goes to the engine. ``infera`` and ``infera.engine`` are namespace packages (PEP 420).
 """
 
-from infera_core.launcher.alias import flat_main_for
+from infera_core.cli.alias import flat_main_for
 
 if __name__ == "__main__":
     flat_main_for("tgi")()

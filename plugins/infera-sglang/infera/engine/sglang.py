@@ -6,7 +6,7 @@ everything else goes to the engine. ``infera`` and ``infera.engine`` are namespa
 (PEP 420) shared by the engine plugins: no ``__init__.py``.
 """
 
-from infera_core.launcher.alias import flat_main_for
+from infera_core.cli.alias import flat_main_for
 
 if __name__ == "__main__":
     flat_main_for("sglang")()

@@ -9,7 +9,7 @@ Both are registries filled by catalog hooks (``infera_register_request_transport
 (default ``"http"``) and ``WorkerRecord.kv_event_transport`` (default ``"zmq"``), with
 transport-specific parameters in ``request_params`` / ``kv_event_params`` (a NATS subject,
 a stream name…). One router serves a mixed fleet: it keeps one client per request
-transport (:class:`infera_core.server.transport.Upstreams`) and sets
+transport (:class:`infera_core.transports.upstreams.Upstreams`) and sets
 ``Endpoint.upstream`` when a record arrives, so the hot path is ``ep.upstream.open(...)``
 (one attribute read, no lookup per request). A record naming a transport this router
 does not have is logged and not routed.
@@ -21,7 +21,7 @@ it registers; the returned :class:`WorkerAttachment` adds fields to the record (
 and ``zmq`` attach nothing (the engine is reached directly): they return None.
 
 **Router side.** Request transport: ``create_client(ctx) -> Upstream`` (the
-:class:`infera_core.server.transport.Upstream` protocol: ``start``/``close``/``open``;
+:class:`infera_core.transports.upstreams.Upstream` protocol: ``start``/``close``/``open``;
 ``open`` must be safe to call before ``start`` returned, waiting for readiness up to
 ``ctx.connect_timeout`` and raising the retryable ``UpstreamError`` when not ready). KV
 events: ``create_source(ctx) -> KvEventSource | None``; None means "the hub's built-in
@@ -38,13 +38,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from infera_core.backends import BackendOptions
-from infera_core.errors import InferaError
+from infera_core.config.backends import BackendOptions
+from infera_core.registry import Registry
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from infera_core.server.transport import Upstream
+    from infera_core.transports.upstreams import Upstream
     from infera_core.worker import KvEventsInfo, WorkerRecord
 
 HTTP = "http"
@@ -196,50 +196,11 @@ class Attached:
         return None
 
 
-class WorkerTransports:
-    """The worker side of one worker's request and KV-event transports (the launcher's).
+class RequestTransportRegistry(Registry[RequestTransportFactory]):
+    kind = "request transport"
+    protocol = RequestTransportFactory
 
-    Built before the engine starts (an unknown name fails then, listing what is
-    installed); :meth:`attach` starts the transports' worker sides once and returns the
-    record fields to publish (the transport names plus what the attachments add);
-    :meth:`close` stops them after the worker deregistered.
-    """
 
-    def __init__(self, hooks: Any, request: str = HTTP, kv_events: str = ZMQ) -> None:
-        self.request: RequestTransportFactory = hooks.require("request_transport", request)
-        self.kv_events: KvEventTransportFactory = hooks.require("kv_event_transport", kv_events)
-        self.attached: list[WorkerAttachment] = []
-        self._fields: dict[str, Any] | None = None
-
-    async def attach(self, ctx: WorkerContext) -> dict[str, Any]:
-        if self._fields is None:
-            fields: dict[str, Any] = {
-                "request_transport": self.request.name,
-                "kv_event_transport": self.kv_events.name,
-            }
-            for flag, factory in (
-                ("--request-transport", self.request),
-                ("--kv-event-transport", self.kv_events),
-            ):
-                if factory is self.kv_events and ctx.kv_events is None:
-                    continue  # the engine publishes no KV events: nothing to relay
-                try:
-                    attachment = await factory.attach_worker(ctx)
-                except InferaError:
-                    raise
-                except Exception as exc:
-                    await self.close()
-                    raise InferaError(
-                        f"{flag} {factory.name}: the worker side did not start: {exc or type(exc).__name__}"
-                    ) from None
-                if attachment is not None:
-                    self.attached.append(attachment)
-                    fields.update(attachment.record_fields)
-            self._fields = fields
-        return dict(self._fields)
-
-    async def close(self) -> None:
-        attached, self.attached = self.attached, []
-        self._fields = None
-        for attachment in reversed(attached):
-            await attachment.close()
+class KvEventTransportRegistry(Registry[KvEventTransportFactory]):
+    kind = "KV-event transport"
+    protocol = KvEventTransportFactory

@@ -1,0 +1,74 @@
+"""The request as the router sees it: built once per request by the route handler,
+read by tokenizers, the KV index and the scheduling policies."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from infera_core.worker import Role
+
+
+class RequestContext:
+    """Per-request routing input, built once by the route handler.
+
+    ``token_ids`` is filled by the scheduler (tokenizing at most once, only when a
+    scorer has ``needs_tokens``); ``block_hashes`` caches per block size.
+    """
+
+    __slots__ = (
+        "_block_hashes",
+        "body",
+        "client_request_id",
+        "headers",
+        "model",
+        "principal",
+        "request_id",
+        "role",
+        "route",
+        "session_key",
+        "token_ids",
+        "tokenize_failed",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        route: str,
+        body: dict[str, Any],
+        headers: Mapping[str, str] | None = None,
+        role: Role = Role.MIXED,
+        token_ids: list[int] | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.route = route
+        self.body = body
+        self.headers: Mapping[str, str] = headers or {}
+        self.role = role
+        self.token_ids = token_ids
+        self.tokenize_failed = False
+        self.session_key: str | None = None
+        self._block_hashes: dict[int, list[int]] = {}
+        self.client_request_id: str | None = None
+        """The client's ``X-Request-Id``: a label for logs, echoed back, never a key."""
+        self.principal: Any = None
+        """Who sent it (the server's API-key principal), None without ``--api-key-file``."""
+
+    @property
+    def log_id(self) -> str:
+        """``request_id`` for log lines, with the client's own id when it sent one."""
+        if self.client_request_id is None:
+            return self.request_id
+        return f"{self.request_id} (client id {self.client_request_id[:128]!r})"
+
+    def cached_block_hashes(
+        self, block_size: int, compute: Callable[[list[int], int], list[int]]
+    ) -> list[int]:
+        """Block hashes of ``token_ids`` at ``block_size``, computed once per size."""
+        hashes = self._block_hashes.get(block_size)
+        if hashes is None:
+            hashes = compute(self.token_ids or [], block_size) if self.token_ids else []
+            self._block_hashes[block_size] = hashes
+        return hashes

@@ -1,0 +1,131 @@
+"""The upstream hop: what every transport to workers provides, and which one a server uses.
+
+Which *request transport* reaches a worker (``http``, ``nats``…) is in its record
+(``WorkerRecord.request_transport``); :class:`Upstreams` keeps one client per transport,
+made by the transport's factory (:mod:`infera_core.transports.base`), and the endpoint table
+puts each worker's client on ``Endpoint.upstream``.
+
+The ``http`` transport has two clients, chosen with ``--upstream-transport``:
+
+* ``native`` (:mod:`infera_core.transports.http.native`): asyncio protocols parsing with
+  ``httptools``, a keep-alive pool per worker, each request written as one buffer;
+* ``aiohttp`` (:mod:`infera_core.transports.http.aiohttp_upstream`): one ``aiohttp.ClientSession``
+  per process.
+
+Both set TCP_NODELAY on every connection (:func:`set_nodelay` does the same for the
+server's accepted sockets, see ``server.run``). :meth:`Upstream.open` sends the client's
+bytes unchanged and returns once the worker's response headers arrived (the "first
+byte"); everything before that is retryable (:class:`UpstreamError`), everything after is
+not. Reading the body raises one of :data:`READ_ERRORS` (each transport turns its client
+library's errors into :class:`UpstreamReadError`, so aiohttp loads only when selected).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncIterator
+from typing import Literal, Protocol
+
+from infera_core.util.redact import redact_url
+from infera_core.worker import WorkerRecord
+
+log = logging.getLogger("infera.server.transport")
+
+TransportKind = Literal["native", "aiohttp"]
+"""The ``http`` transport's clients (``--upstream-transport``)."""
+
+
+class UpstreamReadError(OSError):
+    """Reading a worker's response body failed (the connection broke, the body was malformed)."""
+
+
+READ_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError)
+"""What reading a response body may raise when the worker fails or goes quiet."""
+
+
+def set_nodelay(transport: asyncio.BaseTransport | None) -> None:
+    """Disable Nagle on a TCP transport (a no-op for anything else)."""
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+
+
+class UpstreamTarget(Protocol):
+    """What a request transport reads of the worker it sends to (the scheduler's
+    :class:`~infera_core.scheduling.types.Endpoint` is one)."""
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def record(self) -> WorkerRecord: ...
+
+
+class UpstreamError(Exception):
+    """The worker could not be reached or did not answer in time (retryable)."""
+
+    def __init__(self, endpoint: UpstreamTarget, reason: str, timeout: bool = False) -> None:
+        super().__init__(f"worker {endpoint.worker_id} ({redact_url(endpoint.url)}): {reason}")
+        self.endpoint = endpoint
+        self.reason = reason
+        self.timeout = timeout
+
+
+class PoolTimeoutError(UpstreamError):
+    """No connection to workers became free within ``--pool-timeout`` (the router's cap, not the
+    worker's fault: answered 503, never retried, never counted against the worker's breaker)."""
+
+
+class TransportDownError(UpstreamError):
+    """The transport itself cannot reach any worker now (e.g. its message bus is down): retried
+    like any :class:`UpstreamError`, but never counted against the worker's breaker, so the
+    workers are routable again as soon as the transport is back."""
+
+
+class UpstreamResponse(Protocol):
+    """A worker's response whose headers arrived; the body is read once, whole or in chunks."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def content_type(self) -> str:
+        """The Content-Type header ("" when absent)."""
+        ...
+
+    def header(self, name: str, default: str | None = None) -> str | None: ...
+
+    async def read(self) -> bytes: ...
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        """The body as it arrives (chunked transfer decoded)."""
+        ...
+
+    def release(self) -> None:
+        """Done with the response (an unfinished body closes the connection)."""
+
+    def close(self) -> None: ...
+
+
+class Upstream(Protocol):
+    """The process-wide client to workers."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def open(
+        self, endpoint: UpstreamTarget, path: str, body: bytes, headers: dict[str, str] | None = None
+    ) -> UpstreamResponse:
+        """POST ``body`` to ``endpoint``; the response once its headers arrived."""
+        ...
