@@ -31,7 +31,7 @@ import httpx
 import psutil
 
 from infera_core.testing.etcd import EtcdServer
-from infera_core.testing.net import free_port
+from infera_core.util.net import free_port
 from infera_core.worker import DEFAULT_PREFIX, KvEventsInfo, WorkerRecord
 
 MODEL = "chaos-model"

@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from infera_core.testing.net import free_port
+from infera_core.util.net import free_port
 
 
 def _rss_peak_mb(pid: int) -> float:

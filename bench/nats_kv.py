@@ -44,8 +44,8 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kv_ingest import make_payloads
 
-from infera_core.testing.nats import NatsServer
-from infera_core.testing.net import free_port
+from infera_core.util.nats_server import NatsServer
+from infera_core.util.net import free_port
 
 MODEL = "bench-model"
 

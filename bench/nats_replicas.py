@@ -24,8 +24,8 @@ import time
 
 import httpx
 
-from infera_core.testing.nats import NatsServer
-from infera_core.testing.net import free_port
+from infera_core.util.nats_server import NatsServer
+from infera_core.util.net import free_port
 
 
 def start(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -70,7 +70,7 @@ import httpx
 import psutil
 import yaml
 
-from infera_core.testing.net import free_port
+from infera_core.util.net import free_port
 
 MODEL = "fake-model"
 BODY = b'{"model": "fake-model", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 64}'
@@ -132,7 +132,7 @@ def serve_responders(nats_url: str, ports: list[int]) -> None:
 @contextlib.contextmanager
 def nats_plane(ports: list[int]) -> Iterator[str]:
     """A ``nats-server`` and the upstreams' responders, until the block exits; yields the URL."""
-    from infera_core.testing.nats import NatsServer
+    from infera_core.util.nats_server import NatsServer
 
     server = NatsServer()
     server.start()

@@ -66,7 +66,7 @@ from infera_sim.tokenizer import SimTokenizer
 from proxy_overhead import cpu_seconds, process
 from saturation import SGLANG, TRACE, Arrival, load_trace, pooled_bound, registry, run
 
-from infera_core.testing.net import free_port
+from infera_core.util.net import free_port
 from infera_core.worker import KvEventsInfo, WorkerRecord
 
 MODEL = "m"

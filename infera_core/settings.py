@@ -2,9 +2,7 @@
 
 from infera_core.config.settings import (
     InferaSettings,
-    SettingsCommand,
     click_options,
-    command_settings,
     compose_settings,
     config_option,
     env_name,
@@ -13,6 +11,7 @@ from infera_core.config.settings import (
     read_data_file,
     resolve,
 )
+from infera_core.plugin.settings import SettingsCommand, command_settings
 
 __all__ = [
     "InferaSettings",

@@ -21,6 +21,15 @@ DP_RANK_HEADER = "X-Data-Parallel-Rank"
 """The header that sends a request to one data-parallel rank of a worker that fronts several."""
 
 
+def with_port_offset(endpoint: str, offset: int) -> str:
+    """``endpoint`` (``tcp://host:port``) with its port moved by ``offset``: where DP rank
+    ``offset`` of a worker publishes its KV events when ranks publish on consecutive ports."""
+    if not offset:
+        return endpoint
+    head, _, port = endpoint.rpartition(":")
+    return f"{head}:{int(port) + offset}"
+
+
 class Role(StrEnum):
     MIXED = "mixed"
     PREFILL = "prefill"

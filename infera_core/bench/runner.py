@@ -21,19 +21,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infera_core.bench.client import RequestResult, build_body, send
-from infera_core.bench.scrape import (
-    QUERIES,
-    MetricsSampler,
-    by_label,
-    fetch_text,
-    fetch_workers,
-    histogram,
-    histogram_delta,
-    histogram_quantile,
-)
+from infera_core.bench.scrape import MetricsSampler, fetch_text, fetch_workers
 from infera_core.bench.stats import CacheStats, Slo, percentile, summarize
 from infera_core.bench.workloads import Session
 from infera_core.errors import InferaError
+from infera_core.util.prom_text import QUERIES, by_label, histogram, histogram_delta, histogram_quantile
 
 _DECISION = re.compile(r"^# TYPE (\S*decision\S*) histogram", re.MULTILINE)
 

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict
 
 from infera_core.plugin.spec import hookimpl
 from infera_core.request import RequestContext
-from infera_core.scheduling.arrays import FilterMemo, Floats, rows_of, state
+from infera_core.scheduling.arrays import Floats, state
+from infera_core.scheduling.candidates import FilterMemo, rows_of
 from infera_core.scheduling.config import PluginRef, ProfileConfig
 from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.types import Endpoint, Filter, Picker, PolicyFactory, SchedulerDeps

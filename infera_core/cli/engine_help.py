@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import click
 
-from infera_core.config.settings import SettingsCommand
 from infera_core.engines.base import FlagAliases
 from infera_core.errors import InferaError
 from infera_core.plugin.hooks import InferaHooks
+from infera_core.plugin.settings import SettingsCommand
 
 
 def engine_option_rows(hooks: InferaHooks, engine: str) -> list[tuple[str, str]]:

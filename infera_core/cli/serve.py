@@ -7,14 +7,9 @@ from typing import Any
 
 import click
 
-from infera_core.config.settings import (
-    SettingsCommand,
-    click_options,
-    command_settings,
-    config_option,
-    resolve,
-)
+from infera_core.config.settings import click_options, config_option, resolve
 from infera_core.plugin.hooks import InferaHooks
+from infera_core.plugin.settings import SettingsCommand, command_settings
 from infera_core.server.settings import ServeSettings
 
 

@@ -14,9 +14,10 @@ import click
 from rich.console import Console
 
 from infera_core.cli.engine_help import UpCommand
-from infera_core.config.settings import click_options, command_settings, config_option, resolve
+from infera_core.config.settings import click_options, config_option, resolve
 from infera_core.errors import InferaError
 from infera_core.plugin.hooks import InferaHooks
+from infera_core.plugin.settings import command_settings
 from infera_core.up.settings import UpSettings
 
 

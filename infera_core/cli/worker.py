@@ -15,7 +15,6 @@ from typing import Any
 
 import click
 
-from infera_core.config.backends import backend_models
 from infera_core.config.settings import click_options, compose_settings, read_config_file, resolve
 from infera_core.engines.base import (
     OPTION_CLASH_HINT,
@@ -24,11 +23,12 @@ from infera_core.engines.base import (
     FlagAliases,
     option_clashes,
 )
+from infera_core.engines.settings import WorkerSettings
 from infera_core.errors import PluginError
 from infera_core.launcher.flags import split_flat
 from infera_core.launcher.runtime import run_worker
-from infera_core.launcher.settings import WorkerSettings
 from infera_core.plugin.hooks import InferaHooks
+from infera_core.plugin.settings import backend_models
 
 OPT_PREFIX = "engine_opt_"
 

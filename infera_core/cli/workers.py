@@ -12,18 +12,12 @@ from pydantic import Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from infera_core.config.settings import (
-    InferaSettings,
-    SettingsCommand,
-    click_options,
-    command_settings,
-    config_option,
-    resolve,
-)
+from infera_core.config.settings import InferaSettings, click_options, config_option, resolve
 from infera_core.discovery.base import DiscoverySettings
+from infera_core.engines.settings import with_legacy_env
 from infera_core.errors import ConfigError
-from infera_core.launcher.settings import with_legacy_env
 from infera_core.plugin.hooks import InferaHooks
+from infera_core.plugin.settings import SettingsCommand, command_settings
 from infera_core.util.redact import redact_url
 from infera_core.worker import DEFAULT_PREFIX, WorkerRecord
 

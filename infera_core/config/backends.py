@@ -74,28 +74,3 @@ def settings_model_of(obj: object) -> type[BaseModel] | None:
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         raise TypeError(f"{type(obj).__name__}.settings_model must be a pydantic model class, got {model!r}")
     return model
-
-
-def backend_models(catalog: Any) -> list[type[BaseModel]]:
-    """Every distinct settings model declared by installed discovery backends and transports."""
-    out: list[type[BaseModel]] = []
-    for registry in (catalog.discovery, catalog.request_transports, catalog.kv_event_transports):
-        for entry in registry.entries():
-            model = settings_model_of(entry.obj)
-            if model is not None and model not in out:
-                out.append(model)
-    return out
-
-
-def with_backend_fields(model: type[M], catalog: Any, source: object, /, **values: Any) -> M:
-    """``model(**values)`` composed with the installed backends' settings, whose values are
-    copied from ``source`` (e.g. ``up`` handing its ``--nats-url`` to its server and workers)."""
-    from infera_core.config.settings import compose_settings
-
-    composed = compose_settings(model, backend_models(catalog))
-    carried = {
-        name: getattr(source, name)
-        for name in composed.model_fields
-        if name not in model.model_fields and hasattr(source, name)
-    }
-    return composed(**carried, **values)

@@ -261,38 +261,3 @@ def compose_settings(base: type[B], extra: Sequence[type[BaseModel]]) -> type[B]
         found = create_model(base.__name__, __base__=base, __doc__=base.__doc__, **fields) if fields else base
         _composed[key] = found
     return typing.cast("type[B]", found)
-
-
-class SettingsCommand(click.Command):
-    """A command that also takes the plugin backends' settings (shown in ``--help``).
-
-    ``base`` is the command's own settings model; the fields of every installed discovery
-    backend's and transport's ``settings_model`` that ``base`` lacks are added as options
-    when the command parses its arguments (the ``InferaHooks`` context object gives the
-    catalog). The callback resolves them with
-    ``resolve(command_settings(ctx, base), values, config_file)``.
-    """
-
-    def __init__(self, *args: Any, base: type[BaseModel], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.base = base
-
-    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
-        params = super().get_params(ctx)
-        model = command_settings(ctx, self.base)
-        if model is self.base:
-            return params
-        taken = {p.name for p in params}
-        extra = [(n, f) for n, f in model.model_fields.items() if n not in taken]
-        help_at = next((i for i, p in enumerate(params) if p.name == "help"), len(params))
-        return [*params[:help_at], *field_options(extra), *params[help_at:]]
-
-
-def command_settings(ctx: click.Context | None, base: type[B]) -> type[B]:
-    """``base`` composed with the installed backends' settings (``base`` without a catalog)."""
-    from infera_core.config.backends import backend_models
-
-    catalog = getattr(ctx.obj if ctx is not None else None, "catalog", None)
-    if not callable(catalog):
-        return base
-    return compose_settings(base, backend_models(catalog()))

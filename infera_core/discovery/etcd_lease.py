@@ -12,14 +12,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aetcd import rpc
 
 from infera_core.discovery.etcd_client import ETCD_ERRORS, EtcdConnection
 
-if TYPE_CHECKING:
-    from infera_core.discovery.etcd import EtcdRegistration
+
+class LeasedKey(Protocol):
+    """A key held alive by a lease (:class:`infera_core.discovery.etcd.EtcdRegistration`)."""
+
+    key: str
+    lease_id: int
+    keepalives: int
+
+    async def regrant(self) -> None:
+        """Grant a new lease and put the key again under it (the old one expired)."""
+        ...
+
 
 log = logging.getLogger("infera.discovery.etcd")
 
@@ -32,21 +42,21 @@ class LeaseKeeper:
     def __init__(self, conn: EtcdConnection, interval: float) -> None:
         self._conn = conn
         self.interval = interval
-        self._leases: dict[int, EtcdRegistration] = {}
+        self._leases: dict[int, LeasedKey] = {}
         self._task: asyncio.Task[None] | None = None
         self._regranting: set[int] = set()
         self._pending: set[asyncio.Task[None]] = set()
 
-    def add(self, reg: EtcdRegistration) -> None:
+    def add(self, reg: LeasedKey) -> None:
         self._leases[reg.lease_id] = reg
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="etcd-lease-keeper")
 
-    def remove(self, reg: EtcdRegistration) -> None:
+    def remove(self, reg: LeasedKey) -> None:
         if self._leases.get(reg.lease_id) is reg:
             del self._leases[reg.lease_id]
 
-    def rekey(self, old_lease: int, reg: EtcdRegistration) -> None:
+    def rekey(self, old_lease: int, reg: LeasedKey) -> None:
         self._leases.pop(old_lease, None)
         self._leases[reg.lease_id] = reg
 
@@ -105,7 +115,7 @@ class LeaseKeeper:
                 self._pending.add(task)
                 task.add_done_callback(self._pending.discard)
 
-    async def _regrant(self, old_lease: int, reg: EtcdRegistration) -> None:
+    async def _regrant(self, old_lease: int, reg: LeasedKey) -> None:
         try:
             await reg.regrant()
         except ETCD_ERRORS as exc:

@@ -32,17 +32,23 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from infera_core.discovery.base import ChangeKind, Discovery, FleetChange
 from infera_core.worker import WorkerRecord
 
-if TYPE_CHECKING:
-    from infera_core.plugin.hooks import InferaHooks
-
 log = logging.getLogger("infera.discovery.view")
 
 Callback = Callable[[FleetChange], None]
+
+
+class FleetListener(Protocol):
+    """Told of workers joining and leaving (:class:`infera_core.plugin.hooks.InferaHooks`
+    broadcasts them to the plugins' ``infera_worker_added`` / ``infera_worker_removed``)."""
+
+    def worker_added(self, record: WorkerRecord) -> None: ...
+
+    def worker_removed(self, record: WorkerRecord) -> None: ...
 
 
 class FleetView:
@@ -52,7 +58,7 @@ class FleetView:
         self,
         discovery: Discovery,
         *,
-        hooks: InferaHooks | None = None,
+        hooks: FleetListener | None = None,
         retry_delay: float = 1.0,
     ) -> None:
         self.discovery = discovery

@@ -17,96 +17,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any
 
+from infera_core.engines.base import (
+    LaunchContext,
+    TransferConnector,
+    TransferConnectorRegistry,
+    TransferHooks,
+    TransferPlan,
+)
 from infera_core.errors import EngineError
-from infera_core.registry import Registry
-from infera_core.worker import PdInfo, Role
-
-if TYPE_CHECKING:
-    from infera_core.engines.base import LaunchContext
-
-
-@dataclass(slots=True)
-class TransferPlan:
-    """The KV transfer setup of one launch, built by a connector and amended by plugins.
-
-    The adapter renders it: ``config`` (when not empty) as the engine's
-    ``--kv-transfer-config`` JSON (vLLM, ATOM), ``flags`` appended to the engine argv
-    (SGLang's ``--disaggregation-*``), ``env`` merged into the engine environment, and
-    ``pd`` published in the worker record (the router picks the PD transport by
-    ``pd.protocol``; None on a mixed worker).
-    """
-
-    engine: str
-    role: Role
-    connector: str | None
-    """Registry name of the connector (``nixl``, ``moriio``…); None: no PD connector."""
-    config: dict[str, Any] = field(default_factory=dict)
-    flags: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    pd: PdInfo | None = None
-
-    def config_json(self) -> str:
-        """``config`` as compact JSON (what ``--kv-transfer-config`` takes)."""
-        return json.dumps(self.config, separators=(",", ":"))
-
-
-@runtime_checkable
-class TransferConnector(Protocol):
-    """One way an engine moves KV for PD (registered per engine)."""
-
-    @property
-    def engine(self) -> str:
-        """The engine adapter's name (``vllm``, ``sglang``, ``atom``…)."""
-        ...
-
-    @property
-    def name(self) -> str:
-        """Infera's name for it (``--pd-connector nixl``); unique per engine."""
-        ...
-
-    @property
-    def native(self) -> tuple[str, ...]:
-        """The engine's own spellings (vLLM ``kv_connector`` class names) that select it."""
-        ...
-
-    @property
-    def description(self) -> str: ...
-
-    def build(self, ctx: LaunchContext, user: dict[str, Any]) -> TransferPlan:
-        """The plan for ``ctx.role`` (prefill or decode), merged with the user's config.
-
-        ``user`` is the user's ``--kv-transfer-config`` object ({} when none); raise
-        :class:`~infera_core.errors.EngineError` (one line) when it contradicts the role.
-        Reserve ports with ``ctx.free_port`` (``engine_support.free_ports``).
-        """
-        ...
-
-
-class TransferConnectorRegistry(Registry[TransferConnector]):
-    """Connectors keyed ``engine:name``; :meth:`for_engine` lists one engine's."""
-
-    kind = "KV transfer connector"
-    protocol = TransferConnector
-
-    def add(self, obj: TransferConnector) -> None:
-        self._check(obj)
-        self._add(f"{obj.engine}:{obj.name}", obj)
-
-    def for_engine(self, engine: str) -> dict[str, TransferConnector]:
-        """``name → connector`` for one engine, sorted by name."""
-        prefix = engine + ":"
-        return {n.split(":", 1)[1]: self.get(n) for n in self.names() if n.startswith(prefix)}
-
-
-class TransferHooks(Protocol):
-    """What the transfer resolution needs from the loaded plugins (``InferaHooks``)."""
-
-    def transfer_connectors(self, engine: str) -> dict[str, TransferConnector]: ...
-
-    def amend_kv_transfer(self, context: LaunchContext, plan: TransferPlan) -> None: ...
+from infera_core.worker import Role
 
 
 def parse_user_config(raw: object, flag: str = "--kv-transfer-config") -> dict[str, Any]:
@@ -271,3 +192,19 @@ def one_pd_child(
         )
     index = pd_children[0]
     return children, index, known[str(children[index]["kv_connector"])]
+
+
+__all__ = [
+    "TransferConnector",
+    "TransferConnectorRegistry",
+    "TransferHooks",
+    "TransferPlan",
+    "check_kv_role",
+    "check_one_sided_mixed",
+    "connectors_for",
+    "extra_config",
+    "find_connector",
+    "one_pd_child",
+    "parse_user_config",
+    "resolve_plan",
+]

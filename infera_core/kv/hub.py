@@ -44,14 +44,15 @@ import zmq.asyncio
 
 from infera_core.errors import InferaError, UnknownNameError
 from infera_core.kv.decode import MsgpackEventDecoder, parse_seq
-from infera_core.kv.events import IndexBatch, KvDecodeError, RawKvEventDecoder
+from infera_core.kv.events import KvDecodeError, RawKvEventDecoder
 from infera_core.kv.index import KvIndex, WorkerView
 from infera_core.kv.metrics import KvMetrics
 from infera_core.kv.settings import KvSettings
 from infera_core.kv.sources import KvSources
+from infera_core.kv.subscription import Subscription
 from infera_core.kv.zmq_sub import close_monitored, open_sub, redial, replay
-from infera_core.transports.base import ZMQ, KvEventSource
-from infera_core.worker import Status, WorkerRecord
+from infera_core.transports.base import ZMQ
+from infera_core.worker import Status, WorkerRecord, with_port_offset
 
 log = logging.getLogger("infera.kv.hub")
 
@@ -59,96 +60,6 @@ T = TypeVar("T")
 
 SILENCE_GRACE_S = 2.0
 """A routed request gets this long (at most ``kv_silence_s``) to produce KV events."""
-
-
-def _with_port_offset(endpoint: str, offset: int) -> str:
-    if not offset:
-        return endpoint
-    head, _, port = endpoint.rpartition(":")
-    return f"{head}:{int(port) + offset}"
-
-
-class Subscription:
-    """One publisher (a worker, or one DP rank of it) and its ingestion state."""
-
-    __slots__ = (
-        "bad_seq",
-        "batches",
-        "connected_at",
-        "decode",
-        "drops",
-        "empty_batches",
-        "endpoint",
-        "gaps",
-        "last_event_at",
-        "last_seq",
-        "native",
-        "native_batches",
-        "rank",
-        "record",
-        "replay_endpoint",
-        "replays",
-        "replays_failed",
-        "source",
-        "stale_since",
-        "synced_through",
-        "task",
-        "undecodable",
-        "views",
-    )
-
-    def __init__(self, record: WorkerRecord, rank: int | None, endpoint: str, replay: str | None) -> None:
-        self.record = record
-        self.rank = rank
-        self.endpoint = endpoint
-        self.replay_endpoint = replay
-        self.source: KvEventSource | None = None
-        """The transport's source when not the built-in ZMQ subscriber."""
-        self.decode: Callable[[bytes], IndexBatch] | None = None
-        """The decoder's ``decode_raw`` when it has one (token ids stay packed for the
-        index), else its ``decode``."""
-        self.native = False
-        """Payloads go straight to the index's native parser (the stock msgpack decoder's
-        formats, on the native store); batches it hands back go through ``decode``."""
-        self.task: asyncio.Task[None] | None = None
-        self.last_seq: int | None = None
-        self.synced_through: int | None = None
-        """Highest seq loaded by the initial replay; live frames up to it are duplicates."""
-        self.batches = 0
-        self.native_batches = 0
-        """Batches the index's native parser applied (the rest went through ``decode``)."""
-        self.undecodable = 0
-        self.bad_seq = 0
-        self.drops = 0
-        """Times the publisher's connection dropped (an oversized message, a restart)."""
-        """Frames skipped because their seq was not 8 bytes or was negative."""
-        self.empty_batches = 0
-        self.gaps = 0
-        self.replays = 0
-        self.replays_failed = 0
-        self.connected_at = time.time()
-        self.last_event_at: float | None = None
-        self.stale_since: float | None = None
-        self.views: dict[int | None, WorkerView] = {}
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "endpoint": self.endpoint,
-            "replay_endpoint": self.replay_endpoint,
-            "rank": self.rank,
-            "last_seq": self.last_seq,
-            "batches": self.batches,
-            "native_batches": self.native_batches,
-            "undecodable_batches": self.undecodable,
-            "bad_seq_frames": self.bad_seq,
-            "connection_drops": self.drops,
-            "empty_batches": self.empty_batches,
-            "gaps": self.gaps,
-            "replays": self.replays,
-            "replays_failed": self.replays_failed,
-            "last_event_at": self.last_event_at,
-            "stale": self.stale_since is not None,
-        }
 
 
 class KvHub:
@@ -312,8 +223,8 @@ class KvHub:
         subs = []
         for r in ranks:
             off = r or 0
-            replay = _with_port_offset(kv.replay_endpoint, off) if kv.replay_endpoint else None
-            sub = Subscription(record, r, _with_port_offset(kv.endpoint, off), replay)
+            replay = with_port_offset(kv.replay_endpoint, off) if kv.replay_endpoint else None
+            sub = Subscription(record, r, with_port_offset(kv.endpoint, off), replay)
             sub.decode = decode
             sub.native = self.index.ingests_payloads and type(decoder) is MsgpackEventDecoder
             sub.task = asyncio.create_task(self._run(sub), name=f"kv-sub-{record.worker_id}-{r}")

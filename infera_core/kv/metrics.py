@@ -4,19 +4,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from infera_core.kv.hub import KvHub
+from infera_core.kv.index import KvIndex
+from infera_core.kv.subscription import Subscription
+
+
+class HubState(Protocol):
+    """What the metrics read of the KV hub (:class:`infera_core.kv.hub.KvHub`)."""
+
+    subs: dict[str, list[Subscription]]
+    index: KvIndex
+
+    def silent_workers(self, now: float | None = None) -> list[str]: ...
 
 
 class KvMetrics(Collector):
     """``infera_kv_*`` series; ``extra`` collectors (tokenization, agreement) add theirs."""
 
-    def __init__(self, hub: KvHub) -> None:
+    def __init__(self, hub: HubState) -> None:
         self.hub = hub
         self.extra: list[Any] = []
         """More objects with a ``collect()`` (tokenization, agreement check)."""

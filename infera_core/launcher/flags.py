@@ -151,26 +151,3 @@ def launch_options(
             raise ConfigError(f"conflicting flags: {flag} {old} and {flag} {value} (after --)")
         options[opt.name] = value
     return {**{o.name: o.default for o in adapter.options()}, **options}, rest
-
-
-def launcher_flags(catalog: Any = None) -> dict[str, str]:
-    """Every flag ``infera-run worker <engine>`` has of its own, mapped to the setting it sets.
-
-    With a catalog (``hooks.catalog()``), the flags of the installed discovery backends and
-    transports are included. An :class:`~infera_core.engines.base.EngineOption` spelled like one of
-    these (``port``, ``model``, ``role``…) would be shadowed by Infera's flag: the catalog
-    refuses its plugin at load (:meth:`~infera_core.registry.EngineRegistry.check_options`),
-    and the contract kit fails it.
-    """
-    from infera_core.config.backends import backend_models
-    from infera_core.config.settings import compose_settings, field_options
-    from infera_core.launcher.settings import WorkerSettings
-
-    model = (
-        compose_settings(WorkerSettings, backend_models(catalog)) if catalog is not None else WorkerSettings
-    )
-    flags = {"--config": "config", "--help": "help"}
-    for option in field_options(model.model_fields.items()):
-        for spelled in (*option.opts, *option.secondary_opts):
-            flags[spelled] = option.name or ""
-    return flags

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from infera_core.launcher.settings import RestartPolicy, WorkerSettings
+from infera_core.engines.settings import RestartPolicy, WorkerSettings
 
 BACKOFF_CAP = 30.0
 STABLE_AFTER = 60.0

@@ -39,6 +39,7 @@ import httpx
 from infera_core.config.backends import BackendOptions
 from infera_core.discovery.base import Discovery, Registration
 from infera_core.engines.base import EngineAdapter, LaunchContext, LaunchSpec, RunningEngine
+from infera_core.engines.settings import WorkerSettings
 from infera_core.errors import ConfigError, EngineError
 from infera_core.launcher.address import advertise_host, free_port
 from infera_core.launcher.flags import launch_options
@@ -46,7 +47,6 @@ from infera_core.launcher.health import GenerationWatch, checks_generation, heal
 from infera_core.launcher.learned import with_served_block_size
 from infera_core.launcher.process import EngineProcess
 from infera_core.launcher.restart import RestartBudget, WorkerState
-from infera_core.launcher.settings import WorkerSettings
 from infera_core.launcher.transports import WorkerTransports
 from infera_core.launcher.waits import first_of, quietly
 from infera_core.plugin.hooks import InferaHooks

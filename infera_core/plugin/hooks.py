@@ -19,6 +19,7 @@ from infera_core.engines.transfer import TransferConnectorRegistry
 from infera_core.errors import PluginError, UnknownNameError
 from infera_core.kv.events import KvDecoderRegistry
 from infera_core.plugin.loader import PluginManager, make_plugin_manager
+from infera_core.plugin.settings import launcher_flags
 from infera_core.registry import Registry
 from infera_core.scheduling.registry import PolicyRegistry, Preset
 from infera_core.tokenize.base import TokenizerRegistry
@@ -152,8 +153,6 @@ class InferaHooks:
                     "infera_register_transfer_connectors", TransferConnectorRegistry()
                 ),
             )
-            from infera_core.launcher.flags import launcher_flags
-
             # an engine option spelled like a launcher flag could never be set: refused here,
             # once the backends (which add launcher flags) are collected too
             catalog.engines.check_options(

@@ -14,16 +14,10 @@ the same input until then (see :class:`FilterMemo`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from itertools import compress
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
-
-if TYPE_CHECKING:
-    from infera_core.scheduling.shared_load import SharedLoad
-    from infera_core.scheduling.types import Endpoint
 
 Rows = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
@@ -33,6 +27,17 @@ _INF = float("inf")
 
 ARRAY_MIN = 48
 """Below this many candidates the per-endpoint Python path is faster than numpy's call overhead."""
+
+
+class SharedCounts(Protocol):
+    """The router-wide in-flight table that ``serve --processes N`` shares across processes
+    (:class:`infera_core.scheduling.shared_load.SharedLoad`)."""
+
+    q: memoryview
+    processes: int
+    index: int
+
+    def in_flight_rows(self, arrays: EndpointArrays, rows: Rows) -> Rows: ...
 
 
 class EndpointArrays:
@@ -63,7 +68,7 @@ class EndpointArrays:
         """Prompt tokens sent to the worker that its cache did not hold (``cache-fill``, scaled)."""
         self.load_slot = np.full(capacity, -1, np.int64)
         """The endpoint's slot in :attr:`shared` (-1: none)."""
-        self.shared: SharedLoad | None = None
+        self.shared: SharedCounts | None = None
         """Requests in flight counted with the sibling processes (``serve --processes N`` with
         ``--max-inflight-per-worker``); None: this process's own counts are the router's."""
         self.recent_writes = 0
@@ -119,80 +124,9 @@ def state() -> EndpointArrays:
     return _STATE
 
 
-class Candidates(list["Endpoint"]):
-    """A candidate list that knows its endpoints' rows (``rows[i]`` is ``self[i].row``)."""
-
-    __slots__ = ("rows",)
-
-    def __init__(self, endpoints: Sequence[Endpoint] = (), rows: Rows | None = None) -> None:
-        super().__init__(endpoints)
-        self.rows: Rows = rows if rows is not None else _rows(self)
-
-    def subset(self, keep: Mask) -> Candidates:
-        """The candidates where ``keep`` is true, in order (``self`` when all are)."""
-        if keep.all():
-            return self
-        return Candidates(list(compress(self, keep.tolist())), self.rows[keep])
-
-
-def _rows(endpoints: Sequence[Endpoint]) -> Rows:
-    return np.fromiter((ep.row for ep in endpoints), np.int64, len(endpoints))
-
-
-def rows_of(candidates: Sequence[Endpoint]) -> Rows:
-    """The rows of ``candidates`` (free for :class:`Candidates`)."""
-    if type(candidates) is Candidates:
-        return candidates.rows
-    return _rows(candidates)
-
-
 def relative_inverse(values: Floats) -> Floats:
     """1 for the lowest, falling to 0 at the highest (all 1 when all are zero); array form."""
     top = float(values.max()) if len(values) else 0.0
     if top <= 0:
         return np.ones(len(values), np.float64)
     return 1.0 - values / top
-
-
-class FilterMemo:
-    """Remembers a filter's last result for the same input list, context key and generation.
-
-    Candidate lists are never mutated in place (the endpoint table builds new ones on every
-    change), so the same list object with the same ``generation`` gives the same result
-    until ``valid_until`` (a clock time: a breaker's half-open probe falls due).
-    """
-
-    __slots__ = ("_gen", "_input", "_key", "_out", "_until")
-
-    def __init__(self) -> None:
-        self._input: object = None
-        self._key: object = None
-        self._gen = -1
-        self._until = 0.0
-        self._out: Candidates | None = None
-
-    def get(
-        self, candidates: list[Endpoint], key: object, clock: Callable[[], float] | None
-    ) -> Candidates | None:
-        if (
-            candidates is not self._input
-            or key is not self._key
-            or _STATE is None
-            or self._gen != _STATE.generation
-        ):
-            return None  # (no arrays yet: no endpoint either)
-        until = self._until
-        if until != _INF and (clock is None or clock() >= until):
-            return None
-        return self._out
-
-    def put(
-        self, candidates: list[Endpoint], key: object, out: list[Endpoint], until: float = float("inf")
-    ) -> Candidates:
-        result = out if type(out) is Candidates else Candidates(out)
-        self._input = candidates
-        self._key = key
-        self._gen = state().generation
-        self._until = until
-        self._out = result
-        return result

@@ -13,7 +13,8 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol
 
 from infera_core.request import RequestContext
-from infera_core.scheduling.arrays import ARRAY_MIN, Candidates, state
+from infera_core.scheduling.arrays import ARRAY_MIN, state
+from infera_core.scheduling.candidates import Candidates
 from infera_core.scheduling.dp import DpRanks
 from infera_core.scheduling.profile import Profile, build_profile
 from infera_core.scheduling.registry import PolicyRegistry

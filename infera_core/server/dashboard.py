@@ -67,7 +67,7 @@ class EngineScraper:
     async def _refresh(self) -> None:
         import aiohttp  # only when someone watches the dashboard
 
-        from infera_core.bench.scrape import parse_metrics
+        from infera_core.util.prom_text import parse_metrics
 
         eps = [ep for ep in self.core.table.by_id.values() if ep.url.startswith(("http://", "https://"))]
         limit = asyncio.Semaphore(32)

@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any
+from typing import Any, Protocol
 
 from infera_core.errors import InferaError
 from infera_core.plugin.hooks import InferaHooks
@@ -89,7 +89,13 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def supervise(settings: ServeSettings, hooks: InferaHooks, count: int) -> int:
+class ServeProcess(Protocol):
+    """What one server process runs (:func:`infera_core.server.run.run_process`)."""
+
+    def __call__(self, settings: ServeSettings, hooks: InferaHooks, **kwargs: Any) -> None: ...
+
+
+def supervise(settings: ServeSettings, hooks: InferaHooks, count: int, serve: ServeProcess) -> int:
     """Run ``count`` server processes until stopped; the exit status for serve."""
     if settings.discovery == IN_PROCESS_DISCOVERY:
         raise InferaError(
@@ -107,7 +113,7 @@ def supervise(settings: ServeSettings, hooks: InferaHooks, count: int) -> int:
     budgets = SharedBudgets(count) if settings.api_key_file is not None else None
     load = SharedLoad(count) if settings.max_inflight_per_worker > 0 else None
     try:
-        return _Supervisor(settings, hooks, count, directory, budgets, load).run()
+        return _Supervisor(settings, hooks, count, directory, budgets, load, serve).run()
     finally:
         holder.close()
         shutil.rmtree(directory, ignore_errors=True)
@@ -136,12 +142,14 @@ class _Supervisor:
         hooks: InferaHooks,
         count: int,
         directory: str,
-        budgets: SharedBudgets | None = None,
-        load: SharedLoad | None = None,
+        budgets: SharedBudgets | None,
+        load: SharedLoad | None,
+        serve: ServeProcess,
     ) -> None:
         self.settings = settings
         self.budgets = budgets
         self.load = load
+        self.serve = serve
         self.hooks = hooks
         self.count = count
         self.directory = directory
@@ -304,6 +312,7 @@ class _Supervisor:
                 write_fd,
                 self.budgets,
                 self.load,
+                self.serve,
             )
         os.close(write_fd)
         self.children[pid] = _Child(index, pid, read_fd)
@@ -333,6 +342,7 @@ def _child(
     ready_fd: int,
     budgets: SharedBudgets | None,
     load: SharedLoad | None,
+    serve: ServeProcess,
 ) -> None:
     """Serve as process ``index``; never returns (``os._exit``)."""
     parent = os.getppid()
@@ -357,9 +367,8 @@ def _child(
         os.setpgid(0, 0)
         _die_with_parent(parent)
         from infera_core.server.peers import Peers
-        from infera_core.server.run import run_process
 
-        run_process(
+        serve(
             settings,
             hooks,
             sock=reuseport_socket(settings.host, settings.port),

@@ -113,6 +113,6 @@ def run(settings: ServeSettings, hooks: InferaHooks) -> None:
     if count == 1:
         run_process(settings, hooks)
         return
-    status = supervise(settings, hooks, count)
+    status = supervise(settings, hooks, count, run_process)
     if status:
         sys.exit(status)

@@ -2,7 +2,7 @@
 
 * :mod:`infera_core.testing.fixtures` — pytest fixtures (auto-loaded through the
   ``pytest11`` entry point): ``infera_hooks``, ``etcd_server``, ``free_port``…
-* :mod:`infera_core.testing.net` — free ports, waiting for a port or URL.
+* :mod:`infera_core.util.net` — free ports, waiting for a port or URL.
 * :mod:`infera_core.testing.etcd` — start a real etcd on loopback.
 * :mod:`infera_core.testing.contracts` — contract test suites to subclass
   (``EngineAdapterContract``, ``ScorerContract``, ``FilterContract``, ``PickerContract``).

@@ -203,7 +203,7 @@ class EngineAdapterContract:
 
     def test_options_do_not_clash_with_launcher_flags(self) -> None:
         from infera_core.engines.base import OPTION_CLASH_HINT, option_clashes
-        from infera_core.launcher.flags import launcher_flags
+        from infera_core.plugin.settings import launcher_flags
 
         clashes = option_clashes(self.adapter, launcher_flags(self._catalog()))
         assert not clashes, (

@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from infera_core.testing.net import free_port, stop_process, wait_port
+from infera_core.util.net import free_port, stop_process, wait_port
 
 
 def etcd_binary() -> str | None:

@@ -20,8 +20,8 @@ from infera_core.testing.fleet import (  # noqa: F401
     standin_env,
     standin_pythonpath,
 )
-from infera_core.testing.nats import NatsServer, nats_server_binary
-from infera_core.testing.net import free_port as _free_port
+from infera_core.util.nats_server import NatsServer, nats_server_binary
+from infera_core.util.net import free_port as _free_port
 
 
 def make_hooks(

@@ -1,40 +1,5 @@
-"""Small networking helpers for tests and local stacks (loopback only)."""
+"""Moved to :mod:`infera_core.util.net`; this re-export stays for one release."""
 
-from __future__ import annotations
+from infera_core.util.net import free_port, stop_process, wait_port
 
-import socket
-import subprocess
-import time
-from typing import Any
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(host: str, port: int, timeout: float = 10.0) -> None:
-    """Wait until something accepts TCP connections on ``host:port``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s") from None
-            time.sleep(0.02)
-
-
-def stop_process(proc: subprocess.Popen[Any] | None, grace: float = 5.0) -> None:
-    """SIGTERM ``proc`` (if it still runs), SIGKILL it after ``grace`` seconds, and reap it."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+__all__ = ["free_port", "stop_process", "wait_port"]

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import yaml
 
-from infera_core.testing.net import free_port, stop_process
+from infera_core.util.net import free_port, stop_process
 
 CLOSE = {"connection": "close"}
 """A new connection per request: ``SO_REUSEPORT`` spreads connections over the processes."""

@@ -23,7 +23,7 @@ from infera_core.server.app import KvComponent, create_app
 from infera_core.server.core import RouterCore
 from infera_core.server.run import uvicorn_config
 from infera_core.server.settings import ServeSettings
-from infera_core.testing.net import free_port
+from infera_core.util.net import free_port
 
 
 def settings_for(**overrides: Any) -> ServeSettings:

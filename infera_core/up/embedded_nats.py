@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from infera_core.errors import ConfigError
-from infera_core.testing.nats import NatsServer, nats_server_binary
+from infera_core.util.nats_server import NatsServer, nats_server_binary
 
 NATS = "nats"
 

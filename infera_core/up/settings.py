@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from infera_core.config.settings import InferaSettings
-from infera_core.launcher.settings import RestartPolicy
+from infera_core.engines.settings import RestartPolicy
 from infera_core.server.auth_settings import AuthSettings
 from infera_core.server.fault_settings import FaultSettings
 from infera_core.server.limits import LimitSettings

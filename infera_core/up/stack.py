@@ -21,12 +21,12 @@ from typing import Any
 
 import uvicorn
 
-from infera_core.config.backends import with_backend_fields
 from infera_core.discovery.base import Discovery, DiscoverySettings
+from infera_core.engines.settings import WorkerSettings
 from infera_core.errors import ConfigError, EngineError, InferaError
 from infera_core.launcher.runtime import WorkerLauncher
-from infera_core.launcher.settings import WorkerSettings
 from infera_core.plugin.hooks import InferaHooks
+from infera_core.plugin.settings import with_backend_fields
 from infera_core.scheduling.router_config import default_policy as router_default_policy
 from infera_core.up.embedded_nats import start_embedded_nats, wants_embedded_nats
 from infera_core.up.settings import UpSettings

@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from infera_core.bench.scrape import HITS, QUERIES, fetch_text, parse_metrics
+from infera_core.bench.scrape import fetch_text
+from infera_core.util.prom_text import HITS, QUERIES, parse_metrics
 
 TROUBLE = {
     "unhealthy": "hung (out of rotation)",

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from infera_core.bench.runner import BenchConfig, run_bench
-from infera_core.bench.scrape import PROMPT_TOKENS, parse_metrics
 from infera_core.bench.trace import trace_workload
 from infera_core.bench.workloads import multi_turn_workload
+from infera_core.util.prom_text import PROMPT_TOKENS, parse_metrics
 
 pytest.importorskip("infera_sim")
 

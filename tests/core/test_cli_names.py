@@ -94,7 +94,7 @@ def test_one_spelling_per_concept_across_commands() -> None:
 
 def test_worker_and_workers_still_read_the_old_environment_spellings(monkeypatch: pytest.MonkeyPatch) -> None:
     from infera_core.cli.workers import WorkersSettings
-    from infera_core.launcher.settings import WorkerSettings
+    from infera_core.engines.settings import WorkerSettings
 
     monkeypatch.setenv("INFERA_ETCD_PREFIX", "/old/")
     monkeypatch.setenv("INFERA_CONNECT_TIMEOUT", "7")

@@ -7,7 +7,7 @@ import pytest
 from infera_core.builtin.transports import HttpRequestTransport, ZmqKvEventTransport
 from infera_core.config.backends import BackendOptions
 from infera_core.testing.contracts import KvEventTransportContract, RequestTransportContract
-from infera_core.testing.nats import NatsServer
+from infera_core.util.nats_server import NatsServer
 
 try:
     from infera_nats.settings import NatsSettings

@@ -23,7 +23,7 @@ from cli_check import check_command, known_env
 from infera_sim.testing import start_sim
 
 from infera_core.testing.etcd import EtcdServer
-from infera_core.testing.net import free_port, wait_port
+from infera_core.util.net import free_port, wait_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "deploy" / "docker"

@@ -25,7 +25,7 @@ from infera_sim.testing import start_sim
 
 from infera_core.discovery.base import Discovery, FleetChange, Registration
 from infera_core.testing.discovery_contract import DiscoveryContract
-from infera_core.testing.net import free_port
+from infera_core.util.net import free_port
 from infera_core.worker import WorkerRecord
 
 

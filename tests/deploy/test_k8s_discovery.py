@@ -16,8 +16,8 @@ from infera_k8s.testing import StandinApiServer, label_matches, make_pod
 from infera_core.discovery.base import ChangeKind, FleetChange
 from infera_core.errors import DiscoveryError
 from infera_core.testing.discovery_contract import contract_record
-from infera_core.testing.net import free_port
 from infera_core.testing.server import until
+from infera_core.util.net import free_port
 from infera_core.worker import Role, Status
 
 SELECTOR = {"app.kubernetes.io/component": "infera-worker"}

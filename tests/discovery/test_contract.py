@@ -11,8 +11,8 @@ from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 from infera_core.testing.contracts import EngineAdapterContract
 from infera_core.testing.discovery_contract import DiscoveryContract
 from infera_core.testing.etcd import EtcdServer
-from infera_core.testing.nats import NatsServer
 from infera_core.testing.standin_plugin import StandinAdapter
+from infera_core.util.nats_server import NatsServer
 
 try:  # the infera-nats plugin's backend, when that distribution is installed
     from infera_nats.discovery import NatsDiscovery

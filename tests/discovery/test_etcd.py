@@ -18,7 +18,7 @@ from infera_core.discovery.view import FleetView
 from infera_core.errors import DiscoveryError
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import eventually
-from infera_core.testing.net import free_port
+from infera_core.util.net import free_port
 from infera_core.worker import Status, WorkerRecord
 
 pytestmark = pytest.mark.etcd

@@ -17,9 +17,9 @@ from infera_core.discovery.view import FleetView
 from infera_core.errors import DiscoveryError
 from infera_core.testing.discovery_contract import contract_record
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.nats import NatsServer
-from infera_core.testing.net import free_port
 from infera_core.testing.server import until
+from infera_core.util.nats_server import NatsServer
+from infera_core.util.net import free_port
 
 nats_discovery = pytest.importorskip("infera_nats.discovery")
 NatsSettings = pytest.importorskip("infera_nats.settings").NatsSettings

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from infera_core.testing.fleet import CliResult, LauncherProcess
-from infera_core.testing.nats import NatsServer
-from infera_core.testing.net import free_port
+from infera_core.util.nats_server import NatsServer
+from infera_core.util.net import free_port
 
 pytest.importorskip("infera_nats")
 pytest.importorskip("infera_sim")

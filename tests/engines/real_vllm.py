@@ -28,7 +28,7 @@ from infera_core.kv.events import BlockStored, KvEventDecoder
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.fleet import LauncherProcess
-from infera_core.testing.net import free_port, wait_port
+from infera_core.util.net import free_port, wait_port
 from infera_core.worker import WorkerRecord
 
 REPO = Path(__file__).resolve().parents[2]

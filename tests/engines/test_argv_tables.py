@@ -34,14 +34,14 @@ import pytest
 from engine_env import make_engine_env
 
 from infera_core.cli.worker import OPT_PREFIX, _engine_command
-from infera_core.config.backends import backend_models
 from infera_core.config.settings import compose_settings, resolve
 from infera_core.engines import support as engine_support
 from infera_core.engines.base import LaunchContext, LaunchSpec
+from infera_core.engines.settings import WorkerSettings
 from infera_core.errors import InferaError
 from infera_core.launcher.flags import launch_options
-from infera_core.launcher.settings import WorkerSettings
 from infera_core.plugin.hooks import InferaHooks
+from infera_core.plugin.settings import backend_models
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "engines.md"
 HEADING = re.compile(r"^#{2,5} .* by case \(engine `([a-z0-9_-]+)`\)\s*$")

@@ -17,7 +17,7 @@ from real_vllm import ENGINE_ARGS, engine_env, stop_launcher, vllm_python, wait_
 
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
-from infera_core.testing.net import free_port
+from infera_core.util.net import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 

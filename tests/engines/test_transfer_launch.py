@@ -12,9 +12,9 @@ from engine_env import make_engine_env, standin_source
 
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 from infera_core.engines.base import LaunchContext, LaunchSpec
+from infera_core.engines.settings import WorkerSettings
 from infera_core.engines.transfer import TransferConnectorRegistry, TransferPlan
 from infera_core.launcher.runtime import WorkerLauncher
-from infera_core.launcher.settings import WorkerSettings
 from infera_core.plugin.spec import hookimpl
 from infera_core.testing.fixtures import make_hooks
 from infera_core.worker import PdInfo, Role

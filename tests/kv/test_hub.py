@@ -18,7 +18,7 @@ from infera_core.kv.events import BlockStored, KvEventBatch
 from infera_core.kv.hub import KvHub
 from infera_core.kv.settings import KvSettings
 from infera_core.plugin.hooks import InferaHooks
-from infera_core.testing.net import free_port
+from infera_core.util.net import free_port
 from infera_core.worker import KvEventsInfo, WorkerRecord
 
 sim_testing = pytest.importorskip("infera_sim.testing")

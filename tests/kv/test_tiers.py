@@ -22,7 +22,7 @@ from infera_core.kv import accel
 from infera_core.kv.hub import KvHub
 from infera_core.kv.index import medium_tier
 from infera_core.plugin.hooks import InferaHooks
-from infera_core.testing.net import free_port
+from infera_core.util.net import free_port
 from infera_core.worker import KvEventsInfo, WorkerRecord
 
 BS = 16

@@ -13,10 +13,10 @@ from infera_core.cli.alias import main_for
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 from infera_core.discovery.view import FleetView
 from infera_core.engines.base import EngineRegistry, LaunchContext, LaunchSpec, RunningEngine
+from infera_core.engines.settings import WorkerSettings
 from infera_core.errors import ConfigError, DiscoveryError, EngineError
 from infera_core.launcher.address import advertise_host, is_loopback
 from infera_core.launcher.runtime import WorkerLauncher
-from infera_core.launcher.settings import WorkerSettings
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.plugin.spec import hookimpl
 from infera_core.testing.fixtures import make_hooks

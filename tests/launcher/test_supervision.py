@@ -17,18 +17,18 @@ from infera_core.discovery.base import ChangeKind, FleetChange
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 from infera_core.discovery.view import FleetView
 from infera_core.engines.base import RunningEngine
+from infera_core.engines.settings import RestartPolicy, WorkerSettings
 from infera_core.errors import EngineError
 from infera_core.launcher.health import GenerationWatch, checks_generation
 from infera_core.launcher.health import health_generate as health_generate_check
 from infera_core.launcher.restart import WorkerState
 from infera_core.launcher.runtime import WorkerLauncher
-from infera_core.launcher.settings import RestartPolicy, WorkerSettings
 from infera_core.testing.contracts import sample_launch_context
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.fleet import CliResult, LauncherProcess
-from infera_core.testing.net import free_port
 from infera_core.up.settings import UpSettings
+from infera_core.util.net import free_port
 from infera_core.worker import Role, Status
 
 pytest.importorskip("infera_sim")

@@ -14,7 +14,7 @@ from infera_core.discovery.view import FleetView
 from infera_core.engines.support import metrics_in_flight
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
-from infera_core.testing.net import free_port
+from infera_core.util.net import free_port
 from infera_core.worker import Status
 
 pytestmark = pytest.mark.etcd

@@ -13,7 +13,7 @@ from infera_core.discovery.base import DiscoverySettings
 from infera_core.discovery.etcd import EtcdDiscovery
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import CliResult
-from infera_core.testing.net import free_port
+from infera_core.util.net import free_port
 from infera_core.worker import WorkerRecord
 
 

@@ -16,7 +16,7 @@ import zmq
 from infera_nats.kv_source import NatsKvSource
 from infera_nats.relay import KvRelay
 
-from infera_core.testing.net import free_port
+from infera_core.util.net import free_port
 from infera_core.worker import KvEventsInfo, WorkerRecord
 
 

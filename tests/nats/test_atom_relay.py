@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from relay_rig import relayed
 
-from infera_core.testing.nats import NatsServer
 from infera_core.testing.server import until
+from infera_core.util.nats_server import NatsServer
 from infera_core.worker import KvEventsInfo
 
 MODEL = "ds"

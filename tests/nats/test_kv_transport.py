@@ -15,8 +15,8 @@ from relay_rig import relayed
 
 from infera_core.kv.hub import KvHub
 from infera_core.plugin.hooks import InferaHooks
-from infera_core.testing.nats import NatsServer
 from infera_core.testing.server import until
+from infera_core.util.nats_server import NatsServer
 from infera_core.worker import KvEventsInfo, WorkerRecord
 
 sim_testing = pytest.importorskip("infera_sim.testing")

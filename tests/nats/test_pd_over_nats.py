@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from infera_core.config.backends import backend_models
 from infera_core.config.settings import compose_settings
 from infera_core.plugin.hooks import InferaHooks
+from infera_core.plugin.settings import backend_models
 from infera_core.up.settings import UpSettings
 from infera_core.up.stack import Stack
 

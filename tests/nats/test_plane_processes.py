@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from infera_core.testing.fleet import LauncherProcess
-from infera_core.testing.nats import NatsServer
-from infera_core.testing.net import free_port
+from infera_core.util.nats_server import NatsServer
+from infera_core.util.net import free_port
 
 pytest.importorskip("infera_sim")
 pytest.importorskip("infera_policies")

@@ -18,10 +18,10 @@ from nats.errors import NoRespondersError
 
 from infera_core.scheduling.types import Endpoint
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.nats import NatsServer
 from infera_core.testing.server import RunningServer, serving, settings_for, until
 from infera_core.testing.upstream import FakeUpstream, record_for
 from infera_core.transports.upstreams import UpstreamReadError
+from infera_core.util.nats_server import NatsServer
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -13,10 +13,10 @@ from infera_nats.transport import NatsUpstream
 from infera_nats.transport_connect import NatsUnreachableError
 
 from infera_core.scheduling.types import Endpoint
-from infera_core.testing.nats import NatsServer
 from infera_core.testing.server import until
 from infera_core.testing.upstream import FakeUpstream, record_for
 from infera_core.transports.upstreams import UpstreamError, UpstreamReadError
+from infera_core.util.nats_server import NatsServer
 
 STREAM = json.dumps({"model": "fake-model", "stream": True}).encode()
 PLAIN = json.dumps({"model": "fake-model"}).encode()

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.net import free_port
 from infera_core.testing.server import RunningServer, serving, settings_for
 from infera_core.testing.upstream import FakeUpstream, fake_upstreams, record_for
+from infera_core.util.net import free_port
 from infera_core.util.redact import redact_url
 from infera_core.worker import Status, WorkerRecord
 

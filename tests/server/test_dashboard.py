@@ -22,8 +22,8 @@ import infera_core.server
 from infera_core.kv.component import KvRouting
 from infera_core.kv.settings import KvSettings
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.net import free_port
 from infera_core.testing.server import RunningServer, serving, settings_for
+from infera_core.util.net import free_port
 from infera_core.worker import Status
 
 pytest.importorskip("infera_sim")

@@ -23,7 +23,7 @@ import pytest
 from infera_core.discovery.base import DiscoverySettings
 from infera_core.discovery.etcd import EtcdDiscovery
 from infera_core.testing.etcd import EtcdServer, etcd_binary
-from infera_core.testing.net import free_port
+from infera_core.util.net import free_port
 
 sim_testing = pytest.importorskip("infera_sim.testing")
 

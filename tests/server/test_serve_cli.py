@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from infera_core.cli import main
-from infera_core.testing.net import free_port
+from infera_core.util.net import free_port
 
 pytest.importorskip("infera_sim")
 from infera_sim.testing import SimHandle, start_sim

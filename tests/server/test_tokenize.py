@@ -11,8 +11,8 @@ import pytest
 from aiohttp import web
 
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.net import free_port
 from infera_core.testing.server import RunningServer, serving, settings_for
+from infera_core.util.net import free_port
 from infera_core.worker import WorkerRecord
 
 pytest.importorskip("infera_sim")

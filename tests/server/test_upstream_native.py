@@ -16,11 +16,11 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from infera_core.scheduling.types import Endpoint
-from infera_core.testing.net import free_port
 from infera_core.testing.upstream import FakeUpstream, ScriptedUpstream, fake_upstreams, record_for
 from infera_core.transports.http import make_upstream
 from infera_core.transports.http.native import NativeUpstream
 from infera_core.transports.upstreams import UpstreamError
+from infera_core.util.net import free_port
 from infera_core.worker import WorkerRecord
 
 JSON = b'{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}'

@@ -13,11 +13,11 @@ from infera_sim.tokenizer import SimTokenizerFactory
 
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 from infera_core.engines.base import LaunchContext, RunningEngine
+from infera_core.engines.settings import WorkerSettings
 from infera_core.errors import EngineError
 from infera_core.launcher.runtime import WorkerLauncher
-from infera_core.launcher.settings import WorkerSettings
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.net import free_port
+from infera_core.util.net import free_port
 from infera_core.worker import Role
 
 

@@ -10,9 +10,9 @@ import httpx
 import pytest
 from rich.console import Console
 
-from infera_core.config.backends import backend_models
 from infera_core.config.settings import compose_settings
 from infera_core.plugin.hooks import InferaHooks
+from infera_core.plugin.settings import backend_models
 from infera_core.up.demo import DemoWorkload, run_demo
 from infera_core.up.settings import UpSettings
 from infera_core.up.stack import Stack

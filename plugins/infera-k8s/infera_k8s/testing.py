@@ -32,7 +32,7 @@ from typing import Any
 
 from aiohttp import web
 
-from infera_core.testing.net import free_port
+from infera_core.util.net import free_port
 
 Pod = dict[str, Any]
 

@@ -25,8 +25,7 @@ import zmq
 import zmq.asyncio
 from nats.aio.client import Client
 
-from infera_core.kv.hub import _with_port_offset
-from infera_core.worker import KvEventsInfo
+from infera_core.worker import KvEventsInfo, with_port_offset
 from infera_nats import kv_wire
 from infera_nats.kv_wire import ensure_stream
 from infera_nats.transport_connect import close_quietly, connect_nats
@@ -102,10 +101,10 @@ class KvRelay:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RCVHWM, 100_000)
             sock.setsockopt(zmq.SUBSCRIBE, self.kv_events.topic.encode())
-            await _connect(sock, _with_port_offset(self.kv_events.endpoint, rank or 0), self.connect_timeout)
+            await _connect(sock, with_port_offset(self.kv_events.endpoint, rank or 0), self.connect_timeout)
             subject = kv_wire.rank_subject(self.subject, rank)
             replay = self.kv_events.replay_endpoint
-            replay = _with_port_offset(replay, rank or 0) if replay else None
+            replay = with_port_offset(replay, rank or 0) if replay else None
             self._tasks.append(
                 asyncio.create_task(self._pump(sock, subject, replay), name=f"kv-relay-{subject}")
             )

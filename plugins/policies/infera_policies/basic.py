@@ -16,7 +16,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from infera_core.request import RequestContext
-from infera_core.scheduling.arrays import Floats, rows_of, state
+from infera_core.scheduling.arrays import Floats, state
+from infera_core.scheduling.candidates import rows_of
 from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
 from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.types import Endpoint, Picker, PolicyFactory, SchedulerDeps, Scorer

@@ -42,15 +42,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from infera_core.request import RequestContext
-from infera_core.scheduling.arrays import (
-    ARRAY_MIN,
-    Candidates,
-    Floats,
-    Rows,
-    relative_inverse,
-    rows_of,
-    state,
-)
+from infera_core.scheduling.arrays import ARRAY_MIN, Floats, Rows, relative_inverse, state
+from infera_core.scheduling.candidates import Candidates, rows_of
 from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
 from infera_core.scheduling.dp import best_rank_overlap
 from infera_core.scheduling.registry import PolicyRegistry
