@@ -22,7 +22,7 @@ key keeps its slot, and what it spent, for the life of the serve). A slot holds,
   ``(day, tokens)`` pair (one writer per word, no lock: a word is one aligned 8-byte
   store through a ``memoryview``); today's count is the sum of the pairs stamped today.
 
-Cost per request (``bench/key_budgets.py``): one lock and unlock for a key with a rate
+Cost per request (``bench/router/key_budgets.py``): one lock and unlock for a key with a rate
 limit, a few word reads and writes otherwise.
 """
 

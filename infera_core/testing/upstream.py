@@ -1,4 +1,4 @@
-"""A minimal, fast OpenAI-ish upstream on raw asyncio (tests and ``bench/proxy_overhead.py``).
+"""A minimal, fast OpenAI-ish upstream on raw asyncio (tests and ``bench/router/proxy_overhead.py``).
 
 HTTP/1.1 with keep-alive; ``POST`` anything → a chat/completion JSON body, or with
 ``"stream": true`` in the request an SSE stream of ``chunks`` events then

@@ -1,4 +1,4 @@
-"""bench/saturation.py runs end to end on a short trace and ranks the policies sensibly."""
+"""bench/fleet/saturation.py runs end to end on the shipped trace and ranks the policies sensibly."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+import bench
 
-ROOT = Path(__file__).resolve().parents[2]
-TRACE = Path("/work/shared/workloads/mooncake_synthetic_trace.jsonl")
+ROOT = Path(bench.__file__).resolve().parents[1]
 
 
 def _table(out: str) -> dict[str, list[float]]:
@@ -22,7 +21,6 @@ def _table(out: str) -> dict[str, list[float]]:
     return rows
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason=f"the Mooncake trace is not at {TRACE}")
 def test_kv_aware_caches_more_and_answers_sooner_than_round_robin_near_capacity() -> None:
     proc = _run("--rows", "400", "--speedup", "45", "--policies", "kv-aware,round-robin,sglang-cache-aware")
     assert "pooled-LRU bound hit" in proc.stdout, proc.stdout
@@ -36,7 +34,6 @@ def test_kv_aware_caches_more_and_answers_sooner_than_round_robin_near_capacity(
     assert kv[3] >= sg[3] and kv[1] <= sg[1], proc.stdout
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason=f"the Mooncake trace is not at {TRACE}")
 def test_kv_aware_keeps_its_hits_when_kv_events_lag() -> None:
     """Events indexed 2 s (virtual) after they were emitted: the credit kept 2 s past a request's
     end bridges the gap; without it the next request of the group sees its prefix nowhere."""
@@ -48,9 +45,10 @@ def test_kv_aware_keeps_its_hits_when_kv_events_lag() -> None:
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    script = str(ROOT / "bench" / "saturation.py")
+    # no --trace: the default is the Mooncake trace shipped in bench/data/
     return subprocess.run(
-        [sys.executable, script, *args, "--trace", str(TRACE)],
+        [sys.executable, "-m", "bench.fleet.saturation", *args],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=240,

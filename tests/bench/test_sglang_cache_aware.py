@@ -1,13 +1,8 @@
-"""bench/sglang_cache_aware.py behaves as sgl-router's cache_aware policy does."""
+"""bench/fleet/sglang_cache_aware.py behaves as sgl-router's cache_aware policy does."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from sglang_cache_aware import CacheAware
+from bench.fleet.sglang_cache_aware import CacheAware
 
 W = ["w0", "w1", "w2"]
 

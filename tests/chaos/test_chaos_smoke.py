@@ -1,11 +1,9 @@
-"""The fast scenarios of ``bench/chaos.py`` against a real stack (etcd, serve, sim workers):
+"""The fast scenarios of ``bench/chaos/run.py`` against a real stack (etcd, serve, sim workers):
 each one loses nothing, and ordinary traffic after it still gets 200s."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+import importlib
 from types import ModuleType
 
 import pytest
@@ -16,7 +14,6 @@ pytest.importorskip("infera_sim")
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd]
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
 FAST = [
     "deep_json",
     "huge_headers",
@@ -38,12 +35,7 @@ FAST = [
 
 
 def _chaos() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("infera_bench_chaos", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("bench.chaos.run")
 
 
 @pytest.mark.timeout(400)

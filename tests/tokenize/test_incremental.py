@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.traces import MOONCAKE_TRACE
 from infera_core.bench.workloads import WordSource, multi_turn_workload
 from infera_core.kv.index import KvIndex
 from infera_core.plugin.hooks import InferaHooks
@@ -26,7 +27,7 @@ from infera_core.tokenize.hf import HfTokenizer
 from infera_core.tokenize.incremental import PrefixTokenCache, common_prefix_len
 from infera_core.tokenize.service import RoutingTokenizers, parse_model_specs
 
-TRACE = Path("/work/shared/workloads/mooncake_synthetic_trace.jsonl")
+TRACE = MOONCAKE_TRACE
 BLOCK_SIZES = (16, 32)
 
 
@@ -114,7 +115,6 @@ async def test_multi_turn_workload_agrees_with_full_tokenization(tiny_dir: Path)
     assert samples[("infera_routing_tokenize_prefix_cache_bytes", ())] == p.bytes > 0
 
 
-@pytest.mark.skipif(not TRACE.is_file(), reason="shared Mooncake-shaped trace not present")
 async def test_mooncake_shaped_conversations_agree_with_full_tokenization(tiny_dir: Path) -> None:
     tokens = _service(tiny_dir)
     requests, extending = _mooncake_requests(500)

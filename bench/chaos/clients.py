@@ -1,4 +1,4 @@
-"""Chaos scenarios: hostile clients, API keys, the admin surface, request ids (see ``chaos.py``)."""
+"""Chaos scenarios: hostile clients, API keys, the admin surface, request ids (see ``run.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import contextlib
 import time
 
 import httpx
-from chaos_stack import (
+
+from bench.chaos.stack import (
     KEY,
     LIMITED_KEY,
     MODEL,

@@ -1,16 +1,16 @@
 """Chaos: bad inputs and faulty workers thrown at a real stack; a Markdown table of what happened.
 
-    .venv/bin/python bench/chaos.py                 # every scenario (~5 min on 2 cores)
-    .venv/bin/python bench/chaos.py --fast          # the quick ones only
-    .venv/bin/python bench/chaos.py --only deep_json,killed_engine --out table.md
+    .venv/bin/python -m bench.chaos.run         # every scenario (~5 min on 2 cores)
+    .venv/bin/python -m bench.chaos.run --fast  # the quick ones only
+    .venv/bin/python -m bench.chaos.run --only deep_json,killed_engine --out table.md
 
-The stack (``chaos_stack.py``): a real etcd, ``infera-run serve`` (admin token, API-key
+The stack (``stack.py``): a real etcd, ``infera-run serve`` (admin token, API-key
 file, direct mode) and sim workers under ``infera-run worker`` with
 ``--restart-engine on-failure``. Each scenario is one ``async def`` decorated with
 :func:`scenario` that returns a :class:`Row`: what was tried, what the client saw, what
 was lost. After every scenario the runner checks that nothing else was lost: a burst of
 ordinary requests all answer 200 and the router's in-flight counts return to zero.
-To add a scenario, write one more function in ``chaos_clients.py`` or ``chaos_faults.py``.
+To add a scenario, write one more function in ``clients.py`` or ``faults.py``.
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import chaos_clients  # noqa: F401 - registers its scenarios
-import chaos_faults  # noqa: F401 - registers its scenarios
-from chaos_stack import SCENARIOS, ChaosStack, Row, codes_text
+from bench.chaos import clients, faults  # noqa: F401 - registers their scenarios
+from bench.chaos.stack import SCENARIOS, ChaosStack, Row, codes_text
 
 OK_BURST = 8
 

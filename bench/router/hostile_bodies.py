@@ -6,7 +6,7 @@ router's) and sends ``--concurrent`` bodies of ``--objects`` tiny message object
 process), while one keep-alive client polls ``GET /health`` every 10 ms. Reports the
 answers, /health latency (p50 / max) and the router's peak RSS (``VmHWM``).
 
-    .venv/bin/python bench/hostile_bodies.py [--objects 2500000] [--concurrent 3] [--shape tiny|text]
+    .venv/bin/python -m bench.router.hostile_bodies [--objects 2500000] [--concurrent 3] [--shape tiny|text]
         [-- serve flags…]
 
 Run it with ``PYTHONPATH`` at an older checkout to compare before/after.

@@ -1,4 +1,4 @@
-"""The stack ``bench/chaos.py`` attacks: a real etcd, ``infera-run serve``, sim workers.
+"""The stack ``bench/chaos/run.py`` attacks: a real etcd, ``infera-run serve``, sim workers.
 
 Every process is real and runs on this machine: etcd (Debian ``etcd-server``), the
 router (``infera-run serve`` with an admin token, an API-key file, direct mode), and

@@ -1,7 +1,7 @@
 """KV events through JetStream: relay and router throughput per core, and replica agreement.
 
 ``W`` ZMQ publishers in this process send vLLM-shaped batches (the payloads of
-``bench/kv_ingest.py``: each stores one request's blocks; once a worker's simulated cache is
+``bench/kv/ingest.py``: each stores one request's blocks; once a worker's simulated cache is
 full, old blocks are removed). A relay process runs one :class:`~infera_nats.relay.KvRelay`
 per publisher into a real ``nats-server -js``; a router process runs ``--replicas`` KV hubs
 (two router replicas), each following every worker through its own
@@ -17,7 +17,7 @@ Reported:
   cached prefix) and counts how often all replicas pick the same one among the lookups
   where some replica has a cached prefix; and the same once all events are applied.
 
-    .venv/bin/python bench/nats_kv.py [--workers 4] [--batches 20000] [--rate 0] [--replicas 2]
+    .venv/bin/python -m bench.kv.nats_events [--workers 4] [--batches 20000] [--rate 0] [--replicas 2]
 
 ``--rate`` limits the publishers to that many batches/s in all (0: as fast as possible,
 the worst case for agreement: the replicas lag the stream the most).
@@ -34,18 +34,17 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import psutil
 import zmq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kv_ingest import make_payloads
-
+from bench.kv.ingest import make_payloads
 from infera_core.util.nats_server import NatsServer
 from infera_core.util.net import free_port
+
+MODULE = "bench.kv.nats_events"  # this script, as its child processes run it: python -m MODULE
 
 MODEL = "bench-model"
 
@@ -181,7 +180,8 @@ async def router_main(args: Any) -> None:
 def spawn(role: str, args: Any, nats_url: str, ports: list[int]) -> subprocess.Popen[str]:
     argv = [
         sys.executable,
-        __file__,
+        "-m",
+        MODULE,
         "--role",
         role,
         "--nats",

@@ -8,7 +8,7 @@ list per model, as the server's endpoint table hands them to the scheduler. Repo
 mean and p99 µs per decision for ``round-robin``, ``least-load`` and ``kv-aware``, side by
 side in one run, and the KV index's size (blocks, bytes per block, blocks evicted).
 
-    .venv/bin/python bench/kv_decision.py [--workers 8,64,256] [--tokens 1024,8192] [--requests 2000]
+    .venv/bin/python -m bench.kv.decision [--workers 8,64,256] [--tokens 1024,8192] [--requests 2000]
         [--prefixes 32] [--max-blocks 4000000] [--shared-prefix]
 """
 

@@ -15,7 +15,7 @@ does). Reports blocks/s (stored + removed) side by side for
 Times are this process's CPU time (``time.process_time``): blocks per CPU-second on one
 core, unaffected by the process being descheduled on a shared machine.
 
-Run: ``.venv/bin/python bench/kv_ingest.py [--batches N] [--blocks-per-store N]``
+Run: ``.venv/bin/python -m bench.kv.ingest [--batches N] [--blocks-per-store N]``
 """
 
 from __future__ import annotations

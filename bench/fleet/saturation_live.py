@@ -1,6 +1,6 @@
 """Saturation on the wall clock: the real routers in front of the same real sim processes.
 
-The cross-check of ``bench/saturation.py`` (virtual time, in-process sims, sglang-router's
+The cross-check of ``bench/fleet/saturation.py`` (virtual time, in-process sims, sglang-router's
 ``cache_aware`` re-implemented): here every piece is the real process. ``--sims`` sim
 servers (``python -m infera_sim.server``: its scheduler, prefix cache with LRU eviction,
 timing model and ZMQ KV events) are started, then one router in front of them:
@@ -34,7 +34,7 @@ Hit fraction: the sims' own counters, ``vllm:prefix_cache_hits_total`` /
 tokenize them. Router CPU: utime + stime of the router's processes over the replay, per
 request, and split by thread kind (event loop, other threads, libzmq I/O).
 
-    .venv/bin/python bench/saturation_live.py [--rows 1000] [--skip 2000] [--speedup 36]
+    .venv/bin/python -m bench.fleet.saturation_live [--rows 1000] [--skip 2000] [--speedup 36]
         [--sim-speedup 0.1] [--routers kv-aware,round-robin,sglang-cache-aware]
         [--sglang-python /path/to/venv/bin/python] [--virtual]
 """
@@ -63,9 +63,10 @@ import httpx
 import psutil
 import yaml
 from infera_sim.tokenizer import SimTokenizer
-from proxy_overhead import cpu_seconds, process
-from saturation import SGLANG, TRACE, Arrival, load_trace, pooled_bound, registry, run
 
+from bench.fleet.saturation import SGLANG, Arrival, load_trace, pooled_bound, registry, run
+from bench.router.proxy_overhead import cpu_seconds, process
+from bench.traces import MOONCAKE_TRACE
 from infera_core.util.net import free_port
 from infera_core.worker import KvEventsInfo, WorkerRecord
 
@@ -320,7 +321,9 @@ def run_live(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", default=TRACE)
+    ap.add_argument(
+        "--trace", default=str(MOONCAKE_TRACE), help="a Mooncake JSONL trace (default: the shipped one)"
+    )
     ap.add_argument("--rows", type=int, default=1000)
     ap.add_argument("--skip", type=int, default=2000, help="start at this row of the trace")
     ap.add_argument("--speedup", type=float, default=36.0, help="trace time / replay time, in the sims' time")

@@ -12,7 +12,7 @@ blocks, match them over 64 workers) for a conversation whose first turn has 32k
 tokens and whose later turns each add an assistant reply and a user message: with
 incremental tokenization (the default) and without (full tokenization every turn).
 
-Run: ``.venv/bin/python bench/kv_score.py`` (``--multi-turn`` for those rows only)
+Run: ``.venv/bin/python -m bench.kv.score`` (``--multi-turn`` for those rows only)
 """
 
 from __future__ import annotations

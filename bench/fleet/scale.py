@@ -10,10 +10,10 @@ routing-decision latency (``infera_routing_decision_seconds`` from its /metrics)
 
 Run::
 
-    .venv/bin/python bench/fleet_scale.py --workers 128 --policies round-robin,kv-aware \\
+    .venv/bin/python -m bench.fleet.scale --workers 128 --policies round-robin,kv-aware \\
         --workload shared-prefix --groups 128 --questions-per-group 8
-    .venv/bin/python bench/fleet_scale.py --workers 128 --workload trace \\
-        --trace /work/shared/workloads/mooncake_synthetic_trace.jsonl --time-scale 0.05 --max-requests 400
+    .venv/bin/python -m bench.fleet.scale --workers 128 --workload trace \\
+        --trace bench/data/mooncake_synthetic_trace.jsonl --time-scale 0.05 --max-requests 400
 
 Extra ``infera-run bench`` flags go after ``--``.
 """
@@ -38,6 +38,8 @@ from infera_core.plugin.hooks import InferaHooks
 from infera_core.up.settings import UpSettings
 from infera_core.up.stack import Stack
 from infera_core.worker import KvEventsInfo, WorkerRecord
+
+MODULE = "bench.fleet.scale"  # this script, as its child processes run it: python -m MODULE
 
 MODEL = "sim-model"
 
@@ -116,7 +118,8 @@ async def _start_hosts(
         count = min(per_host, workers - h * per_host)
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
-            __file__,
+            "-m",
+            MODULE,
             "--host-child",
             str(count),
             "--tag",

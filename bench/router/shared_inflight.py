@@ -9,7 +9,7 @@ per-endpoint path below 48 candidates, numpy's above), with the counts kept by t
 process alone (``local``: ``--processes 1``, or N before) and mirrored into the shared
 table (``shared``); it reports the median µs per request and the difference::
 
-    .venv/bin/python bench/shared_inflight.py [--rounds 7] [--requests 20000] [--workers 4,64]
+    .venv/bin/python -m bench.router.shared_inflight [--rounds 7] [--requests 20000] [--workers 4,64]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ every earlier request, which reach it through JetStream). Reported: for requests
 prefix is cached (their group was sent before), how often both replicas picked the same
 worker (``x-infera-worker``), and the prefix-cache picks per replica.
 
-    .venv/bin/python bench/nats_replicas.py [--workers 4] [--groups 16] [--questions 8]
+    .venv/bin/python -m bench.fleet.nats_replicas [--workers 4] [--groups 16] [--questions 8]
 """
 
 from __future__ import annotations

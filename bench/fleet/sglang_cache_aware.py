@@ -1,7 +1,7 @@
 """sglang-router's ``cache_aware`` policy, re-implemented for the in-process benches.
 
 What sgl-router (``sgl-router/src/policies/cache_aware.rs`` and ``tree.rs``) does, step by
-step, so ``bench/saturation.py`` can run it against the same sims, in the same virtual
+step, so ``bench/fleet/saturation.py`` can run it against the same sims, in the same virtual
 time, as the router's own policies (the real router is an HTTP proxy in real time):
 
 * One approximate radix tree per model, shared by all workers ("tenants"): every routed

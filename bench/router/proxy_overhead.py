@@ -18,7 +18,7 @@ router's CPU per request (utime+stime of the router process and its children fro
 ``/proc``, delta over the run / requests), and per case each Infera variant's CPU per
 request over sglang-router's and over the native HTTP hop's.
 
-    .venv/bin/python bench/proxy_overhead.py [--requests 2000] [--concurrency 1,16,64] [--router-nice -10]
+    .venv/bin/python -m bench.router.proxy_overhead [--requests 2000] [--concurrency 1,16,64] [--router-nice -10]
         [--transports native,aiohttp,nats] [--skip-sglang] [--api-keys] [--processes 1,2]
         [--chunk-interval-ms 5] [--chunks 64] [--sglang-python /path/to/venv/bin/python]
 
@@ -71,6 +71,8 @@ import psutil
 import yaml
 
 from infera_core.util.net import free_port
+
+MODULE = "bench.router.proxy_overhead"  # this script, as its child processes run it: python -m MODULE
 
 MODEL = "fake-model"
 BODY = b'{"model": "fake-model", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 64}'
@@ -136,7 +138,7 @@ def nats_plane(ports: list[int]) -> Iterator[str]:
 
     server = NatsServer()
     server.start()
-    argv = [sys.executable, __file__, "--serve-responders", server.url, ",".join(map(str, ports))]
+    argv = [sys.executable, "-m", MODULE, "--serve-responders", server.url, ",".join(map(str, ports))]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         assert proc.stdout is not None
@@ -565,7 +567,7 @@ def main() -> None:
     nice = ["nice", "-n", str(args.router_nice)] if args.router_nice else []
     with (
         process(
-            [py, __file__, "--serve-upstreams", ",".join(map(str, ports)), *pace], up_urls[0] + "/health"
+            [py, "-m", MODULE, "--serve-upstreams", ",".join(map(str, ports)), *pace], up_urls[0] + "/health"
         ) as ups,
         tempfile.TemporaryDirectory() as tmp,
     ):

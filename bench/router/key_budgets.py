@@ -9,7 +9,7 @@ one bound to a :class:`SharedBudgets` (``shared``); it reports the median µs pe
 request and the difference. ``--contend N`` adds N forked processes doing the same on
 the same table the whole time (lock contention, as N busy server processes)::
 
-    .venv/bin/python bench/key_budgets.py [--rounds 7] [--requests 50000] [--contend 1]
+    .venv/bin/python -m bench.router.key_budgets [--rounds 7] [--requests 50000] [--contend 1]
 """
 
 from __future__ import annotations

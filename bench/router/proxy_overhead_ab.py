@@ -1,6 +1,6 @@
 """Router CPU per request of two Infera trees side by side, API keys off and on, interleaved.
 
-``bench/proxy_overhead.py`` measures one tree per run; on a shared machine two runs
+``bench/router/proxy_overhead.py`` measures one tree per run; on a shared machine two runs
 minutes apart differ by more than the effect looked for (±15% here). This script starts
 the fake upstreams once and three routers next to each other:
 
@@ -17,7 +17,7 @@ router's median router CPU per request (utime+stime from ``/proc``) over the rou
 its ratio to ``base``::
 
     git worktree add --detach /tmp/base 6fe89e7 && (cd /tmp/base && bash scripts/setup-dev.sh)
-    .venv/bin/python bench/proxy_overhead_ab.py --baseline-venv /tmp/base/.venv [--rounds 5]
+    .venv/bin/python -m bench.router.proxy_overhead_ab --baseline-venv /tmp/base/.venv [--rounds 5]
         [--requests 3000] [--concurrency 16] [--router-nice 0] [--base-keys]
 
 ``--base-keys`` runs ``base`` with the API key too, to compare the keys-on path of two trees.
@@ -33,8 +33,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import proxy_overhead as po
 import yaml
+
+from bench.router import proxy_overhead as po
 
 
 def single_process(infera_run: Path) -> list[str]:
@@ -66,7 +67,7 @@ def main() -> None:
     nice = ["nice", "-n", str(args.router_nice)] if args.router_nice else []
     ports = [po.free_port(), po.free_port()]
     up_urls = [f"http://127.0.0.1:{p}" for p in ports]
-    upstreams = [sys.executable, po.__file__, "--serve-upstreams", ",".join(map(str, ports))]
+    upstreams = [sys.executable, "-m", po.MODULE, "--serve-upstreams", ",".join(map(str, ports))]
     cpu: dict[tuple[str, str], list[float]] = {}
     with (
         po.process(upstreams, up_urls[0] + "/health"),

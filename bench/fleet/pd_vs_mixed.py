@@ -1,6 +1,6 @@
 """Mixed fleet vs PD fleet of the same size on a long-prompt workload, with ``infera-run bench --compare``.
 
-    .venv/bin/python bench/pd_vs_mixed.py [--workers 4] [--input-len 2000] [--output-len 64]
+    .venv/bin/python -m bench.fleet.pd_vs_mixed [--workers 4] [--input-len 2000] [--output-len 64]
         [--prefill 2] [--num-requests 160] [--concurrency 16] [--speedup 1] [--pd-protocol vllm-nixl]
         [--json out.json]
 

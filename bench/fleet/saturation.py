@@ -1,16 +1,17 @@
 """Routing under saturation: cache affinity against load balance, on a fleet near capacity.
 
 A discrete-event replay (virtual time, so far faster than real time and without sockets):
-``--sims`` real :class:`infera_sim.engine.SimEngine` instances (their scheduler, prefix
-cache with LRU eviction, KV events and timing model: ``prefill_tokens_per_s``, ITL) are
-stepped on one virtual clock; requests from a Mooncake trace arrive at their timestamps
-divided by ``--speedup`` and are routed by the router's real profiles (``kv-aware``,
-``round-robin``, ``least-load``…), by sglang-router's ``cache_aware`` re-implemented
-(``sglang-cache-aware``, ``bench/sglang_cache_aware.py``) or by the kv-aware preset as it
-was before the saturation work (``kv-aware-before``), over :class:`Endpoint` objects whose
-in-flight counts follow the requests, with a real :class:`KvIndex` fed every sim's KV
-events as they are emitted. Trace blocks (512 tokens each) are scaled to ``--tokens-per-block`` tokens so a
-2048-block sim holds a useful share of the working set.
+``--sims`` real :class:`infera_sim.engine.SimEngine` instances (their scheduler, prefix cache
+with LRU eviction, KV events and timing model: ``prefill_tokens_per_s``, ITL) are stepped on one
+virtual clock; requests from a Mooncake trace (``--trace``, default the one in ``bench/data/``)
+arrive at their timestamps divided by ``--speedup`` and are routed by the router's real profiles
+(``kv-aware``, ``round-robin``, ``least-load``…), by sglang-router's ``cache_aware``
+re-implemented (``sglang-cache-aware``, ``bench/fleet/sglang_cache_aware.py``) or by the
+kv-aware preset as it was before the saturation work (``kv-aware-before``), over
+:class:`Endpoint` objects whose in-flight counts follow the requests, with a real
+:class:`KvIndex` fed every sim's KV events as they are emitted. Trace blocks (512 tokens each)
+are scaled to ``--tokens-per-block`` tokens so a 2048-block sim holds a useful share of the
+working set.
 
 Reports per policy: TTFT p50/p90/p99 (virtual seconds), the prefix-cache hit fraction
 (cached prompt tokens / prompt tokens, summed over the sims), and that fraction over the
@@ -18,7 +19,7 @@ Reports per policy: TTFT p50/p90/p99 (virtual seconds), the prefix-cache hit fra
 the blocks running requests held (mean at arrivals) and the hit over the same bound for the
 blocks they left free.
 
-    .venv/bin/python bench/saturation.py [--rows 3000] [--skip 0] [--speedup 8] [--sims 8]
+    .venv/bin/python -m bench.fleet.saturation [--rows 3000] [--skip 0] [--speedup 8] [--sims 8]
         [--blocks 2048] [--policies kv-aware,kv-aware-before,sglang-cache-aware,round-robin,least-load]
         [--event-lag 0] [--pooled-sim]
 
@@ -44,8 +45,9 @@ from infera_sim.engine import SimEngine
 from infera_sim.kvcache import block_hashes
 from infera_sim.request import SimRequest
 from infera_sim.tokenizer import SimTokenizer
-from sglang_cache_aware import CacheAware
 
+from bench.fleet.sglang_cache_aware import CacheAware
+from bench.traces import MOONCAKE_TRACE
 from infera_core.bench.trace import BlockTokens
 from infera_core.builtin.policies import register_defaults
 from infera_core.kv.events import KvEvent, KvEventBatch
@@ -57,11 +59,10 @@ from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.types import Endpoint, SchedulerDeps
 from infera_core.worker import KvEventsInfo, WorkerRecord
 
-TRACE = "/work/shared/workloads/mooncake_synthetic_trace.jsonl"
 BS = 16
 BEFORE = "kv-aware-before"
 SGLANG = "sglang-cache-aware"
-"""sglang-router's ``cache_aware`` (defaults), re-implemented in ``bench/sglang_cache_aware.py``."""
+"""sglang-router's ``cache_aware`` (defaults), re-implemented in ``bench/fleet/sglang_cache_aware.py``."""
 NO_LINGER = "kv-aware-no-linger"
 """``kv-aware`` whose in-flight credit ends with the request (``kv-overlap``'s ``linger`` 0)."""
 
@@ -295,7 +296,9 @@ def registry() -> PolicyRegistry:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default=TRACE)
+    ap.add_argument(
+        "--trace", default=str(MOONCAKE_TRACE), help="a Mooncake JSONL trace (default: the shipped one)"
+    )
     ap.add_argument("--rows", type=int, default=3000)
     ap.add_argument("--skip", type=int, default=0, help="start at this row of the trace (a held-out part)")
     ap.add_argument("--speedup", type=float, default=8.0, help="trace time / replay time")

@@ -6,7 +6,7 @@ of ``--prefix-words`` words + a unique tail) with ``--concurrency`` in flight fr
 ``--clients`` client processes, and reports requests/s, the sim's CPU time per
 request, the prefix-cache hit rate and KV event batches seen.
 
-Run: ``.venv/bin/python bench/sim_throughput.py [--requests 10000] [--stream] [--json]``
+Run: ``.venv/bin/python -m bench.fleet.sim_throughput [--requests 10000] [--stream] [--json]``
 """
 
 from __future__ import annotations

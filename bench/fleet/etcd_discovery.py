@@ -13,7 +13,7 @@ Starts its own etcd (Debian ``etcd-server``) on a free loopback port, then:
    launcher CPU time per keepalive and per full round (all leases refreshed once), and
    what etcd sees (RPCs started/s, gRPC messages received/s, etcd CPU %).
 
-Run: ``.venv/bin/python bench/etcd_fleet.py [--workers 1000] [--ttl 10] [--json]``
+Run: ``.venv/bin/python -m bench.fleet.etcd_discovery [--workers 1000] [--ttl 10] [--json]``
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from infera_core.discovery.base import ChangeKind, DiscoverySettings
 from infera_core.discovery.etcd import EtcdDiscovery, EtcdRegistration
 from infera_core.testing.etcd import EtcdServer
 from infera_core.worker import WorkerRecord
+
+MODULE = "bench.fleet.etcd_discovery"  # this script, as its child processes run it: python -m MODULE
 
 
 def pct(values: list[float], q: float) -> float:
@@ -90,7 +92,7 @@ class Watcher:
 
     async def run(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--watch-child", self.url, stdout=asyncio.subprocess.PIPE
+            sys.executable, "-m", MODULE, "--watch-child", self.url, stdout=asyncio.subprocess.PIPE
         )
         assert self.proc.stdout is not None
         async for raw in self.proc.stdout:

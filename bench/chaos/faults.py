@@ -1,4 +1,4 @@
-"""Chaos scenarios: faulty workers, hostile KV event frames, the registry going away (see ``chaos.py``)."""
+"""Chaos scenarios: faulty workers, hostile KV event frames, the registry going away (see ``run.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 
-from chaos_stack import (
+from bench.chaos.stack import (
     MODEL,
     ChaosStack,
     FakeWorker,
@@ -17,7 +17,6 @@ from chaos_stack import (
     scenario,
     wait_until,
 )
-
 from infera_core.worker import WorkerRecord
 
 

@@ -1,0 +1,1 @@
+"""The KV index: event ingestion, prefix scoring, routing decisions, KV events over NATS."""

@@ -1,0 +1,1 @@
+"""The router's own cost per request: proxying, API keys, shared in-flight counts, hostile bodies."""
