@@ -60,8 +60,12 @@ def test_slug_matches_github() -> None:
 
 def test_every_docs_page_is_linked_from_the_index() -> None:
     index = DOCS / "index.md"
-    linked = {(DOCS / m.split("#")[0]).resolve() for m in LINK.findall(_prose(index)) if not m.startswith("#")}
-    missing = [str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md") if p != index and p.resolve() not in linked]
+    linked = {
+        (DOCS / m.split("#")[0]).resolve() for m in LINK.findall(_prose(index)) if not m.startswith("#")
+    }
+    missing = [
+        str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md") if p != index and p.resolve() not in linked
+    ]
     assert not missing, f"add links to {missing} in docs/index.md"
 
 
