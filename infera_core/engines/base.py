@@ -175,7 +175,7 @@ class RecordFields:
 
 @runtime_checkable
 class EngineAdapter(Protocol):
-    """What an engine plugin provides. See ``docs/hooks.md`` for a full example."""
+    """What an engine plugin provides. See ``docs/reference/hooks.md`` for a full example."""
 
     @property
     def name(self) -> str:

@@ -14,7 +14,7 @@ Two kinds of hooks:
 
 Core never calls ``pm.hook.*`` directly: it goes through
 :class:`infera_core.plugin.hooks.InferaHooks`, which has one typed method per hook.
-The reference, with an example per hook, is ``docs/hooks.md``.
+The reference, with an example per hook, is ``docs/reference/hooks.md``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Faulty-worker settings (hang detection, waiting for an upstream connection), shared by
-``infera-run serve`` and ``infera-run up``; what each does is in ``docs/operations.md``."""
+``infera-run serve`` and ``infera-run up``; what each does is in ``docs/how-to/operate.md``."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Shared by ``infera-run serve`` (:class:`~infera_core.server.settings.ServeSettings`) and
 ``infera-run up`` (:class:`~infera_core.up.settings.UpSettings`), which passes them on to
 its embedded server with :meth:`LimitSettings.limits_of`. What each limit does to a client
-is in ``docs/operations.md`` (section "Limits").
+is in ``docs/how-to/operate.md`` (section "Limits").
 """
 
 from __future__ import annotations

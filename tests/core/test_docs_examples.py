@@ -32,7 +32,7 @@ def _exec_as_module(name: str, blocks: list[str]) -> types.ModuleType:
 
 
 def test_hook_reference_examples_make_a_working_plugin() -> None:
-    plugin = _exec_as_module("hooks.md", _blocks("hooks.md"))
+    plugin = _exec_as_module("reference/hooks.md", _blocks("reference/hooks.md"))
     hooks = make_hooks(("core-commands", "infera_core.builtin.commands"), ("docs", plugin), installed=False)
     catalog = hooks.catalog()
     assert catalog.provides()["docs"] == {
@@ -84,13 +84,19 @@ def test_hook_reference_examples_make_a_working_plugin() -> None:
 
 
 def test_plugin_guide_examples_run() -> None:
-    # the policy plugin's blocks (the engine plugin's import its own package, installed by
-    # tests/guide/test_plugin_guide.py, which runs the whole guide)
-    blocks = [b for b in _blocks("plugin-guide.md") if "infera_example_engine" not in b]
-    guide = _exec_as_module("plugin-guide.md", blocks)
+    # the policy tutorial's blocks (the engine tutorial's import their own package, installed by
+    # tests/guide/test_plugin_guide.py, which follows both tutorials)
+    guide = _exec_as_module("tutorials/policy-plugin.md", _blocks("tutorials/policy-plugin.md"))
     hooks = make_hooks(("example_policy", guide), installed=False)
     preset = hooks.catalog().policies.preset("example-labelled")
     assert preset.profile.scorers[0].name == "prefer-label"
     assert hooks.require("scorer", "prefer-label").params is not None
     guide.test_preset_is_registered(make_hooks)  # the guide's own fixture-based test
     assert issubclass(guide.TestPreferLabelContract, ScorerContract)
+
+
+def test_transport_how_to_example_registers_its_transport() -> None:
+    page = "how-to/write-a-transport-or-backend.md"
+    plugin = _exec_as_module(page, _blocks(page))
+    hooks = make_hooks(("carrier", plugin), installed=False)
+    assert hooks.catalog().provides()["carrier"]["request_transports"] == ["carrier"]

@@ -13,7 +13,7 @@ import pytest
 from infera_core.plugin import spec as hookspecs
 
 ROOT = Path(__file__).resolve().parents[2]
-HOOKS_DOC = ROOT / "docs" / "hooks.md"
+HOOKS_DOC = ROOT / "docs" / "reference" / "hooks.md"
 
 
 def _hookspecs() -> list[tuple[str, Callable[..., Any]]]:
@@ -48,12 +48,12 @@ def test_there_are_hookspecs() -> None:
 @pytest.mark.parametrize(("name", "fn"), _hookspecs(), ids=[n for n, _ in _hookspecs()])
 def test_hook_is_documented_with_exact_signature(name: str, fn: Callable[..., Any]) -> None:
     doc = HOOKS_DOC.read_text()
-    assert re.search(rf"^### {name}$", doc, re.M), f"docs/hooks.md has no '### {name}' section"
+    assert re.search(rf"^### {name}$", doc, re.M), f"docs/reference/hooks.md has no '### {name}' section"
     section = doc.split(f"### {name}\n", 1)[1].split("\n### ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     signature = expected_signature(name, fn)
     assert blocks and blocks[0].strip() == signature, (
-        f"the first code block under '### {name}' in docs/hooks.md must be exactly:\n{signature}"
+        f"the first code block under '### {name}' in docs/reference/hooks.md must be exactly:\n{signature}"
     )
     assert fn.__doc__ and "fires" in fn.__doc__.lower(), f"{name} docstring must say when it fires"
 

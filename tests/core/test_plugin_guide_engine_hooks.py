@@ -1,4 +1,4 @@
-"""docs/plugin-guide.md §8.8–8.9 (transfer connectors, plan amendments, ``default_policy``):
+"""docs/how-to/kv-transfer-connector.md (transfer connectors, plan amendments, ``default_policy``):
 their ``python`` blocks are not files of the guide's example plugin, so this test runs them as
 plugins against the real vLLM adapter and ``infera-run up``'s policy choice (no engine starts)."""
 
@@ -22,15 +22,12 @@ from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.transfer_contract import TransferConnectorContract
 from infera_core.worker import Role
 
-GUIDE = Path(__file__).resolve().parents[2] / "docs" / "plugin-guide.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "kv-transfer-connector.md"
 FENCE = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
 def _blocks() -> list[str]:
-    text = GUIDE.read_text()
-    start = text.index("### 8.8 ")
-    end = text.find("\n## ", start)
-    return FENCE.findall(text[start : end if end != -1 else len(text)])
+    return FENCE.findall(GUIDE.read_text())
 
 
 BLOCKS = _blocks()
@@ -38,7 +35,7 @@ BLOCKS = _blocks()
 
 def _module(name: str, source: str) -> types.ModuleType:
     module = types.ModuleType(name)
-    exec(compile(source, f"docs/plugin-guide.md ({name})", "exec"), module.__dict__)
+    exec(compile(source, f"docs/how-to/kv-transfer-connector.md ({name})", "exec"), module.__dict__)
     return module
 
 
@@ -49,7 +46,7 @@ def _vllm_ctx(hooks: InferaHooks, role: Role, **options: Any) -> LaunchContext:
 
 
 def test_the_sections_have_their_three_blocks() -> None:
-    assert len(BLOCKS) == 3, f"expected 3 python blocks in §8.8-8.9, found {len(BLOCKS)}"
+    assert len(BLOCKS) == 3, f"expected 3 python blocks in the how-to, found {len(BLOCKS)}"
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from infera_core.plugin.hooks import InferaHooks
 ROOT = Path(__file__).resolve().parents[2]
 FILTERS = re.compile(r"filters=\[([^\]]*)\]|filters:\s*\[([^\]]*)\]")
 DOCUMENTED = [
-    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "docs").rglob("*.md")),
     *sorted((ROOT / "examples").glob("*/*/*.py")),
     *sorted((ROOT / "examples").glob("*/*.md")),
     *sorted((ROOT / "plugins").glob("*/*/plugin.py")),

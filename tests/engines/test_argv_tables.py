@@ -1,4 +1,4 @@
-"""docs/engines.md's "by case" tables are what the adapters emit, row by row.
+"""docs/reference/engines.md's "by case" tables are what the adapters emit, row by row.
 
 Each table under a heading ``… by case (engine `NAME`)`` has the worker's flags in its first
 column (``infera-run worker NAME --model m --model-path /models/m --host 0.0.0.0 --port 8000
@@ -43,7 +43,7 @@ from infera_core.launcher.flags import launch_options
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.plugin.settings import backend_models
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "engines.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "engines.md"
 HEADING = re.compile(r"^#{2,5} .* by case \(engine `([a-z0-9_-]+)`\)\s*$")
 CODE = re.compile(r"`([^`]+)`")
 FREE_PORTS = 47500  # free ports come from 47500…47999 (less a DP rank: 47xxx), shown as <port>
@@ -276,13 +276,13 @@ def fakes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fakes]:
 def test_every_engine_has_a_by_case_table() -> None:
     engines = {row.engine for row in ROWS}
     for name in ("vllm", "sglang", "atom", "llamacpp", "tgi", "trtllm", "triton", "openai"):
-        assert name in engines, f"docs/engines.md has no '… by case (engine `{name}`)' table"
+        assert name in engines, f"docs/reference/engines.md has no '… by case (engine `{name}`)' table"
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.id)
 def test_the_row_is_what_the_adapter_emits(row: Row, hooks: InferaHooks, fakes: Fakes) -> None:
     problems = check_row(row, hooks, fakes)
-    assert not problems, f"docs/engines.md line {row.line} ({row.id}): " + "; ".join(problems)
+    assert not problems, f"docs/reference/engines.md line {row.line} ({row.id}): " + "; ".join(problems)
 
 
 def test_a_wrong_row_is_caught(hooks: InferaHooks, fakes: Fakes) -> None:

@@ -1,4 +1,4 @@
-"""docs/plugin-guide.md, followed to the letter: its files are written, its commands run.
+"""The plugin tutorials (docs/tutorials/), followed to the letter: their files are written, their commands run.
 
 A fresh ``uv`` venv gets infera-core from this checkout (offline from uv's cache when it
 can, else from the package index); then every ``file=`` block of the guide is written
@@ -91,7 +91,7 @@ def _run(block: Block, workspace: Path, venv: Path, env: dict[str, str]) -> str:
     )
     output = out.stdout + out.stderr
     assert out.returncode == 0, (
-        f"docs/plugin-guide.md line {block.line}: the commands failed (exit {out.returncode}) in "
+        f"{block.page} line {block.line}: the commands failed (exit {out.returncode}) in "
         f"{block.target}:\n{block.body}\n--- output ---\n{output[-4000:]}"
     )
     return output
@@ -133,7 +133,7 @@ def test_the_guide_has_both_plugins_and_runs_what_it_shows() -> None:
 
 
 def test_the_example_engine_plugin_is_the_guides() -> None:
-    """examples/infera-example-engine is exactly what section 8 of the guide writes."""
+    """examples/infera-example-engine is exactly what the engine plugin tutorial writes."""
     prefix = "infera-example-engine/"
     files = {k[len(prefix) :]: v for k, v in guide_files(guide_blocks()).items() if k.startswith(prefix)}
     assert files, "the guide writes no infera-example-engine files"
@@ -141,5 +141,5 @@ def test_the_example_engine_plugin_is_the_guides() -> None:
         shipped = EXAMPLE_ENGINE / rel
         assert shipped.is_file(), f"examples/infera-example-engine/{rel} is missing"
         assert shipped.read_text().rstrip("\n") == text.rstrip("\n"), (
-            f"examples/infera-example-engine/{rel} differs from docs/plugin-guide.md"
+            f"examples/infera-example-engine/{rel} differs from docs/tutorials/engine-plugin.md"
         )

@@ -1,5 +1,5 @@
 """LMCache's KV events as vLLM 0.32 publishes them, through the Python decoder and the native
-parser: what the router can index and what it cannot (docs/kv-routing.md, "LMCache").
+parser: what the router can index and what it cannot (docs/explanation/kv-routing.md, "LMCache").
 
 The frames are shaped as the two sources build them (checked against their code):
 

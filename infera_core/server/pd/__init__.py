@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation on the server: see :mod:`.dispatch` and ``docs/pd.md``."""
+"""Prefill/decode disaggregation on the server: see :mod:`.dispatch` and ``docs/explanation/pd.md``."""
 
 from __future__ import annotations
 

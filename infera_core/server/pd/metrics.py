@@ -1,7 +1,7 @@
 """PD series on the server's registry: pairs, failures by reason, TTFT phases, per-role load.
 
 * ``infera_pd_pairs_total{prefill,decode}`` — pairs chosen.
-* ``infera_pd_failures_total{reason}`` — every PD failure, by reason (see ``docs/pd.md``).
+* ``infera_pd_failures_total{reason}`` — every PD failure, by reason (see ``docs/explanation/pd.md``).
 * ``infera_pd_phase_seconds{model,phase}`` — ``prefill`` (the prefill leg, sent → answered),
   ``transfer`` (prefill answered → decode's response headers: KV transfer plus decode
   admission), ``decode_wait`` (decode leg sent → its headers). The first decode token is the

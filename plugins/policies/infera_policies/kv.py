@@ -28,7 +28,7 @@ The ``kv-aware`` preset combines them. For each candidate worker *w* (after the
 A cached prefix of 22% of the prompt is worth more than an idle, unfilled worker: the
 guard, not the scores, keeps the load balanced (``bench/fleet/saturation.py``).
 PD presets: ``kv-aware-prefill`` is strongly cache-seeking (load 0.15),
-``kv-aware-decode`` mostly load (overlap 0.2, load 1.0). See ``docs/kv-routing.md``.
+``kv-aware-decode`` mostly load (overlap 0.2, load 1.0). See ``docs/explanation/kv-routing.md``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``python -m infera.engine.trtllm [flags]``: run trtllm as a fleet worker from one flat flag list.
 
 Infera's flags (``--model``, ``--host``, ``--port``, ``--etcd-endpoint``…) are taken, the
-engine's spellings of what Infera manages are translated (docs/engines.md), everything else
+engine's spellings of what Infera manages are translated (docs/reference/engines.md), everything else
 goes to the engine. ``infera`` and ``infera.engine`` are namespace packages (PEP 420).
 """
 
