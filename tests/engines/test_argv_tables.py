@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_env import make_engine_env
 
 from infera_core import engine_support
 from infera_core.backends import backend_models
@@ -42,6 +41,7 @@ from infera_core.facade import InferaHooks
 from infera_core.launcher.flags import launch_options
 from infera_core.launcher.settings import WorkerSettings
 from infera_core.settings import compose_settings, resolve
+from infera_core.testing.engine_env import make_engine_env
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "engines.md"
 HEADING = re.compile(r"^#{2,5} .* by case \(engine `([a-z0-9_-]+)`\)\s*$")

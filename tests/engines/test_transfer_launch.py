@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_env import make_engine_env, standin_source
+from standin_engines import standin_source
 
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 from infera_core.engine import LaunchContext, LaunchSpec
 from infera_core.hookspecs import hookimpl
 from infera_core.launcher.runtime import WorkerLauncher
 from infera_core.launcher.settings import WorkerSettings
+from infera_core.testing.engine_env import make_engine_env
 from infera_core.testing.fixtures import make_hooks
 from infera_core.transfer import TransferConnectorRegistry, TransferPlan
 from infera_core.worker import PdInfo, Role

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from real_vllm import ENGINE_ARGS, engine_env, stop_launcher, vllm_python, wait_registered
+from real_vllm import ENGINE_ARGS, engine_env, stop_launcher, vllm_python
 
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
 from infera_core.testing.net import free_port
+from infera_core.testing.published import wait_registered
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
