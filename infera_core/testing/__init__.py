@@ -10,4 +10,8 @@
   its checks against a stand-in of the engine (``StandinEndpoints``) and the launcher-flag clash check.
 * :mod:`infera_core.testing.plugins` — install a throw-away plugin distribution in a
   temp dir and run the real ``infera-run`` against it.
+* :mod:`infera_core.testing.engine_env` — a fake engine venv (``make_engine_env``) for an
+  adapter's interpreter probe, and golden-argv helpers (``launch_context``, ``flag``).
+* :mod:`infera_core.testing.published` — what a launched worker published: its etcd record
+  (``wait_registered``) and its KV events (``KvSubscriber``).
 """

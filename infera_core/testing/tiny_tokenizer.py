@@ -1,6 +1,6 @@
 """A tiny byte-level BPE model directory trained offline (``tokenizers`` only, no torch).
 
-The tokenizer of ``tests/engines/make_tiny_model.py`` (the real-vLLM tests' model, which
+The tokenizer of ``plugins/infera-vllm/tests/make_tiny_model.py`` (the real-vLLM tests' model, which
 builds it with :func:`pseudo_corpus` and :func:`train_bpe` from here), smaller: pseudo-word
 corpus, special tokens ``<unk> <s> </s> <pad>``, a post-processor that prepends ``<s>``,
 and the chat template ``<s>{role}\\n{content}</s>\\n`` … ``<s>assistant\\n`` in

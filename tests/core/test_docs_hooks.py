@@ -61,10 +61,11 @@ def test_hook_is_documented_with_exact_signature(name: str, fn: Callable[..., An
 @pytest.mark.parametrize("name", [n for n, _ in _hookspecs()])
 def test_hook_has_a_test(name: str) -> None:
     this = Path(__file__).resolve()
-    for path in (ROOT / "tests").rglob("*.py"):
+    test_dirs = [ROOT / "tests", *ROOT.glob("plugins/*/tests"), *ROOT.glob("examples/*/tests")]
+    for path in (p for d in test_dirs for p in d.rglob("*.py")):
         if path.resolve() != this and name in path.read_text(errors="replace"):
             return
-    pytest.fail(f"no test under tests/ mentions hook {name}")
+    pytest.fail(f"no test under tests/, plugins/*/tests/ or examples/*/tests/ mentions hook {name}")
 
 
 def test_docs_do_not_describe_hooks_that_do_not_exist() -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from engine_env import make_engine_env
 from infera_atom.adapter import SERVER_MODULE, AtomAdapter
 from infera_sglang.adapter import LAUNCH_MODULE, SglangAdapter
 from infera_sim.adapter import SimAdapter
@@ -25,6 +24,7 @@ from infera_core.engines.base import (
 from infera_core.engines.support import http_ok
 from infera_core.testing.contracts import EngineAdapterContract, sample_launch_context
 from infera_core.testing.engine_contract import Reply
+from infera_core.testing.engine_env import make_engine_env
 from infera_core.testing.standin_plugin import StandinAdapter
 
 _ROOT = tempfile.TemporaryDirectory(prefix="infera-engine-contracts-")

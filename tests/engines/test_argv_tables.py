@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_env import make_engine_env
 
 from infera_core.cli.worker import OPT_PREFIX, _engine_command
 from infera_core.config.settings import compose_settings, resolve
@@ -42,6 +41,7 @@ from infera_core.errors import InferaError
 from infera_core.launcher.flags import launch_options
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.plugin.settings import backend_models
+from infera_core.testing.engine_env import make_engine_env
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "engines.md"
 HEADING = re.compile(r"^#{2,5} .* by case \(engine `([a-z0-9_-]+)`\)\s*$")

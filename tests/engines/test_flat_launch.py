@@ -12,15 +12,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from engine_env import clean_environ, make_engine_env, standin_source
-from real_vllm import wait_registered
+from standin_engines import standin_source
 
 from infera_core.cli.worker import flat_worker_args
 from infera_core.errors import ConfigError
 from infera_core.launcher.flags import launch_options
 from infera_core.plugin.hooks import InferaHooks
+from infera_core.testing.engine_env import clean_environ, make_engine_env
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
+from infera_core.testing.published import wait_registered
 
 ETCD = "etcd.local:2379"
 

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from engine_env import FakeEngineEnv, clean_environ, make_engine_env, standin_source
 from infera_sglang.pd import SglangBootstrapTransport
-from real_vllm import KvSubscriber, etcd_workers, wait_registered
+from standin_engines import standin_source
 
 from infera_core.engines.pd import PdContext, check_pair
+from infera_core.testing.engine_env import FakeEngineEnv, clean_environ, make_engine_env
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
+from infera_core.testing.published import KvSubscriber, etcd_workers, wait_registered
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_env import make_engine_env, standin_source
+from standin_engines import standin_source
 
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 from infera_core.engines.base import LaunchContext, LaunchSpec
@@ -16,6 +16,7 @@ from infera_core.engines.settings import WorkerSettings
 from infera_core.engines.transfer import TransferConnectorRegistry, TransferPlan
 from infera_core.launcher.runtime import WorkerLauncher
 from infera_core.plugin.spec import hookimpl
+from infera_core.testing.engine_env import make_engine_env
 from infera_core.testing.fixtures import make_hooks
 from infera_core.worker import PdInfo, Role
 

@@ -18,7 +18,7 @@ from infera_sim.testing import KvMirror, SimHandle, start_sim
 from infera_core.kv.decode import MsgpackEventDecoder
 from infera_core.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
-RECORDED = Path(__file__).parents[1] / "kv" / "data"
+RECORDED = Path(__file__).parents[3] / "tests" / "kv" / "data"
 
 
 def _recorded_events(name: str) -> list[dict[str, Any]]:

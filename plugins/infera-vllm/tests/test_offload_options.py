@@ -25,7 +25,7 @@ from infera_core.plugin.hooks import InferaHooks
 from infera_core.worker import Role
 
 HERE = Path(__file__).resolve().parent
-VENV = HERE.parents[1] / ".venv-vllm"
+VENV = HERE.parents[2] / ".venv-vllm"
 GIB = 1 << 30
 SELF_DESCRIBING = {"self_describing_kv_events": True}
 

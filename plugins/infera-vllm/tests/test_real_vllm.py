@@ -17,19 +17,17 @@ import pytest
 from infera_vllm.adapter import VllmAdapter
 from real_vllm import (
     BLOCK,
-    KvSubscriber,
     Server,
-    etcd_workers,
     kv_aware_flags,
     long_prompt,
     prefix_cache,
-    wait_registered,
 )
 
 from infera_core.engines.base import RunningEngine
 from infera_core.testing.contracts import sample_launch_context
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
+from infera_core.testing.published import KvSubscriber, etcd_workers, wait_registered
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -1,7 +1,7 @@
 """Make the tiny random-weight Llama used by the real-vLLM test (offline, ~5 s).
 
 Run it with the vLLM venv's interpreter (it needs torch, transformers, tokenizers):
-``.venv-vllm/bin/python tests/engines/make_tiny_model.py OUT_DIR``.
+``.venv-vllm/bin/python plugins/infera-vllm/tests/make_tiny_model.py OUT_DIR``.
 
 The model: a byte-level BPE (vocab 4096) trained on a synthetic pseudo-word corpus,
 wrapped as a fast tokenizer with a simple chat template, and a 2-layer Llama
@@ -26,7 +26,7 @@ def main(out: str) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # type: ignore[import-not-found]
 
     # the engine venv need not have infera_core installed: the tokenizer code comes from the tree
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
     from infera_core.testing import tiny_tokenizer as tiny
 
     rng = random.Random(0)

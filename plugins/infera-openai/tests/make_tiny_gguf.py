@@ -1,6 +1,6 @@
 """Write a tiny llama-architecture GGUF model with random weights, offline.
 
-    python tests/engines/make_tiny_gguf.py <out.gguf>
+    python plugins/infera-openai/tests/make_tiny_gguf.py <out.gguf>
 
 Needs the ``gguf`` package (and numpy, its dependency); ``.ci/steps/30-llamacpp-venv.sh`` runs
 it with ``.venv-llamacpp``'s interpreter. The model is 2 layers, 64 wide (4 heads of 16, 2 KV

@@ -9,12 +9,13 @@ speculative decoding, ``--enable-hisparse`` and the ``fake`` transfer backend.
 from __future__ import annotations
 
 import pytest
-from engine_env import SGLANG_OPTIONS, SGLANG_WORKER, flag, launch_context
 from infera_sglang.adapter import SglangAdapter
 from infera_sglang.parallel import DECODE_RADIX_FLAG
+from sglang_golden import SGLANG_OPTIONS, SGLANG_WORKER
 
 from infera_core.engines.base import LaunchContext
 from infera_core.errors import EngineError
+from infera_core.testing.engine_env import flag, launch_context
 from infera_core.worker import Role
 
 

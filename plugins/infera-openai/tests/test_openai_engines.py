@@ -18,7 +18,6 @@ import click
 import httpx
 import pytest
 from click.testing import CliRunner
-from engine_env import clean_environ, make_engine_env
 from infera_openai.generic import GenericOpenAIAdapter
 from infera_openai.llamacpp import LlamaCppAdapter
 from infera_openai.tgi import TgiAdapter
@@ -32,6 +31,7 @@ from infera_core.launcher.flags import launch_options
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.testing.contracts import EngineAdapterContract, sample_launch_context
 from infera_core.testing.engine_contract import StandinEndpoints, closed_port
+from infera_core.testing.engine_env import clean_environ, make_engine_env
 from infera_core.up.settings import UpSettings
 from infera_core.up.stack import default_policy
 from infera_core.worker import Role

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from engine_env import clean_environ
 from infera_openai.llamacpp import LlamaCppAdapter
 
 from infera_core.engines.base import RunningEngine
 from infera_core.testing.contracts import sample_launch_context
+from infera_core.testing.engine_env import clean_environ
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 VENV = REPO / ".venv-llamacpp"
 MODEL = VENV / "tiny" / "tiny.gguf"
 READY = re.compile(r"Infera ready: (http://127\.0\.0\.1:\d+/v1)\s+\((\d+) llamacpp workers, policy (\S+)\)")

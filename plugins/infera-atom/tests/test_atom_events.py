@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
-from engine_env import ATOM_WORKER, flag, launch_context
+from atom_golden import ATOM_WORKER
 from infera_atom.adapter import AtomAdapter
 from infera_atom.kv_events import AtomEventDecoder
 
@@ -28,6 +28,7 @@ from infera_core.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from infera_core.kv.hub import KvHub
 from infera_core.kv.settings import KvSettings
 from infera_core.plugin.hooks import InferaHooks
+from infera_core.testing.engine_env import flag, launch_context
 from infera_core.worker import WorkerRecord
 
 BS = 16

@@ -6,11 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from engine_env import SGLANG_OPTIONS, SGLANG_WORKER, flag, launch_context, make_engine_env
 from infera_sglang.adapter import SglangAdapter
+from sglang_golden import SGLANG_OPTIONS, SGLANG_WORKER
 
 from infera_core.engines.base import LaunchContext
 from infera_core.errors import EngineError
+from infera_core.testing.engine_env import flag, launch_context, make_engine_env
 from infera_core.worker import Role
 
 

@@ -1,8 +1,9 @@
-"""Fake engine venvs for the engine tests: an interpreter wrapper whose ``sys.path`` holds
+"""Fake engine venvs for engine adapter tests: an interpreter wrapper whose ``sys.path`` holds
 a stand-in engine package (and, optionally, its distribution metadata and console script).
 
 The adapters probe the engine interpreter in a subprocess, so these fakes exercise the
-real probe and the real argv without vLLM / SGLang / ATOM installed.
+real probe and the real argv without the engine (vLLM, SGLang, ATOM…) installed. Also the
+golden-argv helpers: :func:`launch_context`, :func:`flag`, :func:`clean_environ`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from pathlib import Path
 from infera_core.engines.base import LaunchContext
 from infera_core.launcher.address import free_port
 from infera_core.worker import Role
-
-STANDINS = Path(__file__).parent / "standins"
 
 
 @dataclass
@@ -76,11 +75,6 @@ def make_engine_env(
     return FakeEngineEnv(root=root, python=str(python), site=site)
 
 
-def standin_source(name: str) -> str:
-    """Source of a stand-in engine entry point (``sglang_launch_server`` / ``atom_openai_server``)."""
-    return (STANDINS / f"{name}.py").read_text()
-
-
 def clean_environ(**extra: str) -> dict[str, str]:
     """This environment without ``INFERA_*`` settings (every installed plugin loads), plus ``extra``."""
     import os
@@ -89,32 +83,6 @@ def clean_environ(**extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
-
-
-# the workers of the golden-argv tests (ports and options per test file)
-ATOM_WORKER: dict[str, object] = {
-    "worker_id": "a1",
-    "model": "ds",
-    "model_path": "/models/ds",
-    "host": "0.0.0.0",
-    "port": 8888,
-    "advertise_host": "10.0.0.9",
-    "discovery": "etcd",
-}
-SGLANG_WORKER: dict[str, object] = {
-    "worker_id": "s1",
-    "model": "qwen",
-    "model_path": "/models/qwen",
-    "host": "0.0.0.0",
-    "port": 30000,
-    "advertise_host": "10.0.0.7",
-}
-SGLANG_OPTIONS: dict[str, object] = {
-    "page_size": 16,
-    "tp": 1,
-    "transfer_backend": "mooncake",
-    "kv_events_port": 0,
-}
 
 
 def launch_context(defaults: dict[str, object], first_port: int | None = None, **kw: object) -> LaunchContext:

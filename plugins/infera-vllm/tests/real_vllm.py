@@ -1,9 +1,9 @@
 """Helpers for the real-vLLM tests: the venv built by ``.ci/steps/20-vllm-venv.sh``, launcher
-subprocesses running real vLLM, etcd reads, KV event subscription and ``/metrics`` parsing."""
+subprocesses running real vLLM, a router in front of them and ``/metrics`` parsing (etcd reads and
+KV event subscription: :mod:`infera_core.testing.published`)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import re
@@ -17,26 +17,17 @@ from typing import Any
 
 import httpx
 import pytest
-import zmq
-from engine_env import clean_environ
 
-from infera_core.discovery.base import DiscoverySettings
-from infera_core.discovery.etcd import EtcdDiscovery
 from infera_core.engines.support import metrics_sum
-from infera_core.errors import DiscoveryError
-from infera_core.kv.events import BlockStored, KvEventDecoder
+from infera_core.testing.engine_env import clean_environ
 from infera_core.testing.etcd import EtcdServer
-from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.fleet import LauncherProcess
 from infera_core.util.net import free_port, wait_port
-from infera_core.worker import WorkerRecord
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 VENV = REPO / ".venv-vllm"
 ENGINE_ARGS = ["--max-model-len", "2048", "--enforce-eager", "--kv-cache-memory-bytes", "67108864"]
 BLOCK = 32
-START_TIMEOUT = 420.0
-"""vLLM starts in 20-60 s on an idle 2-core machine; much slower when the cores are shared."""
 
 
 def kv_aware_flags() -> list[str]:
@@ -218,37 +209,6 @@ def serve(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[Callable[..., Ser
         server.close()
 
 
-def etcd_workers(etcd: EtcdServer) -> dict[str, WorkerRecord]:
-    """The workers registered in ``etcd`` now (a fresh client: connecting may take a while
-    while vLLM engines start on the same loaded cores, hence the generous connect timeout)."""
-
-    async def read() -> list[WorkerRecord]:
-        settings = DiscoverySettings(etcd_endpoints=[etcd.endpoint], connect_timeout=30.0)
-        discovery = EtcdDiscovery(settings)
-        await discovery.start()
-        try:
-            return await discovery.list_workers()
-        finally:
-            await discovery.close()
-
-    return {r.worker_id: r for r in asyncio.run(read())}
-
-
-def wait_registered(etcd: EtcdServer, proc: LauncherProcess, worker_id: str) -> WorkerRecord:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        try:
-            record = etcd_workers(etcd).get(worker_id)
-        except DiscoveryError:  # etcd did not answer this time (a starved machine): ask again
-            record = None
-        if record is not None:
-            return record
-        if proc.proc.poll() is not None:
-            raise AssertionError(f"launcher exited ({proc.proc.returncode}):\n{proc.output()[-4000:]}")
-        time.sleep(1.0)
-    raise AssertionError(f"{worker_id} not registered after {START_TIMEOUT}s:\n{proc.output()[-4000:]}")
-
-
 def prefix_cache(url: str) -> tuple[float, float]:
     """(hits, queries) of vLLM's own prefix-cache counters, in tokens."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
@@ -262,31 +222,3 @@ def long_prompt(seed: str, words: int = 300) -> str:
     """A prompt of a few hundred tokens for the tiny model's tokenizer (distinct per seed)."""
     vocab = ["kalomi", "raturu", "senovi", "peda", "the", "of", "to", "and", "zefo", "giha"]
     return seed + " " + " ".join(vocab[(i * 7 + len(seed)) % len(vocab)] for i in range(words))
-
-
-class KvSubscriber:
-    """A real ZMQ SUB on a worker's advertised KV endpoint, decoding with the ``vllm`` decoder."""
-
-    def __init__(self, endpoint: str, topic: str) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.SUB)
-        self.sock.connect(endpoint)
-        self.sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        decoder: KvEventDecoder = make_hooks().catalog().kv_decoders.get("vllm")
-        self.decoder = decoder
-
-    def stored(self, within: float) -> list[BlockStored]:
-        """BlockStored events received within ``within`` seconds."""
-        out: list[BlockStored] = []
-        deadline = time.monotonic() + within
-        while (left := deadline - time.monotonic()) > 0:
-            if not self.sock.poll(int(left * 1000)):
-                break
-            frames = self.sock.recv_multipart()
-            batch = self.decoder.decode(frames[-1])
-            out += [e for e in batch.events if isinstance(e, BlockStored)]
-        return out
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-        self.ctx.term()

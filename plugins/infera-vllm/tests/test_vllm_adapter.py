@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from engine_env import flag, launch_context, make_engine_env
 from infera_vllm.adapter import API_SERVER_MODULE, VllmAdapter
 
 from infera_core.engines.base import LaunchContext, RunningEngine
 from infera_core.errors import EngineError
+from infera_core.testing.engine_env import flag, launch_context, make_engine_env
 from infera_core.worker import Role
 
 API_MODULE = "vllm.entrypoints.openai.api_server"

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from real_vllm import ENGINE_ARGS, engine_env, stop_launcher, vllm_python, wait_registered
+from real_vllm import ENGINE_ARGS, engine_env, stop_launcher, vllm_python
 
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
+from infera_core.testing.published import wait_registered
 from infera_core.util.net import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]

@@ -1,12 +1,10 @@
-"""The built-in KV transfer connectors pass the contract kit third-party connectors use
+"""vLLM's KV transfer connectors pass the contract kit third-party connectors use
 (``infera_core.testing.transfer_contract``)."""
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from infera_atom.transfer import AtomMooncake, AtomMoriio, AtomMulti
-from infera_sglang.transfer import BUILTIN as SGLANG
 from infera_vllm.transfer import MooncakeConnector, MoriioConnector, MultiConnector, NixlConnector
 
 from infera_core.testing.transfer_contract import TransferConnectorContract
@@ -32,27 +30,4 @@ class TestVllmMulti(TransferConnectorContract):
     user: ClassVar[dict[str, Any]] = {
         "kv_connector": "MultiConnector",
         "kv_connector_extra_config": {"connectors": [{"kv_connector": "MoRIIOConnector"}, OFFLOAD]},
-    }
-
-
-class TestSglangMori(TransferConnectorContract):
-    connector = next(c for c in SGLANG if c.name == "mori")
-
-
-class TestAtomMooncake(TransferConnectorContract):
-    connector = AtomMooncake()
-
-
-class TestAtomMoriio(TransferConnectorContract):
-    connector = AtomMoriio()
-
-
-class TestAtomMulti(TransferConnectorContract):
-    connector = AtomMulti()
-    user: ClassVar[dict[str, Any]] = {
-        "kv_connector": "multi",
-        "connectors": [
-            {"kv_connector": "mooncake"},
-            {"kv_connector": "lmcache_offload", "kv_role": "offload"},
-        ],
     }
