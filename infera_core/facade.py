@@ -1,5 +1,3 @@
 """Moved to :mod:`infera_core.plugin.hooks`; this re-export stays for one release."""
 
-from infera_core.plugin.hooks import Catalog, InferaHooks, RequireKind
-
-__all__ = ["Catalog", "InferaHooks", "RequireKind"]
+from infera_core.plugin.hooks import *  # noqa: F403

@@ -1,5 +1,3 @@
 """Moved to :mod:`infera_core.util.redact`; this re-export stays for one release."""
 
-from infera_core.util.redact import MASK, redact_url
-
-__all__ = ["MASK", "redact_url"]
+from infera_core.util.redact import *  # noqa: F403
