@@ -197,7 +197,6 @@ def create_app(
             view.subscribe(table.apply)
             await view.start(wait_synced=settings.connect_timeout)
             stack.push_async_callback(view.stop)
-            app.state.fleet_view = view
             stack.push_async_callback(app.state.dashboard.close)
             yield
 
