@@ -7,12 +7,7 @@ import subprocess
 import time
 from typing import Any
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+from infera_core.util.net import free_port as free_port  # the one implementation, re-exported
 
 
 def wait_port(host: str, port: int, timeout: float = 10.0) -> None:
