@@ -19,7 +19,9 @@ from infera_core.settings import SettingsCommand, click_options, command_setting
 def serve_cmd(ctx: click.Context, /, config_file: Path | None, **values: Any) -> None:
     """Serve /v1/chat/completions, /v1/completions, /v1/messages, /v1/models… for the fleet."""
     from infera_core.server.run import run
+    from infera_core.server.transport import require_http_client
 
     hooks: InferaHooks = ctx.obj
     settings = resolve(command_settings(ctx, ServeSettings), values, config_file)
+    require_http_client(settings.http_client)
     run(settings, hooks)

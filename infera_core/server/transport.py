@@ -5,12 +5,14 @@ Which *request transport* reaches a worker (``http``, ``nats``…) is in its rec
 made by the transport's factory (:mod:`infera_core.transports`), and the endpoint table
 puts each worker's client on ``Endpoint.upstream``.
 
-The ``http`` transport has two clients, chosen with ``--upstream-transport``:
+The ``http`` transport has two HTTP clients, chosen with ``--http-client`` (old spelling
+``--upstream-transport``):
 
 * ``native`` (:mod:`infera_core.server.upstream_native`): asyncio protocols parsing with
   ``httptools``, a keep-alive pool per worker, each request written as one buffer;
 * ``aiohttp`` (:mod:`infera_core.server.upstream_aiohttp`): one ``aiohttp.ClientSession``
-  per process.
+  per process; aiohttp is optional (``pip install 'infera-core[aiohttp]'``), checked by
+  :func:`require_http_client` when the server starts.
 
 Both set TCP_NODELAY on every connection (:func:`set_nodelay` does the same for the
 server's accepted sockets, see ``server.run``). :meth:`Upstream.open` sends the client's
@@ -24,12 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import socket
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from infera_core.errors import InferaError, UnknownNameError
+from infera_core.errors import ConfigError, InferaError, UnknownNameError
 from infera_core.redact import redact_url
 from infera_core.scheduling.types import Endpoint
 
@@ -41,7 +44,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("infera.server.transport")
 
 TransportKind = Literal["native", "aiohttp"]
-"""The ``http`` transport's clients (``--upstream-transport``)."""
+"""The ``http`` transport's clients (``--http-client``)."""
+
+
+def require_http_client(kind: str) -> None:
+    """A :class:`ConfigError` (one line naming the flag and the install) when ``kind``'s
+    library is not installed."""
+    if kind != "aiohttp":
+        return
+    try:
+        importlib.import_module("aiohttp")
+    except ImportError:
+        raise ConfigError(
+            "--http-client aiohttp: aiohttp is not installed (pip install 'infera-core[aiohttp]')"
+        ) from None
 
 
 class UpstreamReadError(OSError):
@@ -134,6 +150,7 @@ def make_upstream(
     pool_timeout: float = 10.0,
 ) -> Upstream:
     cls: type[Any]
+    require_http_client(kind)
     if kind == "aiohttp":
         from infera_core.server.upstream_aiohttp import AiohttpUpstream as cls
     else:
