@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -24,4 +25,5 @@ def serve_cmd(ctx: click.Context, /, config_file: Path | None, **values: Any) ->
     hooks: InferaHooks = ctx.obj
     settings = resolve(command_settings(ctx, ServeSettings), values, config_file)
     require_http_client(settings.http_client)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the dashboard's scrapes: one line each otherwise
     run(settings, hooks)

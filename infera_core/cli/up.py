@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 
 from infera_core.cli.engine_help import UpCommand
-from infera_core.errors import InferaError
+from infera_core.errors import InferaError, require_module
 from infera_core.facade import InferaHooks
 from infera_core.settings import click_options, command_settings, config_option, resolve
 from infera_core.up.settings import UpSettings
@@ -34,6 +34,8 @@ def up_cmd(
     """
     hooks: InferaHooks = ctx.obj
     settings = resolve(command_settings(ctx, UpSettings), values, config_file)
+    if settings.demo:
+        require_module("aiohttp", "--demo", "aiohttp")  # the demo's load generator is the bench's
     try:
         import uvloop
 

@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import socket
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from infera_core.errors import ConfigError, InferaError, UnknownNameError
+from infera_core.errors import InferaError, UnknownNameError, require_module
 from infera_core.redact import redact_url
 from infera_core.scheduling.types import Endpoint
 
@@ -50,14 +49,8 @@ TransportKind = Literal["native", "aiohttp"]
 def require_http_client(kind: str) -> None:
     """A :class:`ConfigError` (one line naming the flag and the install) when ``kind``'s
     library is not installed."""
-    if kind != "aiohttp":
-        return
-    try:
-        importlib.import_module("aiohttp")
-    except ImportError:
-        raise ConfigError(
-            "--http-client aiohttp: aiohttp is not installed (pip install 'infera-core[aiohttp]')"
-        ) from None
+    if kind == "aiohttp":
+        require_module("aiohttp", "--http-client aiohttp", "aiohttp")
 
 
 class UpstreamReadError(OSError):
