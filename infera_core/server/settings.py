@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -14,22 +14,32 @@ from infera_core.server.limits import LimitSettings
 from infera_core.settings import InferaSettings
 
 
+def router_host(description: str) -> Any:
+    """The router's listen address (``--host``, ``INFERA_ROUTER_HOST``): serve's and up's."""
+    return Field(
+        "127.0.0.1",
+        description=description,
+        json_schema_extra={"env": "INFERA_ROUTER_HOST", "old_env": ["INFERA_HOST"]},
+    )
+
+
+def router_port(description: str) -> Any:
+    """The router's port (``--port``, ``INFERA_ROUTER_PORT``): serve's and up's."""
+    return Field(
+        8000,
+        ge=0,
+        le=65535,
+        description=description,
+        json_schema_extra={"env": "INFERA_ROUTER_PORT", "old_env": ["INFERA_PORT"]},
+    )
+
+
 class ServeSettings(InferaSettings, KvSettings, AuthSettings, LimitSettings, FaultSettings):
     """Everything the server reads at start-up (KV-routing fields from :class:`KvSettings`,
     connection and request limits from :class:`LimitSettings`)."""
 
-    host: str = Field(
-        "127.0.0.1",
-        description="Address to listen on.",
-        json_schema_extra={"env": "INFERA_ROUTER_HOST", "old_env": ["INFERA_HOST"]},
-    )
-    port: int = Field(
-        8000,
-        ge=0,
-        le=65535,
-        description="Port to listen on.",
-        json_schema_extra={"env": "INFERA_ROUTER_PORT", "old_env": ["INFERA_PORT"]},
-    )
+    host: str = router_host("Address to listen on.")
+    port: int = router_port("Port to listen on.")
     processes: int = Field(
         0,
         ge=0,

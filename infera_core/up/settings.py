@@ -10,6 +10,7 @@ from infera_core.launcher.settings import RestartPolicy
 from infera_core.server.auth_settings import AuthSettings
 from infera_core.server.fault_settings import FaultSettings
 from infera_core.server.limits import LimitSettings
+from infera_core.server.settings import router_host, router_port
 from infera_core.settings import InferaSettings
 
 
@@ -40,18 +41,8 @@ class UpSettings(InferaSettings, LimitSettings, AuthSettings, FaultSettings):
         },
     )
     router_config: Path | None = Field(None, description="YAML routing profile instead of --router-policy.")
-    host: str = Field(
-        "127.0.0.1",
-        description="Address the server listens on.",
-        json_schema_extra={"env": "INFERA_ROUTER_HOST", "old_env": ["INFERA_HOST"]},
-    )
-    port: int = Field(
-        8000,
-        ge=0,
-        le=65535,
-        description="Server port (0: a free port).",
-        json_schema_extra={"env": "INFERA_ROUTER_PORT", "old_env": ["INFERA_PORT"]},
-    )
+    host: str = router_host("Address the server listens on.")
+    port: int = router_port("Server port (0: a free port).")
     etcd_endpoint: str | None = Field(
         None, description="Use this etcd (host:port[,…]) instead of the embedded in-memory discovery."
     )

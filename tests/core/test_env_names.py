@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -57,56 +58,52 @@ def _deprecations(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
 
 
-@pytest.mark.parametrize(("model", "field", "new", "old", "raw", "value"), RENAMED, ids=IDS)
+@dataclass(frozen=True)
+class Renamed:
+    model: type[BaseModel]
+    field: str
+    new: str
+    old: str
+    raw: str
+    value: object
+
+    def read(self) -> object:
+        return getattr(self.model(), self.field)
+
+
+@pytest.fixture(params=[Renamed(*row) for row in RENAMED], ids=IDS)
+def renamed(request: pytest.FixtureRequest) -> Renamed:
+    """One renamed variable of one command."""
+    row: Renamed = request.param
+    return row
+
+
 def test_the_new_variable_sets_the_setting_without_a_warning(
-    model: type[BaseModel],
-    field: str,
-    new: str,
-    old: str,
-    raw: str,
-    value: object,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    renamed: Renamed, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv(new, raw)
-    assert getattr(model(), field) == value
+    monkeypatch.setenv(renamed.new, renamed.raw)
+    assert renamed.read() == renamed.value
     assert _deprecations(caplog) == []
 
 
-@pytest.mark.parametrize(("model", "field", "new", "old", "raw", "value"), RENAMED, ids=IDS)
 def test_the_old_variable_still_works_and_warns_once_naming_the_new_one(
-    model: type[BaseModel],
-    field: str,
-    new: str,
-    old: str,
-    raw: str,
-    value: object,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    renamed: Renamed, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv(old, raw)
+    monkeypatch.setenv(renamed.old, renamed.raw)
     with caplog.at_level(logging.WARNING, logger="infera.config"):
-        assert getattr(model(), field) == value
-        assert getattr(model(), field) == value  # read twice, one line
+        assert renamed.read() == renamed.value
+        assert renamed.read() == renamed.value  # read twice, one line
     lines = _deprecations(caplog)
-    assert len(lines) == 1 and old in lines[0] and new in lines[0], lines
+    assert len(lines) == 1 and renamed.old in lines[0] and renamed.new in lines[0], lines
 
 
-@pytest.mark.parametrize(("model", "field", "new", "old", "raw", "value"), RENAMED, ids=IDS)
 def test_the_new_variable_wins_over_the_old_one(
-    model: type[BaseModel],
-    field: str,
-    new: str,
-    old: str,
-    raw: str,
-    value: object,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    renamed: Renamed, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    default = getattr(model(), field)
-    monkeypatch.setenv(new, raw)
-    monkeypatch.setenv(old, "1" if raw != "1" else "2")
-    assert getattr(model(), field) == value != default
+    default = renamed.read()
+    monkeypatch.setenv(renamed.new, renamed.raw)
+    monkeypatch.setenv(renamed.old, "1" if renamed.raw != "1" else "2")
+    assert renamed.read() == renamed.value != default
     assert _deprecations(caplog) == []
 
 
