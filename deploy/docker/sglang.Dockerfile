@@ -32,7 +32,7 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
       "infera-sglang==${INFERA_VERSION}" "infera-k8s==${INFERA_VERSION}" \
  && ln -s /usr/local/lib/infera/entrypoint.sh /usr/local/bin/infera-entrypoint
 ENV PATH=/opt/infera/bin:$PATH INFERA_ENGINE_PYTHON=/usr/local/bin/infera-engine-python \
-    INFERA_HOST=0.0.0.0 INFERA_PORT=8000 PYTHONUNBUFFERED=1
+    INFERA_ENGINE_HOST=0.0.0.0 INFERA_ENGINE_PORT=8000 PYTHONUNBUFFERED=1
 EXPOSE 8000
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["infera-entrypoint", "worker", "sglang"]

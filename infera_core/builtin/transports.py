@@ -25,7 +25,7 @@ class HttpRequestTransport:
     """Requests over HTTP/1.1 to the engine's own server (``WorkerRecord.url``)."""
 
     name = HTTP
-    description = "HTTP to the engine's server; client: --upstream-transport native|aiohttp."
+    description = "HTTP to the engine's server; client: --http-client native|aiohttp."
     settings_model = None
 
     def create_client(self, ctx: ClientContext) -> Upstream:

@@ -41,7 +41,7 @@ from infera_core.discovery.base import Discovery, Registration
 from infera_core.engines.base import EngineAdapter, LaunchContext, LaunchSpec, RunningEngine
 from infera_core.engines.settings import WorkerSettings
 from infera_core.errors import ConfigError, EngineError
-from infera_core.launcher.address import advertise_host, free_port
+from infera_core.launcher.address import advertise_host
 from infera_core.launcher.flags import launch_options
 from infera_core.launcher.health import GenerationWatch, checks_generation, health_generate
 from infera_core.launcher.learned import with_served_block_size
@@ -51,6 +51,7 @@ from infera_core.launcher.transports import WorkerTransports
 from infera_core.launcher.waits import first_of, quietly
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.transports.base import WorkerContext
+from infera_core.util.net import free_port
 from infera_core.util.redact import redact_url
 from infera_core.worker import Status, WorkerRecord
 

@@ -153,7 +153,7 @@ def create_app(
             idle_timeout=settings.stream_idle_timeout,
             max_connections=settings.upstream_connections,
             pool_timeout=settings.pool_timeout,
-            http_client=settings.upstream_transport,
+            http_client=settings.http_client,
             options=BackendOptions(settings),
         ),
         eager=["http", settings.request_transport],
@@ -197,7 +197,6 @@ def create_app(
             view.subscribe(table.apply)
             await view.start(wait_synced=settings.connect_timeout)
             stack.push_async_callback(view.stop)
-            app.state.fleet_view = view
             stack.push_async_callback(app.state.dashboard.close)
             yield
 

@@ -65,28 +65,27 @@ class EngineScraper:
         self._task = asyncio.get_running_loop().create_task(self._refresh())
 
     async def _refresh(self) -> None:
-        import aiohttp  # only when someone watches the dashboard
+        import httpx  # only when someone watches the dashboard
 
         from infera_core.util.prom_text import parse_metrics
 
         eps = [ep for ep in self.core.table.by_id.values() if ep.url.startswith(("http://", "https://"))]
         limit = asyncio.Semaphore(32)
-        timeout = aiohttp.ClientTimeout(total=self.timeout)
 
-        async def one(session: aiohttp.ClientSession, ep: Endpoint) -> None:
+        async def one(client: httpx.AsyncClient, ep: Endpoint) -> None:
             async with limit:
                 try:
-                    async with session.get(ep.url.rstrip("/") + "/metrics") as r:
-                        if r.status != 200:
-                            return
-                        text = await r.text()
-                except (aiohttp.ClientError, TimeoutError, ValueError):
+                    r = await client.get(ep.url.rstrip("/") + "/metrics")
+                    if r.status_code != 200:
+                        return
+                    text = r.text
+                except (httpx.HTTPError, ValueError):
                     return  # a busy or gone worker keeps its last numbers until the next round
             self._update(ep.worker_id, parse_metrics(text, ENGINE_SERIES))
 
         try:
-            async with aiohttp.ClientSession(timeout=timeout) as session:
-                await asyncio.gather(*(one(session, ep) for ep in eps))
+            async with httpx.AsyncClient(timeout=self.timeout) as client:
+                await asyncio.gather(*(one(client, ep) for ep in eps))
         except Exception:
             log.exception("dashboard: scraping the workers' /metrics failed")
         for gone in set(self.latest) - {ep.worker_id for ep in eps}:

@@ -2,7 +2,7 @@
 
 Both are registries filled by catalog hooks (``infera_register_request_transports``,
 ``infera_register_kv_event_transports``), like engines and policies. Core registers
-``http`` (request transport; its client is ``--upstream-transport native|aiohttp``) and
+``http`` (request transport; its client is ``--http-client native|aiohttp``) and
 ``zmq`` (KV events); the ``infera-nats`` plugin registers ``nats`` for both.
 
 **Which transport reaches a worker** is in its record: ``WorkerRecord.request_transport``
@@ -63,7 +63,7 @@ class ClientContext:
     pool_timeout: float = 10.0
     """Seconds a request may wait for a free connection (HTTP pool)."""
     http_client: str = "native"
-    """``--upstream-transport``: which HTTP client the ``http`` transport uses."""
+    """``--http-client``: which HTTP client the ``http`` transport uses."""
     options: BackendOptions = field(default_factory=BackendOptions)
 
 

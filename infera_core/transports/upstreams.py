@@ -5,12 +5,14 @@ Which *request transport* reaches a worker (``http``, ``nats``…) is in its rec
 made by the transport's factory (:mod:`infera_core.transports.base`), and the endpoint table
 puts each worker's client on ``Endpoint.upstream``.
 
-The ``http`` transport has two clients, chosen with ``--upstream-transport``:
+The ``http`` transport has two HTTP clients, chosen with ``--http-client`` (old spelling
+``--upstream-transport``):
 
 * ``native`` (:mod:`infera_core.transports.http.native`): asyncio protocols parsing with
   ``httptools``, a keep-alive pool per worker, each request written as one buffer;
 * ``aiohttp`` (:mod:`infera_core.transports.http.aiohttp_upstream`): one ``aiohttp.ClientSession``
-  per process.
+  per process; aiohttp is optional (``pip install 'infera-core[aiohttp]'``), checked by
+  :func:`infera_core.transports.http.require_http_client` when the server starts.
 
 Both set TCP_NODELAY on every connection (:func:`set_nodelay` does the same for the
 server's accepted sockets, see ``server.run``). :meth:`Upstream.open` sends the client's
@@ -34,7 +36,7 @@ from infera_core.worker import WorkerRecord
 log = logging.getLogger("infera.server.transport")
 
 TransportKind = Literal["native", "aiohttp"]
-"""The ``http`` transport's clients (``--upstream-transport``)."""
+"""The ``http`` transport's clients (``--http-client``)."""
 
 
 class UpstreamReadError(OSError):

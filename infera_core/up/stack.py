@@ -74,7 +74,7 @@ def _bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise ConfigError(
-            f"--port {port} (env INFERA_PORT): cannot listen on {host}:{port} ({exc.strerror}); "
+            f"--port {port} (env INFERA_ROUTER_PORT): cannot listen on {host}:{port} ({exc.strerror}); "
             "pick another port or --port 0 for a free one"
         ) from None
     sock.listen(2048)

@@ -150,7 +150,7 @@ def test_entrypoint_runs_a_worker_that_registers_and_drains(tmp_path: Path, etcd
             if f"127.0.0.2:{port}" in listed:
                 break
         assert f'"http://127.0.0.2:{port}"' in listed.replace(" ", ""), listed  # advertised POD_IP
-        wait_port("127.0.0.2", port, timeout=5)  # bound on every address (INFERA_HOST=0.0.0.0)
+        wait_port("127.0.0.2", port, timeout=5)  # bound on every address (INFERA_ENGINE_HOST=0.0.0.0)
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, output
@@ -172,7 +172,7 @@ def test_router_entrypoint_and_healthcheck(tmp_path: Path) -> None:
     """``infera-entrypoint serve`` as the router image runs it; ``infera-healthcheck`` (its
     HEALTHCHECK) fails before the router listens and passes once ``/health`` answers 200."""
     port = free_port()
-    env = _env(tmp_path, INFERA_PORT=str(port))
+    env = _env(tmp_path, INFERA_ROUTER_PORT=str(port))
     check = [sys.executable, str(HEALTHCHECK)]
     before = subprocess.run(check, env=env, capture_output=True, text=True, timeout=30)
     assert before.returncode == 1 and "/health" in before.stderr

@@ -422,7 +422,7 @@ async def test_a_large_body_is_forwarded_byte_for_byte(ups: list[FakeUpstream], 
     text = "é" * 1_500_000  # ~3 MB: read into one growing buffer, never joined or copied
     body = json.dumps({"model": "fake-model", "messages": [{"role": "user", "content": text}]}).encode()
     async with (
-        stack(ups, upstream_transport=transport) as srv,
+        stack(ups, http_client=transport) as srv,
         httpx.AsyncClient(base_url=srv.url, timeout=30) as c,
     ):
         r = await c.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
