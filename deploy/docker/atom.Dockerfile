@@ -17,9 +17,9 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY infera_core ./infera_core
 COPY plugins/infera-atom ./plugins/infera-atom
-COPY plugins/infera-kv-native ./plugins/infera-kv-native
+COPY native/infera-kv-native ./native/infera-kv-native
 RUN for dist in . plugins/infera-atom; do uv build --wheel --out-dir /wheels "$dist"; done \
- && uv build --sdist --out-dir /wheels plugins/infera-kv-native
+ && uv build --sdist --out-dir /wheels native/infera-kv-native
 
 FROM ${ATOM_BASE_IMAGE}
 ARG INFERA_VERSION

@@ -17,7 +17,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY infera_core ./infera_core
 COPY plugins ./plugins
-RUN for dist in . plugins/*/; do uv build --wheel --out-dir /dist "$dist"; done \
+COPY native ./native
+RUN for dist in . native/*/ plugins/*/; do uv build --wheel --out-dir /dist "$dist"; done \
  && pip wheel --no-cache-dir --wheel-dir /wheels /dist/*.whl
 
 # -- the image: slim, no compiler, non-root ----------------------------------------------

@@ -19,9 +19,9 @@ COPY pyproject.toml README.md ./
 COPY infera_core ./infera_core
 COPY plugins/infera-sglang ./plugins/infera-sglang
 COPY plugins/infera-k8s ./plugins/infera-k8s
-COPY plugins/infera-kv-native ./plugins/infera-kv-native
+COPY native/infera-kv-native ./native/infera-kv-native
 RUN for dist in . plugins/infera-sglang plugins/infera-k8s; do uv build --wheel --out-dir /wheels "$dist"; done \
- && uv build --sdist --out-dir /wheels plugins/infera-kv-native
+ && uv build --sdist --out-dir /wheels native/infera-kv-native
 
 FROM ${SGLANG_BASE_IMAGE}
 ARG INFERA_VERSION

@@ -36,7 +36,7 @@ INFERA_RUN = str(Path(sys.executable).with_name("infera-run"))
 def distributions() -> dict[str, tuple[Path, str]]:
     """name → (directory, version) of every distribution in the repo."""
     out = {}
-    for pyproject in [ROOT / "pyproject.toml", *sorted(ROOT.glob("plugins/*/pyproject.toml"))]:
+    for pyproject in [ROOT / "pyproject.toml", *sorted(ROOT.glob("plugins/*/pyproject.toml")), *sorted(ROOT.glob("native/*/pyproject.toml"))]:
         project = tomllib.loads(pyproject.read_text())["project"]
         out[project["name"]] = (pyproject.parent, project["version"])
     return out
@@ -219,7 +219,7 @@ def test_install_script_puts_infera_in_its_own_venv_beside_the_engine_python(tmp
     for source, kind in (
         (".", "--wheel"),
         ("plugins/infera-sim", "--wheel"),
-        ("plugins/infera-kv-native", "--sdist"),
+        ("native/infera-kv-native", "--sdist"),
     ):
         subprocess.run(
             [uv, "build", "-q", kind, "--out-dir", str(dist), source], cwd=ROOT, check=True, timeout=300
