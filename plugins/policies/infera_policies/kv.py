@@ -47,7 +47,7 @@ from infera_core.scheduling.candidates import Candidates, rows_of
 from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
 from infera_core.scheduling.dp import best_rank_overlap
 from infera_core.scheduling.registry import PolicyRegistry
-from infera_core.scheduling.types import Endpoint, Filter, PolicyFactory, SchedulerDeps, Scorer
+from infera_core.scheduling.types import Endpoint, Filter, KvIndexView, PolicyFactory, SchedulerDeps, Scorer
 from infera_policies.in_flight import InFlightPrefixes
 
 BASE_FILTERS = [PluginRef(name="health"), PluginRef(name="role")]
@@ -142,7 +142,10 @@ class KvOverlapScorer(Scorer):
     __slots__ = ("_bsize", "_key", "_slot", "in_flight", "index", "linger", "pending", "weights")
 
     def __init__(
-        self, index: Any, params: OverlapParams | None = None, in_flight: InFlightPrefixes | None = None
+        self,
+        index: KvIndexView | None,
+        params: OverlapParams | None = None,
+        in_flight: InFlightPrefixes | None = None,
     ) -> None:
         p = params or OverlapParams()
         self.index = index
@@ -210,7 +213,7 @@ class KvOverlapScorer(Scorer):
         if index is None or not ctx.token_ids:
             return np.zeros(n_c, np.float64)
         rows = rows_of(candidates)
-        slots, sizes = self._slots_for(rows, candidates)
+        slots, sizes = self._slots_for(index, rows, candidates)
         known = sizes[slots >= 0]
         if not len(known):
             return np.zeros(n_c, np.float64)
@@ -223,8 +226,7 @@ class KvOverlapScorer(Scorer):
         matched = index.match_slots(hashes, slots, self.weights)
         return matched / len(hashes)  # type: ignore[no-any-return]
 
-    def _slots_for(self, rows: Rows, candidates: Sequence[Endpoint]) -> tuple[Rows, Rows]:
-        index = self.index
+    def _slots_for(self, index: KvIndexView, rows: Rows, candidates: Sequence[Endpoint]) -> tuple[Rows, Rows]:
         untrusted = index.untrusted
         key = (index.version, state().generation, frozenset(untrusted) if untrusted else None)
         if key != self._key or len(self._slot) < state().size:
@@ -379,7 +381,9 @@ class CacheFillScorer(Scorer):
     needs_tokens = True
     __slots__ = ("clock", "in_flight", "index")
 
-    def __init__(self, index: Any, clock: DispatchClock, in_flight: InFlightPrefixes | None = None) -> None:
+    def __init__(
+        self, index: KvIndexView | None, clock: DispatchClock, in_flight: InFlightPrefixes | None = None
+    ) -> None:
         self.index = index
         self.clock = clock
         self.in_flight = in_flight
