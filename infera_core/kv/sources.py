@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
 
 from infera_core.config.backends import BackendOptions
 from infera_core.errors import InferaError, UnknownNameError
+from infera_core.kv.catalog import KvCatalog
 from infera_core.transports.base import ZMQ, KvEventSource, KvSourceContext
 
 log = logging.getLogger("infera.kv.sources")
@@ -22,7 +22,7 @@ log = logging.getLogger("infera.kv.sources")
 class KvSources:
     """KV-event transport name → started :class:`KvEventSource`."""
 
-    def __init__(self, catalog: Any, replay_timeout: float) -> None:
+    def __init__(self, catalog: KvCatalog, replay_timeout: float) -> None:
         self.catalog = catalog
         self.replay_timeout = replay_timeout
         self.options = BackendOptions()
@@ -32,8 +32,7 @@ class KvSources:
         self._made: dict[str, asyncio.Future[KvEventSource | None]] = {}
 
     def installed(self, kind: str) -> bool:
-        transports = getattr(self.catalog, "kv_event_transports", None)
-        return kind == ZMQ or (transports is not None and kind in transports)
+        return kind == ZMQ or kind in self.catalog.kv_event_transports
 
     async def get(self, kind: str) -> KvEventSource:
         """The started source of ``kind``; raises when it cannot start (the caller retries)."""

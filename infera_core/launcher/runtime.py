@@ -42,6 +42,7 @@ from infera_core.engines.base import EngineAdapter, LaunchContext, LaunchSpec, R
 from infera_core.engines.settings import WorkerSettings
 from infera_core.errors import ConfigError, EngineError
 from infera_core.launcher.address import advertise_host
+from infera_core.launcher.drain import wait_drained
 from infera_core.launcher.flags import launch_options
 from infera_core.launcher.health import GenerationWatch, checks_generation, health_generate
 from infera_core.launcher.learned import with_served_block_size
@@ -58,10 +59,6 @@ from infera_core.worker import Status, WorkerRecord
 log = logging.getLogger("infera.launcher")
 
 READY_POLL = 0.2
-DRAIN_POLL = 0.25
-DRAIN_SETTLE = 1.0
-"""After publishing ``draining``, routers may still send for up to a second: an in-flight
-count of zero only counts once this much time has passed."""
 
 
 class WorkerLauncher:
@@ -422,30 +419,13 @@ class WorkerLauncher:
             await self.registration.update(self.record)
         except Exception as exc:  # still drain: the router sees the deletion instead
             log.warning("worker %s: could not publish draining status: %s", ctx.worker_id, exc)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        deadline = started + self.settings.drain_timeout
-        settle = min(DRAIN_SETTLE, self.settings.drain_timeout)
-        unknown_logged = False
-        while not self._skip_wait.is_set() and loop.time() < deadline and self.process.returncode is None:
-            count = await quietly(adapter.in_flight(RunningEngine(ctx, client)), default=None)
-            if count is None and not unknown_logged:
-                log.info(
-                    "worker %s: engine does not report in-flight requests; waiting --drain-timeout %gs",
-                    ctx.worker_id,
-                    self.settings.drain_timeout,
-                )
-                unknown_logged = True
-            if count == 0 and loop.time() - started >= settle:
-                log.info("worker %s: no requests in flight after %.1fs", ctx.worker_id, loop.time() - started)
-                return
-            await first_of(self._skip_wait.wait(), within=min(DRAIN_POLL, max(0.0, deadline - loop.time())))
-        if loop.time() >= deadline:
-            log.warning(
-                "worker %s: --drain-timeout %gs reached with requests maybe still running",
-                ctx.worker_id,
-                self.settings.drain_timeout,
-            )
+        await wait_drained(
+            adapter,
+            RunningEngine(ctx, client),
+            self.settings.drain_timeout,
+            self._skip_wait,
+            lambda: self.process is not None and self.process.returncode is None,
+        )
 
     async def _deregister(self) -> None:
         if self.registration is not None:

@@ -32,6 +32,7 @@ from starlette.requests import HTTPConnection
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.auth import ADMIN_STATE, CLIENT_STATE, AdminGate, ClientAuth, require_admin
 from infera_core.server.core import RouterCore
+from infera_core.server.kv import KvComponent
 from infera_core.server.series import LeanHistogram
 from infera_core.util.redact import redact_url
 
@@ -125,9 +126,11 @@ def _histogram(h: LeanHistogram) -> dict[str, Any]:
     return {"bounds": list(h.bounds), "labels": h.labelnames, "series": series}
 
 
-def stats(core: RouterCore, kv: Any, auth: ClientAuth | None, engines: EngineScraper) -> dict[str, Any]:
+def stats(
+    core: RouterCore, kv: KvComponent | None, auth: ClientAuth | None, engines: EngineScraper
+) -> dict[str, Any]:
     """The JSON of ``GET /v1/admin/stats``: everything the dashboard shows, cumulative."""
-    cache_view = getattr(kv, "cache_view", None)
+    cache_view = kv.cache_view if kv is not None else None
     workers = []
     for ep in sorted(core.table.by_id.values(), key=lambda e: (e.record.model, str(e.role), e.worker_id)):
         rec = ep.record
@@ -183,7 +186,7 @@ def _page_allowed(conn: HTTPConnection) -> None:
         require_admin(conn)
 
 
-def add_dashboard_routes(app: FastAPI, core: RouterCore, kv: Any) -> EngineScraper:
+def add_dashboard_routes(app: FastAPI, core: RouterCore, kv: KvComponent | None) -> EngineScraper:
     """Mount ``GET /dashboard`` and ``GET /v1/admin/stats``; returns the scraper to close."""
     engines = EngineScraper(core)
     page = files("infera_core.server").joinpath("static/dashboard.html")

@@ -36,7 +36,11 @@ INFERA_RUN = str(Path(sys.executable).with_name("infera-run"))
 def distributions() -> dict[str, tuple[Path, str]]:
     """name → (directory, version) of every distribution in the repo."""
     out = {}
-    for pyproject in [ROOT / "pyproject.toml", *sorted(ROOT.glob("plugins/*/pyproject.toml")), *sorted(ROOT.glob("native/*/pyproject.toml"))]:
+    for pyproject in [
+        ROOT / "pyproject.toml",
+        *sorted(ROOT.glob("plugins/*/pyproject.toml")),
+        *sorted(ROOT.glob("native/*/pyproject.toml")),
+    ]:
         project = tomllib.loads(pyproject.read_text())["project"]
         out[project["name"]] = (pyproject.parent, project["version"])
     return out
