@@ -39,6 +39,14 @@ from infera_core.worker import WorkerRecord
 log = logging.getLogger("infera.tokenize")
 
 LABEL = "infera.tokenizer"
+_RENDER_FIELDS = (
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template",
+    "chat_template_kwargs",
+    "reasoning_effort",
+    "add_special_tokens",
+)
 TokenizerSpec = tuple[str, dict[str, Any]]
 
 
@@ -193,8 +201,8 @@ class RoutingTokenizers:
 
     def _digest(self, ctx: RequestContext) -> bytes:
         b = ctx.body
-        parts = (ctx.route, b.get("messages"), b.get("prompt"), b.get("system"), b.get("tools"))
-        extra = (b.get("add_generation_prompt"), b.get("chat_template_kwargs"))
+        parts = (ctx.route, b.get("messages"), b.get("prompt"), b.get("tools"), b.get("documents"))
+        extra = tuple(b.get(k) for k in _RENDER_FIELDS)
         return hashlib.blake2b(self._enc.encode((parts, extra)), digest_size=16).digest()
 
     async def _offloaded(self, tok: Tokenizer, ctx: RequestContext) -> tuple[list[int], bool]:
@@ -216,10 +224,9 @@ class RoutingTokenizers:
         body = ctx.body
         messages = body.get("messages")
         if isinstance(messages, list):
-            system = body.get("system")
-            if system is not None:  # Anthropic messages API
-                messages = [{"role": "system", "content": _text(system)}, *messages]
-            if isinstance(tok, PrefixTokenizer):
+            # /v1/messages requests arrive here already mapped to the chat request the
+            # engine receives (server/anthropic.py), so both render the same way.
+            if isinstance(tok, PrefixTokenizer) and not body.get("add_special_tokens"):
                 text = tok.render_chat(messages, body)
                 scope = f"{ctx.model}\0{tok.fingerprint}"
                 return self.prefixes.encode(scope, text, tok.encode_offsets, on_prefix)
@@ -296,14 +303,6 @@ def _given_tokens(body: dict[str, Any]) -> list[int] | None:
         if isinstance(first, list) and first and all(isinstance(t, int) for t in first):
             return first
     return None
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
-    return str(content)
 
 
 def _size(body: dict[str, Any]) -> int:
