@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel
 
-from infera_core import settings as settings_module
 from infera_core.bench.config import BenchSettings
 from infera_core.cli import build_cli
 from infera_core.cli.workers import WorkersSettings
+from infera_core.config import settings as settings_module
 from infera_core.config.settings import field_options, resolve
 from infera_core.engines.settings import WorkerSettings
 from infera_core.server.settings import ServeSettings
