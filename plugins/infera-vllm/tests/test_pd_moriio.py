@@ -81,6 +81,7 @@ def test_write_mode_sends_both_legs_at_once_naming_each_others_address() -> None
         "remote_handshake_port": dp["handshake_port"],
         "remote_notify_port": dp["notify_port"],
         "remote_dp_size": 2,
+        "remote_dp_size_local": 1,
         "remote_tp_size": 2,
         "remote_dp_rank": 1,
     }
@@ -96,6 +97,7 @@ def test_write_mode_sends_both_legs_at_once_naming_each_others_address() -> None
         "remote_handshake_port": pp["handshake_port"],
         "remote_notify_port": pp["notify_port"],
         "remote_dp_size": 1,
+        "remote_dp_size_local": 1,
         "remote_tp_size": 1,
         "remote_dp_rank": 0,
     }
