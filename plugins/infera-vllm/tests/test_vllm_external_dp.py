@@ -174,7 +174,8 @@ def test_real_vllm_agrees_on_the_tiny_model_and_a_moe_config(tmp_path: Path) -> 
         timeout=600,
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    results = {r["model"]: r for r in map(json.loads, run.stdout.splitlines())}
+    lines = [line for line in run.stdout.splitlines() if line.startswith('{"model"')]  # vLLM logs to stdout
+    results = {r["model"]: r for r in map(json.loads, lines)}
     assert results[tiny]["is_moe"] is False and is_moe(tiny) is False
     assert REFUSAL in results[tiny]["error"]
     assert results[moe]["is_moe"] is True and is_moe(moe) is True
