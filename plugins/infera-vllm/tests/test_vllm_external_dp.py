@@ -23,12 +23,13 @@ from infera_vllm.adapter import VllmAdapter
 from infera_vllm.model_config import REFUSAL, find_config, is_moe, num_experts
 from infera_vllm.pd import VllmMooncakeTransport, VllmMoriioTransport
 from real_vllm import vllm_python
+from vllm_records import adapter_record
 
 from infera_core.engines.base import LaunchContext
 from infera_core.engines.pd import PdContext
 from infera_core.errors import EngineError
 from infera_core.testing.engine_env import clean_environ, flag, launch_context
-from infera_core.worker import Role, WorkerRecord
+from infera_core.worker import Role
 
 HERE = Path(__file__).resolve().parent
 DENSE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 2}
@@ -52,20 +53,6 @@ def ctx(model_path: str, **kw: object) -> LaunchContext:
         "options": {"tp": 1, "pd_connector": "nixl"},
     }
     return launch_context(base, 41000, **kw)
-
-
-def record(c: LaunchContext, worker_id: str, role: Role) -> WorkerRecord:
-    fields = VllmAdapter().record_fields(c)
-    return WorkerRecord(
-        worker_id=worker_id,
-        url=c.url,
-        model="m",
-        engine="vllm",
-        role=role,
-        dp_rank=fields.dp_rank,
-        dp_size=fields.dp_size,
-        pd=fields.pd,
-    )
 
 
 # -- the dense-model refusal ------------------------------------------------------------
@@ -221,7 +208,7 @@ def test_mooncake_decode_names_the_prefills_dp_rank_engine_id(tmp_path: Path) ->
     p.options["pd_connector"] = "mooncake"
     d = ctx(moe, worker_id="d", role=Role.DECODE, advertise_host="10.0.0.6")
     d.options["pd_connector"] = "mooncake"
-    prefill, decode = record(p, "p", Role.PREFILL), record(d, "d", Role.DECODE)
+    prefill, decode = adapter_record(p), adapter_record(d)
     # vLLM launches with engine_id p and registers p_dp1 with its bootstrap server
     assert json.loads(flag(VllmAdapter().engine_flags(p), "--kv-transfer-config"))["engine_id"] == "p"
     assert prefill.pd is not None and prefill.pd.params["engine_id"] == "p_dp1"
@@ -244,7 +231,7 @@ def test_mooncake_without_dp_keeps_the_worker_id() -> None:
 def test_mooncake_leg_derives_the_id_from_an_older_record() -> None:
     p = ctx("/models/m", worker_id="p", role=Role.PREFILL)
     p.options["pd_connector"] = "mooncake"
-    prefill = record(p, "p", Role.PREFILL).model_copy(update={"dp_rank": 3, "dp_size": 4})
+    prefill = adapter_record(p).model_copy(update={"dp_rank": 3, "dp_size": 4})
     assert prefill.pd is not None
     del prefill.pd.params["engine_id"]
     t = VllmMooncakeTransport()
@@ -268,7 +255,11 @@ def get_port_offset(dp_rank: int, tp_rank: int, tp_size: int = 1) -> int:
 
 
 @pytest.mark.parametrize(("dp_size", "dp_rank", "tp"), [(1, None, 1), (2, 1, 1), (4, 3, 2), (8, 5, 4)])
-def test_moriio_ports_are_where_vllm_binds_them(dp_size: int, dp_rank: int | None, tp: int) -> None:
+def test_moriio_ports_are_where_vllm_binds_them(
+    dp_size: int, dp_rank: int | None, tp: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the block is the launch's free ports (41002 on): a layout check, whatever else is bound here
+    monkeypatch.setattr("infera_core.engines.support._bindable", lambda port: True)
     c = ctx("/models/m", role=Role.PREFILL, dp_size=dp_size, dp_rank=dp_rank)
     c.options.update(pd_connector="moriio", tp=tp)
     extra = json.loads(flag(VllmAdapter().engine_flags(c), "--kv-transfer-config"))[
@@ -290,7 +281,7 @@ def test_moriio_peer_folds_the_workers_ranks_to_its_own_ports() -> None:
     p.options["pd_connector"] = "moriio"
     d = ctx("/models/m", worker_id="d", role=Role.DECODE, advertise_host="10.0.0.6")
     d.options["pd_connector"] = "moriio"
-    prefill, decode = record(p, "p", Role.PREFILL), record(d, "d", Role.DECODE)
+    prefill, decode = adapter_record(p), adapter_record(d)
     t = VllmMoriioTransport()
     pd_ctx = PdContext(request_id="r3", route="/v1/completions")
     t.prepare(pd_ctx, prefill, decode)
