@@ -151,3 +151,26 @@ def test_the_sim_adapter_launches_an_external_dp_rank_as_vllm_does() -> None:
     assert argv[argv.index("--data-parallel-size") + 1] == "2" and argv[argv.index("--dp-rank") + 1] == "1"
     pd = SimAdapter().record_fields(ctx).pd
     assert pd is not None and pd.protocol == "vllm-mooncake" and pd.params["engine_id"] == "w3_dp1"
+
+
+@pytest.mark.slow
+async def test_up_serves_through_a_sim_mooncake_pair() -> None:
+    """``infera-run up --prefill 1 --decode 1 --pd-protocol vllm-mooncake``: the router's vLLM
+    Mooncake transport against sims that check the engine id as vLLM does."""
+    pytest.importorskip("infera_vllm.pd")
+    from infera_core.up.settings import UpSettings
+    from infera_core.up.stack import Stack
+
+    settings = UpSettings(
+        prefill=1, decode=1, pd_protocol="vllm-mooncake", port=0, quiet=True, drain_timeout=1
+    )
+    async with (
+        Stack(settings, engine_args=["--speedup", "20"]) as stack,
+        httpx.AsyncClient(base_url=stack.root, timeout=20) as c,
+    ):
+        workers = {w["role"]: w for w in (await c.get("/v1/workers")).json()["data"]}
+        body = {"model": "sim-model", "prompt": "hello " * 50, "max_tokens": 4}
+        r = await c.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-infera-worker"] == workers["decode"]["worker_id"]
+        assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # KV from the prefill
