@@ -106,6 +106,7 @@ def make_kv_routing(settings: Any, hooks: Any) -> KvRouting:
     """The KV component for a server whose settings carry the :class:`KvSettings` fields."""
     fields = {k: getattr(settings, k) for k in KvSettings.model_fields if hasattr(settings, k)}
     routing = KvRouting(hooks.catalog(), KvSettings(**fields))
-    routing.hub.sources.options = BackendOptions(settings)  # KV-event transport plugins' settings
-    routing.hub.sources.connect_timeout = getattr(settings, "connect_timeout", 5.0)
+    routing.hub.sources.configure(  # KV-event transport plugins' settings
+        options=BackendOptions(settings), connect_timeout=getattr(settings, "connect_timeout", 5.0)
+    )
     return routing
