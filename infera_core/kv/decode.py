@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from infera_core.kv.events import SEQ_BYTES as SEQ_BYTES  # re-exported: kv.decode was their home
 from infera_core.kv.events import (
     AllBlocksCleared,
     BlockHash,
@@ -34,6 +35,7 @@ from infera_core.kv.events import (
     KvEventBatch,
     RawKvEventBatch,
 )
+from infera_core.kv.events import parse_seq as parse_seq
 
 _U64 = (1 << 64) - 1
 

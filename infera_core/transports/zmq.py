@@ -30,25 +30,14 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from infera_core.kv.events import parse_seq
 from infera_core.transports.base import KvEventSink, KvSourceContext
 from infera_core.worker import WorkerRecord
 
 log = logging.getLogger("infera.kv.hub")  # the hub's messages, as when the hub owned the sockets
 
-SEQ_BYTES = 8
-"""A publisher's sequence number: 8 bytes, big-endian, signed (replay ends with -1)."""
-
 END_SEQ = -1
 """The seq of a replay answer's last frame."""
-
-
-def parse_seq(frame: bytes) -> int | None:
-    """The seq of a frame: None unless exactly 8 bytes (an 11-byte frame is not a huge seq).
-
-    The value is signed: the replay end marker is -1; callers reject other negatives."""
-    if len(frame) != SEQ_BYTES:
-        return None
-    return int.from_bytes(frame, "big", signed=True)
 
 
 class ZmqKvEventSource:

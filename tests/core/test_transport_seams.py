@@ -338,7 +338,7 @@ class CountedKvEvents:
 async def test_kv_sources_are_made_once_per_transport_and_started_before_use() -> None:
     registry = KvEventTransportRegistry()
     counted = CountedKvEvents("counted")
-    registry.add(counted)  # type: ignore[arg-type]
+    registry.add(counted)
     sources = KvSources(registry)
     first, again = await asyncio.gather(sources.get("counted"), sources.get("counted"))
     assert first is again is counted.made[0] and len(counted.made) == 1
@@ -353,7 +353,7 @@ async def test_zmq_is_a_kv_event_source_like_any_other_and_none_still_means_zmq(
     from infera_core.transports.zmq import ZmqKvEventSource
 
     registry = make_hooks().catalog().kv_event_transports
-    registry.add(CountedKvEvents("legacy", none=True))  # type: ignore[arg-type]
+    registry.add(CountedKvEvents("legacy", none=True))
     sources = KvSources(registry)
     zmq_source = await sources.get("zmq")
     assert isinstance(zmq_source, ZmqKvEventSource) and isinstance(zmq_source, KvEventSource)
