@@ -51,8 +51,10 @@ class ZmqKvEventTransport:
     description = "Each router subscribes to every engine's ZMQ publisher (replay socket on gaps)."
     settings_model = None
 
-    def create_source(self, ctx: KvSourceContext) -> KvEventSource | None:
-        return None  # the hub's built-in ZMQ subscriber (infera_core.kv.hub)
+    def create_source(self, ctx: KvSourceContext) -> KvEventSource:
+        from infera_core.transports.zmq import ZmqKvEventSource  # pyzmq: only where KV events are followed
+
+        return ZmqKvEventSource(ctx)
 
     async def attach_worker(self, ctx: WorkerContext) -> WorkerAttachment | None:
         return None

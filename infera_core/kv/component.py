@@ -116,6 +116,7 @@ def make_kv_routing(settings: BaseModel, catalog: KvCatalog) -> KvRouting:
     (``catalog``: the plugin catalog, ``InferaHooks.catalog()``)."""
     given = settings.model_dump(include=set(KvSettings.model_fields))
     routing = KvRouting(catalog, KvSettings(**given))
-    routing.hub.sources.options = BackendOptions(settings)  # KV-event transport plugins' settings
-    routing.hub.sources.connect_timeout = getattr(settings, "connect_timeout", 5.0)
+    routing.hub.sources.configure(  # KV-event transport plugins' settings
+        options=BackendOptions(settings), connect_timeout=getattr(settings, "connect_timeout", 5.0)
+    )
     return routing
