@@ -13,11 +13,12 @@ from infera_core.engines.settings import RestartPolicy
 from infera_core.server.auth_settings import AuthSettings
 from infera_core.server.fault_settings import FaultSettings
 from infera_core.server.limits import LimitSettings
+from infera_core.tokenize.settings import TokenizeSettings
 
 
-class UpSettings(InferaSettings, LimitSettings, AuthSettings, FaultSettings):
+class UpSettings(InferaSettings, LimitSettings, AuthSettings, FaultSettings, TokenizeSettings):
     """The embedded single-machine stack (its server's connection and request limits from
-    :class:`LimitSettings`)."""
+    :class:`LimitSettings`, its routing tokenizer's bounds from :class:`TokenizeSettings`)."""
 
     @model_validator(mode="before")
     @classmethod
