@@ -24,8 +24,8 @@ def _body(chars: int, seed: int) -> bytes:
 
 def _huge_prompts() -> Row:
     with tempfile.TemporaryDirectory() as d, refusing_engine() as engine:
-        record = {"worker_id": "w0", "url": engine.url, "model": "m", "engine": "sim"}
-        record["labels"] = {"infera.tokenizer": "sim"}
+        labels = {"infera.tokenizer": "sim"}
+        record = {"worker_id": "w0", "url": engine.url, "model": "m", "engine": "sim", "labels": labels}
         with serve_one([record], Path(d), "--router-policy", "kv-aware") as serve:
             big = asyncio.run(
                 attack(serve.url, serve.proc.pid, [_body(31 * MB, i) for i in range(3)], 3, 4 << 30)
