@@ -46,6 +46,9 @@ class KvRouting:
             offload_chars=settings.tokenize_offload_chars,
             prefix_cache_bytes=int(settings.tokenize_prefix_cache_mb * (1 << 20)),
             prefix_wait_ms=settings.tokenize_prefix_wait_ms,
+            cache_bytes=int(settings.tokenize_cache_mb * (1 << 20)),
+            max_chars=settings.tokenize_max_chars,
+            max_tokens=settings.routing_max_tokens,
         )
         self.tokens.check_all()
         self.agreement = AgreementCheck(self.tokens, parse_block_sizes(settings.kv_block_size))

@@ -52,6 +52,7 @@ from infera_core.server.fleet import EndpointTable
 from infera_core.server.hangs import HangDetector
 from infera_core.server.keys import KeyRing, Principal
 from infera_core.server.kv import KvComponent
+from infera_core.server.liveness import progress
 from infera_core.server.messages import MessagesProxy
 from infera_core.server.metrics import ServerMetrics
 from infera_core.server.openapi import add_openapi_route
@@ -150,6 +151,7 @@ def create_app(
         settings.hang_timeout,
         settings.hang_factor,
         on_trip=lambda ep: metrics.breaker_opened.inc(),
+        probe=progress,
     )
     core.pd = build_pd(core, config.pd, catalog, deps, settings.max_inflight_per_worker)
     owns_discovery = discovery is None if start_discovery is None else start_discovery

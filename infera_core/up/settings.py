@@ -12,11 +12,12 @@ from infera_core.server.auth_settings import AuthSettings
 from infera_core.server.fault_settings import FaultSettings
 from infera_core.server.limits import LimitSettings
 from infera_core.server.settings import router_host, router_port
+from infera_core.tokenize.settings import TokenizeSettings
 
 
-class UpSettings(InferaSettings, LimitSettings, AuthSettings, FaultSettings):
+class UpSettings(InferaSettings, LimitSettings, AuthSettings, FaultSettings, TokenizeSettings):
     """The embedded single-machine stack (its server's connection and request limits from
-    :class:`LimitSettings`)."""
+    :class:`LimitSettings`, its routing tokenizer's bounds from :class:`TokenizeSettings`)."""
 
     workers: int = Field(4, ge=0, description="Number of engine workers to start (0: server only).")
     engine: str = Field("sim", description="Engine of every worker (see `infera-run engines`).")

@@ -185,6 +185,7 @@ class Stack:
             **s.limits_of(),
             **s.auth_of(),
             **s.faults_of(),
+            **s.tokenize_of(),
         )
 
     async def _start_server(self) -> None:
