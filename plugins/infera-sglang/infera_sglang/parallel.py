@@ -11,6 +11,11 @@
   ``--enable-hisparse``): there the decode worker keeps SGLang's default and its view stays
   empty. (SGLang's ``fake`` transfer backend, which refuses it too, is refused by the transfer
   plan before this runs: ``--transfer-backend fake`` is no Infera transfer backend.)
+* Decode context parallelism (``--dcp-size``/``--decode-context-parallel-size`` N > 1): SGLang
+  releases up to and including 0.5.x refuse the decode radix cache with it (PD decode under DCP
+  is forced onto a chunk cache; the gate was lifted only by SGLang PR #40263, September 2026),
+  so a DCP decode worker does not get the flag either. A user on an SGLang that accepts the
+  combination passes ``--disaggregation-decode-enable-radix-cache`` after ``--`` themselves.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from infera_core.worker import Role
 DECODE_RADIX_FLAG = "--disaggregation-decode-enable-radix-cache"
 RADIX_INCOMPATIBLE = ("--disable-radix-cache", "--speculative-algorithm", "--enable-hisparse")
 """Engine flags with which SGLang refuses the decode radix cache (or which turn it off)."""
+DCP_FLAGS = ("--dcp-size", "--decode-context-parallel-size")
+"""SGLang's decode-context-parallel size (``ServerArgs.dcp_size`` and its alias)."""
 
 
 def tp_size(ctx: LaunchContext, dp: int) -> int:
@@ -48,12 +55,33 @@ def parallel_flags(ctx: LaunchContext, dp: int) -> list[str]:
     return flags
 
 
+def engine_flag_value(engine_args: list[str], names: tuple[str, ...]) -> str | None:
+    """The value of the last of ``names`` in ``engine_args`` (``--flag V`` or ``--flag=V``)."""
+    value = None
+    for i, arg in enumerate(engine_args):
+        name, eq, inline = arg.partition("=")
+        if name in names:
+            value = inline if eq else (engine_args[i + 1] if i + 1 < len(engine_args) else None)
+    return value
+
+
+def dcp_size(engine_args: list[str]) -> int:
+    """SGLang's ``--dcp-size`` from the engine flags (1 when absent or not a number)."""
+    raw = engine_flag_value(engine_args, DCP_FLAGS)
+    try:
+        return int(raw) if raw is not None else 1
+    except ValueError:
+        return 1  # SGLang's own parser reports it
+
+
 def decode_radix_flags(ctx: LaunchContext) -> list[str]:
     """``--disaggregation-decode-enable-radix-cache`` for a decode worker (its KV events), unless
-    the user set it already or gave a flag SGLang refuses it with."""
+    the user set it already or gave a flag SGLang refuses it with (``--dcp-size`` > 1 among them)."""
     if ctx.role is not Role.DECODE:
         return []
     names = {arg.split("=", 1)[0] for arg in ctx.engine_args}
     if DECODE_RADIX_FLAG in names or names.intersection(RADIX_INCOMPATIBLE):
+        return []
+    if dcp_size(list(ctx.engine_args)) > 1:
         return []
     return [DECODE_RADIX_FLAG]

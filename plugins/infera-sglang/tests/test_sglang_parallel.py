@@ -63,3 +63,32 @@ def test_decode_workers_keep_a_radix_cache_for_their_kv_events() -> None:
 def test_no_radix_flag_where_sglang_would_refuse_it(engine_args: list[str]) -> None:
     argv = SglangAdapter().engine_flags(ctx(role=Role.DECODE, engine_args=engine_args))
     assert argv.count(DECODE_RADIX_FLAG) == (1 if DECODE_RADIX_FLAG in engine_args else 0)
+
+
+@pytest.mark.parametrize(
+    "engine_args",
+    [
+        ["--dcp-size", "2"],
+        ["--dcp-size=4"],
+        ["--decode-context-parallel-size", "8"],
+    ],
+)
+def test_a_dcp_decode_worker_gets_no_radix_flag_sglang_refuses(engine_args: list[str]) -> None:
+    """SGLang (to 0.5.x) refuses ``--disaggregation-decode-enable-radix-cache`` on a decode
+    worker with ``--dcp-size`` > 1: Infera must not add it there, and passes the DCP flag on."""
+    argv = SglangAdapter().engine_flags(ctx(role=Role.DECODE, engine_args=engine_args))
+    assert DECODE_RADIX_FLAG not in argv
+    assert argv[-len(engine_args) :] == engine_args
+
+
+@pytest.mark.parametrize("engine_args", [["--dcp-size", "1"], ["--dcp-size=1"]])
+def test_dcp_size_one_keeps_the_radix_flag(engine_args: list[str]) -> None:
+    argv = SglangAdapter().engine_flags(ctx(role=Role.DECODE, engine_args=engine_args))
+    assert argv.count(DECODE_RADIX_FLAG) == 1
+
+
+def test_a_dcp_decode_worker_may_ask_for_the_radix_cache_itself() -> None:
+    """An SGLang that accepts the combination (PR #40263): the user's own flag is kept, once."""
+    args = ["--dcp-size", "2", DECODE_RADIX_FLAG]
+    argv = SglangAdapter().engine_flags(ctx(role=Role.DECODE, engine_args=args))
+    assert argv.count(DECODE_RADIX_FLAG) == 1
