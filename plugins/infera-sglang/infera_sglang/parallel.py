@@ -1,4 +1,14 @@
-"""SGLang flags for DP-attention and for decode workers' KV events (pure functions of the launch).
+"""SGLang flags for data parallel and for decode workers' KV events (pure functions of the launch).
+
+* ``--dp-mode attention`` (the default): ``--dp-size N`` is one SGLang server fronting N
+  DP-attention ranks (below). ``--dp-mode plain``: SGLang's plain data parallel, N full model
+  replicas, each run by its own launcher (``--dp-rank K``) as an ordinary worker the router
+  balances. One SGLang server cannot front N plain-DP ranks under Infera: without DP-attention
+  every rank's ``attn_dp_rank`` is 0 (``compute_dp_attention_world_info``), so all N ranks'
+  KV event publishers (``EventPublisherFactory.create(config, attn_dp_rank)``) bind the same
+  port and the second rank fails to start; such a launch is refused with one line. Replica K
+  starts on GPU ``K × tp × pp × gpu-id-step`` (``--base-gpu-id``), the placement SGLang's own
+  ``launch_dp_schedulers`` gives rank K.
 
 * ``--dp-size N`` (N > 1) adds ``--enable-dp-attention`` and a ``--tp-size``: SGLang requires
   ``tp_size % dp_size == 0`` (``ServerArgs`` checks it), and DP-attention splits the TP group
@@ -28,6 +38,11 @@ DECODE_RADIX_FLAG = "--disaggregation-decode-enable-radix-cache"
 RADIX_INCOMPATIBLE = ("--disable-radix-cache", "--speculative-algorithm", "--enable-hisparse")
 """Engine flags with which SGLang refuses the decode radix cache (or which turn it off)."""
 DCP_FLAGS = ("--dcp-size", "--decode-context-parallel-size")
+DP_ATTENTION = "attention"
+DP_PLAIN = "plain"
+DP_MODES = (DP_ATTENTION, DP_PLAIN)
+PP_FLAGS = ("--pp-size", "--pipeline-parallel-size")
+BASE_GPU_FLAG = "--base-gpu-id"
 """SGLang's decode-context-parallel size (``ServerArgs.dcp_size`` and its alias)."""
 
 
@@ -70,6 +85,31 @@ def dcp_size(engine_args: list[str]) -> int:
     raw = engine_flag_value(engine_args, DCP_FLAGS)
     try:
         return int(raw) if raw is not None else 1
+    except ValueError:
+        return 1  # SGLang's own parser reports it
+
+
+def dp_mode(ctx: LaunchContext) -> str:
+    """``--dp-mode``: ``attention`` (default) or ``plain``; one error line otherwise."""
+    mode = str(ctx.options.get("dp_mode") or DP_ATTENTION)
+    if mode not in DP_MODES:
+        raise EngineError(f"--dp-mode {mode}: expected one of {', '.join(DP_MODES)}")
+    return mode
+
+
+def plain_dp_flags(ctx: LaunchContext, rank: int | None) -> list[str]:
+    """``--base-gpu-id`` for plain-DP replica ``rank`` (none when the user placed it)."""
+    if rank is None or engine_flag_value(list(ctx.engine_args), (BASE_GPU_FLAG,)) is not None:
+        return []
+    tp = int(ctx.options.get("tp") or 1)
+    pp = _int(engine_flag_value(list(ctx.engine_args), PP_FLAGS))
+    step = _int(engine_flag_value(list(ctx.engine_args), ("--gpu-id-step",)))
+    return [BASE_GPU_FLAG, str(rank * tp * pp * step)]
+
+
+def _int(raw: str | None) -> int:
+    try:
+        return max(1, int(raw)) if raw is not None else 1
     except ValueError:
         return 1  # SGLang's own parser reports it
 
