@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import click
 import httpx
 import pytest
+import yaml
 from click.testing import CliRunner
 from infera_openai.generic import GenericOpenAIAdapter
 from infera_openai.llamacpp import LlamaCppAdapter
@@ -76,6 +77,8 @@ def tgi_launcher_parser() -> argparse.ArgumentParser:
 @click.option("--tensor_parallel_size", "--tp_size", "tp", type=int, default=1)
 @click.option("--pipeline_parallel_size", "--pp_size", "pp", type=int, default=1)
 @click.option("--max_batch_size", type=int, default=2048)
+@click.option("--config", "--extra_llm_api_options", "extra_llm_api_options", default=None)
+@click.option("--disable_kv_cache_reuse", is_flag=True, default=False)
 def trtllm_serve(**kwargs: Any) -> None:
     """TensorRT-LLM ``tensorrt_llm/commands/serve.py`` (click command ``serve``)."""
     click.echo(json.dumps(kwargs))
@@ -254,6 +257,7 @@ def test_trtllm_argv_parses_with_trtllm_serve(fake_bin: str) -> None:
     result = CliRunner().invoke(trtllm_serve, argv[2:])
     assert result.exit_code == 0, result.output
     parsed = json.loads(result.output)
+    config = parsed.pop("extra_llm_api_options")
     assert parsed == {
         "model": "/models/tiny",
         "host": "0.0.0.0",
@@ -262,6 +266,11 @@ def test_trtllm_argv_parses_with_trtllm_serve(fake_bin: str) -> None:
         "tp": 4,
         "pp": 2,
         "max_batch_size": 8,
+        "disable_kv_cache_reuse": False,
+    }
+    # the LLM API settings that turn TRT-LLM's KV events on (KvCacheConfig in llm_args.py)
+    assert yaml.safe_load(Path(config).read_text()) == {
+        "kv_cache_config": {"event_buffer_max_size": 16384, "tokens_per_block": 32}
     }
 
 
@@ -418,9 +427,10 @@ def test_engine_spellings_after_the_double_dash_set_options() -> None:
 
 
 def test_up_routes_these_engines_with_approximate_prefix(hooks: InferaHooks) -> None:
-    for engine in ("llamacpp", "tgi", "trtllm", "triton", "openai"):
+    for engine in ("llamacpp", "tgi", "triton", "openai"):
         assert default_policy(hooks, engine) == "approximate-prefix"
     assert default_policy(hooks, "vllm") == "kv-aware"
+    assert default_policy(hooks, "trtllm") == "kv-aware"  # its KV events, polled by the launcher
     assert UpSettings(engine="llamacpp").policy is None  # the flag still wins when given
 
 
