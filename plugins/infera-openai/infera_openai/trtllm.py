@@ -31,6 +31,7 @@ from infera_core.engines.base import (
     RecordFields,
     RunningEngine,
 )
+from infera_core.engines.support import reject_managed_flags
 from infera_openai import trtllm_kv
 from infera_openai.base import OpenAIServerAdapter, get_text, locate_binary, positive
 
@@ -72,6 +73,12 @@ OPTIONS: tuple[EngineOption, ...] = (
         "KV cache block (kv_cache_config.tokens_per_block), also the router's hashing block.",
     ),
     EngineOption("kv_events_port", int, 0, "Port the launcher publishes the KV events on (0: a free one)."),
+    EngineOption(
+        "transfer_backend",
+        str,
+        "DEFAULT",
+        "KV transfer for --role prefill/decode (cache_transceiver_config.backend): DEFAULT, UCX, NIXL or MPI.",
+    ),
 )
 
 
@@ -89,9 +96,14 @@ class TrtllmAdapter(OpenAIServerAdapter):
     aliases: ClassVar[Mapping[str, FlagAlias]] = ALIASES
     engine_options = OPTIONS
 
+    def build_launch(self, ctx: LaunchContext) -> LaunchSpec:
+        """Any role: prefill/decode workers serve TRT-LLM's disaggregated protocol (trtllm-disagg)."""
+        reject_managed_flags(ctx.engine_args, dict(self.managed_flags))
+        return self.launch(ctx)
+
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         serve = locate_binary(ctx.options.get("trtllm_serve"), SERVE, "--trtllm-serve", self.package_hint)
-        config = trtllm_kv.write_config(ctx) if trtllm_kv.enabled(ctx) else None
+        config = trtllm_kv.write_config(ctx) if trtllm_kv.needs_config(ctx) else None
         return LaunchSpec(argv=[serve, "serve", *self.engine_flags(ctx, config)])
 
     def engine_flags(self, ctx: LaunchContext, config: str | None = None) -> list[str]:
@@ -108,10 +120,13 @@ class TrtllmAdapter(OpenAIServerAdapter):
         return flags + config_flags + rest
 
     def record_fields(self, ctx: LaunchContext) -> RecordFields:
-        """KV events published by the launcher (format ``trtllm``), unless turned off."""
-        if not trtllm_kv.enabled(ctx):
-            return super().record_fields(ctx)
-        return RecordFields(kv_events=trtllm_kv.kv_events_info(ctx))
+        """KV events published by the launcher (format ``trtllm``) unless turned off; the PD
+        protocol for a prefill/decode role."""
+        fields = super().record_fields(ctx) if not trtllm_kv.enabled(ctx) else RecordFields()
+        if trtllm_kv.enabled(ctx):
+            fields.kv_events = trtllm_kv.kv_events_info(ctx)
+        fields.pd = trtllm_kv.pd_info(ctx)
+        return fields
 
     async def poll_kv_events(self, engine: RunningEngine) -> list[bytes]:
         """The events ``POST /kv_cache_events`` hands out (the launcher publishes them)."""

@@ -21,8 +21,9 @@ import msgspec
 from infera_core.engines.base import LaunchContext, RunningEngine
 from infera_core.engines.support import bracket_host, free_ports
 from infera_core.errors import EngineError
-from infera_core.worker import KvEventsInfo
+from infera_core.worker import KvEventsInfo, PdInfo, Role
 from infera_openai.trtllm_events import FORMAT
+from infera_openai.trtllm_pd import BACKENDS, PROTOCOL
 
 CONFIG_FLAGS = ("--config", "--extra_llm_api_options")
 NO_REUSE = "--disable_kv_cache_reuse"
@@ -59,8 +60,27 @@ def user_config_path(engine_args: list[str]) -> tuple[int, int, str] | None:
     return None
 
 
+def needs_config(ctx: LaunchContext) -> bool:
+    """Infera writes the LLM API YAML for KV events and for a prefill/decode role."""
+    return enabled(ctx) or ctx.role is not Role.MIXED
+
+
+def transfer_backend(ctx: LaunchContext) -> str:
+    backend = str(ctx.options.get("transfer_backend") or "DEFAULT").upper()
+    if backend not in BACKENDS:
+        raise EngineError(f"--transfer-backend {backend}: expected one of {', '.join(BACKENDS)}")
+    return backend
+
+
+def pd_info(ctx: LaunchContext) -> PdInfo | None:
+    if ctx.role is Role.MIXED:
+        return None
+    return PdInfo(protocol=PROTOCOL, params={"backend": transfer_backend(ctx)})
+
+
 def llm_api_config(ctx: LaunchContext) -> dict[str, Any]:
-    """The LLM API settings to launch with: the user's YAML plus what KV events need."""
+    """The LLM API settings to launch with: the user's YAML plus what KV events and the
+    role need (``cache_transceiver_config``; a context server without the overlap scheduler)."""
     import yaml
 
     found = user_config_path(list(ctx.engine_args))
@@ -77,6 +97,14 @@ def llm_api_config(ctx: LaunchContext) -> dict[str, Any]:
         if loaded is not None and not isinstance(loaded, dict):
             raise EngineError(f"{CONFIG_FLAGS[0]} {path}: expected a mapping of LLM API settings")
         config = dict(loaded or {})
+    if ctx.role is not Role.MIXED:
+        transceiver = dict(config.get("cache_transceiver_config") or {})
+        transceiver.setdefault("backend", transfer_backend(ctx))  # the YAML's own backend wins
+        config["cache_transceiver_config"] = transceiver
+        if ctx.role is Role.PREFILL:
+            config["disable_overlap_scheduler"] = True
+    if not enabled(ctx):
+        return config
     kv = dict(config.get("kv_cache_config") or {})
     if kv.get("enable_block_reuse") is False:
         raise EngineError(

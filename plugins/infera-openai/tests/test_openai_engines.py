@@ -207,7 +207,7 @@ def test_llamacpp_refuses_what_infera_sets(fake_bin: str, flag: str, use: str) -
         adapter.build_launch(ctx(adapter, options={"llama_server": fake_bin}, engine_args=[flag, "x"]))
 
 
-@pytest.mark.parametrize("engine", [LlamaCppAdapter(), TgiAdapter(), TrtllmAdapter(), TritonAdapter()])
+@pytest.mark.parametrize("engine", [LlamaCppAdapter(), TgiAdapter(), TritonAdapter()])
 def test_prefill_and_decode_roles_are_refused(engine: Any) -> None:
     with pytest.raises(EngineError, match=f"--role decode: the {engine.name} engine has no prefill/decode"):
         engine.build_launch(ctx(engine, role=Role.DECODE))
