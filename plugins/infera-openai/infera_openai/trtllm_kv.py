@@ -12,6 +12,7 @@ record's ZMQ ports; routers decode them with :mod:`infera_openai.trtllm_events`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from typing import Any
@@ -127,11 +128,21 @@ def config_flags(ctx: LaunchContext, path: str) -> tuple[list[str], list[str]]:
     return ["--extra_llm_api_options", path], args
 
 
+def config_path(ctx: LaunchContext) -> str:
+    """Where the worker's LLM API YAML goes: ``<tmp>/infera-trtllm-<worker id>.yaml``."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in ctx.worker_id)
+    return os.path.join(tempfile.gettempdir(), f"infera-trtllm-{safe}.yaml")
+
+
 def write_config(ctx: LaunchContext) -> str:
-    """Write :func:`llm_api_config` to a file of its own (JSON is YAML) and return its path."""
-    fd, path = tempfile.mkstemp(prefix=f"infera-trtllm-{ctx.worker_id}-", suffix=".yaml")
+    """Write :func:`llm_api_config` (as JSON, which is YAML) for this worker; its path."""
+    data = msgspec.json.encode(llm_api_config(ctx))
+    path = config_path(ctx)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # a previous run's: never written through (nor a link planted there)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
-        f.write(msgspec.json.encode(llm_api_config(ctx)))
+        f.write(data)
     return path
 
 
