@@ -12,7 +12,6 @@ record's ZMQ ports; routers decode them with :mod:`infera_openai.trtllm_events`.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 from typing import Any
@@ -135,14 +134,19 @@ def config_path(ctx: LaunchContext) -> str:
 
 
 def write_config(ctx: LaunchContext) -> str:
-    """Write :func:`llm_api_config` (as JSON, which is YAML) for this worker; its path."""
+    """Write :func:`llm_api_config` (as JSON, which is YAML) for this worker; its path.
+
+    Written to a fresh temp file, then renamed over the path (atomic; a link planted there is
+    replaced, never written through)."""
     data = msgspec.json.encode(llm_api_config(ctx))
     path = config_path(ctx)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)  # a previous run's: never written through (nor a link planted there)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".infera-trtllm-", suffix=".yaml", dir=os.path.dirname(path))
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise EngineError(f"cannot write the TensorRT-LLM settings file {path}: {exc.strerror}") from None
     return path
 
 
