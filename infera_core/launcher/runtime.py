@@ -45,6 +45,7 @@ from infera_core.launcher.address import advertise_host
 from infera_core.launcher.drain import wait_drained
 from infera_core.launcher.flags import launch_options
 from infera_core.launcher.health import GenerationWatch, checks_generation, health_generate
+from infera_core.launcher.kv_poll import PolledKvPublisher, polled_kv_events
 from infera_core.launcher.learned import with_served_block_size
 from infera_core.launcher.process import EngineProcess
 from infera_core.launcher.restart import RestartBudget, WorkerState
@@ -85,6 +86,7 @@ class WorkerLauncher:
         self._owns_discovery = discovery is None
         self._discovery_started = discovery is not None
         self._transports: WorkerTransports | None = None
+        self._kv_poll: PolledKvPublisher | None = None
         self._echo = echo
         self._on_spawn = on_spawn
         self._budget = RestartBudget(settings)
@@ -205,6 +207,8 @@ class WorkerLauncher:
         self.record = await with_served_block_size(
             adapter, RunningEngine(ctx, client), self._record(adapter, ctx, spec)
         )
+        await self._stop_kv_poll()
+        self._kv_poll = polled_kv_events(adapter, RunningEngine(ctx, client), self.record.kv_events, ctx.host)
         assert self._transports is not None
         via = await self._transports.attach(self._transport_context(ctx, self.record))
         self.record = self.record.model_copy(update=via)
@@ -224,11 +228,17 @@ class WorkerLauncher:
         self._budget.served(loop.time() - started)
         return down
 
+    async def _stop_kv_poll(self) -> None:
+        poll, self._kv_poll = self._kv_poll, None
+        if poll is not None:
+            await poll.close()
+
     async def _restart_after(self, down: EngineError, ctx: LaunchContext) -> bool:
         """Deregister and stop the dead engine; wait the backoff. False when a stop request came
         first; raises ``down`` when the restart policy says no."""
         assert self.process is not None
         await self._deregister()
+        await self._stop_kv_poll()
         await self.process.stop(self.settings.stop_timeout)
         delay = self._budget.next_delay()
         if delay is None:
@@ -453,6 +463,8 @@ class WorkerLauncher:
     async def _cleanup(self) -> None:
         with contextlib.suppress(Exception):
             await self._deregister()
+        with contextlib.suppress(Exception):
+            await self._stop_kv_poll()
         if self._transports is not None:
             try:
                 await self._transports.close()
