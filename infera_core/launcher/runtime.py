@@ -36,7 +36,6 @@ from typing import Any
 
 import httpx
 
-from infera_core.config.backends import BackendOptions
 from infera_core.discovery.base import Discovery, Registration
 from infera_core.engines.base import EngineAdapter, LaunchContext, LaunchSpec, RunningEngine
 from infera_core.engines.settings import WorkerSettings
@@ -49,10 +48,9 @@ from infera_core.launcher.kv_poll import PolledKvPublisher, polled_kv_events
 from infera_core.launcher.learned import with_served_block_size
 from infera_core.launcher.process import EngineProcess
 from infera_core.launcher.restart import RestartBudget, WorkerState
-from infera_core.launcher.transports import WorkerTransports
+from infera_core.launcher.transports import WorkerTransports, worker_context
 from infera_core.launcher.waits import first_of, quietly
 from infera_core.plugin.hooks import InferaHooks
-from infera_core.transports.base import WorkerContext
 from infera_core.util.net import free_port
 from infera_core.util.redact import redact_url
 from infera_core.worker import Status, WorkerRecord
@@ -210,7 +208,7 @@ class WorkerLauncher:
         await self._stop_kv_poll()
         self._kv_poll = polled_kv_events(adapter, RunningEngine(ctx, client), self.record.kv_events, ctx.host)
         assert self._transports is not None
-        via = await self._transports.attach(self._transport_context(ctx, self.record))
+        via = await self._transports.attach(worker_context(ctx, self.record, self.settings))
         self.record = self.record.model_copy(update=via)
         self.registration = await discovery.register(self.record)
         self._registered.set()
@@ -447,18 +445,6 @@ class WorkerLauncher:
                 log.warning(
                     "worker %s: deregistration failed (%s); the lease expires on its own", self._wid, exc
                 )
-
-    def _transport_context(self, ctx: LaunchContext, record: WorkerRecord) -> WorkerContext:
-        s = self.settings
-        return WorkerContext(
-            worker_id=ctx.worker_id,
-            model=ctx.model,
-            engine_url=ctx.url,
-            kv_events=record.kv_events,
-            dp_size=record.dp_size,
-            connect_timeout=s.discovery_timeout,
-            options=BackendOptions(s),
-        )
 
     async def _cleanup(self) -> None:
         with contextlib.suppress(Exception):
