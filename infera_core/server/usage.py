@@ -37,7 +37,9 @@ class UsageLedger:
 
     def __init__(self) -> None:
         self.tokens = LeanCounter(
-            "infera_key_tokens", "Tokens from engines' usage reports, per API key", ["key", "model", "kind"]
+            "infera_key_tokens",
+            "Tokens charged per API key (engines' usage, else the router's count)",
+            ["key", "model", "kind"],
         )
         self._rows: dict[tuple[str, str], _Row] = {}
 
