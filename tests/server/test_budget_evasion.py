@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -161,6 +162,24 @@ async def test_streams_the_client_leaves_are_charged_what_was_relayed(
     else:
         pytest.fail(f"{read} tokens read on a 1000-token budget, never refused")
     assert read <= 1000
+
+
+async def test_an_anthropic_stream_the_client_leaves_is_charged_too(srv: RunningServer) -> None:
+    client = anthropic.AsyncAnthropic(base_url=srv.url, api_key="sk-1000", max_retries=0)
+    try:
+        stream = await client.messages.create(
+            model=MODEL, max_tokens=300, messages=HI, stream=True, extra_body={"ignore_eos": True}
+        )
+        read = 0
+        async for event in stream:
+            if event.type == "content_block_delta":
+                read += 1
+                if read >= 60:
+                    break
+        await stream.close()
+    finally:
+        await client.close()
+    await _charged_at_least(srv, "k1000", 60)
 
 
 async def test_a_worker_failing_mid_stream_still_charges_what_was_relayed(
