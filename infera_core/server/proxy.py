@@ -127,26 +127,27 @@ class OpenAIProxy(ProxyEndpoint):
             if sink is not None:
                 resp.sink = None  # type: ignore[attr-defined]
             if not ended:  # the client left or the worker failed: charge what passed
-                self.count_relayed(ctx, tally.events - 1)
+                self._count_stream(ctx, tally, strip, None)
         rest = strip.flush() if strip is not None else b""
         self._count_stream(ctx, tally, strip, t0)
         await send({"type": "http.response.body", "body": rest, "more_body": False})
         return True
 
     def _count_stream(
-        self, ctx: RequestContext, tally: StreamTally, strip: UsageStripper | None, t0: float
+        self, ctx: RequestContext, tally: StreamTally, strip: UsageStripper | None, t0: float | None
     ) -> None:
-        """A whole stream relayed: its timing, and its usage (the engine's report, else what passed)."""
+        """A stream's usage: the engine's report when one passed, else what was relayed; and
+        its timing when it was relayed whole (``t0``: its start)."""
         first, last, events = tally.first, tally.last, tally.events
-        if first:
-            end = tally.prev + tally.tail
-            if b"[DONE]" in end:
-                events -= 1
+        end = tally.prev + tally.tail
+        if b"[DONE]" in end:
+            events -= 1
+        if first and t0 is not None:
             self.core.metrics.stream_timing(
                 ctx.model, first - t0, (last - first) / (events - 1) if events > 1 else None
             )
-            p, c = (strip.prompt, strip.completion) if strip is not None else usage_of(end[-1200:])
-            if p or c:
-                self.count_usage(ctx, p, c)
-                return
-        self.count_relayed(ctx, events - 1)
+        p, c = (strip.prompt, strip.completion) if strip is not None else usage_of(end[-1200:])
+        if p or c:
+            self.count_usage(ctx, p, c)
+        else:
+            self.count_relayed(ctx, events - 1)
