@@ -88,8 +88,10 @@ async def run_up(settings: UpSettings, hooks: InferaHooks, engine_args: list[str
             return 0
         stopping.cancel()
         starting.result()  # raises the start-up error (the stack is already stopped)
+        routing = stack.routing_summary()
         print(
-            f"Infera ready: {stack.url}  ({settings.fleet()}, policy {stack.policy})",
+            f"Infera ready: {stack.url}  ({settings.fleet()}, policy {stack.policy}"
+            f"{'; ' + routing if routing else ''})",
             flush=True,
         )
         print(f"Dashboard: {stack.root}/dashboard", flush=True)

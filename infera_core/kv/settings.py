@@ -55,3 +55,9 @@ class KvSettings(BaseModel):
         description="When a chat turn's new suffix is still being tokenized after this long (ms), route on the "
         "blocks of the conversation prefix already known (0: always wait).",
     )
+    tokenize_warn_interval_s: float = Field(
+        60.0,
+        ge=0,
+        description="At most one 'not tokenized for routing' warning per model per this many seconds "
+        "(the lines held back are counted in the next one).",
+    )

@@ -193,6 +193,12 @@ class Stack:
         assert self._sock is not None
         self._server, self._server_task = await self._serve(ss, self.kv, self._sock)
 
+    def routing_summary(self) -> str:
+        """Models not routed by token ids, e.g. ``tiny by text prefix`` ('' when all are)."""
+        app = self._server.config.app if self._server is not None else None
+        modes = getattr(getattr(getattr(app, "state", None), "core", None), "routing_modes", None)
+        return modes.summary() if modes is not None else ""
+
     async def _serve(
         self, ss: Any, kv: KvComponent, sock: socket.socket
     ) -> tuple[_Server, asyncio.Task[None]]:
