@@ -95,6 +95,8 @@ async def run_up(settings: UpSettings, hooks: InferaHooks, engine_args: list[str
             flush=True,
         )
         print(f"Dashboard: {stack.root}/dashboard", flush=True)
+        for line in stack.settings.plane_lines(embedded_nats=stack.nats is not None):
+            print(line, flush=True)
         err.print(
             f"[dim]try: curl {stack.url}/chat/completions -H 'Content-Type: application/json' "
             f'-d \'{{"model": "{settings.model}", "messages": [{{"role": "user", "content": "hi"}}]}}\'',

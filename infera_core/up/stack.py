@@ -182,6 +182,8 @@ class Stack:
             kv_event_transport=s.kv_event_transport,
             router_policy=self.policy,
             router_config=s.router_config,
+            tokenizer=s.tokenizer_specs(),
+            kv_block_size=s.block_size_specs(),
             **s.limits_of(),
             **s.auth_of(),
             **s.faults_of(),
@@ -259,6 +261,8 @@ class Stack:
             health_failures=5,  # a busy machine (benchmarks on few cores) is not a dead engine
             restart_engine=s.restart_engine,
             max_restarts=s.max_restarts,
+            engine_python=s.engine_python,
+            labels=s.labels,
         )
 
     async def _start_workers(self) -> None:
