@@ -88,11 +88,15 @@ async def run_up(settings: UpSettings, hooks: InferaHooks, engine_args: list[str
             return 0
         stopping.cancel()
         starting.result()  # raises the start-up error (the stack is already stopped)
+        routing = stack.routing_summary()
         print(
-            f"Infera ready: {stack.url}  ({settings.fleet()}, policy {stack.policy})",
+            f"Infera ready: {stack.url}  ({settings.fleet()}, policy {stack.policy}"
+            f"{'; ' + routing if routing else ''})",
             flush=True,
         )
         print(f"Dashboard: {stack.root}/dashboard", flush=True)
+        for line in stack.settings.plane_lines(embedded_nats=stack.nats is not None):
+            print(line, flush=True)
         err.print(
             f"[dim]try: curl {stack.url}/chat/completions -H 'Content-Type: application/json' "
             f'-d \'{{"model": "{settings.model}", "messages": [{{"role": "user", "content": "hi"}}]}}\'',

@@ -49,6 +49,7 @@ class KvRouting:
             cache_bytes=int(settings.tokenize_cache_mb * (1 << 20)),
             max_chars=settings.tokenize_max_chars,
             max_tokens=settings.routing_max_tokens,
+            warn_interval_s=settings.tokenize_warn_interval_s,
         )
         self.tokens.check_all()
         self.agreement = AgreementCheck(self.tokens, parse_block_sizes(settings.kv_block_size))
@@ -96,6 +97,7 @@ class KvRouting:
         self.hub.worker_added(record)
 
     def on_worker_removed(self, record: WorkerRecord) -> None:
+        self.tokens.forget_worker(record)
         self.agreement.forget(record.worker_id)
         self.index.untrusted.discard(record.worker_id)
         self.hub.worker_removed(record.worker_id)
@@ -103,6 +105,10 @@ class KvRouting:
     async def prepare(self, ctx: RequestContext) -> None:
         """Tokenize ``ctx`` for routing (once; failures leave it routable by load)."""
         await self.tokens.fill(ctx)
+
+    def tokenizer_missing(self, model: str) -> str | None:
+        """Why ``model`` has no routing tokenizer (None: it has one)."""
+        return self.tokens.missing(model)
 
     def worker_fields(self, worker_id: str) -> dict[str, Any]:
         """Extra ``/v1/workers`` fields for one worker."""

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from infera_core.engines.base import LaunchSpec
 from infera_core.errors import EngineError
 from infera_core.launcher.pdeathsig import PARENT_ENV
+from infera_core.launcher.root_cause import error_line
 
 log = logging.getLogger("infera.launcher")
 
@@ -64,6 +65,8 @@ class EngineProcess:
         self.package_hint = package_hint
         self.echo = echo
         self.tail: deque[str] = deque(maxlen=tail_lines)
+        self.root_cause: str | None = None
+        """The first exception line of the output (``ValueError: …``), however long it is."""
         self.proc: subprocess.Popen[bytes] | None = None
         self._reader: asyncio.Task[None] | None = None
         self._exit: asyncio.Task[int] | None = None
@@ -120,6 +123,8 @@ class EngineProcess:
                 return
             line = raw.decode(errors="replace").rstrip("\r\n")
             self.tail.append(line)
+            if self.root_cause is None:
+                self.root_cause = error_line(line)
             self.echo(f"{self.prefix} {line}")
 
     async def wait(self) -> int:

@@ -312,9 +312,15 @@ class WorkerLauncher:
             labels={**fields.labels, **self.settings.label_map()},
         )
 
-    def _engine_died(self, code: int | None, ctx: LaunchContext, why: str = "") -> EngineError:
+    def _engine_died(
+        self, code: int | None, ctx: LaunchContext, why: str = "", at_start: bool = False
+    ) -> EngineError:
+        """``at_start``: it exited before it served: its root-cause line says why."""
         assert self.process is not None
         what = why or f"exited with code {code}"
+        cause = self.process.root_cause if at_start else None
+        if cause is not None:  # the first exception line, not a traceback's last 20 lines
+            return EngineError(f"engine {self.engine} (worker {ctx.worker_id}) {what}: {cause}")
         return EngineError(
             f"engine {self.engine} (worker {ctx.worker_id}) {what}; last output:\n{self.process.last_lines()}"
         )
@@ -332,7 +338,10 @@ class WorkerLauncher:
                     return False
                 if exited.done():
                     raise self._engine_died(
-                        exited.result(), ctx, why=f"exited with code {exited.result()} before it was ready"
+                        exited.result(),
+                        ctx,
+                        why=f"exited with code {exited.result()} before it was ready",
+                        at_start=True,
                     )
                 if await quietly(adapter.is_ready(RunningEngine(ctx, client)), default=False):
                     return True

@@ -27,7 +27,17 @@ class Profile:
     arrays; the choice is the same as the per-candidate path's.
     """
 
-    __slots__ = ("array_min", "filters", "name", "needs_tokens", "picker", "scorers", "vectorized", "weights")
+    __slots__ = (
+        "array_min",
+        "filters",
+        "name",
+        "needs_tokens",
+        "picker",
+        "scorers",
+        "text_fallback",
+        "vectorized",
+        "weights",
+    )
 
     def __init__(
         self,
@@ -42,12 +52,21 @@ class Profile:
         self.weights = tuple(w for _, w in scorers)
         self.picker = picker
         self.needs_tokens = any(s.needs_tokens for s in self.scorers)
+        self.text_fallback = any(s.text_fallback for s in self.scorers)
         self.vectorized = bool(self.scorers) and (
             all(callable(getattr(s, "score_rows", None)) for s in self.scorers)
             and callable(getattr(picker, "pick_rows", None))
         )
         self.array_min = ARRAY_MIN
         """Candidates from which the array path is taken (tests set 0 or a huge number)."""
+
+    def routing_mode(self, tokenized: bool) -> str | None:
+        """How this profile routes a model's prompts: ``tokens`` (by token ids: the model has a
+        routing tokenizer), ``text`` (no tokenizer; a scorer falls back to text prefixes),
+        ``load`` (no tokenizer and no text fallback), or None when no scorer reads the prompt."""
+        if self.needs_tokens:
+            return "tokens" if tokenized else "text" if self.text_fallback else "load"
+        return "text" if self.text_fallback else None
 
     def filter(self, ctx: RequestContext, candidates: list[Endpoint]) -> list[Endpoint]:
         for f in self.filters:

@@ -189,6 +189,10 @@ class Scorer:
 
     name = "scorer"
     needs_tokens = False
+    """Reads ``ctx.token_ids`` (the router tokenizes the request for it first)."""
+    text_fallback = False
+    """Scores requests that carry no token ids from their text (a model without a routing
+    tokenizer is then routed by text prefix, routing mode ``text``, not by load only)."""
 
     def score(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
         raise NotImplementedError

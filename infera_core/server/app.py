@@ -58,6 +58,7 @@ from infera_core.server.metrics import ServerMetrics
 from infera_core.server.openapi import add_openapi_route
 from infera_core.server.pd import build_pd
 from infera_core.server.proxy import OpenAIProxy
+from infera_core.server.routing_mode import RoutingModes
 from infera_core.server.series import LeanCollector
 from infera_core.server.settings import ServeSettings
 from infera_core.server.tokenize_routes import add_tokenize_routes
@@ -166,6 +167,12 @@ def create_app(
         hangs.forget(record.worker_id)
 
     table.add_listener(on_removed=forget)
+    modes = RoutingModes(
+        scheduler.profile_for, kv.tokenizer_missing if kv is not None else None, table.models
+    )
+    table.add_listener(modes.on_worker_added)
+    metrics.registry.register(modes)
+    core.routing_modes = modes
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -271,6 +278,7 @@ def _control_routes(
                     "in_flight": ep.in_flight,
                     "picks": ep.picks,
                     "breaker": core.breakers.state(ep),
+                    "routing_mode": core.routing_modes.mode(rec.model) if core.routing_modes else None,
                     **(worker_fields(ep.worker_id) if worker_fields is not None else {}),
                 }
             )

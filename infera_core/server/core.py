@@ -30,6 +30,7 @@ from infera_core.server.errors import ApiError
 from infera_core.server.fleet import EndpointTable
 from infera_core.server.hangs import HangDetector
 from infera_core.server.metrics import ServerMetrics
+from infera_core.server.routing_mode import RoutingModes
 from infera_core.transports.upstreams import (
     READ_ERRORS,
     PoolTimeoutError,
@@ -102,6 +103,8 @@ class RouterCore:
         self._id_prefix = f"infera-{os.getpid():x}{secrets.token_hex(4)}-"
         self.hangs: HangDetector | None = None
         """First-byte outlier detection (``--hang-timeout``): hung workers leave rotation."""
+        self.routing_modes: RoutingModes | None = None
+        """Each model's routing mode (tokens / text / load), said once per model."""
         self.pd: PdDispatcher | None = None
         """The PD path (``infera_core.server.pd``): models served by prefill/decode pairs."""
 

@@ -157,6 +157,7 @@ def stats(
         "object": "stats",
         "time": time.time(),
         "models": core.table.models(),
+        "routing_modes": core.routing_modes.snapshot() if core.routing_modes is not None else {},
         "workers": workers,
         "requests": [
             {"route": r, "model": model, "status": s, "count": c.value}

@@ -23,6 +23,7 @@ from infera_core.discovery.base import ChangeKind, FleetChange
 from infera_core.scheduling.arrays import state
 from infera_core.scheduling.shared_load import SharedLoad
 from infera_core.scheduling.types import Endpoint
+from infera_core.util.redact import redact_url
 from infera_core.worker import Status, WorkerRecord
 
 log = logging.getLogger("infera.server.fleet")
@@ -106,7 +107,10 @@ class EndpointTable:
             self.by_id[record.worker_id] = ep
             if self._shared is not None:
                 self._claim(ep, self._shared)
+            log.info("worker %s joined: %s", record.worker_id, _describe(record))
         else:
+            if ep.record.status != record.status:
+                log.info("worker %s is %s: %s", record.worker_id, record.status, _describe(record))
             ep.record = record
             ep.dp_rank = record.dp_rank
         if upstream is not None:
@@ -118,6 +122,7 @@ class EndpointTable:
     def remove(self, worker_id: str) -> Endpoint | None:
         ep = self.by_id.pop(worker_id, None)
         if ep is not None:
+            log.info("worker %s left: %s", worker_id, _describe(ep.record))
             if self._shared is not None:
                 self._leave(ep, self._shared)
             self._rebuild()
@@ -143,3 +148,8 @@ class EndpointTable:
                 fn(record)
             except Exception:
                 log.exception("fleet listener %r failed for worker %s", fn, record.worker_id)
+
+
+def _describe(record: WorkerRecord) -> str:
+    """``model tiny, role mixed, vllm at http://127.0.0.1:8001`` (URL without a password)."""
+    return f"model {record.model}, role {record.role}, {record.engine} at {redact_url(record.url)}"

@@ -46,6 +46,10 @@ class KvComponent(Protocol):
 
     def register_metrics(self, registry: CollectorRegistry) -> None: ...
 
+    def tokenizer_missing(self, model: str) -> str | None:
+        """Why ``model`` has no routing tokenizer (None: it has one)."""
+        ...
+
     def worker_fields(self, worker_id: str) -> dict[str, Any]:
         """Extra ``/v1/workers`` fields for one worker."""
         ...

@@ -72,7 +72,11 @@ async def serve(
         server = uvicorn.Server(uvicorn_config(app, settings))
         if peers is None:
             log.info(
-                "serving on http://%s:%d (discovery %s)", settings.host, settings.port, settings.discovery
+                "serving on http://%s:%d (discovery %s, policy %s)",
+                settings.host,
+                settings.port,
+                settings.discovery,
+                app.state.core.scheduler.default.name,
             )
         if on_ready is not None:
             ready = asyncio.create_task(_when_started(server, on_ready))

@@ -23,7 +23,12 @@ can render their template (:class:`~infera_core.tokenize.base.PrefixTokenizer`) 
 tokenized incrementally: a turn that extends an earlier conversation only tokenizes
 its new suffix (:mod:`infera_core.tokenize.incremental`, bounded by bytes). A failure
 leaves ``token_ids`` empty and sets ``ctx.tokenize_failed``: the request is still
-routed (by load) and ``infera_routing_tokenize_failures_total`` counts it.
+routed (by its text prefix under ``kv-aware``, else by load),
+``infera_routing_tokenize_failures_total`` counts it and a warning says why — at most
+one per model per ``--tokenize-warn-interval-s``, with the count of lines held back.
+A model without any routing tokenizer is reported once, by the server (its routing
+mode), not per request; a model no worker serves is not tokenized and logs nothing
+(the request gets its 404).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from infera_core.request import RequestContext
 from infera_core.tokenize.base import PrefixTokenizer, Tokenizer
 from infera_core.tokenize.incremental import PrefixTokenCache
 from infera_core.util.memory import trim
+from infera_core.util.throttle import LogThrottle
 from infera_core.worker import WorkerRecord
 
 log = logging.getLogger("infera.tokenize")
@@ -132,6 +138,7 @@ class RoutingTokenizers:
         max_chars: int = 262_144,
         max_tokens: int = 65_536,
         threads: int = 2,
+        warn_interval_s: float = 60.0,
     ) -> None:
         self.factories = factories
         self.configured = dict(configured or {})
@@ -156,15 +163,35 @@ class RoutingTokenizers:
         self._enc = msgspec.json.Encoder()
         self.prefixes = PrefixTokenCache(prefix_cache_bytes)
         self.prefix_wait_s = prefix_wait_ms / 1e3
+        self.served: dict[str, set[str]] = {}
+        """model → the workers serving it (requests for other models are not tokenized)."""
+        self.throttle = LogThrottle(warn_interval_s)
 
     # -- which tokenizer ------------------------------------------------------------------
     def observe_worker(self, record: WorkerRecord) -> None:
         """Learn a model's tokenizer from a worker record when none is configured."""
+        self.served.setdefault(record.model, set()).add(record.worker_id)
         if record.model in self.configured or record.model in self._models:
             return
         spec = spec_from_record(record)
         if spec is not None:
             self._models[record.model] = _Entry(spec)
+
+    def forget_worker(self, record: WorkerRecord) -> None:
+        workers = self.served.get(record.model)
+        if workers is not None:
+            workers.discard(record.worker_id)
+            if not workers:
+                del self.served[record.model]
+
+    def missing(self, model: str) -> str | None:
+        """Why ``model`` has no routing tokenizer (None: it has one)."""
+        if self.tokenizer_for(model, quiet=True) is not None:
+            return None
+        entry = self._models.get(model)
+        if entry is not None and entry.error:
+            return f"routing tokenizer {entry.spec[0]!r} unavailable: {entry.error}"
+        return "no routing tokenizer for this model"
 
     def tokenizer_for(self, model: str, quiet: bool = False) -> Tokenizer | None:
         entry = self._models.get(model)
@@ -206,7 +233,10 @@ class RoutingTokenizers:
             return
         tok = self.tokenizer_for(ctx.model)
         if tok is None:
-            self._failed(ctx, "no routing tokenizer for this model")
+            if ctx.model not in self.served:  # unknown model: it gets its 404, nothing to say here
+                ctx.tokenize_failed = True
+                return
+            self._failed(ctx, "no routing tokenizer for this model", quiet=True)
             return
         size = _size(ctx.body)
         key = None
@@ -307,10 +337,23 @@ class RoutingTokenizers:
             end = min(end, self.max_tokens)
         return ids if end >= len(ids) else ids[: max(0, end)]
 
-    def _failed(self, ctx: RequestContext, why: str) -> None:
+    def _failed(self, ctx: RequestContext, why: str, quiet: bool = False) -> None:
+        """Count the failure; warn (throttled per model) unless the model's routing mode
+        already says it (``quiet``: no tokenizer at all, reported once per model)."""
         ctx.tokenize_failed = True
         self.failures[ctx.model] = self.failures.get(ctx.model, 0) + 1
-        log.warning("request %s: not tokenized for routing (%s); routed by load only", ctx.request_id, why)
+        if quiet:
+            log.debug("request %s: not tokenized for routing (%s)", ctx.request_id, why)
+            return
+        held = self.throttle.allow(ctx.model)
+        if held is not None:
+            log.warning(
+                "request %s (model %s): not tokenized for routing (%s); routed without token ids%s",
+                ctx.request_id,
+                ctx.model,
+                why,
+                self.throttle.note(held),
+            )
 
     def _count(self, model: str, source: str) -> None:
         k = (model, source)

@@ -51,6 +51,12 @@ class TokenizeSettings(BaseModel):
         description="When a chat turn's new suffix is still being tokenized after this long (ms), route on the "
         "blocks of the conversation prefix already known (0: always wait).",
     )
+    tokenize_warn_interval_s: float = Field(
+        60.0,
+        ge=0,
+        description="At most one 'not tokenized for routing' warning per model per this many seconds "
+        "(the lines held back are counted in the next one).",
+    )
 
     def tokenize_of(self) -> dict[str, Any]:
         """These fields as keyword arguments (``up`` hands them to its server's settings)."""

@@ -42,6 +42,21 @@ class UpSettings(InferaSettings, LimitSettings, AuthSettings, FaultSettings, Tok
         },
     )
     router_config: Path | None = Field(None, description="YAML routing profile instead of --router-policy.")
+    engine_python: str | None = Field(
+        None,
+        description="Interpreter of the engine's own venv (every worker's, as `worker --engine-python`).",
+    )
+    tokenizer: list[str] = Field(
+        default=[],
+        description="Routing tokenizer: PATH (an hf model dir, for --model), or MODEL=NAME[:PATH] as for "
+        "serve (repeatable).",
+    )
+    kv_block_size: list[str] = Field(
+        default=[],
+        description="Expected KV block size: N (for --model) or MODEL=N (repeatable); disagreeing workers "
+        "are flagged.",
+    )
+    labels: str | None = Field(None, description="Labels of every worker, key=value[,key=value…].")
     host: str = router_host("Address the server listens on.")
     port: int = router_port("Server port (0: a free port).")
     etcd_endpoint: str | None = Field(
@@ -77,9 +92,29 @@ class UpSettings(InferaSettings, LimitSettings, AuthSettings, FaultSettings, Tok
         False, description="Send a short shared-prefix workload and show kv-aware vs round-robin hit rates."
     )
 
+    def tokenizer_specs(self) -> list[str]:
+        """``--tokenizer`` as serve takes it: a bare PATH (or ``NAME:PATH``) is --model's."""
+        return [_for_model(self.model, v, "hf:") for v in self.tokenizer]
+
+    def block_size_specs(self) -> list[str]:
+        """``--kv-block-size`` as serve takes it: a bare N is --model's."""
+        return [_for_model(self.model, v, "") for v in self.kv_block_size]
+
     def discovery_name(self) -> str:
         """The discovery backend: ``--discovery-backend``, else etcd with ``--etcd-endpoint``, else memory."""
         return self.discovery or ("etcd" if self.etcd_endpoint else "memory")
+
+    def plane_lines(self, embedded_nats: bool = False) -> list[str]:
+        """What ``up`` prints at start: the plane, its three axes and where each service is."""
+        axes = (self.discovery_name(), self.request_transport, self.kv_event_transport)
+        plane = "NATS" if "nats" in axes else axes[0]
+        lines = [f"Plane: {plane} (discovery {axes[0]}, requests {axes[1]}, KV events {axes[2]})"]
+        if axes[0] == "etcd":
+            lines.append(f"etcd: {self.etcd_endpoint or '127.0.0.1:2379'}")
+        nats_url = getattr(self, "nats_url", None)  # the infera-nats plugin's setting
+        if "nats" in axes and nats_url:
+            lines.append(f"NATS: {nats_url}" + (" (started by up)" if embedded_nats else ""))
+        return lines
 
     def roles(self) -> list[str]:
         """The role of each worker to start: ``--workers`` mixed ones (none by default when
@@ -96,3 +131,12 @@ class UpSettings(InferaSettings, LimitSettings, AuthSettings, FaultSettings, Tok
             return f"{len(roles)} {self.engine} workers"
         mixed = roles.count("mixed")
         return " + ".join(([f"{mixed} mixed"] if mixed else []) + parts) + f" {self.engine} workers"
+
+
+def _for_model(model: str, value: str, kind: str) -> str:
+    """``MODEL=…`` as given; else ``model=`` + the value (``kind`` before a bare path)."""
+    if "=" in value:
+        return value
+    name, sep, _ = value.partition(":")
+    named = bool(sep) and name.isidentifier()  # NAME:PATH (hf:/models/x), not a bare path
+    return f"{model}={value if named or not kind else kind + value}"

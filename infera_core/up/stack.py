@@ -182,6 +182,8 @@ class Stack:
             kv_event_transport=s.kv_event_transport,
             router_policy=self.policy,
             router_config=s.router_config,
+            tokenizer=s.tokenizer_specs(),
+            kv_block_size=s.block_size_specs(),
             **s.limits_of(),
             **s.auth_of(),
             **s.faults_of(),
@@ -193,6 +195,12 @@ class Stack:
         self.kv = _make_kv(ss, self.hooks)
         assert self._sock is not None
         self._server, self._server_task = await self._serve(ss, self.kv, self._sock)
+
+    def routing_summary(self) -> str:
+        """Models not routed by token ids, e.g. ``tiny by text prefix`` ('' when all are)."""
+        app = self._server.config.app if self._server is not None else None
+        modes = getattr(getattr(getattr(app, "state", None), "core", None), "routing_modes", None)
+        return modes.summary() if modes is not None else ""
 
     async def _serve(
         self, ss: Any, kv: KvComponent, sock: socket.socket
@@ -254,6 +262,8 @@ class Stack:
             health_failures=5,  # a busy machine (benchmarks on few cores) is not a dead engine
             restart_engine=s.restart_engine,
             max_restarts=s.max_restarts,
+            engine_python=s.engine_python,
+            labels=s.labels,
         )
 
     async def _start_workers(self) -> None:

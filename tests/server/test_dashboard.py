@@ -258,6 +258,34 @@ async def test_dashboard_in_chromium_shows_the_fleet_and_a_drain(
         assert await asyncio.to_thread(browser.save_screenshot, str(shot))
 
 
+async def test_dashboard_in_chromium_shows_each_models_routing_mode(
+    sims: list[SimHandle], browser: Any
+) -> None:
+    """A model the router has no tokenizer for is shown as routed by text prefix, not hidden."""
+    async with stack(sims[:1]) as srv:
+        rec = sims[1].record("plain0", model="plain-model")
+        assert rec.kv_events is not None
+        kv = rec.kv_events.model_copy(update={"fingerprint": None})  # names no tokenizer
+        srv.store.put(rec.model_copy(update={"kv_events": kv}))
+        await srv.wait_workers(2)
+        await asyncio.to_thread(browser.get, srv.url + "/dashboard")
+
+        def badge(d: Any, model: str) -> tuple[str, str] | None:
+            from selenium.common.exceptions import StaleElementReferenceException
+
+            found = d.find_elements("css selector", f'span.routing-mode[data-model="{model}"]')
+            try:
+                return (str(found[0].text), str(found[0].get_attribute("class"))) if found else None
+            except StaleElementReferenceException:  # the page re-rendered meanwhile: look again
+                return None
+
+        want = {
+            "plain-model": ("routed by text prefix", "pill routing-mode text"),
+            MODEL: ("routed by tokens", "pill routing-mode tokens"),
+        }
+        await in_browser(browser, lambda d: all(badge(d, m) == shown for m, shown in want.items()))
+
+
 async def test_dashboard_in_chromium_asks_for_the_admin_token(sims: list[SimHandle], browser: Any) -> None:
     async with stack(sims[:1], admin_token="tok-browser") as srv:
         await asyncio.to_thread(browser.get, srv.url + "/dashboard")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from infera_core.request import RequestContext
 from infera_core.testing.tiny_tokenizer import make_tiny_model_dir
 from infera_core.tokenize.hf import HfTokenizer
 from infera_core.tokenize.service import RoutingTokenizers, parse_model_specs, spec_from_record
+from infera_core.util.throttle import LogThrottle
 from infera_core.worker import KvEventsInfo, WorkerRecord
 
 
@@ -77,10 +79,44 @@ async def test_service_uses_given_ids_caches_and_counts_failures(tiny_dir: Path)
     assert tokens.counts[("tiny", "cache")] == 1 and tokens.counts[("tiny", "tokenizer")] == 1
     unknown = _ctx(body, model="other")
     await tokens.fill(unknown)
-    assert unknown.token_ids is None and unknown.tokenize_failed and tokens.failures == {"other": 1}
+    # a model no worker serves is not tokenized, and not a failure: the request gets its 404
+    assert unknown.token_ids is None and unknown.tokenize_failed and tokens.failures == {}
     broken = _ctx({"messages": "not a list"})
     await tokens.fill(broken)
     assert broken.tokenize_failed and tokens.failures["tiny"] == 1
+
+
+async def test_failure_warnings_are_throttled_per_model_and_unknown_models_are_silent(
+    tiny_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tokens = RoutingTokenizers(
+        InferaHooks.load().catalog().tokenizers,
+        parse_model_specs([f"tiny=hf:{tiny_dir}"]),
+        warn_interval_s=60,
+    )
+    now = [100.0]
+    tokens.throttle = LogThrottle(60, clock=lambda: now[0])
+    caplog.set_level(logging.DEBUG, "infera.tokenize")
+    for _ in range(5):
+        await tokens.fill(_ctx({"messages": "not a list"}))  # tokenizing fails: a warning each
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "model tiny" in warned[0] and "suppressed" not in warned[0]
+    assert tokens.failures["tiny"] == 5  # the metric still counts every one
+    now[0] += 61
+    await tokens.fill(_ctx({"messages": "not a list"}))
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 2 and "(4 similar lines suppressed in the last 60 s)" in warned[1]
+    caplog.clear()
+    for model in ("never-served", "tiny-typo"):  # unknown models: not a word about tokenizing
+        await tokens.fill(_ctx({"prompt": "the a"}, model=model, route="/v1/completions"))
+    assert not caplog.records and set(tokens.failures) == {"tiny"}
+    # a served model without any tokenizer: counted, said once by the server (not per request)
+    tokens.observe_worker(WorkerRecord(worker_id="w", url="http://127.0.0.1:1", model="plain", engine="vllm"))
+    assert tokens.missing("plain") == "no routing tokenizer for this model" and tokens.missing("tiny") is None
+    for _ in range(3):
+        await tokens.fill(_ctx({"prompt": "the a"}, model="plain", route="/v1/completions"))
+    assert tokens.failures["plain"] == 3
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 async def test_long_prompts_are_tokenized_off_the_event_loop(tiny_dir: Path) -> None:

@@ -8,6 +8,11 @@ that were sent that prefix and when. A new prompt scores, per worker, the fracti
 its chunks along the longest prefix that worker was sent. Entries expire after
 ``ttl_s`` and the tree keeps at most ``max_nodes`` nodes (least recently used go
 first), approximating the engine's own eviction.
+
+With ``untokenized_only`` it is the ``kv-aware`` presets' text fallback: requests that
+carry token ids (the model has a routing tokenizer) score 0 and are left to
+``kv-overlap``; requests without them (no tokenizer for the model, or tokenizing failed)
+are routed by their text prefix instead of by load only.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from infera_core.request import RequestContext
+from infera_core.scheduling.arrays import Floats
 from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
 from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.types import Endpoint, PolicyFactory, SchedulerDeps, Scorer
@@ -34,6 +41,11 @@ class ApproxPrefixParams(BaseModel):
     chunk_tokens: int = Field(16, ge=1, description="Token ids per tree edge (token prompts).")
     ttl_s: float = Field(600.0, gt=0, description="Forget a worker's prefix after this many seconds unused.")
     max_nodes: int = Field(200_000, ge=1, description="Most prefix nodes remembered (LRU beyond).")
+    untokenized_only: bool = Field(
+        False,
+        description="Score only requests without token ids (the kv-aware presets' text fallback for "
+        "models without a routing tokenizer); requests with token ids score 0.",
+    )
 
 
 def prompt_text(body: dict[str, Any]) -> str:
@@ -59,6 +71,7 @@ class ApproximatePrefixScorer(Scorer):
     """Fraction of the prompt this server already sent to the worker (prefix tree of past decisions)."""
 
     name = "approximate-prefix"
+    text_fallback = True
     __slots__ = (
         "_clock",
         "_last_key",
@@ -68,6 +81,7 @@ class ApproximatePrefixScorer(Scorer):
         "max_nodes",
         "nodes",
         "ttl",
+        "untokenized_only",
     )
 
     def __init__(
@@ -78,6 +92,7 @@ class ApproximatePrefixScorer(Scorer):
         self.chunk_tokens = p.chunk_tokens
         self.ttl = p.ttl_s
         self.max_nodes = p.max_nodes
+        self.untokenized_only = p.untokenized_only
         self._clock = clock or time.monotonic
         self.nodes: OrderedDict[int, dict[str, float]] = OrderedDict()
         """prefix-node hash → {worker_id: last time a prompt through this node went there}."""
@@ -85,6 +100,8 @@ class ApproximatePrefixScorer(Scorer):
         self._last_nodes: list[int] = []
 
     def _path(self, ctx: RequestContext) -> list[int]:
+        if self.untokenized_only and ctx.token_ids:
+            return []
         if self._last_key == ctx.request_id:
             return self._last_nodes
         out: list[int] = []
@@ -127,6 +144,12 @@ class ApproximatePrefixScorer(Scorer):
         total = len(path)
         return [depth.get(ep.worker_id, 0) / total for ep in candidates]
 
+    def score_rows(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> Floats:
+        """:meth:`score` as an array (so the ``kv-aware`` presets keep their array path)."""
+        if self.untokenized_only and ctx.token_ids:
+            return np.zeros(len(candidates), np.float64)
+        return np.asarray(self.score(ctx, candidates), np.float64)
+
     def on_routed(self, ctx: RequestContext, endpoint: Endpoint) -> None:
         now = self._clock()
         nodes = self.nodes
@@ -151,8 +174,10 @@ class ApproximatePrefixScorer(Scorer):
             del nodes[node]
 
 
-def register_approx_prefix(registry: PolicyRegistry) -> None:
-    """Add the ``approximate-prefix`` scorer and preset."""
+def register_approx_prefix_scorer(registry: PolicyRegistry) -> None:
+    """Add the ``approximate-prefix`` scorer (once: the ``kv-aware`` presets use it too)."""
+    if "scorer:approximate-prefix" in registry.names():
+        return
 
     def build(p: Any, d: SchedulerDeps) -> Scorer:
         return ApproximatePrefixScorer(p, d.clock)
@@ -162,6 +187,11 @@ def register_approx_prefix(registry: PolicyRegistry) -> None:
             "approximate-prefix", "scorer", build, ApproxPrefixParams, ApproximatePrefixScorer.__doc__ or ""
         )
     )
+
+
+def register_approx_prefix(registry: PolicyRegistry) -> None:
+    """Add the ``approximate-prefix`` scorer and preset."""
+    register_approx_prefix_scorer(registry)
     registry.add_preset(
         "approximate-prefix",
         ProfileConfig(

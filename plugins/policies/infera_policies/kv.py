@@ -30,6 +30,9 @@ The ``kv-aware`` preset combines them. For each candidate worker *w* (after the
 
 A cached prefix of 22% of the prompt is worth more than an idle, unfilled worker: the
 guard, not the scores, keeps the load balanced (``bench/fleet/saturation.py``).
+A request without token ids (no routing tokenizer for its model) scores ``overlap(w)``
+from its text instead: the ``approximate-prefix`` scorer (``untokenized_only``), a prefix
+tree of this server's own decisions — the *text* routing mode, reported once per model.
 PD presets: ``kv-aware-prefill`` is strongly cache-seeking (load 0.15),
 ``kv-aware-decode`` mostly load (overlap 0.2, load 1.0). See ``docs/explanation/kv-routing.md``.
 """
@@ -50,6 +53,7 @@ from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
 from infera_core.scheduling.dp import best_rank_overlap
 from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.types import Endpoint, Filter, KvIndexView, PolicyFactory, SchedulerDeps, Scorer
+from infera_policies.approx_prefix import register_approx_prefix_scorer
 from infera_policies.in_flight import InFlightPrefixes
 from infera_policies.load import (
     DispatchClock,
@@ -291,6 +295,8 @@ def kv_profile(
     guard: dict[str, float] = {"factor": factor} if gap == 8.0 else {"factor": factor, "gap": gap}
     scorers = [
         ScorerRef(name="kv-overlap", weight=overlap),
+        # without a routing tokenizer for the model: by text prefix, not by load only
+        ScorerRef(name="approximate-prefix", weight=overlap, params={"untokenized_only": True}),
         ScorerRef(name="load", weight=load),
         ScorerRef(name="recent-dispatch", weight=recent),
     ]
@@ -343,6 +349,7 @@ def register_kv(registry: PolicyRegistry) -> None:
     )
     registry.add(PolicyFactory("imbalance-guard", "filter", guard, GuardParams, ImbalanceGuard.__doc__ or ""))
     registry.add(PolicyFactory("cache-fill", "scorer", fill, FillParams, CacheFillScorer.__doc__ or ""))
+    register_approx_prefix_scorer(registry)  # the presets' text fallback
     registry.add_preset(
         "kv-aware",
         kv_profile(1.0, 0.1, 0.02, 1.2, 16.0, fill=0.1),

@@ -1,0 +1,87 @@
+"""The copy-paste CPU recipe of docs/how-to/run-engines.md, run as written against real vLLM.
+
+The command is read from the page (its ``export`` lines and the ``infera-run up …`` line),
+only the model directory and the engine's Python are replaced by this machine's.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from real_vllm import REPO, engine_env, vllm_python
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+
+PAGE = REPO / "docs" / "how-to" / "run-engines.md"
+HEADING = "## vLLM on a CPU, in one command"
+
+
+def recipe() -> tuple[dict[str, str], list[str]]:
+    """(exported variables, argv of `infera-run up …`) from the page's recipe section."""
+    text = PAGE.read_text(encoding="utf-8")
+    section = text.split(HEADING, 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    [block] = [b for b in blocks if "infera-run up" in b]
+    exports: dict[str, str] = {}
+    command = ""
+    for line in block.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        if words[:1] == ["export"]:
+            key, _, value = words[1].partition("=")
+            exports[key] = value
+        elif words[:1] == ["infera-run"]:
+            command = line
+    assert command, block
+    return exports, shlex.split(command, comments=True)
+
+
+def test_the_documented_cpu_recipe_serves_chat_and_completions(tmp_path: Path) -> None:
+    python, model = vllm_python()
+    exports, argv = recipe()
+    assert argv[:2] == ["infera-run", "up"] and "--engine-python" in argv and "--model-path" in argv
+    argv[argv.index("--model-path") + 1] = model
+    argv[argv.index("--engine-python") + 1] = python
+    env = {**engine_env(tmp_path / "vllm-cache"), **exports}
+    # the harness's flags first: a free port, no live status, and room for two engines that
+    # start in ~20 s each on an idle laptop but take minutes on a loaded 2-core CI machine
+    harness = ["--port", "0", "--quiet", "--ready-timeout", "600"]
+    cmd = [sys.executable, "-m", "infera_core", "up", *harness, *argv[2:]]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        ready = proc.stdout.readline()  # bounded by the test's timeout; EOF if up failed
+        m = re.match(r"Infera ready: (http://127\.0\.0\.1:\d+/v1)\s+\(2 vllm workers, policy (\S+)", ready)
+        if m is None:
+            proc.wait(60)  # up said why on stderr before it exited
+            raise AssertionError(
+                f"no ready line: {ready!r}; stderr:\n{proc.stderr.read() if proc.stderr else ''}"
+            )
+        url = m.group(1)
+        assert "tiny by text prefix" in ready  # no --tokenizer in the recipe: said, not silent
+        assert proc.stdout.readline().startswith("Dashboard: ")
+        assert proc.stdout.readline().startswith("Plane: memory")
+        with httpx.Client(base_url=url, timeout=120) as c:
+            chat = c.post(
+                "/chat/completions",
+                json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            )
+            assert chat.status_code == 200, chat.text
+            assert chat.json()["choices"][0]["message"]["role"] == "assistant"
+            done = c.post("/completions", json={"model": "tiny", "prompt": "the a of", "max_tokens": 4})
+            assert done.status_code == 200, done.text
+            assert done.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # up's engines die with it (their parent-death signal)
+            proc.wait(30)
+    assert proc.returncode == 0
