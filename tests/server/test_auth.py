@@ -129,7 +129,9 @@ async def test_workers_and_admin_stats_never_show_url_secrets() -> None:
     dead = free_port()
     async with running([]) as srv:
         for i, url in enumerate(SECRET_URLS):
-            rec = WorkerRecord(worker_id=f"w{i}", url=url.format(port=dead), model="fake-model", engine="fake")
+            rec = WorkerRecord(
+                worker_id=f"w{i}", url=url.format(port=dead), model="fake-model", engine="fake"
+            )
             srv.store.put(rec)
         await srv.wait_workers(len(SECRET_URLS))
         async with httpx.AsyncClient(base_url=srv.url) as c:
