@@ -109,6 +109,9 @@ def run_process(settings: ServeSettings, hooks: InferaHooks, **kwargs: Any) -> N
 
 def run(settings: ServeSettings, hooks: InferaHooks) -> None:
     """``infera-run serve``: one process, or ``--processes N`` under a supervisor."""
+    exposed = settings.open_to_network(settings.host)
+    if exposed:
+        log.warning(exposed)
     count = process_count(settings)
     if count == 1:
         run_process(settings, hooks)

@@ -184,6 +184,9 @@ class Stack:
 
     async def _start_server(self) -> None:
         ss = self._serve_settings()
+        exposed = ss.open_to_network(ss.host)
+        if exposed:
+            log.warning(exposed)
         self.kv = _make_kv(ss, self.hooks)
         assert self._sock is not None
         self._server, self._server_task = await self._serve(ss, self.kv, self._sock)
