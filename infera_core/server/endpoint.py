@@ -30,6 +30,7 @@ from infera_core.server.asgi import (
 from infera_core.server.auth import AdminGate, ClientAuth
 from infera_core.server.core import RouterCore, watch_disconnect
 from infera_core.server.errors import ApiError
+from infera_core.server.surrogates import LoneSurrogates
 from infera_core.server.validate import BodyLimits, parse_body, parse_short_body
 from infera_core.transports.upstreams import UpstreamResponse
 
@@ -89,9 +90,13 @@ class ProxyEndpoint:
                 scope[ON_DISCONNECT] = _Canceller(task, gone)
             limits = self.limits
             raw = await read_body(scope, receive, limits.max_bytes, limits.max_items, length)
-            if len(raw) <= limits.max_items:
-                body = parse_short_body(raw, limits)
-            else:
+            try:
+                if len(raw) <= limits.max_items:
+                    body = parse_short_body(raw, limits)
+                else:
+                    body = await parse_body(raw, limits)
+            except LoneSurrogates as lone:  # forwarded with U+FFFD in their place (surrogates.py)
+                raw = lone.repaired
                 body = await parse_body(raw, limits)
             if len(raw) > _YIELD_AFTER:
                 await _left_meanwhile(scope)
