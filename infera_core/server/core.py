@@ -29,6 +29,7 @@ from infera_core.server.breaker import Breakers
 from infera_core.server.errors import ApiError
 from infera_core.server.fleet import EndpointTable
 from infera_core.server.hangs import HangDetector
+from infera_core.server.loops import LOOP_HEADER, LOOP_STATUS, loop_error, via_value
 from infera_core.server.metrics import ServerMetrics
 from infera_core.transports.upstreams import (
     READ_ERRORS,
@@ -38,6 +39,7 @@ from infera_core.transports.upstreams import (
     UpstreamError,
     UpstreamResponse,
 )
+from infera_core.util.redact import redact_url
 from infera_core.worker import DP_RANK_HEADER, Role
 
 if TYPE_CHECKING:
@@ -99,7 +101,10 @@ class RouterCore:
         self.prepare: Callable[[RequestContext], Awaitable[None]] | None = None
         """Fills ``ctx.token_ids`` for routing (KV component) when the profile needs tokens."""
         self._ids = itertools.count(1)
-        self._id_prefix = f"infera-{os.getpid():x}{secrets.token_hex(4)}-"
+        self.router_id = f"infera-{os.getpid():x}{secrets.token_hex(4)}"
+        """This router process's id: its ``Via`` stamp (:mod:`infera_core.server.loops`)."""
+        self.router_id_bytes = self.router_id.encode()
+        self._id_prefix = self.router_id + "-"
         self.hangs: HangDetector | None = None
         """First-byte outlier detection (``--hang-timeout``): hung workers leave rotation."""
         self.pd: PdDispatcher | None = None
@@ -128,15 +133,25 @@ class RouterCore:
             raise ApiError(503, f"No worker available: {exc}", code="no_worker_available") from None
 
     async def dispatch(
-        self, ctx: RequestContext, path: str, body: bytes, task: asyncio.Task[object] | None = None
+        self,
+        ctx: RequestContext,
+        path: str,
+        body: bytes,
+        task: asyncio.Task[object] | None = None,
+        via: bytes | None = None,
     ) -> tuple[Endpoint, UpstreamResponse]:
-        """``task``: the request's task when the caller has it (the hang detector cancels it)."""
+        """``task``: the request's task when the caller has it (the hang detector cancels it);
+        ``via``: the request's own ``Via`` header, kept in front of this router's stamp."""
         if self.pd is not None and self.pd.applies(ctx):
             return await self.pd.dispatch(ctx, path, body)
         tried: list[str] = []
         last: ApiError | None = None
         attempts = 1 + self.max_retries
-        headers = {"Content-Type": "application/json", "X-Request-Id": ctx.request_id}
+        headers = {
+            "Content-Type": "application/json",
+            "X-Request-Id": ctx.request_id,
+            "Via": via_value(via, self.router_id),
+        }
         if self.prepare is not None and self.scheduler.profile_for(ctx.model).needs_tokens:
             await self.prepare(ctx)
         for attempt in range(attempts):
@@ -197,6 +212,14 @@ class RouterCore:
                     if status < 400 or ep.breaker_open:
                         self.breakers.success(ep)
                     return ep, resp
+                if status == LOOP_STATUS and resp.header(LOOP_HEADER) == self.router_id:
+                    resp.release()  # the request came back to this router: the record is a loop
+                    self._abandoned(ctx, ep)
+                    url = redact_url(ep.record.url)
+                    self.breakers.isolate(ep, f"its URL {url} leads back to this router (a routing loop)")
+                    last = loop_error(ep.worker_id, url)
+                    tried.append(ep.worker_id)
+                    continue
                 try:
                     try:
                         detail = (await resp.read())[:300].decode("utf-8", "replace")
