@@ -31,6 +31,7 @@ from infera_core.server.fleet import EndpointTable
 from infera_core.server.hangs import HangDetector
 from infera_core.server.loops import LOOP_HEADER, LOOP_STATUS, loop_error, via_value
 from infera_core.server.metrics import ServerMetrics
+from infera_core.server.not_found import EngineAnswer, engine_error, not_an_engine
 from infera_core.transports.upstreams import (
     READ_ERRORS,
     PoolTimeoutError,
@@ -208,7 +209,7 @@ class RouterCore:
                 if hangs is not None:
                     hangs.end(wait, True)
                 status = resp.status
-                if status < 500 and status != 429:
+                if status < 500 and status != 429 and status != 404:
                     if status < 400 or ep.breaker_open:
                         self.breakers.success(ep)
                     return ep, resp
@@ -222,24 +223,41 @@ class RouterCore:
                     continue
                 try:
                     try:
-                        detail = (await resp.read())[:300].decode("utf-8", "replace")
+                        data = await resp.read()
                     except READ_ERRORS:
-                        detail = ""
+                        data = b""
                     finally:
                         resp.release()
                 except BaseException:
                     self._abandoned(ctx, ep)
                     raise
-                self._failed(ctx, ep, worker_fault=status >= 500)
-                log.warning("request %s: worker %s answered %d", ctx.log_id, ep.worker_id, status)
-                extra = {"Retry-After": resp.header("Retry-After") or "1"} if status == 429 else None
-                last = ApiError(
-                    status,
-                    f"Worker {ep.worker_id} answered {status}: {detail}",
-                    code="upstream_error",
-                    type="upstream_error" if status >= 500 else None,
-                    headers=extra,
-                )
+                if status == 404:
+                    error = engine_error(data)
+                    if error is not None:  # the engine's own answer (unknown model…): the client's
+                        self._abandoned(ctx, ep)
+                        if ep.breaker_open:
+                            self.breakers.success(ep)
+                        raise EngineAnswer(status, data, error)
+                    self._failed(ctx, ep, worker_fault=True)
+                    log.warning(
+                        "request %s: worker %s answered 404 on %s without an API error: not an engine?",
+                        ctx.log_id,
+                        ep.worker_id,
+                        path,
+                    )
+                    last = not_an_engine(ep.worker_id, path)
+                else:
+                    self._failed(ctx, ep, worker_fault=status >= 500)
+                    log.warning("request %s: worker %s answered %d", ctx.log_id, ep.worker_id, status)
+                    extra = {"Retry-After": resp.header("Retry-After") or "1"} if status == 429 else None
+                    detail = data[:300].decode("utf-8", "replace")
+                    last = ApiError(
+                        status,
+                        f"Worker {ep.worker_id} answered {status}: {detail}",
+                        code="upstream_error",
+                        type="upstream_error" if status >= 500 else None,
+                        headers=extra,
+                    )
             tried.append(ep.worker_id)
             if attempt + 1 < attempts:
                 self.metrics.retried(ctx.model)
