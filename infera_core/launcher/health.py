@@ -56,6 +56,27 @@ async def default_health_generate(engine: RunningEngine) -> bool:
     return True
 
 
+async def serves_inference(engine: RunningEngine, warned: list[str]) -> bool:
+    """Readiness beyond ``GET /health``: the engine's inference API is there. An empty
+    ``POST /v1/completions`` gets an engine's validation error (400/422: nothing runs); a 404,
+    405 or 501 without an API error means whatever listens is not an engine (warned once per
+    ``warned`` list)."""
+    try:
+        resp = await engine.client.post(f"{engine.url}/v1/completions", json={})
+    except Exception:  # not answering yet: is_ready decides about that
+        return True
+    if resp.status_code not in (*NOT_SERVED, 501) or engine_error(resp.content) is not None:
+        return True
+    if not warned:
+        warned.append(engine.url)
+        log.warning(
+            "%s answers its health check but %d on POST /v1/completions: not an engine's API; not ready",
+            redact_url(engine.url),
+            resp.status_code,
+        )
+    return False
+
+
 async def health_generate(adapter: EngineAdapter, engine: RunningEngine, within: float) -> bool:
     """One generation check, failed unless it answers within ``within`` seconds; never raises."""
     try:

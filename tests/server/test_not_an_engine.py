@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from infera_core.engines.base import RunningEngine
-from infera_core.launcher.health import default_health_generate
+from infera_core.launcher.health import default_health_generate, serves_inference
 from infera_core.testing.contracts import sample_launch_context
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import serving, settings_for
@@ -98,3 +98,29 @@ async def test_the_launchers_generation_check_fails_on_a_service_that_is_not_an_
     # an engine that answers, even with its own error, is alive
     assert await _generation_check(_reply(404, VLLM_UNKNOWN_MODEL)) is True
     assert await _generation_check(_reply(400, b'{"error":{"message":"bad","type":"x","code":400}}')) is True
+
+
+async def _serves(answer: bytes) -> bool:
+    async with ScriptedUpstream(lambda conn, req: answer) as srv, httpx.AsyncClient(timeout=5) as client:
+        ctx: Any = sample_launch_context()
+        return await serves_inference(RunningEngine(ctx, client, srv.url), [])
+
+
+async def test_launcher_readiness_checks_the_inference_api_not_just_health() -> None:
+    for page in NOT_FOUND_PAGES.values():
+        assert await _serves(page) is False
+    assert await _serves(_reply(405, b'{"detail":"Method Not Allowed"}')) is False
+    assert await _serves(_reply(501, b"Unsupported method", b"text/html")) is False
+    # engines refuse the empty body with their own validation error: the API is there
+    assert await _serves(_reply(400, b'{"error":{"message":"prompt missing","type":"x","code":400}}')) is True
+    assert await _serves(_reply(422, b'{"detail":[{"msg":"field required"}]}')) is True
+    assert await _serves(_reply(404, VLLM_UNKNOWN_MODEL)) is True
+
+
+async def test_the_sims_api_passes_the_readiness_check() -> None:
+    from infera_sim.testing import start_sim
+
+    with start_sim(model="fake-model", speedup="inf") as sim:
+        async with httpx.AsyncClient(timeout=10) as client:
+            ctx: Any = sample_launch_context()
+            assert await serves_inference(RunningEngine(ctx, client, sim.url), []) is True
