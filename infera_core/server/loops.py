@@ -17,6 +17,12 @@ LOOP_STATUS = 508
 LOOP_HEADER = "X-Infera-Loop"
 
 
+def via_of(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """A request's ``Via`` header values (raw ASGI headers), joined; None without one."""
+    values = [v for k, v in headers if k == b"via"]
+    return b", ".join(values) if values else None
+
+
 def stamped(via: bytes | None, router_id: bytes) -> bool:
     """Whether a request's ``Via`` header already carries this router's id."""
     return via is not None and router_id in via

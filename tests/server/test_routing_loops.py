@@ -85,3 +85,17 @@ async def test_a_client_via_header_is_kept_and_stamped() -> None:
             r = await c.post("/v1/chat/completions", json=CHAT, headers={"Via": theirs})
             assert r.status_code == 200
             assert f"\r\nVia: {theirs}, 1.1 {mine}\r\n".encode() in engine.heads[-1]
+
+
+async def test_tokenize_through_a_looping_record_is_one_hop_too(caplog: pytest.LogCaptureFixture) -> None:
+    async with (
+        serving(settings_for(first_byte_timeout=5.0), make_hooks()) as srv,
+        httpx.AsyncClient(base_url=srv.url, timeout=30) as c,
+    ):
+        srv.store.put(WorkerRecord(worker_id="w-loop", url=srv.url, model="fake-model", engine="fake"))
+        await srv.wait_workers(1)
+        with caplog.at_level(logging.INFO):
+            r = await c.post("/tokenize", json={"model": "fake-model", "prompt": "hi"})
+        assert r.status_code == 502 and "routing loop" in r.json()["error"]["message"]
+        assert len(_loop_lines(caplog)) == 1
+        assert (await c.get("/v1/workers")).json()["data"][0]["breaker"] == "open"
