@@ -99,3 +99,30 @@ async def test_tokenize_through_a_looping_record_is_one_hop_too(caplog: pytest.L
         assert r.status_code == 502 and "routing loop" in r.json()["error"]["message"]
         assert len(_loop_lines(caplog)) == 1
         assert (await c.get("/v1/workers")).json()["data"][0]["breaker"] == "open"
+
+
+@pytest.mark.slow
+async def test_a_pd_leg_to_a_looping_record_is_one_hop_and_the_pair_is_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from infera_core.testing.pd import sim_pd_fleet
+
+    pytest.importorskip("infera_sim")
+    with sim_pd_fleet("vllm-nixl", prefill=1, decode=1) as fleet:
+        async with (
+            serving(settings_for(first_byte_timeout=10.0), make_hooks()) as srv,
+            httpx.AsyncClient(base_url=srv.url, timeout=30) as c,
+        ):
+            for record in fleet.records:
+                srv.store.put(record)
+            [p0] = [r for r in fleet.records if r.worker_id == "p0"]
+            srv.store.put(p0.model_copy(update={"worker_id": "p-loop", "url": srv.url}))
+            await srv.wait_workers(len(fleet.records) + 1)
+            with caplog.at_level(logging.INFO):
+                for _ in range(6):
+                    body = {"model": p0.model, "prompt": "a b c d e f g h", "max_tokens": 2}
+                    r = await c.post("/v1/completions", json=body)
+                    assert r.status_code == 200, r.text
+            workers = {w["worker_id"]: w for w in (await c.get("/v1/workers")).json()["data"]}
+            assert workers["p-loop"]["breaker"] == "open" and workers["p0"]["breaker"] == "closed"
+        assert len(_loop_lines(caplog)) == 1
