@@ -129,6 +129,21 @@ async def test_header_block_just_over_the_limit_gets_431_and_under_it_passes(ups
         assert big.json()["error"]["type"] == "invalid_request_error"
 
 
+async def _admitted_again(srv: RunningServer, within: float) -> None:
+    """Wait until a new client is served again (the server notices closed connections soon)."""
+    async with httpx.AsyncClient(base_url=srv.url) as c:
+
+        async def admitted() -> bool:
+            try:
+                return (await c.get("/health")).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        async with asyncio.timeout(within):
+            while not await admitted():  # noqa: ASYNC110 (no event for another process's state)
+                await asyncio.sleep(0.05)
+
+
 async def test_connections_beyond_max_connections_get_503(ups: list[FakeUpstream]) -> None:
     async with stack(ups, max_connections=3, max_connections_per_client=3) as srv:
         held = [await _connect(srv) for _ in range(3)]
@@ -139,17 +154,7 @@ async def test_connections_beyond_max_connections_get_503(ups: list[FakeUpstream
         writer.close()
         _, w0 = held.pop()
         w0.close()  # the server sees it gone soon: then a new client is admitted again
-        async with httpx.AsyncClient(base_url=srv.url) as c:
-
-            async def admitted() -> bool:
-                try:
-                    return (await c.get("/health")).status_code == 200
-                except httpx.HTTPError:
-                    return False
-
-            async with asyncio.timeout(5):
-                while not await admitted():  # noqa: ASYNC110 (no event for another process's state)
-                    await asyncio.sleep(0.05)
+        await _admitted_again(srv, within=5)
         for _, w in held:
             w.close()
 
@@ -179,17 +184,7 @@ async def test_idle_sockets_from_one_address_cannot_lock_out_the_others(
         # sockets closed: the address gets its share back
         for _, w in held + [(None, w) for w in refused]:
             w.close()
-        async with httpx.AsyncClient(base_url=srv.url) as c:
-
-            async def admitted() -> bool:
-                try:
-                    return (await c.get("/health")).status_code == 200
-                except httpx.HTTPError:
-                    return False
-
-            async with asyncio.timeout(10):
-                while not await admitted():  # noqa: ASYNC110 (the server notices the closes)
-                    await asyncio.sleep(0.05)
+        await _admitted_again(srv, within=10)
 
 
 async def test_the_per_client_bound_is_a_flag(ups: list[FakeUpstream]) -> None:

@@ -14,21 +14,16 @@ from infera_core.launcher.health import default_health_generate, serves_inferenc
 from infera_core.testing.contracts import sample_launch_context
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import serving, settings_for
-from infera_core.testing.upstream import ScriptedUpstream, fake_upstreams, record_for
+from infera_core.testing.upstream import ScriptedUpstream, fake_upstreams, http_reply, record_for
 from infera_core.worker import WorkerRecord
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def _reply(status: int, body: bytes, ctype: bytes = b"application/json") -> bytes:
-    head = b"HTTP/1.1 %d X\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (status, ctype, len(body))
-    return head + body
-
-
 NOT_FOUND_PAGES = {
-    "fastapi": _reply(404, b'{"detail":"Not Found"}'),
-    "html": _reply(404, b"<html><body><h1>404 Not Found</h1></body></html>", b"text/html"),
-    "text": _reply(404, b"404 page not found\n", b"text/plain"),
+    "fastapi": http_reply(404, b'{"detail":"Not Found"}'),
+    "html": http_reply(404, b"<html><body><h1>404 Not Found</h1></body></html>", b"text/html"),
+    "text": http_reply(404, b"404 page not found\n", b"text/plain"),
 }
 VLLM_UNKNOWN_MODEL = (
     b'{"error":{"message":"The model `fake-model` does not exist.","type":"NotFoundError",'
@@ -71,7 +66,7 @@ async def test_alone_it_is_a_502_that_says_so() -> None:
 
 async def test_an_engines_own_404_is_the_clients_answer() -> None:
     async with (
-        ScriptedUpstream(lambda conn, req: _reply(404, VLLM_UNKNOWN_MODEL)) as engine,
+        ScriptedUpstream(lambda conn, req: http_reply(404, VLLM_UNKNOWN_MODEL)) as engine,
         serving(settings_for(), make_hooks()) as srv,
         httpx.AsyncClient(base_url=srv.url) as c,
     ):
@@ -94,10 +89,12 @@ async def _generation_check(answer: bytes) -> bool:
 @pytest.mark.parametrize("page", sorted(NOT_FOUND_PAGES))
 async def test_the_launchers_generation_check_fails_on_a_service_that_is_not_an_engine(page: str) -> None:
     assert await _generation_check(NOT_FOUND_PAGES[page]) is False
-    assert await _generation_check(_reply(405, b'{"detail":"Method Not Allowed"}')) is False
+    assert await _generation_check(http_reply(405, b'{"detail":"Method Not Allowed"}')) is False
     # an engine that answers, even with its own error, is alive
-    assert await _generation_check(_reply(404, VLLM_UNKNOWN_MODEL)) is True
-    assert await _generation_check(_reply(400, b'{"error":{"message":"bad","type":"x","code":400}}')) is True
+    assert await _generation_check(http_reply(404, VLLM_UNKNOWN_MODEL)) is True
+    assert (
+        await _generation_check(http_reply(400, b'{"error":{"message":"bad","type":"x","code":400}}')) is True
+    )
 
 
 async def _serves(answer: bytes) -> bool:
@@ -109,12 +106,15 @@ async def _serves(answer: bytes) -> bool:
 async def test_launcher_readiness_checks_the_inference_api_not_just_health() -> None:
     for page in NOT_FOUND_PAGES.values():
         assert await _serves(page) is False
-    assert await _serves(_reply(405, b'{"detail":"Method Not Allowed"}')) is False
-    assert await _serves(_reply(501, b"Unsupported method", b"text/html")) is False
+    assert await _serves(http_reply(405, b'{"detail":"Method Not Allowed"}')) is False
+    assert await _serves(http_reply(501, b"Unsupported method", b"text/html")) is False
     # engines refuse the empty body with their own validation error: the API is there
-    assert await _serves(_reply(400, b'{"error":{"message":"prompt missing","type":"x","code":400}}')) is True
-    assert await _serves(_reply(422, b'{"detail":[{"msg":"field required"}]}')) is True
-    assert await _serves(_reply(404, VLLM_UNKNOWN_MODEL)) is True
+    assert (
+        await _serves(http_reply(400, b'{"error":{"message":"prompt missing","type":"x","code":400}}'))
+        is True
+    )
+    assert await _serves(http_reply(422, b'{"detail":[{"msg":"field required"}]}')) is True
+    assert await _serves(http_reply(404, VLLM_UNKNOWN_MODEL)) is True
 
 
 async def test_the_sims_api_passes_the_readiness_check() -> None:

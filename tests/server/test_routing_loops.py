@@ -11,7 +11,7 @@ import pytest
 
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import serving, settings_for
-from infera_core.testing.upstream import ScriptedUpstream, fake_upstreams, record_for
+from infera_core.testing.upstream import ScriptedUpstream, fake_upstreams, http_reply, record_for
 from infera_core.worker import WorkerRecord
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
@@ -67,10 +67,7 @@ async def test_a_client_via_header_is_kept_and_stamped() -> None:
     """A ``Via`` the client (or a proxy in front) sent reaches the worker, this router after it;
     a request stamped by another router passes (router → router is a legitimate tier)."""
     answer = b'{"choices":[]}'
-    reply = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
-        len(answer),
-        answer,
-    )
+    reply = http_reply(200, answer)
     async with (
         ScriptedUpstream(lambda conn, req: reply) as engine,
         serving(settings_for(), make_hooks()) as srv,

@@ -10,14 +10,11 @@ import msgspec
 
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import serving, settings_for
-from infera_core.testing.upstream import ScriptedUpstream
+from infera_core.testing.upstream import ScriptedUpstream, http_reply
 from infera_core.worker import WorkerRecord
 
 ANSWER = b'{"id":"x","object":"chat.completion","choices":[]}'
-REPLY = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
-    len(ANSWER),
-    ANSWER,
-)
+REPLY = http_reply(200, ANSWER)
 
 
 def _chat(content_json: str) -> bytes:
