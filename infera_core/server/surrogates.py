@@ -1,10 +1,11 @@
 """Lone UTF-16 surrogates in a JSON body (``"\\ud800"`` with no low half after it).
 
 The escape is valid JSON grammar but no Unicode character: strict decoders refuse it
-(msgspec, with a misleading "Input data was truncated"; pydantic-core, which vLLM's request
-models use, "unexpected end of hex escape"), and one that lets it through hands the engine
-a string its tokenizer refuses (Hugging Face ``tokenizers``: "TextInputSequence must be
-str"). The router does what Go's ``encoding/json`` and a browser's ``TextEncoder`` do: each
+(msgspec, with a misleading "Input data was truncated"; pydantic-core: "unexpected end of
+hex escape"), and one that lets it through hands the engine a string its tokenizer refuses:
+real vLLM 0.32 answers such a body 400 "TextEncodeInput must be Union[TextInputSequence,
+…]" (Hugging Face ``tokenizers``; ``plugins/infera-vllm/tests/test_real_vllm_surrogates.py``).
+The router does what Go's ``encoding/json`` and a browser's ``TextEncoder`` do: each
 lone surrogate becomes U+FFFD, the replacement character, and the body forwarded is valid
 JSON every engine accepts. Pairs (``"\\ud83d\\ude00"``) and escaped backslashes stay as sent.
 """
