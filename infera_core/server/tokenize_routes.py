@@ -30,6 +30,7 @@ from infera_core.server.auth import CLIENT_STATE, ClientAuth
 from infera_core.server.core import RouterCore
 from infera_core.server.errors import ApiError, bad_request
 from infera_core.server.loops import LOOP_HEADER, LOOP_STATUS, came_back, stamped, via_of, via_value
+from infera_core.server.surrogates import LoneSurrogates
 from infera_core.server.validate import BodyLimits, parse_body
 from infera_core.transports.upstreams import READ_ERRORS, UpstreamError
 from infera_core.util.redact import redact_url
@@ -145,7 +146,11 @@ def add_tokenize_routes(app: FastAPI, core: RouterCore, limits: BodyLimits) -> N
             via = via_of(request.scope["headers"])
             if stamped(via, core.router_id_bytes):
                 raise came_back(core.router_id)
-            body = await parse_body(raw, limits)
+            try:
+                body = await parse_body(raw, limits)
+            except LoneSurrogates as lone:  # forwarded with U+FFFD in their place, as on /v1/*
+                raw = lone.repaired
+                body = await parse_body(raw, limits)
             name = _model(body, core)
             checks[path](body)
             if name in core.table.by_model:  # never a metric label per unknown name

@@ -49,3 +49,18 @@ async def test_lone_surrogates_are_forwarded_as_replacement_characters() -> None
         r = await c.post("/v1/chat/completions", content=_chat(r"\ud800")[:-3], headers=headers)
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
         assert json.loads(r.text)["error"]["message"].startswith("The request body is not valid JSON")
+
+
+async def test_tokenize_forwards_them_the_same_way() -> None:
+    tokens = http_reply(200, b'{"tokens":[1,2,3],"count":3,"max_model_len":2048}')
+    async with (
+        ScriptedUpstream(lambda conn, req: tokens) as engine,
+        serving(settings_for(), make_hooks()) as srv,
+        httpx.AsyncClient(base_url=srv.url) as c,
+    ):
+        srv.store.put(WorkerRecord(worker_id="w0", url=engine.url, model="fake-model", engine="fake"))
+        await srv.wait_workers(1)
+        body = b'{"model":"fake-model","prompt":"a\\ud800b"}'
+        r = await c.post("/tokenize", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 200, r.text
+        assert msgspec.json.decode(engine.bodies[-1])["prompt"] == "a\ufffdb"
