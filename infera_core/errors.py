@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 
 class InferaError(Exception):
     """Base class for errors meant to be shown to a user as one line."""
@@ -41,3 +43,12 @@ class DiscoveryError(InferaError):
 
 class EngineError(InferaError):
     """The engine process could not be started, died, or never became ready."""
+
+
+def require_module(module: str, what: str, extra: str) -> None:
+    """A :class:`ConfigError` (one line: ``what`` needs ``module``, and the install) when an
+    optional dependency is not installed."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"{what}: {module} is not installed (pip install 'infera-core[{extra}]')") from None

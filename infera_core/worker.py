@@ -64,6 +64,14 @@ class KvEventsInfo(BaseModel):
     sequence frame (ATOM): the subscriber numbers batches itself, cannot see or replay a gap,
     and clears the view when the connection drops."""
 
+    def endpoints(self, rank: int | None) -> tuple[str, str | None]:
+        """The publisher and replay endpoints of DP rank ``rank`` (None: the worker's one
+        publisher): rank ``r`` publishes on the ports ``r`` above ``endpoint``'s and
+        ``replay_endpoint``'s when ``port_per_dp_rank``."""
+        off = rank or 0
+        replay = with_port_offset(self.replay_endpoint, off) if self.replay_endpoint else None
+        return with_port_offset(self.endpoint, off), replay
+
 
 class PdInfo(BaseModel):
     """Prefill/decode disaggregation: the transport protocol and its parameters."""

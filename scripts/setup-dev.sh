@@ -10,7 +10,7 @@ if [ ! -x .venv/bin/python ]; then
   uv venv -q .venv -p "$PY"
 fi
 plugins=()
-for d in plugins/*/ examples/*/; do
+for d in native/*/ plugins/*/ examples/*/; do
   [ -f "$d/pyproject.toml" ] && plugins+=(-e "$d")
 done
 # bytecode up front: with PYTHONDONTWRITEBYTECODE set (as on our machines) every process

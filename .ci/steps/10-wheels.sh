@@ -14,7 +14,7 @@ WHEELS=$TMP/wheels
 mkdir -p "$WHEELS"
 
 dists=(.)
-for d in plugins/*/ examples/*/; do
+for d in native/*/ plugins/*/ examples/*/; do
   [ -f "$d/pyproject.toml" ] && dists+=("${d%/}")
 done
 

@@ -8,7 +8,23 @@ cd "$(dirname "$0")/../.."
 VENV=.venv-vllm
 MARK=$VENV/READY
 
+# The tiny model is rebuilt whenever the files that make it change (its chat templates
+# live in the tree): a venv built before a template change must not test the old one.
+TINY_SOURCES=(plugins/infera-vllm/tests/make_tiny_model.py infera_core/testing/tiny_tokenizer.py
+  infera_core/testing/tiny_chat.py)
+TINY_STAMP=$(cat "${TINY_SOURCES[@]}" | sha256sum | cut -c1-16)
+make_tiny() {
+  rm -rf "$VENV/tiny.new"
+  "$VENV/bin/python" plugins/infera-vllm/tests/make_tiny_model.py "$VENV/tiny.new" || return 1
+  echo "$TINY_STAMP" > "$VENV/tiny.new/.made-from"
+  rm -rf "$VENV/tiny" && mv "$VENV/tiny.new" "$VENV/tiny"
+}
+
 if [ -f "$MARK" ]; then
+  if [ "$(cat "$VENV/tiny/.made-from" 2>/dev/null)" != "$TINY_STAMP" ]; then
+    make_tiny || { echo "vllm venv: remaking the tiny model failed" >&2; rm -f "$MARK"; exit 0; }
+    echo "vllm venv: tiny model remade ($VENV/tiny, sources changed)"
+  fi
   echo "vllm venv: ready ($VENV)"
   exit 0
 fi
@@ -35,8 +51,8 @@ fi
 "$VENV/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1 \
   || fail "vllm does not import in $VENV"
 
-if [ ! -f "$VENV/tiny/config.json" ]; then
-  "$VENV/bin/python" plugins/infera-vllm/tests/make_tiny_model.py "$VENV/tiny" || fail "making the tiny model failed"
+if [ ! -f "$VENV/tiny/config.json" ] || [ "$(cat "$VENV/tiny/.made-from" 2>/dev/null)" != "$TINY_STAMP" ]; then
+  make_tiny || fail "making the tiny model failed"
 fi
 touch "$MARK"
 echo "vllm venv: built in $(( $(date +%s) - start )) s ($VENV)"

@@ -36,6 +36,8 @@ from pathlib import Path
 import yaml
 
 from bench.router import proxy_overhead as po
+from bench.router.proxy_report import Row
+from infera_core.util.net import free_port
 
 
 def single_process(infera_run: Path) -> list[str]:
@@ -65,7 +67,7 @@ def main() -> None:
         sys.exit(f"error: {base_run} does not exist (--baseline-venv must be a venv with infera-core)")
     here_run = Path(sys.executable).with_name("infera-run")
     nice = ["nice", "-n", str(args.router_nice)] if args.router_nice else []
-    ports = [po.free_port(), po.free_port()]
+    ports = [free_port(), free_port()]
     up_urls = [f"http://127.0.0.1:{p}" for p in ports]
     upstreams = [sys.executable, "-m", po.MODULE, "--serve-upstreams", ",".join(map(str, ports))]
     cpu: dict[tuple[str, str], list[float]] = {}
@@ -89,7 +91,7 @@ def main() -> None:
         keyed = {"base", "on"} if args.base_keys else {"on"}
         routers: dict[str, tuple[str, int]] = {}
         for name, (exe, extra) in variants.items():
-            port = po.free_port()
+            port = free_port()
             proc = stack.enter_context(
                 po.process(router_argv(exe, port, fleet, extra, nice), f"http://127.0.0.1:{port}/health")
             )
@@ -103,7 +105,7 @@ def main() -> None:
                 po.CLIENT_HEADERS.clear()
                 if name in keyed:
                     po.CLIENT_HEADERS["Authorization"] = f"Bearer {po.API_KEY}"
-                rows: list[po.Row] = []
+                rows: list[Row] = []
                 po.measure(name, [url], pid, [args.concurrency], args.requests, rows)
                 for row in rows:
                     assert row.cpu_us is not None

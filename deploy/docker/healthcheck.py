@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""infera-healthcheck: exit 0 when GET http://127.0.0.1:$INFERA_PORT/health answers 200.
+"""infera-healthcheck: exit 0 when GET http://127.0.0.1:$INFERA_ROUTER_PORT/health answers 200.
 
 The router image's HEALTHCHECK (no curl in a slim image; the stdlib is enough).
-Usage: infera-healthcheck [URL]   (default: http://127.0.0.1:${INFERA_PORT:-8000}/health)
+Usage: infera-healthcheck [URL]   (default: http://127.0.0.1:${INFERA_ROUTER_PORT:-8000}/health;
+the old INFERA_PORT still counts)
 """
 
 import os
@@ -15,7 +16,7 @@ def main() -> int:
     url = (
         sys.argv[1]
         if len(sys.argv) > 1
-        else f"http://127.0.0.1:{os.environ.get('INFERA_PORT', '8000')}/health"
+        else f"http://127.0.0.1:{os.environ.get('INFERA_ROUTER_PORT') or os.environ.get('INFERA_PORT', '8000')}/health"
     )
     try:
         with urllib.request.urlopen(

@@ -17,7 +17,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY infera_core ./infera_core
 COPY plugins ./plugins
-RUN for dist in . plugins/*/; do uv build --wheel --out-dir /dist "$dist"; done \
+COPY native ./native
+RUN for dist in . native/*/ plugins/*/; do uv build --wheel --out-dir /dist "$dist"; done \
  && pip wheel --no-cache-dir --wheel-dir /wheels /dist/*.whl
 
 # -- the image: slim, no compiler, non-root ----------------------------------------------
@@ -34,7 +35,7 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
  && python -m compileall -q "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 COPY --chmod=0755 deploy/docker/entrypoint.sh /usr/local/bin/infera-entrypoint
 COPY --chmod=0755 deploy/docker/healthcheck.py /usr/local/bin/infera-healthcheck
-ENV INFERA_HOST=0.0.0.0 INFERA_PORT=8000 PYTHONUNBUFFERED=1
+ENV INFERA_ROUTER_HOST=0.0.0.0 INFERA_ROUTER_PORT=8000 PYTHONUNBUFFERED=1
 USER ${INFERA_UID}
 WORKDIR /home/infera
 EXPOSE 8000

@@ -19,9 +19,9 @@ COPY pyproject.toml README.md ./
 COPY infera_core ./infera_core
 COPY plugins/infera-vllm ./plugins/infera-vllm
 COPY plugins/infera-k8s ./plugins/infera-k8s
-COPY plugins/infera-kv-native ./plugins/infera-kv-native
+COPY native/infera-kv-native ./native/infera-kv-native
 RUN for dist in . plugins/infera-vllm plugins/infera-k8s; do uv build --wheel --out-dir /wheels "$dist"; done \
- && uv build --sdist --out-dir /wheels plugins/infera-kv-native
+ && uv build --sdist --out-dir /wheels native/infera-kv-native
 
 # -- the vendor base, CUDA or ROCm (only the chosen one is pulled) ---------------------------
 FROM ${VLLM_IMAGE} AS base-cuda
@@ -38,7 +38,7 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
       "infera-vllm==${INFERA_VERSION}" "infera-k8s==${INFERA_VERSION}" \
  && ln -s /usr/local/lib/infera/entrypoint.sh /usr/local/bin/infera-entrypoint
 ENV PATH=/opt/infera/bin:$PATH INFERA_ENGINE_PYTHON=/usr/local/bin/infera-engine-python \
-    INFERA_HOST=0.0.0.0 INFERA_PORT=8000 PYTHONUNBUFFERED=1
+    INFERA_ENGINE_HOST=0.0.0.0 INFERA_ENGINE_PORT=8000 PYTHONUNBUFFERED=1
 EXPOSE 8000
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["infera-entrypoint", "worker", "vllm"]

@@ -20,7 +20,11 @@ class BenchSettings(InferaSettings):
         default=[],
         description="OpenAI-compatible base URL (repeat to compare targets), e.g. http://127.0.0.1:8000/v1",
     )
-    model: str | None = Field(None, description="Model name to send (default: the first of GET /v1/models)")
+    model: str | None = Field(
+        None,
+        description="Model name to send (default: the first of GET /v1/models)",
+        json_schema_extra={"env": "INFERA_BENCH_MODEL", "old_env": ["INFERA_MODEL"]},
+    )
     workload: Workload = Field("random", description="Workload to generate")
     num_requests: int = Field(200, gt=0, description="random: number of requests")
     input_len: int = Field(
@@ -81,8 +85,17 @@ class BenchSettings(InferaSettings):
         "a preset with parameters changed (kv-aware:kv-overlap.cpu=0:kv-overlap.disk=0), or a "
         "router-config .yaml",
     )
-    workers: int = Field(4, gt=0, description="--policies: workers in each local stack")
-    engine: str = Field("sim", description="--policies: engine of the local stack's workers")
+    workers: int = Field(
+        4,
+        gt=0,
+        description="--policies: workers in each local stack",
+        json_schema_extra={"env": "INFERA_BENCH_WORKERS", "old_env": ["INFERA_WORKERS"]},
+    )
+    engine: str = Field(
+        "sim",
+        description="--policies: engine of the local stack's workers",
+        json_schema_extra={"env": "INFERA_BENCH_ENGINE", "old_env": ["INFERA_ENGINE"]},
+    )
     engine_args: str | None = Field(
         None, description="--policies: extra engine flags (one string, shell-split)"
     )
@@ -98,7 +111,11 @@ class BenchSettings(InferaSettings):
     )
     seed: int = Field(0, description="Random seed for workload generation")
     timeout: float = Field(300.0, gt=0, description="Seconds before one request counts as timed out")
-    quiet: bool = Field(False, description="No progress bar")
+    quiet: bool = Field(
+        False,
+        description="No progress bar",
+        json_schema_extra={"env": "INFERA_BENCH_QUIET", "old_env": ["INFERA_QUIET"]},
+    )
 
     @field_validator("url", "metrics_url", mode="before")
     @classmethod

@@ -10,11 +10,13 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Mapping
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from infera_core.bench.stats import CacheStats
+
+if TYPE_CHECKING:  # an optional dependency (infera-core[aiohttp]): the parsers need none
+    import aiohttp
+
 from infera_core.util.prom_text import (
     HITS,
     OFFLOAD_HITS,
@@ -32,6 +34,8 @@ async def fetch_text(
     limit_s: float = 5.0,
     headers: Mapping[str, str] | None = None,
 ) -> str | None:
+    import aiohttp
+
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=limit_s), headers=headers) as resp:
             if resp.status != 200:
@@ -46,6 +50,8 @@ async def fetch_workers(
 ) -> dict[str, str]:
     """worker id → engine base URL, from the router's ``GET /v1/workers`` (empty if none;
     ``headers`` carry the admin token)."""
+    import aiohttp
+
     try:
         timeout = aiohttp.ClientTimeout(total=5)
         async with session.get(f"{root}/v1/workers", timeout=timeout, headers=headers) as resp:

@@ -7,10 +7,12 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from infera_core.bench.client import RequestResult
 from infera_core.errors import ConfigError
+
+if TYPE_CHECKING:  # the client needs aiohttp (optional); the statistics only name its result type
+    from infera_core.bench.client import RequestResult
 
 PERCENTILES = (50, 90, 99)
 

@@ -1,7 +1,7 @@
 """Core subcommands of ``infera-run``.
 
 They are registered lazily (module path + one-line help): ``infera-run --help`` and a
-subcommand import only what they use. ``tests/core/test_cli_startup.py`` checks that each
+subcommand import only what they use. ``tests/cli/test_cli_startup.py`` checks that each
 one-line help here matches the command's own docstring.
 """
 

@@ -25,7 +25,7 @@ class HttpRequestTransport:
     """Requests over HTTP/1.1 to the engine's own server (``WorkerRecord.url``)."""
 
     name = HTTP
-    description = "HTTP to the engine's server; client: --upstream-transport native|aiohttp."
+    description = "HTTP to the engine's server; client: --http-client native|aiohttp."
     settings_model = None
 
     def create_client(self, ctx: ClientContext) -> Upstream:
@@ -51,8 +51,10 @@ class ZmqKvEventTransport:
     description = "Each router subscribes to every engine's ZMQ publisher (replay socket on gaps)."
     settings_model = None
 
-    def create_source(self, ctx: KvSourceContext) -> KvEventSource | None:
-        return None  # the hub's built-in ZMQ subscriber (infera_core.kv.hub)
+    def create_source(self, ctx: KvSourceContext) -> KvEventSource:
+        from infera_core.transports.zmq import ZmqKvEventSource  # pyzmq: only where KV events are followed
+
+        return ZmqKvEventSource(ctx)
 
     async def attach_worker(self, ctx: WorkerContext) -> WorkerAttachment | None:
         return None

@@ -12,7 +12,6 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
 
 import click
 
@@ -76,10 +75,3 @@ def main(argv: Sequence[str] | None = None) -> None:
     except InferaError as exc:
         click.echo(f"infera-run: error: {exc}", err=True)
         sys.exit(1)
-
-
-def distribution_version(name: str) -> str | None:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from infera_core.bench.config import BenchSettings
 from infera_core.config.settings import click_options, resolve
-from infera_core.errors import ConfigError
+from infera_core.errors import ConfigError, require_module
 from infera_core.plugin.hooks import InferaHooks
 
 
@@ -34,6 +34,7 @@ def bench_cmd(hooks: InferaHooks, /, config_file: Path | None, **values: Any) ->
       infera-run bench --compare --policies round-robin,kv-aware --workload shared-prefix
     """
     settings = resolve(BenchSettings, values, config_file)
+    require_module("aiohttp", "infera-run bench", "bench")  # its load generator's client
     try:
         asyncio.run(_main(settings, hooks))
     except (KeyboardInterrupt, asyncio.CancelledError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,10 @@ from infera_core.server.settings import ServeSettings
 def serve_cmd(ctx: click.Context, /, config_file: Path | None, **values: Any) -> None:
     """Serve /v1/chat/completions, /v1/completions, /v1/messages, /v1/models… for the fleet."""
     from infera_core.server.run import run
+    from infera_core.transports.http import require_http_client
 
     hooks: InferaHooks = ctx.obj
     settings = resolve(command_settings(ctx, ServeSettings), values, config_file)
+    require_http_client(settings.http_client)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the dashboard's scrapes: one line each otherwise
     run(settings, hooks)

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from infera_core.cli.engine_help import UpCommand
 from infera_core.config.settings import click_options, config_option, resolve
-from infera_core.errors import InferaError
+from infera_core.errors import InferaError, require_module
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.plugin.settings import command_settings
 from infera_core.up.settings import UpSettings
@@ -35,6 +35,8 @@ def up_cmd(
     """
     hooks: InferaHooks = ctx.obj
     settings = resolve(command_settings(ctx, UpSettings), values, config_file)
+    if settings.demo:
+        require_module("aiohttp", "--demo", "aiohttp")  # the demo's load generator is the bench's
     try:
         import uvloop
 

@@ -8,13 +8,17 @@ import time
 from pathlib import Path
 
 import click
-from pydantic import Field, model_validator
+from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
-from infera_core.config.settings import InferaSettings, click_options, config_option, resolve
+from infera_core.config.settings import (
+    InferaSettings,
+    click_options,
+    config_option,
+    resolve,
+)
 from infera_core.discovery.base import DiscoverySettings
-from infera_core.engines.settings import with_legacy_env
 from infera_core.errors import ConfigError
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.plugin.settings import SettingsCommand, command_settings
@@ -31,12 +35,10 @@ class WorkersSettings(InferaSettings):
     etcd_endpoint: str | None = Field(
         None, description="etcd endpoint(s): host:port, http://host:port, or a comma list."
     )
-    _legacy_env = model_validator(mode="before")(with_legacy_env)
-
     discovery_prefix: str = Field(
         DEFAULT_PREFIX,
         description="Key prefix of worker records (the same as serve's).",
-        json_schema_extra={"aliases": ["--etcd-prefix"]},
+        json_schema_extra={"aliases": ["--etcd-prefix"], "old_env": ["INFERA_ETCD_PREFIX"]},
     )
     static_file: str | None = Field(
         None, description="Worker list file (YAML/JSON) of --discovery-backend static."
@@ -45,6 +47,7 @@ class WorkersSettings(InferaSettings):
         5.0,
         gt=0,
         description="Seconds to wait for the discovery backend.",
+        json_schema_extra={"old_env": ["INFERA_CONNECT_TIMEOUT"]},
     )
 
 

@@ -7,7 +7,10 @@ env var, and :func:`resolve` builds the model with that precedence.
 
 Field metadata: ``Field(description=...)`` is the help text; put
 ``json_schema_extra={"flag": "--x", "short": "-x", "aliases": ["--old-x"], "cli": False}``
-to rename, alias or hide.
+to rename, alias or hide. The environment variable is ``INFERA_<FIELD>`` unless the field
+says ``"env": "INFERA_X"``; ``"old_env": ["INFERA_OLD"]`` are read after it (with one
+deprecation line each, naming the new one) and ``"old_keys": ["old_name"]`` likewise in a
+config file. One variable name means one thing in every command (docs/configuration.md).
 
 Plugins add settings too: discovery backends and transports declare a ``settings_model``
 (see :mod:`infera_core.config.backends`); :func:`compose_settings` makes a command's model with
@@ -17,6 +20,7 @@ their fields added, and :class:`SettingsCommand` shows them as options of that c
 from __future__ import annotations
 
 import json
+import logging
 import types
 import typing
 from collections.abc import Callable, Iterable, Sequence
@@ -28,13 +32,58 @@ import click
 import yaml
 from pydantic import BaseModel, ValidationError, create_model
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from infera_core.errors import ConfigError
 
 S = TypeVar("S", bound="InferaSettings")
 B = TypeVar("B", bound=BaseModel)
 F = TypeVar("F", bound=Callable[..., Any])
+
+log = logging.getLogger("infera.config")
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _extra(info: FieldInfo | None) -> dict[str, Any]:
+    extra = info.json_schema_extra if info is not None else None
+    return extra if isinstance(extra, dict) else {}
+
+
+def _names(info: FieldInfo | None, key: str) -> list[str]:
+    found = _extra(info).get(key)
+    return [str(n) for n in found] if isinstance(found, list) else []
+
+
+def deprecated_name(old: str, new: str) -> None:
+    """One warning line per process that ``old`` (a variable or config key) is read as ``new``."""
+    if (old, new) not in _warned:
+        _warned.add((old, new))
+        log.warning("%s is deprecated: use %s (the old name is still read, for now)", old, new)
+
+
+class _EnvSource(EnvSettingsSource):
+    """The ``INFERA_*`` environment: each field's own name (:func:`env_name`) first, then
+    its ``old_env`` names with a deprecation line."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        value, key, is_complex = super().get_field_value(field, field_name)
+        names = env_names(field_name, field)
+        if names == ("INFERA_" + field_name.upper(),):
+            return value, key, is_complex
+        for i, name in enumerate(names):
+            found = self.env_vars.get(name if self.case_sensitive else name.lower())
+            if found is not None:
+                if i:
+                    deprecated_name(name, names[0])
+                return found, key, is_complex
+        return None, key, is_complex
 
 
 class _FileSource(PydanticBaseSettingsSource):
@@ -48,7 +97,14 @@ class _FileSource(PydanticBaseSettingsSource):
         return self._data.get(field_name), field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        return {k: v for k, v in self._data.items() if k in self.settings_cls.model_fields}
+        fields = self.settings_cls.model_fields
+        out = {k: v for k, v in self._data.items() if k in fields}
+        for name, info in fields.items():
+            for old in _names(info, "old_keys"):
+                if name not in out and old in self._data:
+                    deprecated_name(f"config key {old!r}", repr(name))
+                    out[name] = self._data[old]
+        return out
 
 
 class InferaSettings(BaseSettings):
@@ -68,16 +124,22 @@ class InferaSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         file_data = init_settings.init_kwargs.pop("_config_file_data", {})  # type: ignore[attr-defined]
-        return (init_settings, env_settings, _FileSource(settings_cls, file_data))
+        return (init_settings, _EnvSource(settings_cls), _FileSource(settings_cls, file_data))
 
 
-def env_name(field_name: str) -> str:
-    return "INFERA_" + field_name.upper()
+def env_names(field_name: str, info: FieldInfo | None = None) -> tuple[str, ...]:
+    """The variables a setting reads, in order: its own, then deprecated spellings."""
+    own = _extra(info).get("env")
+    return (str(own) if own else "INFERA_" + field_name.upper(), *_names(info, "old_env"))
+
+
+def env_name(field_name: str, info: FieldInfo | None = None) -> str:
+    """The environment variable of a setting (``--help`` shows it)."""
+    return env_names(field_name, info)[0]
 
 
 def _flag_name(name: str, info: FieldInfo) -> str:
-    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-    flag = extra.get("flag")
+    flag = _extra(info).get("flag")
     return str(flag) if flag else "--" + name.replace("_", "-")
 
 
@@ -122,7 +184,7 @@ def field_options(fields: Iterable[tuple[str, FieldInfo]]) -> list[click.Option]
         shown = "" if default in (None, "", [], False) else f" [default: {default}]"
         if isinstance(default, Enum):
             shown = f" [default: {default.value}]"
-        help_text = f"{info.description or ''}{shown} [env: {env_name(name)}]".strip()
+        help_text = f"{info.description or ''}{shown} [env: {env_name(name, info)}]".strip()
         decls = [_flag_name(name, info)]
         if extra.get("short"):
             decls.append(str(extra["short"]))
@@ -216,7 +278,9 @@ def _explain(model: type[BaseModel], exc: ValidationError) -> str:
     name = str(loc[0])
     info = model.model_fields.get(name)
     flag = _flag_name(name, info) if info is not None else name
-    return f"{flag} (env {env_name(name)}): {err.get('msg', 'invalid value')} (got {err.get('input')!r})"
+    return (
+        f"{flag} (env {env_name(name, info)}): {err.get('msg', 'invalid value')} (got {err.get('input')!r})"
+    )
 
 
 def config_option(fn: F) -> F:

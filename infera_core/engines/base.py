@@ -232,6 +232,24 @@ class HealthGenerate(Protocol):
 
 
 @runtime_checkable
+class KvEventPoller(Protocol):
+    """Optional adapter method: the engine hands out its KV events when asked, instead of
+    publishing them (TensorRT-LLM's ``POST /kv_cache_events``, which takes what it returns).
+
+    The launcher — the engine's one reader — calls it in a loop once the engine serves and
+    publishes each payload on the ZMQ endpoints of ``record_fields().kv_events`` (which must
+    name free ports the engine does not bind), with sequence numbers and a replay buffer
+    (:mod:`infera_core.launcher.kv_poll`); routers subscribe as to any publisher and decode
+    with the ``kv_events.format`` decoder.
+    """
+
+    async def poll_kv_events(self, engine: RunningEngine) -> list[bytes]:
+        """The batches new since the last call, each one payload for the ``kv_events.format``
+        decoder; ``[]`` when there is none. An exception is logged and the poll retried."""
+        ...
+
+
+@runtime_checkable
 class FlagAliases(Protocol):
     """Optional adapter method: engine spellings of what Infera manages (see :class:`FlagAlias`)."""
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from enum import StrEnum
-from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from infera_core.config.settings import InferaSettings
 from infera_core.discovery.base import DiscoverySettings
@@ -21,19 +19,6 @@ class RestartPolicy(StrEnum):
     ON_FAILURE = "on-failure"
 
 
-LEGACY_ENV = {"discovery_prefix": "INFERA_ETCD_PREFIX", "discovery_timeout": "INFERA_CONNECT_TIMEOUT"}
-"""Old environment spellings ``worker`` and ``workers`` still read (below every new source)."""
-
-
-def with_legacy_env(data: Any) -> Any:
-    """Fill a setting from its old environment variable when nothing newer gave it."""
-    if isinstance(data, dict):
-        for name, env in LEGACY_ENV.items():
-            if name not in data and os.environ.get(env):
-                data[name] = os.environ[env]
-    return data
-
-
 class WorkerSettings(InferaSettings):
     """Infera's own worker flags, the same for every engine."""
 
@@ -43,8 +28,18 @@ class WorkerSettings(InferaSettings):
     worker_id: str | None = Field(
         None, description="Unique id in the fleet [default: <engine>-<host>-<port>]."
     )
-    host: str = Field("127.0.0.1", description="Address the engine binds to.")
-    port: int | None = Field(None, ge=1, le=65535, description="Engine port [default: a free port].")
+    host: str = Field(
+        "127.0.0.1",
+        description="Address the engine binds to.",
+        json_schema_extra={"env": "INFERA_ENGINE_HOST", "old_env": ["INFERA_HOST"]},
+    )
+    port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Engine port [default: a free port].",
+        json_schema_extra={"env": "INFERA_ENGINE_PORT", "old_env": ["INFERA_PORT"]},
+    )
     advertise_host: str | None = Field(
         None,
         description="Address others use to reach this worker "
@@ -69,12 +64,10 @@ class WorkerSettings(InferaSettings):
     etcd_endpoint: str | None = Field(
         None, description="etcd endpoint(s): host:port, http://host:port, or a comma list."
     )
-    _legacy_env = model_validator(mode="before")(with_legacy_env)
-
     discovery_prefix: str = Field(
         DEFAULT_PREFIX,
         description="Key prefix of worker records (the same as serve's).",
-        json_schema_extra={"aliases": ["--etcd-prefix"]},
+        json_schema_extra={"aliases": ["--etcd-prefix"], "old_env": ["INFERA_ETCD_PREFIX"]},
     )
     static_file: str | None = Field(None, description="Worker list file of --discovery static.")
     lease_ttl: float = Field(
@@ -85,6 +78,7 @@ class WorkerSettings(InferaSettings):
         gt=0,
         description="Seconds to wait for the discovery backend at start-up (serve's"
         " --connect-timeout is to a worker).",
+        json_schema_extra={"old_env": ["INFERA_CONNECT_TIMEOUT"]},
     )
     ready_timeout: float = Field(600.0, gt=0, description="Seconds to wait for the engine to serve.")
     drain_timeout: float = Field(30.0, ge=0, description="Seconds to wait for in-flight requests on SIGTERM.")

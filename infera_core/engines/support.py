@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from infera_core.engines.base import LaunchContext
 from infera_core.errors import EngineError
+from infera_core.util.net import free_port
 
 if TYPE_CHECKING:  # imported where used: plugins load this module at every CLI start
     import httpx
@@ -178,12 +179,7 @@ def free_ports(ctx: LaunchContext, count: int = 1, *, consecutive: bool = False)
     """
 
     def one() -> int:
-        port = ctx.free_port()
-        if port:
-            return port
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
+        return ctx.free_port() or free_port("127.0.0.1")
 
     if not consecutive or count == 1:
         ports: list[int] = []

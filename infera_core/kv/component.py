@@ -11,9 +11,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel
+
 from infera_core.config.backends import BackendOptions
 from infera_core.kv import accel
 from infera_core.kv.agreement import AgreementCheck, parse_block_sizes
+from infera_core.kv.catalog import KvCatalog
 from infera_core.kv.hub import KvHub
 from infera_core.kv.index import KvIndex
 from infera_core.kv.settings import KvSettings
@@ -27,7 +31,12 @@ log = logging.getLogger("infera.kv")
 class KvRouting:
     """See the module docstring. Configuration errors raise ``ConfigError`` here."""
 
-    def __init__(self, catalog: Any, settings: KvSettings | None = None, registry: Any = None) -> None:
+    def __init__(
+        self,
+        catalog: KvCatalog,
+        settings: KvSettings | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.settings = settings = settings or KvSettings()
         self.hub = KvHub(catalog, None, settings, thread=True)
         self.tokens = RoutingTokenizers(
@@ -37,6 +46,9 @@ class KvRouting:
             offload_chars=settings.tokenize_offload_chars,
             prefix_cache_bytes=int(settings.tokenize_prefix_cache_mb * (1 << 20)),
             prefix_wait_ms=settings.tokenize_prefix_wait_ms,
+            cache_bytes=int(settings.tokenize_cache_mb * (1 << 20)),
+            max_chars=settings.tokenize_max_chars,
+            max_tokens=settings.routing_max_tokens,
         )
         self.tokens.check_all()
         self.agreement = AgreementCheck(self.tokens, parse_block_sizes(settings.kv_block_size))
@@ -49,7 +61,7 @@ class KvRouting:
     def index(self) -> KvIndex:
         return self.hub.index
 
-    def register_metrics(self, registry: Any) -> None:
+    def register_metrics(self, registry: CollectorRegistry) -> None:
         self.hub.metrics.register(registry)
 
     async def start(self) -> None:
@@ -102,10 +114,12 @@ class KvRouting:
         return view
 
 
-def make_kv_routing(settings: Any, hooks: Any) -> KvRouting:
-    """The KV component for a server whose settings carry the :class:`KvSettings` fields."""
-    fields = {k: getattr(settings, k) for k in KvSettings.model_fields if hasattr(settings, k)}
-    routing = KvRouting(hooks.catalog(), KvSettings(**fields))
-    routing.hub.sources.options = BackendOptions(settings)  # KV-event transport plugins' settings
-    routing.hub.sources.connect_timeout = getattr(settings, "connect_timeout", 5.0)
+def make_kv_routing(settings: BaseModel, catalog: KvCatalog) -> KvRouting:
+    """The KV component for a server whose settings carry the :class:`KvSettings` fields
+    (``catalog``: the plugin catalog, ``InferaHooks.catalog()``)."""
+    given = settings.model_dump(include=set(KvSettings.model_fields))
+    routing = KvRouting(catalog, KvSettings(**given))
+    routing.hub.sources.configure(  # KV-event transport plugins' settings
+        options=BackendOptions(settings), connect_timeout=getattr(settings, "connect_timeout", 5.0)
+    )
     return routing

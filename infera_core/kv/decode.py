@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from infera_core.kv.events import SEQ_BYTES as SEQ_BYTES  # re-exported: kv.decode was their home
 from infera_core.kv.events import (
     AllBlocksCleared,
     BlockHash,
@@ -34,6 +35,7 @@ from infera_core.kv.events import (
     KvEventBatch,
     RawKvEventBatch,
 )
+from infera_core.kv.events import parse_seq as parse_seq
 
 _U64 = (1 << 64) - 1
 
@@ -206,16 +208,3 @@ def _fix_signed(batch: IndexBatch) -> None:
                 ev.parent_block_hash = p & _U64
         elif isinstance(ev, BlockRemoved):
             ev.block_hashes = [h & _U64 if isinstance(h, int) and h < 0 else h for h in ev.block_hashes]
-
-
-SEQ_BYTES = 8
-"""A publisher's sequence number: 8 bytes, big-endian, signed (replay ends with -1)."""
-
-
-def parse_seq(frame: bytes) -> int | None:
-    """The seq of a frame: None unless exactly 8 bytes (an 11-byte frame is not a huge seq).
-
-    The value is signed: the replay end marker is -1; callers reject other negatives."""
-    if len(frame) != SEQ_BYTES:
-        return None
-    return int.from_bytes(frame, "big", signed=True)

@@ -110,3 +110,16 @@ class RawKvEventDecoder(KvEventDecoder, Protocol):
 class KvDecoderRegistry(Registry[KvEventDecoder]):
     kind = "KV event decoder"
     protocol = KvEventDecoder
+
+
+SEQ_BYTES = 8
+"""A publisher's sequence number on the wire: 8 bytes, big-endian, signed (a replay ends with -1)."""
+
+
+def parse_seq(frame: bytes) -> int | None:
+    """The seq of a frame: None unless exactly 8 bytes (an 11-byte frame is not a huge seq).
+
+    The value is signed: the replay end marker is -1; callers reject other negatives."""
+    if len(frame) != SEQ_BYTES:
+        return None
+    return int.from_bytes(frame, "big", signed=True)

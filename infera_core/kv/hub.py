@@ -1,18 +1,14 @@
-"""The KV event hub: one ZMQ SUB per worker publisher, feeding the :class:`KvIndex`.
+"""The KV event hub: follows every worker's KV-event publisher, feeding the :class:`KvIndex`.
 
-For each worker record with ``kv_events`` it connects a SUB socket (ZMQ reconnects
-on its own, with backoff up to ``reconnect_max_s``), decodes every batch with the
-decoder named by ``kv_events.format`` and applies it to the view of
-``(worker_id, dp_rank)``. Sequence numbers are tracked per publisher: on a gap the
-missing batches are fetched from ``replay_endpoint``; when they are gone (or there is
-no replay socket) the worker's view is cleared and marked stale until it has been
-refilled for ``refill_s``. A publisher whose seq goes back to 0 restarted: its view
-is cleared. A worker that leaves the fleet loses its view.
-
-Frames ``[topic, seq(8B BE), payload]``; replay: DEALER sends ``[b"", start_seq]`` and
-reads ``[b"", (topic,) seq, payload]`` until a seq of -1 (8B signed). A publisher without
-the seq frame (``kv_events.seq_frames = False``, ATOM's ``[topic, payload]``) is numbered
-here; its view is cleared (stale until refilled) whenever its connection drops.
+For each worker record with ``kv_events`` it follows the publisher (or one per DP rank when
+the worker publishes per rank) through the source of the record's KV-event transport
+(``kv_event_transport``: ``zmq`` by default, ``nats``…; one
+:class:`~infera_core.transports.base.KvEventSource` per transport, made on first use by
+:class:`~infera_core.transports.clients.KvSources`). Every transport is treated alike: the
+source delivers ``(seq, payload)`` batches, and :mod:`infera_core.kv.ingest` does the
+sequencing, gap detection, replay (through ``source.replay``), decoding and indexing. A
+broken source is followed again with backoff up to ``reconnect_max_s``; an unknown
+transport or decoder is logged and not followed. A worker that leaves the fleet loses its view.
 
 **Off the proxying loop**: with ``thread=True`` (the server's :class:`~infera_core.kv.component.KvRouting`)
 every subscription, decode and index update runs on an event loop of its own in the
@@ -21,12 +17,6 @@ proxied requests on the server's loop; fleet changes are handed to that loop in 
 Scorers read the index from the server's loop: each read is one dict lookup or one call
 into the native store (which holds the GIL), so a read sees a batch wholly applied or
 not at all. Reports (``cache_view``, metrics) iterate copies of the hub's tables.
-
-That is the built-in ``zmq`` KV-event transport. A worker whose record names another
-transport (``kv_event_transport``, e.g. ``nats``) is followed through that transport's
-:class:`~infera_core.transports.base.KvEventSource` (one per transport, made on first use):
-it delivers ``(seq, payload)`` batches to the same sequencing, gap and decoding logic,
-and its ``replay`` fills gaps. An unknown transport is logged and not followed.
 """
 
 from __future__ import annotations
@@ -39,20 +29,20 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-import zmq
-import zmq.asyncio
+from prometheus_client.registry import CollectorRegistry
 
 from infera_core.errors import InferaError, UnknownNameError
-from infera_core.kv.decode import MsgpackEventDecoder, parse_seq
-from infera_core.kv.events import KvDecodeError, RawKvEventDecoder
-from infera_core.kv.index import KvIndex, WorkerView
+from infera_core.kv.catalog import KvCatalog
+from infera_core.kv.decode import MsgpackEventDecoder
+from infera_core.kv.events import RawKvEventDecoder
+from infera_core.kv.index import KvIndex
+from infera_core.kv.ingest import Ingest
 from infera_core.kv.metrics import KvMetrics
 from infera_core.kv.settings import KvSettings
-from infera_core.kv.sources import KvSources
 from infera_core.kv.subscription import Subscription
-from infera_core.kv.zmq_sub import close_monitored, open_sub, redial, replay
-from infera_core.transports.base import ZMQ
-from infera_core.worker import Status, WorkerRecord, with_port_offset
+from infera_core.transports.base import KvSourceContext
+from infera_core.transports.clients import KvSources
+from infera_core.worker import WorkerRecord
 
 log = logging.getLogger("infera.kv.hub")
 
@@ -63,10 +53,15 @@ SILENCE_GRACE_S = 2.0
 
 
 class KvHub:
-    """See the module docstring. ``catalog`` needs ``kv_decoders``; ``registry`` is prometheus'."""
+    """See the module docstring. ``catalog`` needs ``kv_decoders`` and ``kv_event_transports``;
+    ``registry`` is prometheus'."""
 
     def __init__(
-        self, catalog: Any, registry: Any = None, settings: KvSettings | None = None, thread: bool = False
+        self,
+        catalog: KvCatalog,
+        registry: CollectorRegistry | None = None,
+        settings: KvSettings | None = None,
+        thread: bool = False,
     ) -> None:
         self.settings = settings or KvSettings()
         self.thread = thread
@@ -77,11 +72,19 @@ class KvHub:
         self.index = KvIndex(self.settings.kv_index_max_blocks)
         self.subs: dict[str, list[Subscription]] = {}
         self.records: dict[str, WorkerRecord] = {}
-        self._ctx: zmq.asyncio.Context | None = None
+        self._running = False
         self._monitor: asyncio.Task[None] | None = None
-        self._closed = False
         self._following = True
-        self.sources = KvSources(catalog, self.settings.kv_replay_timeout_s)
+        st = self.settings
+        self.ingest = Ingest(self.index, st)
+        self.sources = KvSources(
+            catalog.kv_event_transports,
+            KvSourceContext(
+                replay_timeout=st.kv_replay_timeout_s,
+                max_message_bytes=st.kv_max_message_bytes,
+                reconnect_max_s=st.kv_reconnect_max_s,
+            ),
+        )
         self.metrics = KvMetrics(self)
         if registry is not None:
             self.metrics.register(registry)
@@ -126,18 +129,17 @@ class KvHub:
 
     async def start_source(self, kind: str) -> None:
         """Start KV-event transport ``kind``'s source where ingestion runs (one error line if it cannot)."""
-        await self.on_ingest(self.sources.start(kind))
+        await self.on_ingest(self.sources.start([kind]))
 
     async def _start(self) -> None:
-        self._ctx = zmq.asyncio.Context()
-        self._closed = False
+        self._running = True
         self._following = True
         for record in list(self.records.values()):
             self._subscribe(record)
         self._monitor = asyncio.create_task(self._watch_silence(), name="kv-silence-monitor")
 
     async def _close(self) -> None:
-        self._closed = True
+        self._running = False
         tasks = [s.task for subs in self.subs.values() for s in subs if s.task is not None]
         if self._monitor is not None:
             tasks.append(self._monitor)
@@ -148,9 +150,6 @@ class KvHub:
                 await t
         self.subs.clear()
         await self.sources.close()
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
 
     stop = close
 
@@ -186,7 +185,7 @@ class KvHub:
             return
         self._unsubscribe(record.worker_id)
         self.index.drop_worker(record.worker_id)
-        if self._ctx is not None:
+        if self._running:
             self._subscribe(record)
 
     def _worker_removed(self, worker_id: str) -> None:
@@ -222,9 +221,7 @@ class KvHub:
         ranks: list[int | None] = list(range(record.dp_size)) if per_rank else [None]
         subs = []
         for r in ranks:
-            off = r or 0
-            replay = with_port_offset(kv.replay_endpoint, off) if kv.replay_endpoint else None
-            sub = Subscription(record, r, with_port_offset(kv.endpoint, off), replay)
+            sub = Subscription(record, r, *kv.endpoints(r))
             sub.decode = decode
             sub.native = self.index.ingests_payloads and type(decoder) is MsgpackEventDecoder
             sub.task = asyncio.create_task(self._run(sub), name=f"kv-sub-{record.worker_id}-{r}")
@@ -236,17 +233,15 @@ class KvHub:
             if sub.task is not None:
                 sub.task.cancel()
 
-    # -- ingestion ------------------------------------------------------------------
+    # -- following ----------------------------------------------------------------
     async def _run(self, sub: Subscription) -> None:
-        """Follow one publisher until cancelled; a broken socket is rebuilt with backoff."""
+        """Follow one publisher until cancelled; a broken source is followed again with backoff."""
         backoff = 0.1
+        sink = self.ingest.sink(sub)
         while True:
             try:
-                if sub.record.kv_event_transport == ZMQ:
-                    await self._follow(sub)
-                else:
-                    sub.source = await self.sources.get(sub.record.kv_event_transport)
-                    await sub.source.follow(sub.record, sub.rank, _Sink(self, sub))
+                sub.source = await self.sources.get(sub.record.kv_event_transport)
+                await sub.source.follow(sub.record, sub.rank, sink)
             except asyncio.CancelledError:
                 raise
             except (ConnectionError, InferaError) as exc:  # a transport's server is unreachable
@@ -266,216 +261,6 @@ class KvHub:
                 )
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.settings.kv_reconnect_max_s)
-
-    async def _follow(self, sub: Subscription) -> None:
-        assert self._ctx is not None
-        kv = sub.record.kv_events
-        assert kv is not None
-        st = self.settings
-        sock = open_sub(
-            self._ctx, sub.endpoint, kv.topic.encode(), st.kv_max_message_bytes, st.kv_reconnect_max_s
-        )
-        mon = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        redialer = asyncio.create_task(redial(sock, mon, sub.endpoint, lambda: self._dropped(sub)))
-        try:
-            if sub.last_seq is None and sub.replay_endpoint:
-                await self._initial_sync(sub)
-            while True:
-                frames = await sock.recv_multipart()
-                if len(frames) < 3:
-                    if frames and not kv.seq_frames:  # [topic, payload] (ATOM): numbered here
-                        await self._on_batch(sub, 0 if sub.last_seq is None else sub.last_seq + 1, frames[-1])
-                    else:
-                        sub.undecodable += 1
-                    continue
-                seq = parse_seq(frames[-2])
-                if seq is None:
-                    self._bad_seq(sub, f"a {len(frames[-2])}-byte seq frame")
-                    continue
-                await self._on_batch(sub, seq, frames[-1])
-        finally:
-            redialer.cancel()
-            close_monitored(sock, mon)
-
-    def _dropped(self, sub: Subscription) -> None:
-        sub.drops += 1
-        if sub.record.status == Status.DRAINING:  # a worker stopping in order: its engine goes next
-            log.info(
-                "worker %s: KV publisher connection %s closed while the worker drains",
-                sub.record.worker_id,
-                sub.endpoint,
-            )
-        else:
-            log.warning(
-                "worker %s: KV publisher connection %s dropped (a message over --kv-max-message-bytes %d,"
-                " or the publisher went away): reconnecting; events in between count as lost",
-                sub.record.worker_id,
-                sub.endpoint,
-                self.settings.kv_max_message_bytes,
-            )
-        kv = sub.record.kv_events
-        if kv is not None and not kv.seq_frames:  # no seq: what was lost cannot be told or replayed
-            self._clear(sub, stale=True)
-
-    def _bad_seq(self, sub: Subscription, what: str) -> None:
-        """A frame whose seq cannot be trusted: counted and skipped (a real gap shows at the next one)."""
-        sub.bad_seq += 1
-        log.warning("worker %s: KV frame with %s skipped", sub.record.worker_id, what)
-
-    async def _on_batch(self, sub: Subscription, seq: int, payload: bytes) -> None:
-        if seq < 0:
-            self._bad_seq(sub, f"negative seq {seq}")
-            return
-        try:
-            await self._on_frame(sub, seq, payload)
-        except Exception as exc:
-            # whatever one batch does, the subscription goes on; its events are lost, so the
-            # views are cleared and not credited until refilled
-            sub.undecodable += 1
-            log.warning(
-                "worker %s: KV batch seq %d not applied (%r): view cleared, stale until refilled",
-                sub.record.worker_id,
-                seq,
-                exc,
-            )
-            self._clear(sub, stale=True)
-
-    async def _initial_sync(self, sub: Subscription) -> None:
-        """Load what the publisher still buffers, so a worker that went quiet before we
-        subscribed (or before a router restart) is known at once, not at its next event."""
-        got = await self._replay(sub, 0, 1 << 62)
-        if not got:
-            return
-        sub.replays += 1
-        for seq, payload in got:
-            self._apply(sub, seq, payload)
-        sub.synced_through = sub.last_seq
-
-    async def _on_frame(self, sub: Subscription, seq: int, payload: bytes) -> None:
-        if sub.synced_through is not None:
-            if seq <= sub.synced_through:
-                return  # already applied by the initial sync
-            sub.synced_through = None
-        last = sub.last_seq
-        if last is not None:
-            if seq <= last:
-                if seq == 0 or last - seq > self.settings.kv_restart_window:
-                    log.warning(
-                        "worker %s: KV publisher restarted (seq %d after %d)", sub.record.worker_id, seq, last
-                    )
-                    self._clear(sub, stale=False)
-                    sub.last_seq = None
-                    if seq > 0:  # the new stream's first batches were missed
-                        await self._fill(sub, 0, seq)
-                else:
-                    return  # duplicate or late (already filled by replay)
-            elif seq > last + 1:
-                sub.gaps += 1
-                await self._fill(sub, last + 1, seq)
-        elif seq > 0 and (sub.replay_endpoint or sub.source is not None):
-            await self._fill(sub, 0, seq, initial=True)
-        self._apply(sub, seq, payload)
-
-    def _apply(self, sub: Subscription, seq: int, payload: bytes) -> None:
-        sub.last_seq = seq
-        sub.batches += 1
-        decode = sub.decode
-        assert decode is not None
-        try:
-            n = self._apply_native(sub, seq, payload) if sub.native else None
-            if n is None:
-                batch = decode(payload)
-                n = len(batch.events)
-                if n:
-                    self.index.apply(self._view(sub, batch.dp_rank), batch, seq)
-            if not n:
-                sub.empty_batches += 1
-                log.warning("worker %s: KV batch seq %d decoded to no events", sub.record.worker_id, seq)
-                return
-        except KvDecodeError as exc:
-            sub.undecodable += 1
-            log.warning(
-                "worker %s: undecodable KV batch seq %d: %s (view cleared, stale until refilled)",
-                sub.record.worker_id,
-                seq,
-                exc,
-            )
-            self._clear(sub, stale=True)
-            return
-        now = time.time()
-        sub.last_event_at = now
-        if sub.stale_since is not None and now - sub.stale_since >= self.settings.kv_refill_s:
-            sub.stale_since = None
-            for v in sub.views.values():
-                self.index.set_stale(v, False)
-
-    def _apply_native(self, sub: Subscription, seq: int, payload: bytes) -> int | None:
-        """Events in the batch, applied by the index's parser; None when it needs ``decode``."""
-        batch_rank = None
-        if sub.rank is None and sub.record.dp_size > 1:
-            try:
-                batch_rank = self.index.payload_dp_rank(payload)
-            except ValueError:
-                return None
-        n = self.index.apply_payload(self._view(sub, batch_rank), payload, seq)
-        if n is not None:
-            sub.native_batches += 1
-        return n
-
-    def _view(self, sub: Subscription, batch_rank: int | None) -> WorkerView:
-        """The view a batch applies to: its publisher's rank, else the batch's own ``dp_rank``."""
-        rec = sub.record
-        rank = sub.rank if sub.rank is not None else (batch_rank if rec.dp_size > 1 else rec.dp_rank)
-        view = sub.views.get(rank)
-        if view is None:
-            kv = rec.kv_events
-            assert kv is not None
-            view = self.index.add_view(rec.worker_id, rank, kv.block_size)
-            self.index.set_stale(view, sub.stale_since is not None)
-            sub.views[rank] = view
-        return view
-
-    def _clear(self, sub: Subscription, stale: bool) -> None:
-        for view in sub.views.values():
-            self.index.clear_view(view)
-            self.index.set_stale(view, stale)
-        sub.stale_since = time.time() if stale else None
-
-    async def _fill(self, sub: Subscription, start: int, until: int, initial: bool = False) -> None:
-        """Fetch ``[start, until)`` from the replay socket; clear and mark stale if gone."""
-        if sub.source is not None:
-            got = await sub.source.replay(sub.record, sub.rank, start, until)
-        else:
-            got = await self._replay(sub, start, until) if sub.replay_endpoint else None
-        complete = bool(got) and got is not None and got[0][0] == start and len(got) == until - start
-        if got is not None and (complete or initial):
-            sub.replays += 1
-            for seq, payload in got:
-                self._apply(sub, seq, payload)
-            return
-        sub.replays_failed += 1
-        log.warning(
-            "worker %s: KV events %d..%d lost and not replayable; view cleared (stale until refilled)",
-            sub.record.worker_id,
-            start,
-            until - 1,
-        )
-        self._clear(sub, stale=True)
-        for seq, payload in got or []:
-            self._apply(sub, seq, payload)
-
-    async def _replay(self, sub: Subscription, start: int, until: int) -> list[tuple[int, bytes]] | None:
-        assert self._ctx is not None and sub.replay_endpoint is not None
-        return await replay(
-            self._ctx,
-            sub.replay_endpoint,
-            start,
-            until,
-            wait_s=self.settings.kv_replay_timeout_s,
-            max_message=self.settings.kv_max_message_bytes,
-            worker_id=sub.record.worker_id,
-            on_bad_seq=lambda: self._bad_seq(sub, "a bad seq in a replay answer"),
-        )
 
     # -- reporting --------------------------------------------------------------------
     def silent_workers(self, now: float | None = None) -> list[str]:
@@ -536,20 +321,3 @@ class KvHub:
             "publishers": [s.summary() for s in subs],
             "views": views,
         }
-
-
-class _Sink:
-    """Where a transport's source delivers one publisher's batches (see ``KvEventSink``)."""
-
-    __slots__ = ("hub", "sub")
-
-    def __init__(self, hub: KvHub, sub: Subscription) -> None:
-        self.hub = hub
-        self.sub = sub
-
-    async def batch(self, seq: int, payload: bytes) -> None:
-        await self.hub._on_batch(self.sub, seq, payload)
-
-    def malformed(self, reason: str) -> None:
-        self.sub.undecodable += 1
-        log.warning("worker %s: malformed KV event message skipped: %s", self.sub.record.worker_id, reason)

@@ -33,6 +33,7 @@ from infera_core.kv.events import (
 )
 from infera_core.kv.hashing import root_hash
 from infera_core.kv.store import BlockStore
+from infera_core.scheduling.types import KvView
 
 log = logging.getLogger("infera.kv.index")
 
@@ -442,7 +443,7 @@ class KvIndex:
     def match(
         self,
         hashes: Sequence[int],
-        views: Sequence[WorkerView | None],
+        views: Sequence[KvView | None],
         tier_weights: Iterable[float] = (1.0, 0.5, 0.25),
     ) -> list[float]:
         """Tier-weighted length (in blocks) of the cached prefix of ``hashes`` on each view.

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from infera_core.kv.index import KvIndex
 from infera_core.kv.subscription import Subscription
@@ -30,7 +30,7 @@ class KvMetrics(Collector):
         self.extra: list[Any] = []
         """More objects with a ``collect()`` (tokenization, agreement check)."""
 
-    def register(self, registry: Any) -> None:
+    def register(self, registry: CollectorRegistry) -> None:
         registry.register(self)
 
     def collect(self) -> Iterable[Any]:

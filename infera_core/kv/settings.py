@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import Field
+
+from infera_core.tokenize.settings import TokenizeSettings
 
 
-class KvSettings(BaseModel):
-    """Event hub, index and routing-tokenizer knobs."""
+class KvSettings(TokenizeSettings):
+    """Event hub, index and routing-tokenizer knobs (the tokenizer's bounds from
+    :class:`~infera_core.tokenize.settings.TokenizeSettings`)."""
 
     kv_index_max_blocks: int = Field(
         4_000_000, ge=0, description="Most blocks mirrored for all workers together (0: unbounded)."
@@ -38,20 +41,4 @@ class KvSettings(BaseModel):
     kv_block_size: list[str] = Field(
         default=[],
         description="Expected KV block size per model: MODEL=N (repeatable); disagreeing workers are flagged.",
-    )
-    tokenize_cache_size: int = Field(4096, ge=0, description="Prompts whose token ids are cached (LRU).")
-    tokenize_offload_chars: int = Field(
-        4096, ge=0, description="Prompts longer than this (characters) are tokenized off the event loop."
-    )
-    tokenize_prefix_cache_mb: float = Field(
-        256.0,
-        ge=0,
-        description="Memory (MiB) for chat conversation prefixes whose token ids are reused by the next turn "
-        "(incremental tokenization; 0 disables).",
-    )
-    tokenize_prefix_wait_ms: float = Field(
-        20.0,
-        ge=0,
-        description="When a chat turn's new suffix is still being tokenized after this long (ms), route on the "
-        "blocks of the conversation prefix already known (0: always wait).",
     )

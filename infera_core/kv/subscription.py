@@ -32,6 +32,7 @@ class Subscription:
         "rank",
         "record",
         "replay_endpoint",
+        "replayable",
         "replays",
         "replays_failed",
         "source",
@@ -48,7 +49,9 @@ class Subscription:
         self.endpoint = endpoint
         self.replay_endpoint = replay
         self.source: KvEventSource | None = None
-        """The transport's source when not the built-in ZMQ subscriber."""
+        """The transport's source, once made (see :class:`infera_core.transports.clients.KvSources`)."""
+        self.replayable = True
+        """Whether the source can replay this publisher's history (``KvEventSink.subscribed``)."""
         self.decode: Callable[[bytes], IndexBatch] | None = None
         """The decoder's ``decode_raw`` when it has one (token ids stay packed for the
         index), else its ``decode``."""
@@ -64,9 +67,9 @@ class Subscription:
         """Batches the index's native parser applied (the rest went through ``decode``)."""
         self.undecodable = 0
         self.bad_seq = 0
+        """Frames skipped because their seq was not 8 bytes or was negative."""
         self.drops = 0
         """Times the publisher's connection dropped (an oversized message, a restart)."""
-        """Frames skipped because their seq was not 8 bytes or was negative."""
         self.empty_batches = 0
         self.gaps = 0
         self.replays = 0

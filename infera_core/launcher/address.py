@@ -5,6 +5,9 @@ from __future__ import annotations
 import ipaddress
 import socket
 
+from infera_core.util.net import WILDCARD_HOSTS
+from infera_core.util.net import free_port as free_port  # re-exported: its old home
+
 
 def is_loopback(host: str) -> bool:
     if host in ("localhost", "localhost.localdomain"):
@@ -16,7 +19,7 @@ def is_loopback(host: str) -> bool:
 
 
 def is_wildcard(host: str) -> bool:
-    return host in ("", "0.0.0.0", "::", "[::]")
+    return host in WILDCARD_HOSTS
 
 
 def primary_ip() -> str:
@@ -51,10 +54,3 @@ def advertise_host(bind_host: str, explicit: str | None = None) -> str:
     if is_wildcard(bind_host):
         return primary_ip()
     return bind_host
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free right now on ``host`` (any interface for a wildcard host)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("" if is_wildcard(host) else host, 0))
-        return int(s.getsockname()[1])

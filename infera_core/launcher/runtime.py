@@ -36,31 +36,28 @@ from typing import Any
 
 import httpx
 
-from infera_core.config.backends import BackendOptions
 from infera_core.discovery.base import Discovery, Registration
 from infera_core.engines.base import EngineAdapter, LaunchContext, LaunchSpec, RunningEngine
 from infera_core.engines.settings import WorkerSettings
 from infera_core.errors import ConfigError, EngineError
-from infera_core.launcher.address import advertise_host, free_port
+from infera_core.launcher.address import advertise_host
+from infera_core.launcher.drain import wait_drained
 from infera_core.launcher.flags import launch_options
 from infera_core.launcher.health import GenerationWatch, checks_generation, health_generate, serves_inference
+from infera_core.launcher.kv_poll import PolledKvPublisher, polled_kv_events
 from infera_core.launcher.learned import with_served_block_size
 from infera_core.launcher.process import EngineProcess
 from infera_core.launcher.restart import RestartBudget, WorkerState
-from infera_core.launcher.transports import WorkerTransports
+from infera_core.launcher.transports import WorkerTransports, worker_context
 from infera_core.launcher.waits import first_of, quietly
 from infera_core.plugin.hooks import InferaHooks
-from infera_core.transports.base import WorkerContext
+from infera_core.util.net import free_port
 from infera_core.util.redact import redact_url
 from infera_core.worker import Status, WorkerRecord
 
 log = logging.getLogger("infera.launcher")
 
 READY_POLL = 0.2
-DRAIN_POLL = 0.25
-DRAIN_SETTLE = 1.0
-"""After publishing ``draining``, routers may still send for up to a second: an in-flight
-count of zero only counts once this much time has passed."""
 
 
 class WorkerLauncher:
@@ -87,6 +84,7 @@ class WorkerLauncher:
         self._owns_discovery = discovery is None
         self._discovery_started = discovery is not None
         self._transports: WorkerTransports | None = None
+        self._kv_poll: PolledKvPublisher | None = None
         self._echo = echo
         self._on_spawn = on_spawn
         self._budget = RestartBudget(settings)
@@ -207,8 +205,10 @@ class WorkerLauncher:
         self.record = await with_served_block_size(
             adapter, RunningEngine(ctx, client), self._record(adapter, ctx, spec)
         )
+        await self._stop_kv_poll()
+        self._kv_poll = polled_kv_events(adapter, RunningEngine(ctx, client), self.record.kv_events, ctx.host)
         assert self._transports is not None
-        via = await self._transports.attach(self._transport_context(ctx, self.record))
+        via = await self._transports.attach(worker_context(ctx, self.record, self.settings))
         self.record = self.record.model_copy(update=via)
         self.registration = await discovery.register(self.record)
         self._registered.set()
@@ -226,11 +226,17 @@ class WorkerLauncher:
         self._budget.served(loop.time() - started)
         return down
 
+    async def _stop_kv_poll(self) -> None:
+        poll, self._kv_poll = self._kv_poll, None
+        if poll is not None:
+            await poll.close()
+
     async def _restart_after(self, down: EngineError, ctx: LaunchContext) -> bool:
         """Deregister and stop the dead engine; wait the backoff. False when a stop request came
         first; raises ``down`` when the restart policy says no."""
         assert self.process is not None
         await self._deregister()
+        await self._stop_kv_poll()
         await self.process.stop(self.settings.stop_timeout)
         delay = self._budget.next_delay()
         if delay is None:
@@ -425,30 +431,13 @@ class WorkerLauncher:
             await self.registration.update(self.record)
         except Exception as exc:  # still drain: the router sees the deletion instead
             log.warning("worker %s: could not publish draining status: %s", ctx.worker_id, exc)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        deadline = started + self.settings.drain_timeout
-        settle = min(DRAIN_SETTLE, self.settings.drain_timeout)
-        unknown_logged = False
-        while not self._skip_wait.is_set() and loop.time() < deadline and self.process.returncode is None:
-            count = await quietly(adapter.in_flight(RunningEngine(ctx, client)), default=None)
-            if count is None and not unknown_logged:
-                log.info(
-                    "worker %s: engine does not report in-flight requests; waiting --drain-timeout %gs",
-                    ctx.worker_id,
-                    self.settings.drain_timeout,
-                )
-                unknown_logged = True
-            if count == 0 and loop.time() - started >= settle:
-                log.info("worker %s: no requests in flight after %.1fs", ctx.worker_id, loop.time() - started)
-                return
-            await first_of(self._skip_wait.wait(), within=min(DRAIN_POLL, max(0.0, deadline - loop.time())))
-        if loop.time() >= deadline:
-            log.warning(
-                "worker %s: --drain-timeout %gs reached with requests maybe still running",
-                ctx.worker_id,
-                self.settings.drain_timeout,
-            )
+        await wait_drained(
+            adapter,
+            RunningEngine(ctx, client),
+            self.settings.drain_timeout,
+            self._skip_wait,
+            lambda: self.process is not None and self.process.returncode is None,
+        )
 
     async def _deregister(self) -> None:
         if self.registration is not None:
@@ -461,21 +450,11 @@ class WorkerLauncher:
                     "worker %s: deregistration failed (%s); the lease expires on its own", self._wid, exc
                 )
 
-    def _transport_context(self, ctx: LaunchContext, record: WorkerRecord) -> WorkerContext:
-        s = self.settings
-        return WorkerContext(
-            worker_id=ctx.worker_id,
-            model=ctx.model,
-            engine_url=ctx.url,
-            kv_events=record.kv_events,
-            dp_size=record.dp_size,
-            connect_timeout=s.discovery_timeout,
-            options=BackendOptions(s),
-        )
-
     async def _cleanup(self) -> None:
         with contextlib.suppress(Exception):
             await self._deregister()
+        with contextlib.suppress(Exception):
+            await self._stop_kv_poll()
         if self._transports is not None:
             try:
                 await self._transports.close()

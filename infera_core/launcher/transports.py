@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from infera_core.config.backends import BackendOptions
+from infera_core.engines.base import LaunchContext
+from infera_core.engines.settings import WorkerSettings
 from infera_core.errors import InferaError
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.transports.base import (
@@ -14,6 +17,7 @@ from infera_core.transports.base import (
     WorkerAttachment,
     WorkerContext,
 )
+from infera_core.worker import WorkerRecord
 
 
 class WorkerTransports:
@@ -63,3 +67,16 @@ class WorkerTransports:
         self._fields = None
         for attachment in reversed(attached):
             await attachment.close()
+
+
+def worker_context(ctx: LaunchContext, record: WorkerRecord, settings: WorkerSettings) -> WorkerContext:
+    """What the transports' worker sides are started with, once the engine serves."""
+    return WorkerContext(
+        worker_id=ctx.worker_id,
+        model=ctx.model,
+        engine_url=ctx.url,
+        kv_events=record.kv_events,
+        dp_size=record.dp_size,
+        connect_timeout=settings.discovery_timeout,
+        options=BackendOptions(settings),
+    )

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import MutableSequence, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from infera_core.kv.index import WorkerView
     from infera_core.request import RequestContext
-    from infera_core.scheduling.types import Endpoint
+    from infera_core.scheduling.arrays import Floats
+    from infera_core.scheduling.types import Endpoint, KvIndexView, KvView
 
 """The header that steers a request to one DP rank of a DP-attention server."""
 
@@ -40,7 +40,7 @@ def fronts_ranks(ep: Endpoint) -> bool:
     return ep.dp_rank is None and ep.record.dp_size > 1
 
 
-def rank_views(index: Any, ep: Endpoint) -> list[WorkerView]:
+def rank_views(index: KvIndexView, ep: Endpoint) -> list[KvView]:
     """The credited views of ``ep``'s ranks (stale and untrusted ones left out), in rank order."""
     if ep.worker_id in index.untrusted:
         return []
@@ -50,7 +50,7 @@ def rank_views(index: Any, ep: Endpoint) -> list[WorkerView]:
 
 
 def _best(
-    index: Any, ctx: RequestContext, views: Sequence[WorkerView], weights: tuple[float, float, float]
+    index: KvIndexView, ctx: RequestContext, views: Sequence[KvView], weights: tuple[float, float, float]
 ) -> tuple[float, int | None]:
     """(fraction of the prompt's blocks cached, rank) of the best view; (0.0, None) when none holds any."""
     best, rank = 0.0, None
@@ -67,11 +67,11 @@ def _best(
 
 
 def best_rank_overlap(
-    index: Any,
+    index: KvIndexView,
     ctx: RequestContext,
     candidates: Sequence[Endpoint],
     weights: tuple[float, float, float],
-    scores: MutableSequence[float] | Any,
+    scores: MutableSequence[float] | Floats,
 ) -> None:
     """Set ``scores[i]`` of every DP-attention candidate to its best rank's overlap (in place).
 
@@ -90,7 +90,9 @@ class DpRanks:
 
     __slots__ = ("_turn", "index", "weights")
 
-    def __init__(self, index: Any = None, weights: tuple[float, float, float] = DEFAULT_WEIGHTS) -> None:
+    def __init__(
+        self, index: KvIndexView | None = None, weights: tuple[float, float, float] = DEFAULT_WEIGHTS
+    ) -> None:
         self.index = index
         self.weights = weights
         self._turn: dict[str, itertools.count[int]] = {}

@@ -37,7 +37,7 @@ from infera_core.scheduling.profile import Profile, build_profile
 from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.router_config import ProfileChoice
 from infera_core.scheduling.scheduler import CandidateSource, NoWorkerError, OverloadedError, under_cap
-from infera_core.scheduling.types import Endpoint, RoutedEvent, SchedulerDeps
+from infera_core.scheduling.types import Endpoint, KvIndexView, RoutedEvent, SchedulerDeps
 from infera_core.worker import Role, WorkerRecord
 
 PREFILL_PRESETS = ("kv-aware-prefill", "kv-aware", "least-load", "round-robin")
@@ -126,7 +126,7 @@ class PdScheduler:
         transports: Container[str],
         *,
         max_inflight: int = 0,
-        kv_index: Any = None,
+        kv_index: KvIndexView | None = None,
         observe: Callable[[str, float], None] | None = None,
         notify: Callable[[RoutedEvent], None] | None = None,
     ) -> None:

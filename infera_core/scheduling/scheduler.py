@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from infera_core.request import RequestContext
 from infera_core.scheduling.arrays import ARRAY_MIN, state
@@ -19,7 +19,7 @@ from infera_core.scheduling.dp import DpRanks
 from infera_core.scheduling.profile import Profile, build_profile
 from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.router_config import RouterConfig
-from infera_core.scheduling.types import Endpoint, RoutedEvent, SchedulerDeps
+from infera_core.scheduling.types import Endpoint, KvIndexView, RoutedEvent, SchedulerDeps
 
 DIRECT_HEADER = "x-worker-instance-id"
 
@@ -99,7 +99,7 @@ class Scheduler:
         max_inflight: int = 0,
         observe: Observer | None = None,
         notify: Callable[[RoutedEvent], None] | None = None,
-        kv_index: Any = None,
+        kv_index: KvIndexView | None = None,
     ) -> None:
         self.source = source
         self.default = default

@@ -8,9 +8,9 @@ they read (KV index, load) is kept current by background tasks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence, Set
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, overload
 
 from pydantic import BaseModel
 
@@ -209,11 +209,76 @@ class Picker:
         raise NotImplementedError
 
 
+class KvView(Protocol):
+    """One worker's (one DP rank's) mirrored KV cache, as scorers read it
+    (``infera_core.kv.index.WorkerView`` is one)."""
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def dp_rank(self) -> int | None: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def slot(self) -> int:
+        """The view's column in the index's block store (:meth:`KvIndexView.match_slots`)."""
+        ...
+
+
+class KvIndexView(Protocol):
+    """The router's KV index as scorers use it: exactly what they call
+    (``infera_core.kv.index.KvIndex`` is one). Never does I/O."""
+
+    @property
+    def views_by_key(self) -> Mapping[tuple[str, int | None], KvView]:
+        """``(worker_id, dp_rank)`` → view, stale views left out."""
+        ...
+
+    @property
+    def untrusted(self) -> Set[str]:
+        """Workers whose views are not to be credited (the agreement check flagged them)."""
+        ...
+
+    @property
+    def ranked_workers(self) -> Set[str]:
+        """Workers with per-DP-rank views (scored by their best rank)."""
+        ...
+
+    @property
+    def version(self) -> int:
+        """Changes whenever a view is added, dropped, re-sized or (un)credited."""
+        ...
+
+    @property
+    def routed_at(self) -> MutableMapping[str, float]:
+        """worker_id → wall time a KV-scored request was last routed there (scorers write it)."""
+        ...
+
+    def hash_prompt(self, token_ids: list[int], block_size: int) -> list[int]:
+        """Router hashes of a prompt's full blocks."""
+        ...
+
+    def match(
+        self, hashes: Sequence[int], views: Sequence[KvView | None], tier_weights: Iterable[float] = ...
+    ) -> list[float]:
+        """Tier-weighted length (in blocks) of the cached prefix of ``hashes`` on each view."""
+        ...
+
+    def match_slots(
+        self, hashes: Sequence[int], slots: _arrays.Rows, tier_weights: tuple[float, float, float]
+    ) -> _arrays.Floats:
+        """:meth:`match` for an array of view slots (-1: no view)."""
+        ...
+
+
 @dataclass(slots=True)
 class SchedulerDeps:
     """Shared state handed to policy factories (never I/O handles)."""
 
-    kv_index: Any = None
+    kv_index: KvIndexView | None = None
     """The router's KV index (``infera_core.kv.index``), or None when KV routing is off."""
     clock: Callable[[], float] | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -30,6 +30,7 @@ SUMMED_GAUGES = frozenset(
         "infera_pd_role_in_flight",
         "infera_kv_index_memory_bytes",
         "infera_routing_tokenize_prefix_cache_bytes",
+        "infera_routing_tokenize_cache_bytes",
     }
 )
 """Gauges one process measures of itself: the router's figure is the sum."""

@@ -5,11 +5,10 @@ Nothing is built at import time. The hot routes (``/v1/chat/completions``,
 FastAPI router (no request/response objects per request); the control routes are
 ordinary FastAPI handlers.
 
-**KV seam** (for KV-aware routing): pass ``kv=`` an object with an ``index``
-attribute (handed to policy factories as ``SchedulerDeps.kv_index``), sync
-``on_worker_added(record)`` / ``on_worker_removed(record)`` (called for every fleet
-change) and async ``start()`` / ``stop()`` (run by the lifespan). See
-:class:`KvComponent`.
+**KV seam** (for KV-aware routing): pass ``kv=`` a
+:class:`~infera_core.server.kv.KvComponent` (``infera_core.kv.component.KvRouting``): its
+``index`` is handed to policy factories as ``SchedulerDeps.kv_index``, it hears every
+fleet change, the lifespan starts and stops it.
 
 **PD seam**: routing and proxying are separate — ``RouterCore.schedule(ctx,
 exclude)`` returns an :class:`Endpoint`; ``RouterCore.dispatch`` / ``Upstream.open``
@@ -21,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -52,6 +51,8 @@ from infera_core.server.errors import ApiError
 from infera_core.server.fleet import EndpointTable
 from infera_core.server.hangs import HangDetector
 from infera_core.server.keys import KeyRing, Principal
+from infera_core.server.kv import KvComponent
+from infera_core.server.liveness import progress
 from infera_core.server.messages import MessagesProxy
 from infera_core.server.metrics import ServerMetrics
 from infera_core.server.openapi import add_openapi_route
@@ -67,22 +68,6 @@ from infera_core.transports.base import ClientContext
 from infera_core.transports.clients import Upstreams
 from infera_core.util.redact import redact_url
 from infera_core.worker import WorkerRecord
-
-
-@runtime_checkable
-class KvComponent(Protocol):
-    """What the KV-routing work plugs into the server (all optional to everyone else)."""
-
-    @property
-    def index(self) -> Any: ...
-
-    def on_worker_added(self, record: WorkerRecord) -> None: ...
-
-    def on_worker_removed(self, record: WorkerRecord) -> None: ...
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
 
 
 class InferaApp(FastAPI):
@@ -158,7 +143,7 @@ def create_app(
             idle_timeout=settings.stream_idle_timeout,
             max_connections=settings.upstream_connections,
             pool_timeout=settings.pool_timeout,
-            http_client=settings.upstream_transport,
+            http_client=settings.http_client,
             options=BackendOptions(settings),
         ),
         eager=["http", settings.request_transport],
@@ -171,15 +156,15 @@ def create_app(
         settings.hang_timeout,
         settings.hang_factor,
         on_trip=lambda ep: metrics.breaker_opened.inc(),
+        probe=progress,
     )
     core.pd = build_pd(core, config.pd, catalog, deps, settings.max_inflight_per_worker)
     owns_discovery = discovery is None if start_discovery is None else start_discovery
     disc = discovery if discovery is not None else make_discovery(settings, hooks)
     if kv is not None:
         table.add_listener(kv.on_worker_added, kv.on_worker_removed)
-        core.prepare = getattr(kv, "prepare", None)
-        if hasattr(kv, "register_metrics"):
-            kv.register_metrics(metrics.registry)
+        core.prepare = kv.prepare
+        kv.register_metrics(metrics.registry)
 
     def forget(record: WorkerRecord) -> None:
         breakers.forget(record.worker_id)
@@ -202,7 +187,6 @@ def create_app(
             view.subscribe(table.apply)
             await view.start(wait_synced=settings.connect_timeout)
             stack.push_async_callback(view.stop)
-            app.state.fleet_view = view
             stack.push_async_callback(app.state.dashboard.close)
             yield
 
@@ -248,7 +232,7 @@ def _control_routes(
     public_metrics: bool = False,
 ) -> None:
     table = core.table
-    worker_fields = getattr(kv, "worker_fields", None)
+    worker_fields = kv.worker_fields if kv is not None else None
     admin_only = [Depends(require_admin)]
 
     @app.get("/v1/models")
@@ -305,12 +289,11 @@ def _control_routes(
 
     @app.get("/v1/admin/cache-view/{worker_id}", dependencies=admin_only)
     async def cache_view(worker_id: str) -> JSONResponse:
-        view = getattr(kv, "cache_view", None)
-        if view is None:
+        if kv is None:
             return _error(404, "KV routing is not enabled on this server.", "kv_routing_disabled")
         if table.get(worker_id) is None:
             return _error(404, f"Unknown worker {worker_id!r}.", "worker_not_found")
-        return JSONResponse(view(worker_id))
+        return JSONResponse(kv.cache_view(worker_id))
 
     @app.get("/metrics", dependencies=[] if public_metrics else admin_only)
     async def metrics() -> Response:

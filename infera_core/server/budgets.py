@@ -11,11 +11,10 @@ key keeps its slot, and what it spent, for the life of the serve). A slot holds,
 
 * ``requests_per_minute`` — one token bucket for the router (``bucket`` refilled at
   ``rpm / 60`` per second since ``refilled``, on the system-wide monotonic clock), read
-  and updated under the slot's lock: a robust process-shared ``pthread`` mutex in the
-  same memory (through ``ctypes``; no system call unless contended, and the mutex of a
-  process that dies holding it passes to the next process that locks it), or where libc
-  has none, an ``fcntl`` byte-range lock (two system calls; the kernel drops it when its
-  holder dies). Either way a process killed in the middle cannot wedge the others.
+  and updated under the slot's lock: an ``fcntl`` byte-range lock on the table's memory
+  file (byte ``1 + k`` for slot ``k``, byte 0 for the table; two system calls per lock and
+  unlock). The kernel drops a lock when its holder dies, so a process killed in the
+  middle cannot wedge the others.
   ``rpm`` is the limit the bucket was filled for: the first process to load a changed
   limit refills the bucket, the others find it done.
 * ``tokens_per_day`` — each process adds the tokens it served to its own
@@ -28,15 +27,11 @@ limit, a few word reads and writes otherwise.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import fcntl
 import functools
 import logging
 import os
-import sys
 from collections.abc import Callable
-from typing import Any
 
 from infera_core.util.shm import name_hash, shared_memory
 
@@ -47,78 +42,23 @@ CAPACITY = 16384
 
 _HEAD = 6  # words before the per-process (day, tokens) pairs
 _RPM, _BUCKET, _REFILLED = 2, 3, 4
-_MUTEX = 64  # bytes per mutex (a pthread_mutex_t is 40 or 48 bytes)
-_PTHREAD_PROCESS_SHARED = 1
-_PTHREAD_MUTEX_ROBUST = 1
-
-
-class _Pthread:
-    """libc's robust process-shared mutexes, through ``ctypes``."""
-
-    def __init__(self, libc: Any) -> None:
-        self.libc = libc
-        self.attr = ctypes.create_string_buffer(64)
-        libc.pthread_mutex_init.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        for fn in ("lock", "trylock", "unlock", "consistent"):
-            getattr(libc, f"pthread_mutex_{fn}").argtypes = [ctypes.c_void_p]
-        if (
-            libc.pthread_mutexattr_init(self.attr)
-            or libc.pthread_mutexattr_setpshared(self.attr, _PTHREAD_PROCESS_SHARED)
-            or libc.pthread_mutexattr_setrobust(self.attr, _PTHREAD_MUTEX_ROBUST)
-        ):
-            raise OSError("pthread mutex attributes")
-        self.lock: Callable[[int], int] = libc.pthread_mutex_lock
-        self.unlock: Callable[[int], int] = libc.pthread_mutex_unlock
-
-    def init(self, addr: int) -> None:
-        if self.libc.pthread_mutex_init(addr, self.attr):
-            raise OSError("pthread_mutex_init")
-
-
-def _pthread() -> _Pthread | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return _Pthread(ctypes.CDLL(None))
-    except (OSError, AttributeError):
-        return None
 
 
 class SharedBudgets:
-    """The budget table of one serve, in memory shared across ``fork``.
+    """The budget table of one serve, in memory shared across ``fork``."""
 
-    ``pthread=False`` uses ``fcntl`` locks even where robust mutexes exist (tests)."""
-
-    def __init__(self, processes: int, capacity: int = CAPACITY, pthread: bool = True) -> None:
+    def __init__(self, processes: int, capacity: int = CAPACITY) -> None:
         self.processes = processes
         self.capacity = capacity
         self.width = _HEAD + 2 * processes
         self.index = 0
         """This process's index (:meth:`attach` in each server process)."""
-        words = -(-capacity * self.width * 8 // _MUTEX) * _MUTEX
-        size = words + (capacity + 1) * _MUTEX
-        self._fd, self._map = shared_memory("infera-key-budgets", size)
+        self._fd, self._map = shared_memory("infera-key-budgets", capacity * self.width * 8)
         self._q = memoryview(self._map).cast("q")
         self._d = memoryview(self._map).cast("d")
-        # lock i (0: the table's, 1 + k: slot k's) is the mutex at _arg0 + _step * i, or byte i
-        self._pt = _pthread() if pthread else None
-        self._anchor: Any = None
-        self._acquire: Callable[[int], Any]
-        self._release: Callable[[int], Any]
-        if self._pt is not None:
-            self._anchor = (ctypes.c_char * ((capacity + 1) * _MUTEX)).from_buffer(self._map, words)
-            self._arg0, self._step = ctypes.addressof(self._anchor), _MUTEX
-            self._acquire, self._release = self._pt.lock, self._pt.unlock
-            self._pt.init(self._arg0)
-        else:
-            self._arg0, self._step = 0, 1
-            self._acquire = functools.partial(fcntl.lockf, self._fd, fcntl.LOCK_EX, 1)
-            self._release = functools.partial(fcntl.lockf, self._fd, fcntl.LOCK_UN, 1)
-
-    @property
-    def kind(self) -> str:
-        """The locks in use: ``pthread`` or ``fcntl``."""
-        return "fcntl" if self._pt is None else "pthread"
+        # lock i (0: the table's, 1 + k: slot k's) is byte i of the memory file
+        self._acquire: Callable[[int], None] = functools.partial(fcntl.lockf, self._fd, fcntl.LOCK_EX, 1)
+        self._release: Callable[[int], None] = functools.partial(fcntl.lockf, self._fd, fcntl.LOCK_UN, 1)
 
     def attach(self, index: int) -> None:
         """Use the ``(day, tokens)`` pair of process ``index`` (``0 <= index < processes``)."""
@@ -127,7 +67,6 @@ class SharedBudgets:
         self.index = index
 
     def close(self) -> None:
-        self._anchor = None
         self._q.release()
         self._d.release()
         self._map.close()
@@ -136,32 +75,18 @@ class SharedBudgets:
     # -- locks -------------------------------------------------------------------------------
     def _lock_arg(self, base: int | None) -> int:
         """The lock of the slot at word ``base`` (None: the table's)."""
-        return self._arg0 + self._step * (0 if base is None else 1 + base // self.width)
+        return 0 if base is None else 1 + base // self.width
 
     def _lock(self, arg: int) -> None:
-        if self._acquire(arg):  # a pthread error: EOWNERDEAD is the one to expect
-            self._owner_died(arg)
-
-    def _owner_died(self, arg: int) -> None:
-        assert self._pt is not None
-        log.warning("a server process died holding an API-key budget lock; taking it over")
-        if self._pt.libc.pthread_mutex_consistent(arg):
-            raise OSError("pthread_mutex_consistent")
+        self._acquire(arg)
 
     def busy(self, base: int) -> bool:
         """True while another process holds the lock of the slot at ``base`` (diagnostics)."""
         arg = self._lock_arg(base)
-        if self._pt is not None:
-            rc = self._pt.libc.pthread_mutex_trylock(arg)
-            if rc not in (0, errno.EOWNERDEAD):
-                return True
-            if rc:
-                self._owner_died(arg)
-        else:
-            try:
-                fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, arg)
-            except OSError:
-                return True
+        try:
+            fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, arg)
+        except OSError:
+            return True
         self._release(arg)
         return False
 
@@ -179,8 +104,6 @@ class SharedBudgets:
                 if q[base] == h1 and q[base + 1] == h2:
                     return base
                 if q[base] == 0 and q[base + 1] == 0:
-                    if self._pt is not None:
-                        self._pt.init(self._lock_arg(base))
                     q[base + _RPM] = -1  # no limit applied yet
                     for i in range(base + _HEAD, base + self.width, 2):
                         q[i] = -1
@@ -209,9 +132,8 @@ class SharedBudgets:
         """Take one request from the router's bucket: -1.0 when taken, else the bucket's level
         (below 1). The clock is read under the lock, so no process moves ``refilled`` back."""
         d = self._d
-        arg = self._arg0 + self._step * (1 + base // self.width)
-        if self._acquire(arg):
-            self._owner_died(arg)
+        arg = 1 + base // self.width
+        self._acquire(arg)
         try:
             now = clock()
             bucket = d[base + 3] + (now - d[base + 4]) * (rpm / 60.0)  # _BUCKET, _REFILLED

@@ -34,6 +34,7 @@ from starlette.requests import HTTPConnection
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.auth import ADMIN_STATE, CLIENT_STATE, AdminGate, ClientAuth, require_admin
 from infera_core.server.core import RouterCore
+from infera_core.server.kv import KvComponent
 from infera_core.server.security_headers import page_policy
 from infera_core.server.series import LeanHistogram
 from infera_core.util.redact import redact_url
@@ -68,28 +69,27 @@ class EngineScraper:
         self._task = asyncio.get_running_loop().create_task(self._refresh())
 
     async def _refresh(self) -> None:
-        import aiohttp  # only when someone watches the dashboard
+        import httpx  # only when someone watches the dashboard
 
         from infera_core.util.prom_text import parse_metrics
 
         eps = [ep for ep in self.core.table.by_id.values() if ep.url.startswith(("http://", "https://"))]
         limit = asyncio.Semaphore(32)
-        timeout = aiohttp.ClientTimeout(total=self.timeout)
 
-        async def one(session: aiohttp.ClientSession, ep: Endpoint) -> None:
+        async def one(client: httpx.AsyncClient, ep: Endpoint) -> None:
             async with limit:
                 try:
-                    async with session.get(ep.url.rstrip("/") + "/metrics") as r:
-                        if r.status != 200:
-                            return
-                        text = await r.text()
-                except (aiohttp.ClientError, TimeoutError, ValueError):
+                    r = await client.get(ep.url.rstrip("/") + "/metrics")
+                    if r.status_code != 200:
+                        return
+                    text = r.text
+                except (httpx.HTTPError, ValueError):
                     return  # a busy or gone worker keeps its last numbers until the next round
             self._update(ep.worker_id, parse_metrics(text, ENGINE_SERIES))
 
         try:
-            async with aiohttp.ClientSession(timeout=timeout) as session:
-                await asyncio.gather(*(one(session, ep) for ep in eps))
+            async with httpx.AsyncClient(timeout=self.timeout) as client:
+                await asyncio.gather(*(one(client, ep) for ep in eps))
         except Exception:
             log.exception("dashboard: scraping the workers' /metrics failed")
         for gone in set(self.latest) - {ep.worker_id for ep in eps}:
@@ -129,9 +129,11 @@ def _histogram(h: LeanHistogram) -> dict[str, Any]:
     return {"bounds": list(h.bounds), "labels": h.labelnames, "series": series}
 
 
-def stats(core: RouterCore, kv: Any, auth: ClientAuth | None, engines: EngineScraper) -> dict[str, Any]:
+def stats(
+    core: RouterCore, kv: KvComponent | None, auth: ClientAuth | None, engines: EngineScraper
+) -> dict[str, Any]:
     """The JSON of ``GET /v1/admin/stats``: everything the dashboard shows, cumulative."""
-    cache_view = getattr(kv, "cache_view", None)
+    cache_view = kv.cache_view if kv is not None else None
     workers = []
     for ep in sorted(core.table.by_id.values(), key=lambda e: (e.record.model, str(e.role), e.worker_id)):
         rec = ep.record
@@ -187,7 +189,7 @@ def _page_allowed(conn: HTTPConnection) -> None:
         require_admin(conn)
 
 
-def add_dashboard_routes(app: FastAPI, core: RouterCore, kv: Any) -> EngineScraper:
+def add_dashboard_routes(app: FastAPI, core: RouterCore, kv: KvComponent | None) -> EngineScraper:
     """Mount ``GET /dashboard`` and ``GET /v1/admin/stats``; returns the scraper to close."""
     engines = EngineScraper(core)
     page = files("infera_core.server").joinpath("static/dashboard.html")

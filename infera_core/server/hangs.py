@@ -17,6 +17,15 @@ PD legs are watched like mixed requests (:class:`~infera_core.server.pd.legs.Leg
 prefill or decode worker that accepts its leg and never answers is judged against the
 other prefill (decode) workers of its model.
 
+Silence is not proof: a long non-streaming request gets its response headers only when
+it is done. So before a worker is called hung it is asked (``probe``, see
+:mod:`infera_core.server.liveness`): its engine's progress counters are read twice a
+few seconds apart. Counters that moved show a busy worker that is alive: it is left
+alone for another ``T`` and its requests keep running (none is run twice). A worker
+that does not answer, or whose counters stand still while requests wait on it, is hung
+(it computes nothing, so retrying its requests elsewhere runs nothing twice). A worker
+whose ``/metrics`` answers without such counters is taken as alive.
+
 ``T = max(--hang-timeout, --hang-factor × the fleet's typical first-byte latency)``
 (an exponentially weighted mean of every answered request), so a fleet whose normal
 answers take long raises the bar by itself. A hung worker's breaker opens at once (for
@@ -31,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.breaker import Breakers
@@ -55,10 +64,29 @@ class Waiting:
         """Set when the detector cancelled the request because its worker is hung."""
 
 
+Probe = Callable[[Endpoint, float], Awaitable[str | None]]
+"""``probe(endpoint, timeout)``: the worker's progress reading, ``""`` when it answered
+without one, None when it did not answer (:func:`infera_core.server.liveness.progress`)."""
+
+_UNREAD = object()
+
+
+class _Asking:
+    """The liveness probe of one stuck worker: its first reading, and the probe running."""
+
+    __slots__ = ("at", "first", "task")
+
+    def __init__(self) -> None:
+        self.first: object = _UNREAD
+        self.at = 0.0
+        self.task: asyncio.Future[str | None] | None = None
+
+
 class HangDetector:
     """Feeds the breakers from first-byte outliers; ``timeout`` 0 turns it off."""
 
     __slots__ = (
+        "_asking",
         "_clock",
         "_last",
         "_loop",
@@ -68,6 +96,7 @@ class HangDetector:
         "factor",
         "on_trip",
         "peers",
+        "probe",
         "timeout",
         "typical",
     )
@@ -80,8 +109,12 @@ class HangDetector:
         factor: float,
         on_trip: Callable[[Endpoint], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        probe: Probe | None = None,
     ) -> None:
         self.breakers = breakers
+        self.probe = probe
+        """Asked before a worker is called hung (None: silence alone is the verdict)."""
+        self._asking: dict[str, _Asking] = {}
         self.peers = peers
         self.timeout = timeout
         self.factor = factor
@@ -133,6 +166,7 @@ class HangDetector:
 
     def forget(self, worker_id: str) -> None:
         self._last.pop(worker_id, None)
+        self._stop_asking(worker_id)
         if not self._waiting.get(worker_id, True):
             del self._waiting[worker_id]
 
@@ -163,10 +197,52 @@ class HangDetector:
             }
             for waiting in list(stuck.values()):
                 ep = next(iter(waiting)).endpoint
-                if (ep.record.model, ep.record.role) in live:
+                if (ep.record.model, ep.record.role) in live and self._not_working(ep, now, bar):
                     self._trip(ep, waiting, now - min(w.since for w in waiting), bar)
+        for wid in [wid for wid in self._asking if wid not in stuck]:
+            self._stop_asking(wid)
         if any(self._waiting.values()):
             self._arm()
+
+    def _not_working(self, ep: Endpoint, now: float, bar: float) -> bool:
+        """Whether the silent worker ``ep`` is shown not to work (see the module docstring);
+        False while that is still being found out (probes run between checks)."""
+        if self.probe is None:
+            return True
+        wid = ep.worker_id
+        asking = self._asking.get(wid)
+        if asking is None:
+            asking = self._asking[wid] = _Asking()
+        if asking.task is None:
+            if asking.first is _UNREAD or now - asking.at >= min(5.0, max(0.5, bar / 8)):
+                timeout = min(2.0, max(0.25, bar / 2))
+                asking.task = asyncio.ensure_future(self.probe(ep, timeout))
+            return False
+        if not asking.task.done():
+            return False
+        reading = None if asking.task.cancelled() or asking.task.exception() else asking.task.result()
+        asking.task = None
+        if reading is None:
+            return True  # no answer: dead or wedged
+        if reading and asking.first is _UNREAD:
+            asking.first, asking.at = reading, now
+            return False  # read again a little later
+        if reading and reading == asking.first:
+            return True  # answers, but nothing moves while requests wait on it
+        log.info(
+            "worker %s answered no request for %.1f s but is working (%s): not hung",
+            wid,
+            now - self._last.get(wid, now - bar),
+            "its engine's counters moved" if reading else "its /metrics answered",
+        )
+        self._last[wid] = now
+        self._stop_asking(wid)
+        return False
+
+    def _stop_asking(self, wid: str) -> None:
+        asking = self._asking.pop(wid, None)
+        if asking is not None and asking.task is not None:
+            asking.task.cancel()
 
     def _answering(self, wid: str, now: float, bar: float) -> bool:
         """Whether a peer that is not stuck shows the fleet is answering: it waits for nothing,
@@ -188,6 +264,7 @@ class HangDetector:
             )
             if self.on_trip is not None:
                 self.on_trip(ep)
+        self._stop_asking(ep.worker_id)
         ep.breaker_open = True
         ep.breaker_retry_at = self._clock() + max(self.breakers.cooldown, bar)
         for w in list(waiting):

@@ -50,6 +50,7 @@ from infera_core.server.auth import CLIENT_STATE, ClientAuth, require_admin
 from infera_core.server.budgets import SharedBudgets
 from infera_core.server.core import RouterCore
 from infera_core.server.errors import ApiError
+from infera_core.server.kv import KvComponent
 
 log = logging.getLogger("infera.server.peers")
 
@@ -88,7 +89,7 @@ class Peers:
         self.started_at = time.time()
         self._server: asyncio.AbstractServer | None = None
         self._app: FastAPI | None = None
-        self._kv: Any = None
+        self._kv: KvComponent | None = None
 
     def path(self, index: int) -> Path:
         return self.directory / f"p{index}.sock"
@@ -128,7 +129,7 @@ class Peers:
             auth = self._auth()
             return auth.usage()["keys"] if auth is not None else None
         if kind == "process":
-            index = getattr(self._kv, "index", None)
+            index = self._kv.index if self._kv is not None else None
             return {
                 "process": self.index,
                 "pid": os.getpid(),
@@ -195,7 +196,7 @@ class Peers:
         return [mine, *(o for o in others if o is not _MISSING)]
 
     # -- the routes -----------------------------------------------------------------------
-    def install(self, app: FastAPI, kv: Any, public_metrics: bool) -> None:
+    def install(self, app: FastAPI, kv: KvComponent | None, public_metrics: bool) -> None:
         """Put whole-router versions of the aggregated routes in front of the app's own."""
         self._app, self._kv = app, kv
         auth = self._auth()

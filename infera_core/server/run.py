@@ -14,8 +14,9 @@ import uvicorn
 
 from infera_core.errors import InferaError
 from infera_core.plugin.hooks import InferaHooks
-from infera_core.server.app import KvComponent, create_app, make_discovery
+from infera_core.server.app import create_app, make_discovery
 from infera_core.server.fds import fit_connections
+from infera_core.server.kv import KvComponent
 from infera_core.server.multiproc import process_count, supervise
 from infera_core.server.peers import Peers
 from infera_core.server.protocol import protocol_class
@@ -58,7 +59,7 @@ async def serve(
     if kv is None:
         from infera_core.kv.component import make_kv_routing
 
-        kv = make_kv_routing(settings, hooks)
+        kv = make_kv_routing(settings, hooks.catalog())
     app = create_app(settings, hooks, discovery=discovery, kv=kv, start_discovery=False)
     if peers is not None:
         peers.install(app, kv, settings.public_metrics)
@@ -66,9 +67,7 @@ async def serve(
     ready: asyncio.Task[None] | None = None
     try:
         await app.state.core.upstream.start()  # a transport that cannot start: one line, not a traceback
-        start_kv_transport = getattr(kv, "start_transport", None)
-        if start_kv_transport is not None:
-            await start_kv_transport(settings.kv_event_transport)
+        await kv.start_transport(settings.kv_event_transport)
         if peers is not None:
             await peers.start()
         server = uvicorn.Server(uvicorn_config(app, settings))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -14,12 +14,32 @@ from infera_core.server.fault_settings import FaultSettings
 from infera_core.server.limits import LimitSettings
 
 
+def router_host(description: str) -> Any:
+    """The router's listen address (``--host``, ``INFERA_ROUTER_HOST``): serve's and up's."""
+    return Field(
+        "127.0.0.1",
+        description=description,
+        json_schema_extra={"env": "INFERA_ROUTER_HOST", "old_env": ["INFERA_HOST"]},
+    )
+
+
+def router_port(description: str) -> Any:
+    """The router's port (``--port``, ``INFERA_ROUTER_PORT``): serve's and up's."""
+    return Field(
+        8000,
+        ge=0,
+        le=65535,
+        description=description,
+        json_schema_extra={"env": "INFERA_ROUTER_PORT", "old_env": ["INFERA_PORT"]},
+    )
+
+
 class ServeSettings(InferaSettings, KvSettings, AuthSettings, LimitSettings, FaultSettings):
     """Everything the server reads at start-up (KV-routing fields from :class:`KvSettings`,
     connection and request limits from :class:`LimitSettings`)."""
 
-    host: str = Field("127.0.0.1", description="Address to listen on.")
-    port: int = Field(8000, ge=0, le=65535, description="Port to listen on.")
+    host: str = router_host("Address to listen on.")
+    port: int = router_port("Port to listen on.")
     processes: int = Field(
         0,
         ge=0,
@@ -82,9 +102,15 @@ class ServeSettings(InferaSettings, KvSettings, AuthSettings, LimitSettings, Fau
     breaker_cooldown: float = Field(
         5.0, gt=0, description="Seconds an open breaker waits before a half-open probe."
     )
-    upstream_transport: Literal["native", "aiohttp"] = Field(
+    http_client: Literal["native", "aiohttp"] = Field(
         "native",
-        description="Client for the hop to workers: native (asyncio + httptools, leaner) or aiohttp.",
+        description="HTTP client for the hop to workers: native (asyncio + httptools, leaner) or aiohttp"
+        " (pip install 'infera-core[aiohttp]').",
+        json_schema_extra={
+            "aliases": ["--upstream-transport"],
+            "old_env": ["INFERA_UPSTREAM_TRANSPORT"],
+            "old_keys": ["upstream_transport"],
+        },
     )
     upstream_connections: int = Field(
         4096, ge=1, description="Most concurrent connections to workers (all together)."

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -44,6 +43,7 @@ from infera_core.engines.base import (
     RecordFields,
     RunningEngine,
 )
+from infera_core.util.net import free_port
 from infera_core.worker import KvEventsInfo, PdInfo, Role, WorkerRecord
 
 __all__ = ["EngineAdapterContract", "Reply", "StandinEndpoints", "closed_port", "sample_launch_context"]
@@ -136,9 +136,7 @@ class StandinEndpoints:
 
 def closed_port() -> int:
     """A loopback port nothing listens on (bound and released at once)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port("127.0.0.1")
 
 
 async def _answer_or(call: Awaitable[T], default: T) -> T:

@@ -19,8 +19,9 @@ import uvicorn
 
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 from infera_core.plugin.hooks import InferaHooks
-from infera_core.server.app import KvComponent, create_app
+from infera_core.server.app import create_app
 from infera_core.server.core import RouterCore
+from infera_core.server.kv import KvComponent
 from infera_core.server.run import uvicorn_config
 from infera_core.server.settings import ServeSettings
 from infera_core.util.net import free_port

@@ -261,7 +261,7 @@ class KvEventTransportContract:
 
     def hub(self) -> KvHub:
         hub = KvHub(self.catalog(), None, KvSettings())
-        hub.sources.options = self.options()
+        hub.sources.configure(options=self.options())
         return hub
 
     @staticmethod

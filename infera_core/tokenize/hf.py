@@ -1,11 +1,12 @@
-"""Hugging Face tokenizers for routing: ``tokenizer.json`` + the chat template.
+"""Hugging Face tokenizers for routing: ``tokenizer.json`` + the model's chat templates.
 
-Renders chat requests the way vLLM/transformers do (``apply_chat_template``): the
-``chat_template`` from ``tokenizer_config.json`` in a sandboxed jinja2 environment
-with ``trim_blocks``/``lstrip_blocks``, ``bos_token``/``eos_token`` and the request's
-``tools``/``documents``/``chat_template_kwargs`` in scope, then encoded without adding
-special tokens (the template writes them). Completion prompts are encoded with the
-tokenizer's post-processor (BOS), as the engine does.
+Chat requests are rendered as vLLM 0.32 renders them (:mod:`infera_core.tokenize.chat`:
+the templates from ``chat_template.jinja``, ``additional_chat_templates/``,
+``chat_template.json`` or ``tokenizer_config.json``, chosen per request, in transformers'
+sandboxed jinja2 environment, with vLLM's message and tool normalization), then encoded
+without adding special tokens (the template writes them) unless the request sets
+``add_special_tokens``. Completion prompts are encoded with the tokenizer's post-processor
+(BOS), as the engine does.
 """
 
 from __future__ import annotations
@@ -16,24 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from infera_core.errors import ConfigError
-
-
-def _token_text(value: Any) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return str(value["content"])
-    return None
-
-
-def _raise(message: str) -> None:
-    raise ValueError(message)
+from infera_core.tokenize.chat import render_chat
+from infera_core.tokenize.chat_templates import ChatTemplates
 
 
 class HfTokenizer:
     """A ``tokenizer.json`` (and optional ``tokenizer_config.json``) from a model directory."""
 
-    __slots__ = ("_add_bos", "_config", "_fingerprint", "_template", "_tok")
+    __slots__ = ("_config", "_fingerprint", "_templates", "_tok")
 
     def __init__(self, path: str | Path) -> None:
         from tokenizers import Tokenizer as _Tok
@@ -57,19 +48,13 @@ class HfTokenizer:
             if isinstance(loaded, dict):
                 self._config = loaded
         self._fingerprint = "hf:" + hashlib.sha256(raw).hexdigest()[:16]
-        template = self._config.get("chat_template")
-        if isinstance(template, list):  # named templates: take "default"
-            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-            template = named.get("default")
-        self._template: Any = None
-        if isinstance(template, str):
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _raise
-            self._template = env.from_string(template)
-            self._fingerprint += ":" + hashlib.sha256(template.encode()).hexdigest()[:8]
-        self._add_bos = self._config.get("add_bos_token")
+        try:
+            self._templates = ChatTemplates(str(file.parent), self._config, file.parent)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--tokenizer: {exc}") from None
+        sources = self._templates.sources
+        if sources:
+            self._fingerprint += ":" + hashlib.sha256("\0".join(sources).encode()).hexdigest()[:8]
 
     @property
     def fingerprint(self) -> str:
@@ -84,29 +69,11 @@ class HfTokenizer:
         return list(self._encode(text, True).ids)
 
     def render_chat(self, messages: list[dict[str, Any]], body: dict[str, Any]) -> str:
-        if self._template is None:
-            raise ValueError("the model has no chat_template in tokenizer_config.json")
-        kwargs: dict[str, Any] = {
-            "bos_token": _token_text(self._config.get("bos_token")) or "",
-            "eos_token": _token_text(self._config.get("eos_token")) or "",
-            "pad_token": _token_text(self._config.get("pad_token")),
-            "unk_token": _token_text(self._config.get("unk_token")),
-        }
-        for key in ("tools", "documents"):
-            if body.get(key) is not None:
-                kwargs[key] = body[key]
-        extra = body.get("chat_template_kwargs")
-        if isinstance(extra, dict):
-            kwargs.update(extra)
-        kwargs["messages"] = messages
-        kwargs["add_generation_prompt"] = bool(
-            body.get("add_generation_prompt", kwargs.get("add_generation_prompt", True))
-        )
-        return str(self._template.render(**kwargs))
+        return render_chat(self._templates, messages, body)
 
     def encode_chat(self, messages: list[dict[str, Any]], body: dict[str, Any]) -> list[int]:
         text = self.render_chat(messages, body)
-        return list(self._encode(text, False).ids)
+        return list(self._encode(text, bool(body.get("add_special_tokens", False))).ids)
 
     def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
         """Ids and start character offsets of ``text``'s tokens, no special tokens added."""
@@ -118,7 +85,9 @@ class HfTokenizerFactory:
     """Tokenizer ``hf``: option ``path`` = a model directory or a ``tokenizer.json``."""
 
     name = "hf"
-    description = "Hugging Face tokenizer.json + chat template from tokenizer_config.json (option 'path')."
+    description = (
+        "Hugging Face tokenizer.json + the model's chat templates, rendered as vLLM does (option 'path')."
+    )
 
     def create(self, model: str, options: dict[str, Any]) -> HfTokenizer:
         path = options.get("path")

@@ -8,9 +8,17 @@ Which tokenizer (first match wins):
    ``sim``), so ``infera-run up`` with sim workers needs no configuration.
 
 Token-id prompts are used as given. Each request is tokenized at most once (the
-result lands in ``RequestContext.token_ids``), long prompts off the event loop (the
-default thread pool; the ``hf`` tokenizer releases the GIL while encoding), and results are kept in a
-bounded LRU keyed by (model, digest of the prompt). Chat requests of tokenizers that
+result lands in ``RequestContext.token_ids``), long prompts off the event loop (two
+threads of its own; the ``hf`` tokenizer releases the GIL while encoding), and results are kept in a
+LRU keyed by (model, digest of the prompt), bounded in entries and in bytes.
+
+Routing needs a prefix of the prompt, never all of it: the text is cut to
+``max_chars`` characters (``--tokenize-max-chars``, and 8 a token of
+``--routing-max-tokens``) *before* it is tokenized (a chat: its template is rendered,
+then cut), the few tokens next to the cut are dropped (the text that followed could
+have merged with them) and at most ``max_tokens`` ids are kept. So a 31 MB prompt costs
+the router what a 256 KiB one does. A prompt longer than the cut, or whose ids would
+take over an eighth of the cache, is not cached. Chat requests of tokenizers that
 can render their template (:class:`~infera_core.tokenize.base.PrefixTokenizer`) are
 tokenized incrementally: a turn that extends an earlier conversation only tokenizes
 its new suffix (:mod:`infera_core.tokenize.incremental`, bounded by bytes). A failure
@@ -23,8 +31,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgspec
@@ -34,12 +44,27 @@ from infera_core.errors import ConfigError, InferaError, UnknownNameError
 from infera_core.request import RequestContext
 from infera_core.tokenize.base import PrefixTokenizer, Tokenizer
 from infera_core.tokenize.incremental import PrefixTokenCache
+from infera_core.util.memory import trim
 from infera_core.worker import WorkerRecord
 
 log = logging.getLogger("infera.tokenize")
 
 LABEL = "infera.tokenizer"
+_RENDER_FIELDS = (
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template",
+    "chat_template_kwargs",
+    "reasoning_effort",
+    "add_special_tokens",
+)
 TokenizerSpec = tuple[str, dict[str, Any]]
+
+CHARS_PER_TOKEN = 8
+"""Characters of text cut per token of ``--routing-max-tokens`` (more than any real
+tokenizer's average, so the cut rarely costs a routing token)."""
+CUT_MARGIN = 8
+"""Tokens dropped before a cut: the text that followed could have merged with them."""
 
 
 def parse_spec(text: str) -> TokenizerSpec:
@@ -103,15 +128,31 @@ class RoutingTokenizers:
         offload_chars: int = 4096,
         prefix_cache_bytes: int = 256 << 20,
         prefix_wait_ms: float = 20.0,
+        cache_bytes: int = 64 << 20,
+        max_chars: int = 262_144,
+        max_tokens: int = 65_536,
+        threads: int = 2,
     ) -> None:
         self.factories = factories
         self.configured = dict(configured or {})
         self.cache_size = cache_size
+        self.cache_bytes = cache_bytes
+        self.cache_held = 0
+        """Approximate bytes of the token ids in the cache."""
         self.offload_chars = offload_chars
+        self.max_tokens = max_tokens
+        self.max_chars = min(max_chars, max_tokens * CHARS_PER_TOKEN) if max_tokens else max_chars
+        """Characters of a prompt (a chat: of its rendered template) ever tokenized for routing."""
         self._models: dict[str, _Entry] = {}
-        self._cache: OrderedDict[tuple[str, bytes], list[int]] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, bytes], tuple[list[int], int]] = OrderedDict()
         self.failures: dict[str, int] = {}
         self.counts: dict[tuple[str, str], int] = {}
+        self.cut: dict[str, int] = {}
+        """Prompts cut before tokenizing, per model."""
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="infera-tokenize")
+        """Long prompts are tokenized here, ``threads`` at a time: the memory they take at
+        once (and keep in the threads' allocator arenas) is bounded, whatever the load."""
         self._enc = msgspec.json.Encoder()
         self.prefixes = PrefixTokenCache(prefix_cache_bytes)
         self.prefix_wait_s = prefix_wait_ms / 1e3
@@ -167,15 +208,18 @@ class RoutingTokenizers:
         if tok is None:
             self._failed(ctx, "no routing tokenizer for this model")
             return
-        key = (ctx.model, self._digest(ctx))
-        hit = self._cache.get(key)
-        if hit is not None:
-            self._cache.move_to_end(key)
-            ctx.token_ids = hit
-            self._count(ctx.model, "cache")
-            return
+        size = _size(ctx.body)
+        key = None
+        if self.cache_size and self.cache_bytes and size <= self.max_chars:
+            key = (ctx.model, self._digest(ctx))
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                ctx.token_ids = hit[0]
+                self._count(ctx.model, "cache")
+                return
         try:
-            if _size(ctx.body) > self.offload_chars:
+            if size > self.offload_chars:
                 ids, whole = await self._offloaded(tok, ctx)
             else:
                 ids, whole = self._encode(tok, ctx), True
@@ -184,17 +228,23 @@ class RoutingTokenizers:
             return
         ctx.token_ids = ids
         self._count(ctx.model, "tokenizer" if whole else "prefix")
-        if not whole:
+        if whole and key is not None:
+            self._remember(key, ids)
+
+    def _remember(self, key: tuple[str, bytes], ids: list[int]) -> None:
+        """Cache ``ids`` unless they would take over an eighth of the cache's bytes."""
+        cost = ids_bytes(ids)
+        if cost > self.cache_bytes // 8 or key in self._cache:
             return
-        if self.cache_size:
-            self._cache[key] = ids
-            if len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
+        self._cache[key] = (ids, cost)
+        self.cache_held += cost
+        while len(self._cache) > self.cache_size or self.cache_held > self.cache_bytes:
+            self.cache_held -= self._cache.popitem(last=False)[1][1]
 
     def _digest(self, ctx: RequestContext) -> bytes:
         b = ctx.body
-        parts = (ctx.route, b.get("messages"), b.get("prompt"), b.get("system"), b.get("tools"))
-        extra = (b.get("add_generation_prompt"), b.get("chat_template_kwargs"))
+        parts = (ctx.route, b.get("messages"), b.get("prompt"), b.get("tools"), b.get("documents"))
+        extra = tuple(b.get(k) for k in _RENDER_FIELDS)
         return hashlib.blake2b(self._enc.encode((parts, extra)), digest_size=16).digest()
 
     async def _offloaded(self, tok: Tokenizer, ctx: RequestContext) -> tuple[list[int], bool]:
@@ -202,34 +252,60 @@ class RoutingTokenizers:
         already known (if any): routing then uses its blocks while the suffix is still being
         tokenized (the result still lands in the prefix cache for the next turn)."""
         known: list[list[int]] = []
-        fut = asyncio.ensure_future(asyncio.to_thread(self._encode, tok, ctx, known.append))
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self._pool, self._encode, tok, ctx, known.append)
         if self.prefix_wait_s > 0:
             done, _ = await asyncio.wait({fut}, timeout=self.prefix_wait_s)
             if not done and known:
                 fut.add_done_callback(_consume)
-                return known[0], False
+                return self._bound(known[0], False), False
         return await fut, True
 
     def _encode(
         self, tok: Tokenizer, ctx: RequestContext, on_prefix: Callable[[list[int]], object] | None = None
     ) -> list[int]:
+        """Token ids of the first ``max_chars`` characters of the request's prompt (see the
+        module docstring), at most ``max_tokens``."""
         body = ctx.body
+        limit = self.max_chars
         messages = body.get("messages")
         if isinstance(messages, list):
-            system = body.get("system")
-            if system is not None:  # Anthropic messages API
-                messages = [{"role": "system", "content": _text(system)}, *messages]
-            if isinstance(tok, PrefixTokenizer):
+            # /v1/messages requests arrive here already mapped to the chat request the
+            # engine receives (server/anthropic.py), so both render the same way.
+            if isinstance(tok, PrefixTokenizer) and not body.get("add_special_tokens"):
                 text = tok.render_chat(messages, body)
+                cut = len(text) > limit
                 scope = f"{ctx.model}\0{tok.fingerprint}"
-                return self.prefixes.encode(scope, text, tok.encode_offsets, on_prefix)
-            return tok.encode_chat(messages, body)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list):
-            prompt = prompt[0] if prompt else ""
-        if not isinstance(prompt, str):
-            raise ValueError("no prompt or messages to tokenize")
-        return tok.encode(prompt)
+                ids = self.prefixes.encode(
+                    scope, text[:limit] if cut else text, tok.encode_offsets, on_prefix
+                )
+            else:
+                cut = _size(body) > limit
+                ids = tok.encode_chat(cut_messages(messages, limit) if cut else messages, body)
+                if cut:  # the template's closing follows the cut: keep what a shorter cut shares
+                    ids = ids[: _shared(ids, tok.encode_chat(cut_messages(messages, limit - 64), body))]
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list):
+                prompt = prompt[0] if prompt else ""
+            if not isinstance(prompt, str):
+                raise ValueError("no prompt or messages to tokenize")
+            cut = len(prompt) > limit
+            ids = tok.encode(prompt[:limit] if cut else prompt)
+        if cut:
+            with self._lock:
+                self.cut[ctx.model] = self.cut.get(ctx.model, 0) + 1
+            ids = self._bound(ids, cut)
+            trim()  # the tokenizer's freed working memory back to the OS, not kept by the arena
+            return ids
+        return self._bound(ids, cut)
+
+    def _bound(self, ids: list[int], cut: bool) -> list[int]:
+        """``ids`` less the tokens next to a cut, at most ``max_tokens`` of them."""
+        end = len(ids) - CUT_MARGIN if cut else len(ids)
+        if self.max_tokens:
+            end = min(end, self.max_tokens)
+        return ids if end >= len(ids) else ids[: max(0, end)]
 
     def _failed(self, ctx: RequestContext, why: str) -> None:
         ctx.tokenize_failed = True
@@ -253,6 +329,18 @@ class RoutingTokenizers:
         )
         for (model, source), n in self.counts.items():
             done.add_metric([model, source], n)
+        cut = CounterMetricFamily(
+            "infera_routing_tokenize_cut",
+            "Prompts longer than --tokenize-max-chars: routed on the tokens of their first characters only",
+            labels=["model"],
+        )
+        for model, n in self.cut.items():
+            cut.add_metric([model], n)
+        cached = GaugeMetricFamily(
+            "infera_routing_tokenize_cache_bytes",
+            "Approximate bytes of the prompt token ids cached for routing",
+        )
+        cached.add_metric([], self.cache_held)
         p = self.prefixes
         inc = CounterMetricFamily(
             "infera_routing_tokenize_prefix",
@@ -276,6 +364,8 @@ class RoutingTokenizers:
         held.add_metric([], p.bytes)
         yield fails
         yield done
+        yield cut
+        yield cached
         yield inc
         yield reused
         yield held
@@ -285,6 +375,40 @@ def _consume(fut: asyncio.Future[list[int]]) -> None:
     """Retrieve a background tokenization's outcome (its failure is not the request's)."""
     if not fut.cancelled() and fut.exception() is not None:
         log.debug("background tokenization failed: %s", fut.exception())
+
+
+def ids_bytes(ids: list[int]) -> int:
+    """Approximate bytes a list of token ids holds (the list and an int object per id)."""
+    return 64 + 36 * len(ids)
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of ``a`` and ``b``."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def cut_messages(messages: list[Any], limit: int) -> list[Any]:
+    """The messages whose contents fit in ``limit`` characters, the last one cut: for a
+    tokenizer that cannot render its template to text, the start of the rendered prompt."""
+    out: list[Any] = []
+    left = limit
+    for m in messages:
+        if left <= 0:
+            break
+        content = m.get("content") if isinstance(m, dict) else None
+        if content is None:
+            out.append(m)
+            continue
+        text = content if isinstance(content, str) else _text(content)
+        if len(text) > left:
+            m = {**m, "content": text[:left]}
+        out.append(m)
+        left -= len(text)
+    return out
 
 
 def _given_tokens(body: dict[str, Any]) -> list[int] | None:
@@ -299,6 +423,7 @@ def _given_tokens(body: dict[str, Any]) -> list[int] | None:
 
 
 def _text(content: Any) -> str:
+    """A message's content as one string (text parts joined): what the cut measures."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):

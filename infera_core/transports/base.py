@@ -2,7 +2,7 @@
 
 Both are registries filled by catalog hooks (``infera_register_request_transports``,
 ``infera_register_kv_event_transports``), like engines and policies. Core registers
-``http`` (request transport; its client is ``--upstream-transport native|aiohttp``) and
+``http`` (request transport; its client is ``--http-client native|aiohttp``) and
 ``zmq`` (KV events); the ``infera-nats`` plugin registers ``nats`` for both.
 
 **Which transport reaches a worker** is in its record: ``WorkerRecord.request_transport``
@@ -24,10 +24,12 @@ and ``zmq`` attach nothing (the engine is reached directly): they return None.
 :class:`infera_core.transports.upstreams.Upstream` protocol: ``start``/``close``/``open``;
 ``open`` must be safe to call before ``start`` returned, waiting for readiness up to
 ``ctx.connect_timeout`` and raising the retryable ``UpstreamError`` when not ready). KV
-events: ``create_source(ctx) -> KvEventSource | None``; None means "the hub's built-in
-ZMQ subscriber" (only ``zmq`` does that). A source delivers ``(seq, payload)`` batches of
-one publisher to a :class:`KvEventSink`; the hub does sequencing, gap detection, decoding
-and indexing exactly as for ZMQ, and calls ``source.replay`` to fill a gap.
+events: ``create_source(ctx) -> KvEventSource``, one per router process, ``zmq`` included
+(:class:`infera_core.transports.zmq.ZmqKvEventSource`). A source delivers ``(seq, payload)``
+batches of one publisher to a :class:`KvEventSink`; the hub does sequencing, gap detection,
+decoding and indexing alike for every transport, and calls ``source.replay`` to fill a gap.
+(A factory returning None, which once meant "the hub's built-in ZMQ subscriber", still gets
+the ``zmq`` transport's source, with a deprecation warning, until the next release.)
 
 Contract suites: :class:`infera_core.testing.contracts.RequestTransportContract` and
 :class:`~infera_core.testing.contracts.KvEventTransportContract`.
@@ -63,7 +65,7 @@ class ClientContext:
     pool_timeout: float = 10.0
     """Seconds a request may wait for a free connection (HTTP pool)."""
     http_client: str = "native"
-    """``--upstream-transport``: which HTTP client the ``http`` transport uses."""
+    """``--http-client``: which HTTP client the ``http`` transport uses."""
     options: BackendOptions = field(default_factory=BackendOptions)
 
 
@@ -73,6 +75,10 @@ class KvSourceContext:
 
     connect_timeout: float = 5.0
     replay_timeout: float = 2.0
+    max_message_bytes: int = 16 * 1024 * 1024
+    """Largest message accepted from a publisher (``--kv-max-message-bytes``; 0: unlimited)."""
+    reconnect_max_s: float = 5.0
+    """Longest backoff between reconnects to a publisher (``--kv-reconnect-max-s``)."""
     options: BackendOptions = field(default_factory=BackendOptions)
 
 
@@ -131,7 +137,10 @@ class RequestTransportFactory(Protocol):
 
 @runtime_checkable
 class KvEventSink(Protocol):
-    """Where a :class:`KvEventSource` delivers one publisher's batches (the KV hub)."""
+    """Where a :class:`KvEventSource` delivers one publisher's batches (the KV hub).
+
+    A source needs only ``batch`` and ``malformed``; the rest is for sources that see more
+    of the publisher's connection (``zmq``)."""
 
     async def batch(self, seq: int, payload: bytes) -> None:
         """One batch with its publisher sequence number (gaps and restarts are handled here)."""
@@ -139,6 +148,28 @@ class KvEventSink(Protocol):
 
     def malformed(self, reason: str) -> None:
         """A message that is not a batch (counted and logged by the hub, then skipped)."""
+        ...
+
+    @property
+    def last_seq(self) -> int | None:
+        """The last seq the hub applied from this publisher (None before the first): a
+        publisher that does not number its batches is numbered after it."""
+        ...
+
+    def bad_seq(self, what: str) -> None:
+        """A frame whose seq cannot be trusted (``what`` says why): counted, logged, skipped."""
+        ...
+
+    def dropped(self, reason: str) -> None:
+        """The connection to the publisher dropped (``reason``: the likely causes) and is
+        being made again: what it sent in between is lost (a gap, or a cleared view)."""
+        ...
+
+    async def subscribed(self, replayable: bool) -> None:
+        """The source now receives the publisher's live batches. ``replayable``: whether
+        ``replay`` can read its history (when False, a router that joins late does not ask).
+        The hub loads the history first when it has seen no batch yet (initial sync). A
+        source that never calls this is taken as replayable, without an initial sync."""
         ...
 
 
@@ -178,7 +209,10 @@ class KvEventTransportFactory(Protocol):
     def settings_model(self) -> type[BaseModel] | None: ...
 
     def create_source(self, ctx: KvSourceContext) -> KvEventSource | None:
-        """The router-side source; None: use the hub's built-in ZMQ subscriber."""
+        """The router-side source (one per router process).
+
+        Return a source: None (once "the hub's built-in ZMQ subscriber") is deprecated and
+        gets the ``zmq`` transport's source, with a warning, until the next release."""
         ...
 
     async def attach_worker(self, ctx: WorkerContext) -> WorkerAttachment | None:

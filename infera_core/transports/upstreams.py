@@ -5,12 +5,14 @@ Which *request transport* reaches a worker (``http``, ``nats``…) is in its rec
 made by the transport's factory (:mod:`infera_core.transports.base`), and the endpoint table
 puts each worker's client on ``Endpoint.upstream``.
 
-The ``http`` transport has two clients, chosen with ``--upstream-transport``:
+The ``http`` transport has two HTTP clients, chosen with ``--http-client`` (old spelling
+``--upstream-transport``):
 
 * ``native`` (:mod:`infera_core.transports.http.native`): asyncio protocols parsing with
   ``httptools``, a keep-alive pool per worker, each request written as one buffer;
 * ``aiohttp`` (:mod:`infera_core.transports.http.aiohttp_upstream`): one ``aiohttp.ClientSession``
-  per process.
+  per process; aiohttp is optional (``pip install 'infera-core[aiohttp]'``), checked by
+  :func:`infera_core.transports.http.require_http_client` when the server starts.
 
 Both set TCP_NODELAY on every connection (:func:`set_nodelay` does the same for the
 server's accepted sockets, see ``server.run``). :meth:`Upstream.open` sends the client's
@@ -26,7 +28,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import AsyncIterator
-from typing import Literal, Protocol
+from typing import Literal, Protocol, Self
 
 from infera_core.util.redact import redact_url
 from infera_core.worker import WorkerRecord
@@ -34,7 +36,7 @@ from infera_core.worker import WorkerRecord
 log = logging.getLogger("infera.server.transport")
 
 TransportKind = Literal["native", "aiohttp"]
-"""The ``http`` transport's clients (``--upstream-transport``)."""
+"""The ``http`` transport's clients (``--http-client``)."""
 
 
 class UpstreamReadError(OSError):
@@ -115,6 +117,87 @@ class UpstreamResponse(Protocol):
         """Done with the response (an unfinished body closes the connection)."""
 
     def close(self) -> None: ...
+
+
+class ChunkQueueResponse:
+    """The body half every :class:`UpstreamResponse` of core and the plugins shares: chunks
+    queued by a producer (a connection, a message inbox), taken by the relay.
+
+    The producer appends to ``_chunks`` (counting ``_buffered`` bytes for its backpressure
+    or slow-consumer limit), sets ``done`` at the end, calls :meth:`_wake` after new data
+    and :meth:`_fail` on an error (raised to the reader once the queued chunks are taken).
+    A subclass provides :meth:`_wait` (a future on its loop, resuming a paused producer
+    first), and may override :meth:`_finish` (the response failed: release timers and
+    registrations) and :meth:`_taken` (the reader emptied the queue: resume reading).
+    """
+
+    __slots__ = ("_buffered", "_chunks", "_exc", "_waiter", "content_type", "done", "status")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.content_type = ""
+        self.done = False
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._exc: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    # -- fed by the producer ---------------------------------------------------------
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None:
+            self._waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.done or self._exc is not None:
+            return
+        self._exc = exc
+        self._finish()
+        w = self._waiter
+        if w is not None:
+            self._waiter = None
+            if not w.done():
+                w.set_exception(exc)
+
+    def _finish(self) -> None:
+        """The response failed (or ended): the producer's own clean-up."""
+
+    # -- read by the relay -------------------------------------------------------------
+    async def _wait(self) -> None:
+        """Wait for :meth:`_wake` or :meth:`_fail`."""
+        raise NotImplementedError
+
+    def _taken(self) -> None:
+        """The reader took every queued chunk."""
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        while not self.done:
+            if self._exc is not None:
+                raise self._exc
+            await self._wait()
+        chunks = self._chunks
+        self._chunks = []
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunks = self._chunks
+        while not chunks:
+            if self.done:
+                raise StopAsyncIteration
+            if self._exc is not None:
+                raise self._exc
+            await self._wait()
+            chunks = self._chunks
+        self._chunks = []
+        self._buffered = 0
+        self._taken()
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 class Upstream(Protocol):

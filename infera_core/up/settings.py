@@ -2,31 +2,22 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from infera_core.config.settings import InferaSettings
 from infera_core.engines.settings import RestartPolicy
 from infera_core.server.auth_settings import AuthSettings
 from infera_core.server.fault_settings import FaultSettings
 from infera_core.server.limits import LimitSettings
+from infera_core.server.settings import router_host, router_port
+from infera_core.tokenize.settings import TokenizeSettings
 
 
-class UpSettings(InferaSettings, LimitSettings, AuthSettings, FaultSettings):
+class UpSettings(InferaSettings, LimitSettings, AuthSettings, FaultSettings, TokenizeSettings):
     """The embedded single-machine stack (its server's connection and request limits from
-    :class:`LimitSettings`)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _router_policy_env(cls, data: Any) -> Any:
-        """``INFERA_ROUTER_POLICY`` (serve's variable) selects up's preset too, below
-        ``--router-policy`` and ``INFERA_POLICY``."""
-        if isinstance(data, dict) and "policy" not in data and os.environ.get("INFERA_ROUTER_POLICY"):
-            data["policy"] = os.environ["INFERA_ROUTER_POLICY"]
-        return data
+    :class:`LimitSettings`, its routing tokenizer's bounds from :class:`TokenizeSettings`)."""
 
     workers: int = Field(4, ge=0, description="Number of engine workers to start (0: server only).")
     engine: str = Field("sim", description="Engine of every worker (see `infera-run engines`).")
@@ -40,14 +31,19 @@ class UpSettings(InferaSettings, LimitSettings, AuthSettings, FaultSettings):
     model_path: str | None = Field(None, description="Weights path or hub id [default: --model].")
     policy: str | None = Field(
         None,
-        description="Routing preset (see `infera-run policies`; env INFERA_ROUTER_POLICY works too)"
+        description="Routing preset (see `infera-run policies`)"
         " [default: the engine's (approximate-prefix for engines without KV events), else kv-aware"
         " if installed, else round-robin].",
-        json_schema_extra={"flag": "--router-policy", "aliases": ["--policy"]},
+        json_schema_extra={
+            "flag": "--router-policy",
+            "aliases": ["--policy"],
+            "env": "INFERA_ROUTER_POLICY",
+            "old_env": ["INFERA_POLICY"],
+        },
     )
     router_config: Path | None = Field(None, description="YAML routing profile instead of --router-policy.")
-    host: str = Field("127.0.0.1", description="Address the server listens on.")
-    port: int = Field(8000, ge=0, le=65535, description="Server port (0: a free port).")
+    host: str = router_host("Address the server listens on.")
+    port: int = router_port("Server port (0: a free port).")
     etcd_endpoint: str | None = Field(
         None, description="Use this etcd (host:port[,…]) instead of the embedded in-memory discovery."
     )

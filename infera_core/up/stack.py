@@ -17,7 +17,7 @@ import signal
 import socket
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -31,6 +31,11 @@ from infera_core.scheduling.router_config import default_policy as router_defaul
 from infera_core.server.fds import fit_connections
 from infera_core.up.embedded_nats import start_embedded_nats, wants_embedded_nats
 from infera_core.up.settings import UpSettings
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from infera_core.server.kv import KvComponent
 
 log = logging.getLogger("infera.up")
 
@@ -75,7 +80,7 @@ def _bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise ConfigError(
-            f"--port {port} (env INFERA_PORT): cannot listen on {host}:{port} ({exc.strerror}); "
+            f"--port {port} (env INFERA_ROUTER_PORT): cannot listen on {host}:{port} ({exc.strerror}); "
             "pick another port or --port 0 for a free one"
         ) from None
     sock.listen(2048)
@@ -107,7 +112,7 @@ class Stack:
         self._server_task: asyncio.Task[None] | None = None
         self._sock: socket.socket | None = None
         self.port = 0
-        self.kv: Any = None
+        self.kv: KvComponent | None = None
         self.nats: Any = None
         """The nats-server this stack started (NATS plane without --nats-url), else None."""
 
@@ -181,6 +186,7 @@ class Stack:
             **s.limits_of(),
             **s.auth_of(),
             **s.faults_of(),
+            **s.tokenize_of(),
         )
 
     async def _start_server(self) -> None:
@@ -193,7 +199,9 @@ class Stack:
         assert self._sock is not None
         self._server, self._server_task = await self._serve(ss, self.kv, self._sock)
 
-    async def _serve(self, ss: Any, kv: Any, sock: socket.socket) -> tuple[_Server, asyncio.Task[None]]:
+    async def _serve(
+        self, ss: Any, kv: KvComponent, sock: socket.socket
+    ) -> tuple[_Server, asyncio.Task[None]]:
         """Build the app over this stack's discovery and serve it on ``sock`` in this event loop."""
         from infera_core.server.app import create_app
         from infera_core.server.run import uvicorn_config
@@ -437,8 +445,8 @@ def _no_echo(line: str) -> None:
     del line
 
 
-def _make_kv(settings: Any, hooks: InferaHooks) -> Any:
+def _make_kv(settings: BaseModel, hooks: InferaHooks) -> KvComponent:
     """KV-aware routing (event hub, index, routing tokenizers), built the way ``serve`` builds it."""
     from infera_core.kv.component import make_kv_routing
 
-    return make_kv_routing(settings, hooks)
+    return make_kv_routing(settings, hooks.catalog())

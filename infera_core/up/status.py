@@ -7,12 +7,11 @@ import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import aiohttp
+import httpx
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from infera_core.bench.scrape import fetch_text
 from infera_core.util.prom_text import HITS, QUERIES, parse_metrics
 
 TROUBLE = {
@@ -49,8 +48,16 @@ class Snapshot:
         return t
 
 
+async def _text(client: httpx.AsyncClient, url: str) -> str | None:
+    try:
+        resp = await client.get(url)
+    except httpx.HTTPError:
+        return None
+    return resp.text if resp.status_code == 200 else None
+
+
 async def snapshot(
-    session: aiohttp.ClientSession,
+    client: httpx.AsyncClient,
     root: str,
     with_cache: bool = True,
     headers: Mapping[str, str] | None = None,
@@ -58,11 +65,8 @@ async def snapshot(
     """Router's ``/v1/workers`` (status, in-flight, picks) + workers' prefix-cache counters."""
     snap = Snapshot()
     try:
-        async with session.get(
-            f"{root}/v1/workers", headers=headers, timeout=aiohttp.ClientTimeout(total=2)
-        ) as resp:
-            data = await resp.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, ValueError):
+        data = (await client.get(f"{root}/v1/workers", headers=headers)).json()
+    except (httpx.HTTPError, ValueError):
         return snap
     workers = data.get("data", []) if isinstance(data, dict) else []
     urls = []
@@ -76,7 +80,7 @@ async def snapshot(
         if w.get("url"):
             urls.append(str(w["url"]).rstrip("/") + "/metrics")
     if with_cache and urls:
-        texts = await asyncio.gather(*(fetch_text(session, u, limit_s=2.0) for u in urls))
+        texts = await asyncio.gather(*(_text(client, u) for u in urls))
         for t in texts:
             if t:
                 m = parse_metrics(t, (HITS, QUERIES))
@@ -110,10 +114,10 @@ class LiveStatus:
         self._task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
-        async with aiohttp.ClientSession() as session:
+        async with httpx.AsyncClient(timeout=2.0) as client:
             with Live(Text("starting…"), console=self.console, refresh_per_second=4, transient=True) as live:
                 while True:
-                    snap = await snapshot(session, self.root, headers=self.headers)
+                    snap = await snapshot(client, self.root, headers=self.headers)
                     live.update(snap.line(self.policy, self.states() if self.states else None))
                     await asyncio.sleep(self.interval)
 

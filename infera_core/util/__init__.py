@@ -1,0 +1,1 @@
+"""Small leaf helpers with no Infera dependencies: modules here import nothing from ``infera_core``."""

@@ -36,7 +36,11 @@ INFERA_RUN = str(Path(sys.executable).with_name("infera-run"))
 def distributions() -> dict[str, tuple[Path, str]]:
     """name → (directory, version) of every distribution in the repo."""
     out = {}
-    for pyproject in [ROOT / "pyproject.toml", *sorted(ROOT.glob("plugins/*/pyproject.toml"))]:
+    for pyproject in [
+        ROOT / "pyproject.toml",
+        *sorted(ROOT.glob("plugins/*/pyproject.toml")),
+        *sorted(ROOT.glob("native/*/pyproject.toml")),
+    ]:
         project = tomllib.loads(pyproject.read_text())["project"]
         out[project["name"]] = (pyproject.parent, project["version"])
     return out
@@ -150,7 +154,7 @@ def test_entrypoint_runs_a_worker_that_registers_and_drains(tmp_path: Path, etcd
             if f"127.0.0.2:{port}" in listed:
                 break
         assert f'"http://127.0.0.2:{port}"' in listed.replace(" ", ""), listed  # advertised POD_IP
-        wait_port("127.0.0.2", port, timeout=5)  # bound on every address (INFERA_HOST=0.0.0.0)
+        wait_port("127.0.0.2", port, timeout=5)  # bound on every address (INFERA_ENGINE_HOST=0.0.0.0)
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, output
@@ -172,7 +176,7 @@ def test_router_entrypoint_and_healthcheck(tmp_path: Path) -> None:
     """``infera-entrypoint serve`` as the router image runs it; ``infera-healthcheck`` (its
     HEALTHCHECK) fails before the router listens and passes once ``/health`` answers 200."""
     port = free_port()
-    env = _env(tmp_path, INFERA_PORT=str(port))
+    env = _env(tmp_path, INFERA_ROUTER_PORT=str(port))
     check = [sys.executable, str(HEALTHCHECK)]
     before = subprocess.run(check, env=env, capture_output=True, text=True, timeout=30)
     assert before.returncode == 1 and "/health" in before.stderr
@@ -219,7 +223,7 @@ def test_install_script_puts_infera_in_its_own_venv_beside_the_engine_python(tmp
     for source, kind in (
         (".", "--wheel"),
         ("plugins/infera-sim", "--wheel"),
-        ("plugins/infera-kv-native", "--sdist"),
+        ("native/infera-kv-native", "--sdist"),
     ):
         subprocess.run(
             [uv, "build", "-q", kind, "--out-dir", str(dist), source], cwd=ROOT, check=True, timeout=300

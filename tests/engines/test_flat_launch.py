@@ -22,6 +22,7 @@ from infera_core.testing.engine_env import clean_environ, make_engine_env
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
 from infera_core.testing.published import wait_registered
+from infera_core.util.net import free_port
 
 ETCD = "etcd.local:2379"
 
@@ -193,7 +194,7 @@ def test_flat_conflict_exits_with_one_line() -> None:
 def test_seed_sglang_command_runs_verbatim(tmp_path: Path, etcd_server: EtcdServer) -> None:
     """The seed's SGLang command (plus the stand-in's interpreter) registers in a real etcd."""
     env = make_engine_env(tmp_path, "sglang.launch_server", source=standin_source("sglang_launch_server"))
-    port = _free_port()
+    port = free_port()
     args = (
         f"--model-path qwen --port {port} --host 127.0.0.1 --etcd-endpoint {etcd_server.endpoint} "
         f"--tp-size 1 --enable-kv-events --page-size 32 --disaggregation-mode null "
@@ -208,12 +209,6 @@ def test_seed_sglang_command_runs_verbatim(tmp_path: Path, etcd_server: EtcdServ
     finally:
         proc.signal(15)
         proc.wait(60)
-
-
-def _free_port() -> int:
-    from infera_core.launcher.address import free_port
-
-    return free_port("127.0.0.1")
 
 
 def test_up_help_lists_each_engines_options() -> None:
@@ -243,7 +238,7 @@ def test_seed_atom_command_runs_verbatim(tmp_path: Path, etcd_server: EtcdServer
     env = make_engine_env(
         tmp_path, "atom.entrypoints.openai_server", source=standin_source("atom_openai_server")
     )
-    port = _free_port()
+    port = free_port()
     args = (
         f"--model ds --server-port {port} --host 127.0.0.1 -tp 1 --etcd-endpoint {etcd_server.endpoint} "
         f"--worker-id seed-atom --engine-python {env.python} --drain-timeout 1 --kv-cache-dtype fp8"

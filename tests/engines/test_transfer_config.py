@@ -134,6 +134,7 @@ def test_vllm_moriio_write_mode(role: Role, kv_role: str) -> None:
                 "notify_port": extra["notify_port"],
                 "tp_size": 1,
                 "dp_size": 1,
+                "dp_size_local": 1,  # external LB: one engine per launcher (vLLM folds ranks by it)
                 "dp_rank": 0,
             },
         )

@@ -150,7 +150,7 @@ async def test_any_exception_in_one_batch_never_wedges_the_subscription(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async with publisher() as p:
-        real = p.hub._apply
+        real = p.hub.ingest.apply
         boom = [True]
 
         def apply_once_broken(sub: Any, s: int, payload: bytes) -> None:
@@ -159,7 +159,7 @@ async def test_any_exception_in_one_batch_never_wedges_the_subscription(
                 raise OverflowError("whatever a batch may raise")
             real(sub, s, payload)
 
-        monkeypatch.setattr(p.hub, "_apply", apply_once_broken)
+        monkeypatch.setattr(p.hub.ingest, "apply", apply_once_broken)
         p.send([TOPIC, seq(1), stored(11)], [TOPIC, seq(2), stored(12)])
         await until(lambda: p.pub_info()["last_seq"] == 2)  # 12 applied after 11 blew up
         assert p.blocks() == 1  # the failed batch cleared the view: 12 alone

@@ -16,7 +16,8 @@ import random
 import numpy as np
 import pytest
 from infera_policies.basic import register_basic
-from infera_policies.kv import ImbalanceGuard, register_kv
+from infera_policies.kv import register_kv
+from infera_policies.load import ImbalanceGuard
 
 from infera_core.builtin.policies import register_defaults
 from infera_core.kv import accel

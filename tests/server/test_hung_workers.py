@@ -180,6 +180,42 @@ async def test_a_hung_sim_is_out_within_30s_by_default_and_a_slow_sim_is_not() -
                 assert not srv.core.table.by_id["fast"].breaker_open
 
 
+async def test_a_long_non_streaming_request_on_a_busy_worker_runs_once() -> None:
+    """Issue #28 row 9: a legit non-streaming request that takes twice the hang timeout on a
+    quiet 2-worker fleet (its headers come only when it is done). The silent worker's
+    engine counters move, so it is not hung: the request runs once, on one worker, and no
+    breaker opens. (Before: ejected at the timeout, the request rerun on the other one.)"""
+    from infera_sim.testing import start_sim
+
+    model = "sim-model"
+    slow: dict[str, Any] = {
+        "kv_events_port": None,
+        "kv_replay_port": None,
+        "model": model,
+        "itl_base_ms": 100.0,
+    }
+    body = {"model": model, "prompt": "hello there", "max_tokens": 45, "ignore_eos": True}  # ~4.5 s
+    with start_sim(**slow) as a, start_sim(**slow) as b:
+        async with serving(settings_for(hang_timeout=2.0), make_hooks()) as srv:
+            for name, sim in (("a", a), ("b", b)):
+                srv.store.put(WorkerRecord(worker_id=name, url=sim.url, model=model, engine="sim"))
+            await srv.wait_workers(2)
+            async with httpx.AsyncClient(timeout=60) as c:
+                r = await c.post(srv.url + "/v1/completions", json=body)
+                assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 45
+                generated = 0.0
+                for sim in (a, b):
+                    text = (await c.get(sim.url + "/metrics")).text
+                    generated += sum(
+                        float(line.split()[-1])
+                        for line in text.splitlines()
+                        if line.startswith("vllm:generation_tokens_total")
+                    )
+            assert generated == 45  # run once: not rerun on the other worker
+            assert not any(ep.breaker_open for ep in srv.core.table.by_id.values())
+            assert srv.core.breakers.opened == 0
+
+
 def test_up_hands_hang_detection_and_pool_timeout_to_its_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """``infera-run up`` takes --hang-timeout, --hang-factor and --pool-timeout (flag, env,
     config key) like ``serve`` and gives them to its embedded server."""

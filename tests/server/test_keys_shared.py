@@ -53,13 +53,8 @@ def _read_all(fd: int) -> str:
     return out.decode()
 
 
-LOCKS = [pytest.param(True, id="pthread"), pytest.param(False, id="fcntl")]
-
-
-@pytest.mark.parametrize("pthread", LOCKS)
-def test_processes_take_from_one_bucket_and_sum_their_tokens(pthread: bool) -> None:
-    budgets = SharedBudgets(3, capacity=64, pthread=pthread)
-    assert budgets.kind == ("pthread" if pthread else "fcntl")
+def test_processes_take_from_one_bucket_and_sum_their_tokens() -> None:
+    budgets = SharedBudgets(3, capacity=64)
     try:
         slot = budgets.slot("team")
         assert slot is not None and budgets.slot("team") == slot and budgets.slot("other") != slot
@@ -75,9 +70,8 @@ def test_processes_take_from_one_bucket_and_sum_their_tokens(pthread: bool) -> N
         budgets.close()
 
 
-@pytest.mark.parametrize("pthread", LOCKS)
-def test_a_process_killed_while_it_holds_a_lock_does_not_wedge_the_others(pthread: bool) -> None:
-    budgets = SharedBudgets(2, capacity=64, pthread=pthread)
+def test_a_process_killed_while_it_holds_a_lock_does_not_wedge_the_others() -> None:
+    budgets = SharedBudgets(2, capacity=64)
     try:
         slot = budgets.slot("team")
         assert slot is not None

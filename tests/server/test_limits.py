@@ -377,15 +377,9 @@ async def test_client_gone_while_its_body_is_parsed_is_not_dispatched(
 
 
 def _hostile_bodies_bench() -> Any:
-    import importlib.util
-    from pathlib import Path
+    from bench.router import hostile_bodies
 
-    script = Path(__file__).resolve().parents[2] / "bench" / "hostile_bodies.py"
-    spec = importlib.util.spec_from_file_location("infera_bench_hostile_bodies", script)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return hostile_bodies
 
 
 def test_three_concurrent_31_mb_bodies_neither_stall_the_router_nor_grow_it() -> None:
@@ -471,7 +465,7 @@ async def test_a_large_body_is_forwarded_byte_for_byte(ups: list[FakeUpstream], 
     text = "é" * 1_500_000  # ~3 MB: read into one growing buffer, never joined or copied
     body = json.dumps({"model": "fake-model", "messages": [{"role": "user", "content": text}]}).encode()
     async with (
-        stack(ups, upstream_transport=transport) as srv,
+        stack(ups, http_client=transport) as srv,
         httpx.AsyncClient(base_url=srv.url, timeout=30) as c,
     ):
         r = await c.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})

@@ -81,7 +81,7 @@ async def burst() -> AsyncIterator[BurstUpstream]:
 async def test_a_stream_the_client_stalls_arrives_whole_and_in_order(
     burst: BurstUpstream, transport: str
 ) -> None:
-    async with serving(settings_for(upstream_transport=transport), make_hooks()) as srv:
+    async with serving(settings_for(http_client=transport), make_hooks()) as srv:
         srv.store.put(
             WorkerRecord(worker_id="b0", url=f"http://127.0.0.1:{burst.port}", model="m", engine="fake")
         )

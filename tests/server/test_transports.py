@@ -1,4 +1,4 @@
-"""The router end to end with each ``--upstream-transport``: same behaviour from both."""
+"""The router end to end with each ``--http-client``: same behaviour from both."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ async def ups() -> AsyncIterator[list[FakeUpstream]]:
 
 @pytest.fixture
 async def srv(transport: str, ups: list[FakeUpstream]) -> AsyncIterator[RunningServer]:
-    async with serving(settings_for(upstream_transport=transport), make_hooks()) as s:
+    async with serving(settings_for(http_client=transport), make_hooks()) as s:
         for u in ups:
             s.store.put(record_for(u))
         await s.wait_workers(2)
@@ -111,7 +111,7 @@ async def test_client_disconnect_while_waiting_for_the_first_byte(
 
 
 async def test_the_idle_timeout_applies_after_the_headers(transport: str, ups: list[FakeUpstream]) -> None:
-    settings = settings_for(upstream_transport=transport, stream_idle_timeout=0.3, first_byte_timeout=10)
+    settings = settings_for(http_client=transport, stream_idle_timeout=0.3, first_byte_timeout=10)
     for u in ups:
         u.chunk_delay = 2.0
     async with serving(settings, make_hooks()) as s:

@@ -84,7 +84,7 @@ async def test_a_clean_worker_still_gets_its_connection_reused() -> None:
 
 @pytest.mark.parametrize("transport", ["native", "aiohttp"])
 async def test_a_desynced_worker_behind_the_router_answers_every_request(transport: str) -> None:
-    settings = settings_for(upstream_transport=transport)
+    settings = settings_for(http_client=transport)
     async with fake_upstreams(1) as ups, serving(settings, make_hooks()) as srv:
         ups[0].trailing = b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nleft"
         srv.store.put(record_for(ups[0]))

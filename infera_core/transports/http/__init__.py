@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from infera_core.errors import require_module
 from infera_core.transports.upstreams import TransportKind, Upstream
+
+
+def require_http_client(kind: str) -> None:
+    """A :class:`ConfigError` (one line naming the flag and the install) when ``kind``'s
+    library is not installed."""
+    if kind == "aiohttp":
+        require_module("aiohttp", "--http-client aiohttp", "aiohttp")
 
 
 def make_upstream(
@@ -18,6 +26,7 @@ def make_upstream(
     pool_timeout: float = 10.0,
 ) -> Upstream:
     cls: type[Any]
+    require_http_client(kind)
     if kind == "aiohttp":
         # aiohttp is an optional dependency, imported only when asked for
         from infera_core.transports.http.aiohttp_upstream import AiohttpUpstream as cls

@@ -1,4 +1,4 @@
-"""``--upstream-transport aiohttp``: one ``aiohttp.ClientSession`` per process.
+"""``--http-client aiohttp``: one ``aiohttp.ClientSession`` per process.
 
 aiohttp sets TCP_NODELAY on each client connection it makes (``BaseProtocol.connection_made``).
 """

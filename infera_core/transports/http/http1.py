@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import httptools
 
-from infera_core.transports.upstreams import set_nodelay
+from infera_core.transports.upstreams import ChunkQueueResponse, set_nodelay
 
 HIGH_WATER = 256 * 1024
 """Buffered body bytes not yet taken by the relay above which reading from the worker pauses."""
@@ -38,33 +38,16 @@ class UpstreamClosed(ConnectionError):
         """True when a reused keep-alive connection was found closed before any byte came back."""
 
 
-class Http1Response:
+class Http1Response(ChunkQueueResponse):
     """A worker's response: ``status``, ``content_type``, :meth:`header`, then the body by
     ``await read()`` or ``async for chunk in response``. Call :meth:`release` when done."""
 
-    __slots__ = (
-        "_buffered",
-        "_chunks",
-        "_conn",
-        "_exc",
-        "_waiter",
-        "content_type",
-        "done",
-        "headers",
-        "sink",
-        "status",
-    )
+    __slots__ = ("_conn", "headers", "sink")
 
     def __init__(self, conn: Http1Connection) -> None:
+        super().__init__()
         self._conn: Http1Connection | None = conn
-        self.status = 0
-        self.content_type = ""
         self.headers: list[tuple[bytes, bytes]] = []
-        self._chunks: list[bytes] = []
-        self._buffered = 0
-        self.done = False
-        self._exc: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
         self.sink: Callable[[bytes], bool] | None = None
         """Set by a relay: called with each body chunk while none is buffered before it;
         True when it took the chunk (it is then not buffered for ``async for``)."""
@@ -76,24 +59,6 @@ class Http1Response:
             if k.lower() == key:
                 return v.decode("latin-1")
         return default
-
-    # -- fed by the connection -----------------------------------------------------
-    def _wake(self) -> None:
-        w = self._waiter
-        if w is not None:
-            self._waiter = None
-            if not w.done():
-                w.set_result(None)
-
-    def _fail(self, exc: BaseException) -> None:
-        if self.done or self._exc is not None:
-            return
-        self._exc = exc
-        w = self._waiter
-        if w is not None:
-            self._waiter = None
-            if not w.done():
-                w.set_exception(exc)
 
     # -- read by the relay ---------------------------------------------------------
     async def _wait(self) -> None:
@@ -107,34 +72,10 @@ class Http1Response:
         w = self._waiter = loop.create_future()
         await w
 
-    async def read(self) -> bytes:
-        """The whole body."""
-        while not self.done:
-            if self._exc is not None:
-                raise self._exc
-            await self._wait()
-        chunks = self._chunks
-        self._chunks = []
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    def __aiter__(self) -> Http1Response:
-        return self
-
-    async def __anext__(self) -> bytes:
-        chunks = self._chunks
-        while not chunks:
-            if self.done:
-                raise StopAsyncIteration
-            if self._exc is not None:
-                raise self._exc
-            await self._wait()
-            chunks = self._chunks
-        self._chunks = []
-        self._buffered = 0
+    def _taken(self) -> None:
         conn = self._conn
         if conn is not None and conn.paused:
             conn.resume()
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def release(self) -> None:
         """Done with this response; a body not fully received closes the connection."""

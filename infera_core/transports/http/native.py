@@ -1,4 +1,4 @@
-"""``--upstream-transport native``: HTTP/1.1 over asyncio protocols, a keep-alive pool per worker.
+"""``--http-client native``: HTTP/1.1 over asyncio protocols, a keep-alive pool per worker.
 
 Per request the work is: take the most recently used idle connection of that worker
 (or connect), write the pre-built request line + headers + body as one buffer, and let

@@ -21,11 +21,18 @@ from infera_core.engines.base import (
     RecordFields,
     RunningEngine,
 )
-from infera_core.engines.support import http_ok, locate_engine, reject_managed_flags
+from infera_core.engines.support import http_ok, locate_engine, metrics_sum, reject_managed_flags
 from infera_core.errors import EngineError
 
 SERVER_MODULE = "atom.entrypoints.openai_server"
 REQUIRED_DISCOVERY = "etcd"
+IN_FLIGHT_METRICS = ("atom:requests_running", "atom:requests_waiting", "atom:requests_parked_kv_load")
+"""ATOM's ``/metrics`` gauges of requests in the engine, summed across its DP ranks
+(``atom/entrypoints/openai/metrics.py``): running, waiting, and parked for an external KV load
+(a PD decode waiting for its KV); their sum is the drain's in-flight count."""
+SNAPSHOT_METRIC = "atom:metrics_snapshot_available"
+"""1 once ATOM's exporter holds an engine snapshot; before that the gauges above read 0
+whatever runs, so 0 there means "unknown"."""
 
 MANAGED_FLAGS = {
     "--model": "--model-path",
@@ -179,4 +186,22 @@ class AtomAdapter:
         return await http_ok(engine.client, f"{engine.url}/health")
 
     async def in_flight(self, engine: RunningEngine) -> int | None:
+        """Requests in ATOM from its ``/metrics`` gauges (None when ATOM cannot tell yet)."""
+        import httpx
+
+        try:
+            response = await engine.client.get(f"{engine.url}/metrics")
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        return atom_in_flight(response.text)
+
+
+def atom_in_flight(text: str) -> int | None:
+    """The in-flight count in ATOM's Prometheus text: the sum of :data:`IN_FLIGHT_METRICS`, or
+    None when they are absent or ATOM says it has no engine snapshot yet."""
+    if metrics_sum(text, (SNAPSHOT_METRIC,)) == 0:
         return None
+    total = metrics_sum(text, IN_FLIGHT_METRICS)
+    return None if total is None else round(total)

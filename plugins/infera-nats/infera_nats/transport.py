@@ -28,6 +28,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from infera_core.transports.upstreams import (
+    ChunkQueueResponse,
     TransportDownError,
     UpstreamError,
     UpstreamReadError,
@@ -41,43 +42,21 @@ log = logging.getLogger("infera.nats.transport")
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 
-class NatsResponse:
+class NatsResponse(ChunkQueueResponse):
     """A worker's response over NATS (see ``UpstreamResponse``)."""
 
-    __slots__ = (
-        "_buffered",
-        "_chunks",
-        "_exc",
-        "_last",
-        "_raw_headers",
-        "_seq",
-        "_timer",
-        "_waiter",
-        "cancel_subject",
-        "content_type",
-        "done",
-        "endpoint",
-        "owner",
-        "reply",
-        "status",
-    )
+    __slots__ = ("_last", "_raw_headers", "_seq", "_timer", "cancel_subject", "endpoint", "owner", "reply")
 
     def __init__(
         self, owner: NatsUpstream, endpoint: UpstreamTarget, reply: str, cancel_subject: str
     ) -> None:
+        super().__init__()
         self.owner: NatsUpstream | None = owner
         self.endpoint = endpoint
         self.reply = reply
         self.cancel_subject = cancel_subject
-        self.status = 0
-        self.content_type = ""
-        self.done = False
         self._raw_headers = b""
-        self._chunks: list[bytes] = []
-        self._buffered = 0
         self._seq = 0
-        self._exc: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._last = 0.0
 
@@ -88,24 +67,6 @@ class NatsResponse:
         return default if found is None else found
 
     # -- fed by the upstream's inbox ----------------------------------------------
-    def _wake(self) -> None:
-        w = self._waiter
-        if w is not None:
-            self._waiter = None
-            if not w.done():
-                w.set_result(None)
-
-    def _fail(self, exc: BaseException) -> None:
-        if self.done or self._exc is not None:
-            return
-        self._exc = exc
-        self._finish()
-        w = self._waiter
-        if w is not None:
-            self._waiter = None
-            if not w.done():
-                w.set_exception(exc)
-
     def _finish(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -222,31 +183,6 @@ class NatsResponse:
         assert owner is not None and owner._loop is not None
         w = self._waiter = owner._loop.create_future()
         await w
-
-    async def read(self) -> bytes:
-        while not self.done:
-            if self._exc is not None:
-                raise self._exc
-            await self._wait()
-        chunks = self._chunks
-        self._chunks = []
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    def __aiter__(self) -> NatsResponse:
-        return self
-
-    async def __anext__(self) -> bytes:
-        chunks = self._chunks
-        while not chunks:
-            if self.done:
-                raise StopAsyncIteration
-            if self._exc is not None:
-                raise self._exc
-            await self._wait()
-            chunks = self._chunks
-        self._chunks = []
-        self._buffered = 0
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def release(self) -> None:
         """Done with this response; before its end the worker is told to cancel it."""

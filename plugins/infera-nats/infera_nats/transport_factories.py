@@ -96,7 +96,7 @@ class NatsKvEventTransport:
 
     settings_model = NatsSettings
 
-    def create_source(self, ctx: KvSourceContext) -> KvEventSource | None:
+    def create_source(self, ctx: KvSourceContext) -> KvEventSource:
         from infera_nats.kv_source import NatsKvSource
 
         return NatsKvSource(

@@ -1,7 +1,8 @@
 """What the OpenAI-server engines share: no KV events, HTTP readiness, in-flight from metrics.
 
-Each engine here (llama.cpp, TGI, TensorRT-LLM, Triton, any OpenAI server) serves the OpenAI
-API itself and publishes no KV cache events, so its worker record has ``kv_events=None`` and
+Each engine here (llama.cpp, TGI, Triton, any OpenAI server; TensorRT-LLM overrides the KV
+event and role parts) serves the OpenAI API itself and publishes no KV cache events, so its
+worker record has ``kv_events=None`` and
 ``infera-run up`` routes it with the ``approximate-prefix`` preset (cache affinity from the
 router's own decisions) unless ``--router-policy`` says otherwise. Nothing here imports an
 engine.

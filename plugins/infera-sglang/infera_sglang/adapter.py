@@ -31,7 +31,14 @@ from infera_core.engines.support import (
 from infera_core.errors import EngineError
 from infera_core.worker import KvEventsInfo
 from infera_sglang import offload
-from infera_sglang.parallel import decode_radix_flags, parallel_flags
+from infera_sglang.parallel import (
+    DP_MODES,
+    DP_PLAIN,
+    decode_radix_flags,
+    dp_mode,
+    parallel_flags,
+    plain_dp_flags,
+)
 from infera_sglang.transfer import transfer_plan
 
 LAUNCH_MODULE = "sglang.launch_server"
@@ -94,7 +101,28 @@ OPTIONS: tuple[EngineOption, ...] = (
         0,
         "First KV event port (0: pick free ones); DP-attention rank r publishes on port + r.",
     ),
-    EngineOption("dp_size", int, 1, "DP-attention ranks behind this one server (SGLang --dp-size)."),
+    EngineOption(
+        "dp_size",
+        int,
+        1,
+        "Data-parallel size (SGLang --dp-size): DP-attention ranks behind this one server, or with "
+        "--dp-mode plain the number of replicas (one launcher each, --dp-rank K).",
+    ),
+    EngineOption(
+        "dp_rank",
+        int,
+        None,
+        "With --dp-mode plain: this launcher's replica, 0 … --dp-size - 1 (refused under DP-attention, "
+        "where one launcher fronts every rank).",
+    ),
+    EngineOption(
+        "dp_mode",
+        str,
+        "attention",
+        f"How --dp-size is run: {' or '.join(DP_MODES)}. attention: one server, --enable-dp-attention, "
+        "the router picks the rank; plain: SGLang's plain DP as one launcher per replica (--dp-rank K), "
+        "each an ordinary worker on GPUs from K x tp.",
+    ),
     *offload.OPTIONS,
 )
 
@@ -111,7 +139,17 @@ def _page_size(ctx: LaunchContext) -> int:
 
 
 def _dp(ctx: LaunchContext) -> int:
+    """The DP-attention ranks behind this one SGLang server (1 for a plain-DP replica)."""
     rank, size = dp_layout(ctx)
+    if dp_mode(ctx) == DP_PLAIN:
+        if size > 1 and rank is None:
+            raise EngineError(
+                f"--dp-mode plain --dp-size {size}: one SGLang server cannot run plain DP with KV events "
+                "(every rank's publisher binds the same port without DP-attention); start one launcher per "
+                "replica with --dp-rank 0 … --dp-rank "
+                f"{size - 1} (each its own worker), or use --dp-mode attention"
+            )
+        return 1
     if size > 1 and rank is not None:
         raise EngineError(
             "SGLang DP-attention: one launcher fronts all --dp-size ranks; drop --dp-rank "
@@ -183,6 +221,8 @@ class SglangAdapter:
             json.dumps(kv_config, separators=(",", ":")),
         ]
         flags += parallel_flags(ctx, _dp(ctx))  # --tp-size defaults to --dp-size under DP-attention
+        if dp_mode(ctx) == DP_PLAIN:
+            flags += plain_dp_flags(ctx, dp_layout(ctx)[0])  # replica K's GPUs
         flags += transfer_plan(ctx).flags
         flags += decode_radix_flags(ctx)  # a decode worker's KV events need its radix cache
         flags += offload.offload_flags(ctx)  # HiCache / LMCache

@@ -111,6 +111,8 @@ class SimAdapter:
             flags += ["--bootstrap-port", str(bootstrap)]
         if ctx.dp_rank is not None:
             flags += ["--dp-rank", str(ctx.dp_rank)]
+            if ctx.dp_size > 1:  # one external-LB rank, as vLLM's --data-parallel-size/-rank
+                flags += ["--data-parallel-size", str(ctx.dp_size)]
         if _dp_size(ctx) > 1:
             flags += ["--dp-size", str(_dp_size(ctx))]
         return flags + list(ctx.engine_args)
@@ -154,7 +156,8 @@ class SimAdapter:
         )
         pd = None
         if cfg.role in ("prefill", "decode"):
-            params: dict[str, object] = {"engine_id": cfg.engine_id}
+            # the id the engine's KV connector uses (vLLM: <engine-id>_dp<rank> under DP)
+            params: dict[str, object] = {"engine_id": cfg.kv_engine_id}
             if cfg.role == "prefill" and cfg.bootstrap_port is not None:
                 params.update(bootstrap_host=host, bootstrap_port=cfg.bootstrap_port)
                 if cfg.pd_protocol.startswith("vllm-moriio"):  # the decode fetches from this port

@@ -8,7 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 ROLES = ("mixed", "prefill", "decode")
-PD_PROTOCOLS = ("vllm-nixl", "sglang-bootstrap", "vllm-moriio", "vllm-moriio-read")
+PD_PROTOCOLS = ("vllm-nixl", "vllm-mooncake", "sglang-bootstrap", "vllm-moriio", "vllm-moriio-read")
+DENSE_EXTERNAL_DP = (
+    "ValueError: Non-MoE models do not support external data parallel mode. For external load "
+    "balancing, launch independent vLLM instances without --data-parallel-* arguments."
+)
+"""What vLLM 0.32 says when it refuses external-LB DP for a dense model (``arg_utils.py``)."""
 KV_LAYOUTS = ("map", "array")
 
 
@@ -41,6 +46,10 @@ class SimConfig:
     dp_rank: int | None = None
     dp_size: int = 1
     """DP-attention ranks behind this one server (SGLang ``--dp-size``): each its own engine."""
+    data_parallel_size: int = 1
+    """External-LB DP size (vLLM ``--data-parallel-size`` with ``--dp-rank``): this sim is one rank."""
+    num_experts: int | None = None
+    """The model's expert count as vLLM reads it from ``config.json`` (0: dense; None: not modelled)."""
     # timing
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
@@ -64,6 +73,19 @@ class SimConfig:
     fault_kv_drop_rate: float = 0.0
     fault_kv_duplicate_rate: float = 0.0
     fault_kv_reorder: bool = False
+
+    @property
+    def kv_engine_id(self) -> str:
+        """The KV connector engine id vLLM uses: ``<engine_id>_dp<rank>`` under data parallel
+        (``EngineCoreProc.run_engine_core``: ``data_parallel_size > 1 or dp_rank > 0``)."""
+        rank = self.dp_rank or 0
+        return f"{self.engine_id}_dp{rank}" if self.data_parallel_size > 1 or rank > 0 else self.engine_id
+
+    def refusal(self) -> str | None:
+        """The line vLLM would die with at start for this setup, if any."""
+        if self.data_parallel_size > 1 and self.num_experts == 0:
+            return DENSE_EXTERNAL_DP
+        return None
 
     @property
     def sleeps(self) -> bool:
@@ -132,6 +154,20 @@ def build_parser() -> argparse.ArgumentParser:
         " KV cache, publishes on --kv-events-port + r (replay port + r) with dp_rank r; the"
         " X-Data-Parallel-Rank header picks the rank, round robin without it",
     )
+    a(
+        "--data-parallel-size",
+        type=int,
+        default=d.data_parallel_size,
+        help="external-LB data-parallel size, as vLLM's (this sim is rank --dp-rank): the KV connector"
+        " engine id becomes <engine-id>_dp<rank>, and a dense model (--num-experts 0) is refused",
+    )
+    a(
+        "--num-experts",
+        type=int,
+        default=None,
+        help="the model's expert count, as vLLM reads config.json (0 = dense: vLLM refuses external"
+        " data parallel for it; unset = not modelled)",
+    )
     a("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once")
     a("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, help="token budget per step")
     a("--prefill-tokens-per-s", type=_positive_float, default=d.prefill_tokens_per_s, help="prefill speed")
@@ -190,6 +226,12 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
         parser.error("--max-num-seqs and --max-num-batched-tokens must be > 0")
     if cfg.dp_size < 1:
         parser.error("--dp-size must be >= 1")
+    if cfg.data_parallel_size < 1:
+        parser.error("--data-parallel-size must be >= 1")
+    if cfg.data_parallel_size > 1 and cfg.dp_rank is None:
+        parser.error("--data-parallel-size needs --dp-rank (one sim per external-LB rank)")
+    if cfg.dp_rank is not None and cfg.data_parallel_size > 1 and cfg.dp_rank >= cfg.data_parallel_size:
+        parser.error("--dp-rank must be below --data-parallel-size")
     if cfg.dp_size > 1 and cfg.dp_rank is not None:
         parser.error("--dp-rank is for one rank per server; with --dp-size > 1 every batch names its rank")
     return cfg

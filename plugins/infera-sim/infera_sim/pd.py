@@ -12,6 +12,12 @@
   when its prefill finishes (READ mode: it also answers vLLM's ``kv_transfer_params``); the
   decode long-polls ``GET /sim/moriio/<transfer_id>`` on that notify port, then proceeds as
   above.
+* **vllm-mooncake** (vLLM's MooncakeConnector, concurrent): both legs carry the router-made
+  ``transfer_id``; the decode leg names the prefill's ``remote_engine_id`` and
+  ``remote_bootstrap_addr``. As vLLM's decode does, it asks that bootstrap server
+  (``GET /query``: ``{dp_rank: {engine_id, worker_addr}}``) for the engine and fails the request
+  when the id is not there: under data parallel the prefill registers ``<engine-id>_dp<rank>``.
+  Then it long-polls ``GET /sim/mooncake/<transfer_id>`` there for the prefill's KV.
 * **sglang-bootstrap** (concurrent): both legs carry ``bootstrap_host/port/room``.
   A prefill-role sim publishes the room's KV when its prefill finishes; a decode-role
   sim long-polls ``GET /sim/bootstrap/<room>`` on the prefill's bootstrap port, then
@@ -59,6 +65,7 @@ class PdManager:
         app.router.add_get("/sim/kv/{request_id}", self._get_kv)
         app.router.add_get("/sim/bootstrap/{room}", self._get_room)
         app.router.add_get("/sim/moriio/{transfer_id}", self._get_moriio)
+        app.router.add_get("/sim/mooncake/{transfer_id}", self._get_moriio)
         app.router.add_get("/query", self._query)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -73,7 +80,10 @@ class PdManager:
             await self._runner.cleanup()
 
     async def _query(self, request: web.Request) -> web.Response:
-        return web.json_response({"engine_id": self.cfg.engine_id, "role": self.cfg.role, "dp_rank": 0})
+        """vLLM's ``MooncakeBootstrapServer.query``: the engine registered per DP rank."""
+        cfg = self.cfg
+        entry = {"engine_id": cfg.kv_engine_id, "worker_addr": {"0": {"0": f"tcp://{cfg.advertise_host}:0"}}}
+        return web.json_response({str(cfg.dp_rank or 0): entry})
 
     async def _get_kv(self, request: web.Request) -> web.Response:
         entry = self.transfers.pop(request.match_info["request_id"], None)
@@ -133,6 +143,8 @@ class PdManager:
                     if params.get("transfer_id") is not None:  # MoRIIO
                         r.pd["transfer_id"] = str(params["transfer_id"])
                     r.max_tokens = 1
+            elif params.get("do_remote_prefill") and params.get("remote_bootstrap_addr") is not None:
+                await self._pull_mooncake(params, reqs)
             elif params.get("do_remote_prefill") and params.get("transfer_id") is not None:
                 await self._pull_moriio(params, reqs)
             elif params.get("do_remote_prefill"):
@@ -166,6 +178,8 @@ class PdManager:
             fut = self._transfer(transfer_id)
             if not fut.done():
                 fut.set_result(r.prompt)
+            if self.cfg.pd_protocol == "vllm-mooncake":
+                return None  # MooncakeConnectorScheduler.request_finished returns no params
             return {  # what vLLM's MoRIIOConnectorScheduler.request_finished returns
                 "do_remote_prefill": True,
                 "do_remote_decode": False,
@@ -182,14 +196,14 @@ class PdManager:
             self.transfers[r.request_id] = {
                 "token_ids": r.prompt,
                 "block_ids": [b for b in r.pd.get("block_ids", [])],
-                "engine_id": self.cfg.engine_id,
+                "engine_id": self.cfg.kv_engine_id,
             }
             while len(self.transfers) > _KEEP:
                 self.transfers.popitem(last=False)
             return {
                 "do_remote_prefill": True,
                 "do_remote_decode": False,
-                "remote_engine_id": self.cfg.engine_id,
+                "remote_engine_id": self.cfg.kv_engine_id,
                 "remote_block_ids": r.pd.get("block_ids", []),
                 "remote_host": self.cfg.advertise_host,
                 "remote_port": self.port,
@@ -240,6 +254,31 @@ class PdManager:
         if entry is None:
             raise ApiError(
                 f"no KV arrived from the prefill for transfer {transfer_id}", "kv_transfer_params", 500
+            )
+        await self._receive(entry.get("token_ids") or [], reqs)
+
+    async def _pull_mooncake(self, params: dict[str, Any], reqs: list[SimRequest]) -> None:
+        """vLLM's MooncakeConnectorWorker: find the engine at the bootstrap server, then receive."""
+        missing = [k for k in ("remote_engine_id", "transfer_id") if params.get(k) in (None, "")]
+        if missing:
+            raise ApiError(f"kv_transfer_params lacks {', '.join(missing)}", "kv_transfer_params")
+        addr, engine_id = str(params["remote_bootstrap_addr"]), str(params["remote_engine_id"])
+        engines = await self._fetch(addr + "/query") or {}
+        if engine_id not in {e.get("engine_id") for e in engines.values() if isinstance(e, dict)}:
+            # vLLM fails the request (kv_load_failure_policy "fail", its default)
+            raise ApiError(
+                f"remote engine_id {engine_id} not found from bootstrap server {addr}",
+                "kv_transfer_params",
+                500,
+            )
+        entry = await self._fetch(
+            f"{addr}/sim/mooncake/{params['transfer_id']}?timeout={self.cfg.pd_timeout_s}"
+        )
+        if entry is None:
+            raise ApiError(
+                f"no KV arrived from the prefill for transfer {params['transfer_id']}",
+                "kv_transfer_params",
+                500,
             )
         await self._receive(entry.get("token_ids") or [], reqs)
 

@@ -108,6 +108,7 @@ class SimServer:
             "kv_replay_port": p.replay_port if p else None,
             "bootstrap_port": self.pd.port,
             "engine_id": self.cfg.engine_id,
+            "kv_engine_id": self.cfg.kv_engine_id,
             "role": self.cfg.role,
             "block_size": self.cfg.block_size,
             "fingerprint": self.tokenizer.fingerprint,
@@ -394,6 +395,10 @@ async def serve(cfg: SimConfig) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     cfg = parse_args(argv)
+    refusal = cfg.refusal()
+    if refusal is not None:  # like vLLM, the engine dies at start
+        print(refusal, file=sys.stderr)
+        raise SystemExit(1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         import uvloop

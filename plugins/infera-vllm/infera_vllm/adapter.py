@@ -32,7 +32,7 @@ from infera_core.engines.support import (
 )
 from infera_core.errors import EngineError
 from infera_core.worker import KvEventsInfo
-from infera_vllm import offload
+from infera_vllm import model_config, offload
 from infera_vllm.transfer import transfer_plan
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -166,6 +166,7 @@ class VllmAdapter:
         rank, size = dp_layout(ctx)
         if size > 1 and rank is None:
             raise EngineError(f"--dp-size {size} needs --dp-rank (one vLLM launcher per DP rank)")
+        model_config.check_external_dp(ctx.served_path, size)
         flags = self.engine_flags(ctx)
         where = self.locate(ctx)
         # The vllm console script only works when the 'vllm' distribution metadata exists

@@ -20,6 +20,7 @@ from infera_core.engines.pd import (
 )
 from infera_core.engines.support import bracket_host
 from infera_core.worker import WorkerRecord
+from infera_vllm.transfer import engine_id as dp_engine_id
 
 MOONCAKE_DEFAULT_BOOTSTRAP_PORT = 8998
 
@@ -79,8 +80,13 @@ class VllmMooncakeTransport(_ConcurrentLegs):
         host = peer_host(prefill, "bootstrap_host")
         port = pd_params.get("bootstrap_port") or MOONCAKE_DEFAULT_BOOTSTRAP_PORT
         # The router may have asked the prefill's bootstrap server (GET /query) for the
-        # engine id of the DP rank it picked; otherwise the id the launcher configured.
-        engine_id = ctx.extra.get("remote_engine_id") or pd_params.get("engine_id") or prefill.worker_id
+        # engine id of the DP rank it picked; otherwise the id the launcher recorded (vLLM's
+        # per-rank id, ``<worker>_dp<K>`` under DP), else that id derived from the record.
+        engine_id = (
+            ctx.extra.get("remote_engine_id")
+            or pd_params.get("engine_id")
+            or dp_engine_id(prefill.worker_id, prefill.dp_rank, prefill.dp_size)
+        )
         return {
             "do_remote_decode": False,
             "do_remote_prefill": True,
@@ -101,6 +107,9 @@ def _moriio_peer(record: WorkerRecord) -> dict[str, Any]:
         "remote_handshake_port": params.get("handshake_port"),
         "remote_notify_port": params.get("notify_port"),
         "remote_dp_size": params.get("dp_size", 1),
+        # each launcher is one engine (vLLM's data_parallel_size_local 1): the peer folds the
+        # rank to 0 for its port arithmetic and dials this worker's own ports
+        "remote_dp_size_local": params.get("dp_size_local", 1),
         "remote_tp_size": params.get("tp_size", 1),
         "remote_dp_rank": params.get("dp_rank", 0),
     }

@@ -39,6 +39,8 @@ ONE_SIDED = {Role.PREFILL: ("kv_producer",), Role.DECODE: ("kv_consumer",)}
 KEYS = ("handshake_port", "notify_port")
 MORIIO_READ_VALUES = ("true", "1")
 """vLLM's ``get_moriio_mode``: ``read_mode`` "true"/"1" (any case) is READ, else WRITE."""
+MORIIO_DP_SIZE_LOCAL = 1
+"""vLLM's ``data_parallel_size_local`` for an external-LB rank (one engine per launcher)."""
 
 
 def _tp(ctx: LaunchContext) -> int:
@@ -49,6 +51,18 @@ def _dp(ctx: LaunchContext) -> tuple[int, int]:
     """(rank, size) of this external-LB launcher: vLLM offsets per-rank ports by the rank."""
     rank, size = dp_layout(ctx)
     return (rank or 0) if size > 1 else 0, size
+
+
+def engine_id(worker_id: str, rank: int | None, size: int) -> str:
+    """The KV connector engine id vLLM really uses for this DP rank.
+
+    vLLM 0.32 appends ``_dp<rank>`` to ``kv_transfer_config.engine_id`` in every engine core
+    of a data-parallel deployment (``EngineCoreProc.run_engine_core``: when
+    ``data_parallel_size > 1 or dp_rank > 0``), so an external-LB rank ``K`` of worker ``w``
+    registers as ``w_dpK`` (e.g. with its Mooncake bootstrap server).
+    """
+    rank = rank or 0
+    return f"{worker_id}_dp{rank}" if size > 1 or rank > 0 else worker_id
 
 
 def _base_config(
@@ -84,7 +98,7 @@ class NixlConnector:
             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(port - rank),
         }
         params = {
-            "engine_id": ctx.worker_id,
+            "engine_id": engine_id(ctx.worker_id, *_dp(ctx)),
             "tp_size": _tp(ctx),
             "side_channel_host": ctx.advertise_host,
             "side_channel_port": port,
@@ -103,7 +117,8 @@ class MooncakeConnector:
 
     def build(self, ctx: LaunchContext, user: dict[str, Any]) -> TransferPlan:
         config = _base_config(ctx, user, "MooncakeConnector", BOTH[ctx.role])
-        params: dict[str, Any] = {"engine_id": ctx.worker_id, "tp_size": _tp(ctx)}
+        # the decode leg names this id (remote_engine_id): the one vLLM registers per DP rank
+        params: dict[str, Any] = {"engine_id": engine_id(ctx.worker_id, *_dp(ctx)), "tp_size": _tp(ctx)}
         env: dict[str, str] = {}
         address = extra_config(user).get("bootstrap_server_address")
         if ctx.role is Role.PREFILL and address:
@@ -130,11 +145,14 @@ class MoriioConnector:
     READ mode (decode reads after prefill, serial) with ``read_mode: true``.
 
     vLLM reads ``handshake_port``, ``notify_port`` and ``http_port`` from
-    ``kv_connector_extra_config`` and offsets the first two by ``dp_rank + tp_rank`` per
-    rank; Infera reserves ``tp`` consecutive free ports for each (one block of ``2 * tp``;
-    a port the user set is kept), sets ``http_port`` to the engine's port, ``host_ip`` to
-    the advertised host and leaves ``proxy_ip`` empty (no toy-proxy heartbeat: the worker
-    registers in discovery instead).
+    ``kv_connector_extra_config`` and offsets the first two per rank by
+    ``get_port_offset(fold_local_rank(data_parallel_rank, data_parallel_size_local), tp_rank)``
+    (``moriio_common``). An external-LB rank runs with ``data_parallel_size_local`` 1, so its
+    rank folds to 0: each launcher binds ``base + tp_rank``, whatever its DP rank. Infera
+    reserves ``tp`` consecutive free ports for each (one block of ``2 * tp``; a port the user
+    set is kept), records ``dp_size_local`` 1 (peers fold this worker's ranks the same way),
+    sets ``http_port`` to the engine's port, ``host_ip`` to the advertised host and leaves
+    ``proxy_ip`` empty (no toy-proxy heartbeat: the worker registers in discovery instead).
     """
 
     engine = ENGINE
@@ -157,9 +175,7 @@ class MoriioConnector:
             )
         # one block of 2 * tp consecutive free ports: handshake ranks, then notify ranks
         block = free_ports(ctx, 2 * tp, consecutive=True)[0] if not all(extra.get(k) for k in KEYS) else 0
-        ports = {
-            key: int(extra[key]) if extra.get(key) else block + i * tp - rank for i, key in enumerate(KEYS)
-        }
+        ports = {key: int(extra[key]) if extra.get(key) else block + i * tp for i, key in enumerate(KEYS)}
         host = str(extra.get("host_ip") or ctx.advertise_host)
         extra.update(ports, http_port=ctx.port, host_ip=host)
         extra.setdefault("proxy_ip", "")
@@ -173,6 +189,7 @@ class MoriioConnector:
             "notify_port": ports["notify_port"],
             "tp_size": tp,
             "dp_size": size,
+            "dp_size_local": MORIIO_DP_SIZE_LOCAL,
             "dp_rank": rank,
         }
         pd = PdInfo(protocol="vllm-moriio-read" if read else "vllm-moriio", params=params)

@@ -4,7 +4,9 @@ Run it with the vLLM venv's interpreter (it needs torch, transformers, tokenizer
 ``.venv-vllm/bin/python plugins/infera-vllm/tests/make_tiny_model.py OUT_DIR``.
 
 The model: a byte-level BPE (vocab 4096) trained on a synthetic pseudo-word corpus,
-wrapped as a fast tokenizer with a simple chat template, and a 2-layer Llama
+wrapped as a fast tokenizer with two named chat templates (``default`` and ``tool_use``, from
+``infera_core/testing/tiny_chat.py``: ``chat_template.jinja`` and
+``additional_chat_templates/tool_use.jinja``), and a 2-layer Llama
 (hidden 128, 4 heads → head_dim 32, the smallest the vLLM CPU kernels accept) with
 random bfloat16 weights. Deterministic: fixed seeds.
 """
@@ -27,6 +29,7 @@ def main(out: str) -> None:
 
     # the engine venv need not have infera_core installed: the tokenizer code comes from the tree
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    from infera_core.testing import tiny_chat
     from infera_core.testing import tiny_tokenizer as tiny
 
     rng = random.Random(0)
@@ -42,7 +45,7 @@ def main(out: str) -> None:
         pad_token="<pad>",
         model_max_length=2048,
     )
-    fast.chat_template = tiny.CHAT_TEMPLATE
+    fast.chat_template = dict(tiny_chat.TEMPLATES)
     fast.save_pretrained(out)
 
     config = LlamaConfig(

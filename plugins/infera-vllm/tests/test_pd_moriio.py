@@ -12,8 +12,8 @@ import copy
 from typing import Any
 
 import pytest
-from infera_vllm.adapter import VllmAdapter
 from infera_vllm.pd import VllmMoriioReadTransport, VllmMoriioTransport
+from vllm_records import adapter_record
 
 from infera_core.engines.base import LaunchContext
 from infera_core.engines.pd import PdContext, PdLegError, PdOrder
@@ -37,17 +37,7 @@ def record(worker_id: str, role: Role, host: str, first_port: int, **options: An
         options={"tp": 1, "pd_connector": "moriio", **options},
         free_port=lambda: next(ports),
     )
-    fields = VllmAdapter().record_fields(ctx)
-    return WorkerRecord(
-        worker_id=worker_id,
-        url=f"http://{host}:8000",
-        model="m",
-        engine="vllm",
-        role=role,
-        dp_rank=fields.dp_rank,
-        dp_size=fields.dp_size,
-        pd=fields.pd,
-    )
+    return adapter_record(ctx)
 
 
 def test_moriio_transports_are_registered() -> None:
@@ -81,6 +71,7 @@ def test_write_mode_sends_both_legs_at_once_naming_each_others_address() -> None
         "remote_handshake_port": dp["handshake_port"],
         "remote_notify_port": dp["notify_port"],
         "remote_dp_size": 2,
+        "remote_dp_size_local": 1,
         "remote_tp_size": 2,
         "remote_dp_rank": 1,
     }
@@ -96,6 +87,7 @@ def test_write_mode_sends_both_legs_at_once_naming_each_others_address() -> None
         "remote_handshake_port": pp["handshake_port"],
         "remote_notify_port": pp["notify_port"],
         "remote_dp_size": 1,
+        "remote_dp_size_local": 1,
         "remote_tp_size": 1,
         "remote_dp_rank": 0,
     }

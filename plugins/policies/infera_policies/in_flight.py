@@ -15,11 +15,10 @@ import bisect
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from infera_core.request import RequestContext
 from infera_core.scheduling.arrays import Floats, Rows
-from infera_core.scheduling.types import Endpoint
+from infera_core.scheduling.types import Endpoint, KvIndexView
 
 MAX_IN_FLIGHT = 100_000
 """Requests whose prompts :class:`InFlightPrefixes` remembers at most (in flight or lingering)."""
@@ -117,7 +116,7 @@ class InFlightPrefixes:
         if not pending:
             del self.pending[bs]
 
-    def depth(self, ctx: RequestContext, index: Any) -> dict[int, float]:
+    def depth(self, ctx: RequestContext, index: KvIndexView | None) -> dict[int, float]:
         """Per endpoint row, the fraction of the prompt's blocks that requests credited there share.
 
         Only the blocks at :func:`checkpoints` are remembered (every block up to 32, then 16
@@ -127,7 +126,7 @@ class InFlightPrefixes:
         """
         self.expire()
         out: dict[int, float] = {}
-        if not ctx.token_ids:
+        if not ctx.token_ids or index is None:  # nothing is pending without an index
             return out
         for bs, pending in self.pending.items():  # almost always one block size
             hashes = ctx.cached_block_hashes(bs, index.hash_prompt)

@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 from infera_policies.approx_prefix import register_approx_prefix
-from infera_policies.kv import LoadScorer, register_kv
+from infera_policies.kv import register_kv
+from infera_policies.load import LoadScorer
 
 from infera_core.builtin.policies import register_defaults
 from infera_core.kv.events import BlockHash, BlockRemoved, BlockStored, KvEventBatch

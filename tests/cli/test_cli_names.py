@@ -13,7 +13,6 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 import click
-import pytest
 
 from infera_core.cli import build_cli
 from infera_core.plugin.hooks import InferaHooks
@@ -90,27 +89,3 @@ def test_one_spelling_per_concept_across_commands() -> None:
         if len({f for f, _ in uses}) > 1:
             problems.append(f"setting {setting} has different flags: {sorted(uses)}")
     assert not problems, "\n".join(problems)
-
-
-def test_worker_and_workers_still_read_the_old_environment_spellings(monkeypatch: pytest.MonkeyPatch) -> None:
-    from infera_core.cli.workers import WorkersSettings
-    from infera_core.engines.settings import WorkerSettings
-
-    monkeypatch.setenv("INFERA_ETCD_PREFIX", "/old/")
-    monkeypatch.setenv("INFERA_CONNECT_TIMEOUT", "7")
-    for model in (WorkerSettings, WorkersSettings):
-        settings = model()
-        assert (settings.discovery_prefix, settings.discovery_timeout) == ("/old/", 7.0)
-    monkeypatch.setenv("INFERA_DISCOVERY_PREFIX", "/new/")
-    monkeypatch.setenv("INFERA_DISCOVERY_TIMEOUT", "3")
-    for model in (WorkerSettings, WorkersSettings):
-        settings = model()
-        assert (settings.discovery_prefix, settings.discovery_timeout) == ("/new/", 3.0)
-
-
-def test_up_reads_serves_router_policy_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from infera_core.up.settings import UpSettings
-
-    monkeypatch.setenv("INFERA_ROUTER_POLICY", "random")
-    assert UpSettings().policy == "random"
-    assert UpSettings(policy="least-load").policy == "least-load"  # the flag wins

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -16,7 +16,6 @@ from infera_core.config.backends import BackendOptions
 from infera_core.config.settings import InferaSettings
 from infera_core.discovery.base import Discovery, DiscoveryRegistry, DiscoverySettings
 from infera_core.errors import DuplicateNameError, InferaError, UnknownNameError
-from infera_core.kv.sources import KvSources
 from infera_core.launcher.transports import WorkerTransports
 from infera_core.plugin.spec import hookimpl
 from infera_core.scheduling.types import Endpoint
@@ -32,7 +31,7 @@ from infera_core.transports.base import (
     WorkerAttachment,
     WorkerContext,
 )
-from infera_core.transports.clients import Upstreams
+from infera_core.transports.clients import KvSources, Upstreams
 from infera_core.transports.http import make_upstream
 from infera_core.transports.upstreams import Upstream, UpstreamResponse
 from infera_core.worker import WorkerRecord
@@ -282,15 +281,85 @@ async def test_a_transport_that_cannot_start_is_one_line_naming_its_flag() -> No
     with pytest.raises(InferaError) as err:
         await upstreams.start()
     assert str(err.value) == "--request-transport down: the client did not start: nobody home at down://1"
-    sources = KvSources(SimpleNamespace(kv_event_transports=kv_events), replay_timeout=1.0)
+    sources = KvSources(kv_events, KvSourceContext(replay_timeout=1.0))
     with pytest.raises(InferaError) as err:
-        await sources.start("down")
+        await sources.start(["down"])
     assert str(err.value) == (
         "--kv-event-transport down: the KV event source did not start: nobody home at down://1"
     )
+    assert sources.clients == {}  # made again on the next use
     with pytest.raises(UnknownNameError, match="'owl'; available: down"):
-        await sources.start("owl")
-    await sources.start("zmq")  # the hub's own subscriber: nothing to start
+        await sources.start(["owl"])
+    await sources.close()
+
+
+class Counted:
+    """A source that counts its starts and closes."""
+
+    def __init__(self) -> None:
+        self.starts = self.closes = 0
+
+    async def start(self) -> None:
+        self.starts += 1
+
+    async def close(self) -> None:
+        self.closes += 1
+
+    async def follow(self, record: WorkerRecord, rank: int | None, sink: Any) -> None:
+        raise NotImplementedError
+
+    async def replay(
+        self, record: WorkerRecord, rank: int | None, start: int, until: int
+    ) -> list[tuple[int, bytes]] | None:
+        return None
+
+
+class CountedKvEvents:
+    """A KV-event transport making :class:`Counted` sources (or None: the deprecated answer)."""
+
+    description = "Counted."
+    settings_model = None
+
+    def __init__(self, name: str, none: bool = False) -> None:
+        self.name = name
+        self.none = none
+        self.made: list[Counted] = []
+
+    def create_source(self, ctx: KvSourceContext) -> KvEventSource | None:
+        if self.none:
+            return None
+        self.made.append(Counted())
+        return self.made[-1]
+
+    async def attach_worker(self, ctx: WorkerContext) -> WorkerAttachment | None:
+        return None
+
+
+async def test_kv_sources_are_made_once_per_transport_and_started_before_use() -> None:
+    registry = KvEventTransportRegistry()
+    counted = CountedKvEvents("counted")
+    registry.add(counted)
+    sources = KvSources(registry)
+    first, again = await asyncio.gather(sources.get("counted"), sources.get("counted"))
+    assert first is again is counted.made[0] and len(counted.made) == 1
+    assert counted.made[0].starts == 1
+    await sources.close()
+    assert counted.made[0].closes == 1 and sources.clients == {}
+
+
+async def test_zmq_is_a_kv_event_source_like_any_other_and_none_still_means_zmq(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from infera_core.transports.zmq import ZmqKvEventSource
+
+    registry = make_hooks().catalog().kv_event_transports
+    registry.add(CountedKvEvents("legacy", none=True))
+    sources = KvSources(registry)
+    zmq_source = await sources.get("zmq")
+    assert isinstance(zmq_source, ZmqKvEventSource) and isinstance(zmq_source, KvEventSource)
+    legacy = await sources.get("legacy")  # a factory answering None (deprecated): the zmq source
+    assert isinstance(legacy, ZmqKvEventSource) and legacy is not zmq_source
+    assert "create_source returned None, which is deprecated" in caplog.text
     await sources.close()
 
 

@@ -1,0 +1,82 @@
+"""A stand-in ATOM OpenAI server: ``GET /health`` and ``GET /metrics`` in ATOM's exposition.
+
+The gauges are the ones ATOM's exporter renders (``atom/entrypoints/openai/metrics.py``:
+``atom:requests_running`` / ``atom:requests_waiting`` / ``atom:requests_parked_kv_load``,
+unlabelled, summed across DP ranks, plus ``atom:metrics_snapshot_available``). The engine
+starts with ``--busy N`` requests in flight; each ``/metrics`` scrape finishes one of them, so a
+drain that reads the gauges sees N, N-1, …, 0. ``GET /scrapes`` says how many scrapes it served.
+
+Run: ``python atom_standin.py --host 127.0.0.1 --port P --busy 2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+HELP = {
+    "atom:metrics_snapshot_available": "Whether an engine snapshot is available.",
+    "atom:requests_running": "Number of requests currently running across data-parallel ranks.",
+    "atom:requests_waiting": "Number of requests waiting across data-parallel ranks.",
+    "atom:requests_parked_kv_load": "Number of requests parked for an external KV load.",
+}
+
+
+def exposition(running: int, waiting: int, parked: int) -> str:
+    values = {
+        "atom:metrics_snapshot_available": 1,
+        "atom:requests_running": running,
+        "atom:requests_waiting": waiting,
+        "atom:requests_parked_kv_load": parked,
+    }
+    lines = []
+    for name, value in values.items():
+        lines += [f"# HELP {name} {HELP[name]}", f"# TYPE {name} gauge", f"{name} {float(value)}"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--busy", type=int, default=0)
+    args = p.parse_args()
+    lock = threading.Lock()
+    state = {"busy": args.busy, "scrapes": 0}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *a: object) -> None:
+            pass
+
+        def _send(self, body: str, ctype: str = "text/plain; version=0.0.4") -> None:
+            data = body.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                return self._send("")
+            if self.path == "/scrapes":
+                with lock:
+                    return self._send(str(state["scrapes"]))
+            if self.path == "/metrics":
+                with lock:
+                    busy = state["busy"]
+                    state["scrapes"] += 1
+                    state["busy"] = max(0, busy - 1)
+                # one running, the rest waiting (one of those parked for its KV)
+                running = min(busy, 1)
+                parked = 1 if busy > 2 else 0
+                return self._send(exposition(running, busy - running - parked, parked))
+            self.send_response(404)
+            self.end_headers()
+
+    ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()
