@@ -19,6 +19,7 @@ class RequestContext:
     __slots__ = (
         "_block_hashes",
         "body",
+        "budget",
         "client_request_id",
         "headers",
         "model",
@@ -55,6 +56,8 @@ class RequestContext:
         """The client's ``X-Request-Id``: a label for logs, echoed back, never a key."""
         self.principal: Any = None
         """Who sent it (the server's API-key principal), None without ``--api-key-file``."""
+        self.budget: Any = None
+        """The server's reservation of the principal's tokens for this request (its ``Charge``)."""
 
     @property
     def log_id(self) -> str:

@@ -34,6 +34,8 @@ class MessageStream:
         self._finish: Any = None
         self.input_tokens = 0
         self.output_tokens = 0
+        self.events = 0
+        """Upstream events translated (what the key is charged when no usage report comes)."""
 
     def _start(self, out: list[bytes]) -> None:
         if self._started:
@@ -83,6 +85,7 @@ class MessageStream:
             except ValueError:
                 continue
             if isinstance(data, dict):
+                self.events += 1
                 self._chunk(data, out)
         return b"".join(out)
 

@@ -221,7 +221,7 @@ def _client_auth(settings: ServeSettings, admin: AdminGate, metrics: ServerMetri
         return None
     ledger = UsageLedger()
     metrics.registry.register(LeanCollector([ledger.tokens]))
-    return ClientAuth(KeyRing(settings.api_key_file), admin, ledger)
+    return ClientAuth(KeyRing(settings.api_key_file), admin, ledger, settings.budget_max_tokens)
 
 
 def _control_routes(

@@ -19,8 +19,10 @@ from typing import Any
 
 from starlette.requests import HTTPConnection
 
+from infera_core.server.auth_settings import DEFAULT_MAX_TOKENS
 from infera_core.server.errors import ApiError
 from infera_core.server.keys import ADMIN, KeyRing, Principal
+from infera_core.server.reserve import Charge, prompt_estimate, reservation
 from infera_core.server.usage import UsageLedger
 
 ADMIN_STATE = "admin_gate"
@@ -120,12 +122,20 @@ class ClientAuth:
     """``--api-key-file`` on the request path: who is calling (401), may they (403/429), and
     what they spent. The admin token is accepted as a key too (no limits, label ``admin``)."""
 
-    __slots__ = ("_admin_token", "admin", "ledger", "ring")
+    __slots__ = ("_admin_token", "admin", "default_max_tokens", "ledger", "ring")
 
-    def __init__(self, ring: KeyRing, admin: AdminGate, ledger: UsageLedger) -> None:
+    def __init__(
+        self,
+        ring: KeyRing,
+        admin: AdminGate,
+        ledger: UsageLedger,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    ) -> None:
         self.ring = ring
         self.admin = admin
         self.ledger = ledger
+        self.default_max_tokens = default_max_tokens
+        """Output tokens reserved per sequence for a request that names no ``max_tokens``."""
         self._admin_token = admin.has_token
 
     def authenticate(self, scope: Mapping[str, Any]) -> Principal:
@@ -142,12 +152,36 @@ class ClientAuth:
             raise _unauthorized("Invalid API key.", "invalid_api_key")
         return principal
 
-    def admit(self, principal: Principal, model: str) -> None:
-        self.ring.admit(principal, model)
+    def admit(
+        self,
+        principal: Principal,
+        model: str,
+        body: dict[str, Any] | None = None,
+        token_ids: list[int] | None = None,
+    ) -> Charge | None:
+        """403/429 as :meth:`KeyRing.admit`; with the request's ``body``, its most possible cost
+        is reserved against the key's daily tokens (settle it with :meth:`spent`)."""
+        if body is None or principal.key is None or principal.key.tpd is None:
+            return self.ring.admit(principal, model, 0, 0)
+        prompt = prompt_estimate(body, token_ids)
+        return self.ring.admit(
+            principal, model, reservation(body, self.default_max_tokens, token_ids), prompt
+        )
 
-    def spent(self, principal: Principal, model: str, prompt: int, completion: int) -> None:
+    def spent(
+        self, principal: Principal, model: str, prompt: int, completion: int, charge: Charge | None = None
+    ) -> None:
+        """What one request cost: per (key, model), and against the key's budget (its
+        reservation ``charge`` replaced by the real count)."""
         self.ledger.add(principal.name, model, prompt, completion)
-        self.ring.spent(principal, prompt + completion)
+        if charge is not None:
+            self.ring.settle(principal, charge, prompt + completion)
+        else:
+            self.ring.spent(principal, prompt + completion)
+
+    def release(self, principal: Principal, charge: Charge | None) -> None:
+        """The request ended without generating anything (refused, failed before an answer)."""
+        self.ring.settle(principal, charge, 0)
 
     def usage(self) -> dict[str, Any]:
         """The JSON of ``GET /v1/admin/usage``."""

@@ -8,6 +8,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field, SecretStr
 
+DEFAULT_MAX_TOKENS = 4096
+"""``--budget-max-tokens``'s default."""
+
 
 class AuthSettings(BaseModel):
     """Client API keys, the admin token and who may read ``/metrics``."""
@@ -16,6 +19,12 @@ class AuthSettings(BaseModel):
         None,
         description="YAML/JSON file of client API keys (name, key or key_sha256, models, "
         "requests_per_minute, tokens_per_day); with it, /v1/* needs a key. Re-read when it changes.",
+    )
+    budget_max_tokens: int = Field(
+        DEFAULT_MAX_TOKENS,
+        gt=0,
+        description="Output tokens reserved per sequence against a key's tokens_per_day when a request "
+        "sets no max_tokens/max_completion_tokens (admission reserves prompt + max_tokens × n).",
     )
     admin_token: SecretStr | None = Field(
         None,

@@ -20,6 +20,10 @@ key keeps its slot, and what it spent, for the life of the serve). A slot holds,
 * ``tokens_per_day`` — each process adds the tokens it served to its own
   ``(day, tokens)`` pair (one writer per word, no lock: a word is one aligned 8-byte
   store through a ``memoryview``); today's count is the sum of the pairs stamped today.
+  Admission *reserves* a request's most possible cost (:meth:`SharedBudgets.reserve`):
+  the check against the sum and the addition to this process's pair happen under the
+  slot's lock, so concurrent processes never both take the last of a budget; the end of
+  the request adds the difference to the real cost (:meth:`SharedBudgets.settle`, no lock).
 
 Cost per request (``bench/router/key_budgets.py``): one lock and unlock for a key with a rate
 limit, a few word reads and writes otherwise.
@@ -165,3 +169,26 @@ class SharedBudgets:
             q[i + 1] = 0  # before the new day's stamp: a reader never counts yesterday's as today's
             q[i] = day
         q[i + 1] += n
+
+    def reserve(self, base: int, day: int, n: int, limit: int) -> int:
+        """Reserve ``n`` of ``day``'s ``limit`` tokens for this process, under the slot's lock
+        (so two processes cannot both take the last of a budget): -1 when reserved, else the
+        tokens already spent or reserved (``n`` did not fit)."""
+        arg = 1 + base // self.width
+        self._acquire(arg)
+        try:
+            used = self.tokens(base, day)
+            if used >= limit or used + n > limit:
+                return used
+            self.add_tokens(base, day, n)
+            return -1
+        finally:
+            self._release(arg)
+
+    def settle(self, base: int, day: int, delta: int) -> None:
+        """Correct a reservation made on ``day`` by ``delta`` tokens (the real cost minus the
+        reservation); after a UTC midnight the reservation went with the old day: no-op."""
+        q = self._q
+        i = base + _HEAD + 2 * self.index
+        if q[i] == day:
+            q[i + 1] += delta

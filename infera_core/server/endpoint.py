@@ -84,6 +84,7 @@ class ProxyEndpoint:
                 via = value if via is None else via + b", " + value
         if client_rid is not None:
             send = EchoHeader(send, b"x-request-id", client_rid.encode("latin-1"))
+        ctx: RequestContext | None = None
         try:
             auth = self.auth
             principal = auth.authenticate(scope) if auth is not None else None
@@ -111,7 +112,7 @@ class ProxyEndpoint:
             model = ctx.model
             if auth is not None and principal is not None:
                 ctx.principal = principal
-                auth.admit(principal, model)
+                ctx.budget = auth.admit(principal, model, ctx.body, ctx.token_ids)
             if core.scheduler.direct and raw_header(scope, DIRECT_HEADER.encode()) is not None:
                 self.admin.check(scope, "Direct routing (x-worker-instance-id)")
             if not hooked:
@@ -142,13 +143,30 @@ class ProxyEndpoint:
             if watcher is not None and not watcher.done():
                 watcher.cancel()
             scope[ON_DISCONNECT] = None
+            if ctx is not None and ctx.budget is not None and auth is not None:
+                auth.release(ctx.principal, ctx.budget)  # nothing relayed: the reservation is returned
             core.metrics.request_done(self.route, model, status, time.perf_counter() - t0)
 
     def count_usage(self, ctx: RequestContext, prompt: int, completion: int) -> None:
-        """Tokens of one answered request: per model, and per API key when keys are on."""
+        """Tokens of one answered request (the engine's usage report): per model, and per API
+        key when keys are on. A report of nothing (no usage in the answer) charges the key the
+        request's whole reservation."""
         self.core.metrics.usage(ctx.model, prompt, completion)
         if self.auth is not None and ctx.principal is not None:
-            self.auth.spent(ctx.principal, ctx.model, prompt, completion)
+            charge = ctx.budget
+            if not (prompt or completion) and charge is not None:
+                prompt = charge.tokens  # nothing reported: what the request could have cost
+            self.auth.spent(ctx.principal, ctx.model, prompt, completion, charge)
+
+    def count_relayed(self, ctx: RequestContext, events: int) -> None:
+        """A stream that ended without the engine's usage report (the client left, the worker
+        failed, or the engine sends none): the key is charged the prompt estimate and one
+        token per relayed event (each carries at least one token)."""
+        charge = ctx.budget
+        if self.auth is None or ctx.principal is None or charge is None or charge.settled:
+            return
+        prompt = len(ctx.token_ids) if ctx.token_ids else charge.prompt
+        self.auth.spent(ctx.principal, ctx.model, prompt, max(0, events), charge)
 
 
 async def _left_meanwhile(scope: Scope) -> None:

@@ -34,6 +34,7 @@ from infera_core.config.settings import read_data_file
 from infera_core.errors import ConfigError
 from infera_core.server.budgets import SharedBudgets
 from infera_core.server.errors import ApiError
+from infera_core.server.reserve import Charge
 
 log = logging.getLogger("infera.server.keys")
 
@@ -239,11 +240,15 @@ class KeyRing:
         return list(self._by_name.values())
 
     # -- admission and spending ------------------------------------------------------
-    def admit(self, principal: Principal, model: str) -> None:
-        """403 for a model off the key's list, 429 over a budget (both with a clear message)."""
+    def admit(self, principal: Principal, model: str, tokens: int = 0, prompt: int = 0) -> Charge | None:
+        """403 for a model off the key's list, 429 over a budget (both with a clear message).
+
+        ``tokens`` is the most the request may cost (:func:`~infera_core.server.reserve.reservation`):
+        it must fit what is left of the key's ``tokens_per_day`` and is reserved until
+        :meth:`settle`. None for the admin (no limits)."""
         key = principal.key
         if key is None:
-            return
+            return None
         if key.allowed is not None and model not in key.allowed:
             raise ApiError(
                 403,
@@ -252,45 +257,78 @@ class KeyRing:
                 code="model_not_allowed",
                 type="permission_error",
             )
-        slot = key.slot
-        if slot is not None:
-            self._admit_shared(key, slot)
-            return
-        tpd = key.tpd
-        if tpd is not None and (key.day_tokens if key.day == int(self._wall() // DAY) else 0) >= tpd:
-            raise self._out_of_tokens(key)
-        rpm = key.rpm
-        if rpm is not None:
-            now = self._clock()
-            rate = rpm / 60.0
-            bucket = key.bucket + (now - key.refilled) * rate
-            key.bucket = bucket = bucket if bucket < rpm else float(rpm)
-            key.refilled = now
-            if bucket < 1.0:
-                raise _over_rate(key, bucket, rate)
-            key.bucket -= 1.0
+        charge = self._reserve(key, tokens, prompt)
+        try:
+            self._take_request(key)
+        except ApiError:
+            self._settle(key, charge, 0)
+            raise
+        return charge
 
-    def _admit_shared(self, key: ApiKey, slot: int) -> None:
-        """:meth:`admit`'s budgets, the router's (``serve --processes N``)."""
-        shared = self._shared
-        assert shared is not None
+    def _reserve(self, key: ApiKey, tokens: int, prompt: int) -> Charge:
+        """Reserve ``tokens`` of today's budget (429 when they do not fit); a key without a
+        token budget gets an empty charge (settled as plain spending)."""
         tpd = key.tpd
-        if tpd is not None and shared.tokens(slot, int(self._wall() // DAY)) >= tpd:
-            raise self._out_of_tokens(key)
+        if tpd is None:
+            return Charge(-1, 0, prompt)
+        day = int(self._wall() // DAY)
+        slot, shared = key.slot, self._shared
+        if slot is not None and shared is not None:
+            used = shared.reserve(slot, day, tokens, tpd)
+            if used >= 0:
+                raise self._out_of_tokens(key, used, tokens)
+        else:
+            if key.day != day:
+                key.day = day
+                key.day_tokens = 0
+            used = key.day_tokens
+            if used >= tpd or used + tokens > tpd:
+                raise self._out_of_tokens(key, used, tokens)
+            key.day_tokens = used + tokens
+        return Charge(day, tokens, prompt)
+
+    def _take_request(self, key: ApiKey) -> None:
+        """One request from the key's ``requests_per_minute`` bucket (429 when empty)."""
         rpm = key.rpm
-        if rpm is not None:
+        if rpm is None:
+            return
+        slot, shared = key.slot, self._shared
+        if slot is not None and shared is not None:
             level = shared.take(slot, rpm, self._clock)
             if level >= 0.0:
                 raise _over_rate(key, level, rpm / 60.0)
+            return
+        now = self._clock()
+        rate = rpm / 60.0
+        bucket = key.bucket + (now - key.refilled) * rate
+        key.bucket = bucket = bucket if bucket < rpm else float(rpm)
+        key.refilled = now
+        if bucket < 1.0:
+            raise _over_rate(key, bucket, rate)
+        key.bucket -= 1.0
 
-    def _out_of_tokens(self, key: ApiKey) -> ApiError:
+    def _out_of_tokens(self, key: ApiKey, used: int, tokens: int) -> ApiError:
+        tpd = key.tpd
+        assert tpd is not None
+        if tokens > tpd:  # never fits: waiting for the reset would not help
+            return ApiError(
+                429,
+                f"This request may use up to {tokens} tokens (prompt + max_tokens × n), more than the "
+                f"{tpd} tokens per day of the API key {key.name!r}; lower max_tokens (or n).",
+                code="token_budget_exceeded",
+            )
         wall = self._wall()
         reset = math.ceil((math.floor(wall / DAY) + 1) * DAY - wall)
+        if used >= tpd:
+            message = f"The API key {key.name!r} has used its {tpd} tokens for today (UTC)."
+        else:
+            message = (
+                f"This request may use up to {tokens} tokens (prompt + max_tokens × n); the API key "
+                f"{key.name!r} has {tpd - used} of its {tpd} tokens left today (UTC). Lower max_tokens "
+                "(or n), or retry after the reset."
+            )
         return ApiError(
-            429,
-            f"The API key {key.name!r} has used its {key.tpd} tokens for today (UTC).",
-            code="token_budget_exceeded",
-            headers={"Retry-After": str(max(1, reset))},
+            429, message, code="token_budget_exceeded", headers={"Retry-After": str(max(1, reset))}
         )
 
     def _today_tokens(self, key: ApiKey) -> int:
@@ -302,17 +340,44 @@ class KeyRing:
             key.day_tokens = 0
         return key.day_tokens
 
+    def settle(self, principal: Principal, charge: Charge | None, tokens: int) -> None:
+        """The request that reserved ``charge`` ended having cost ``tokens``: replace the
+        reservation by them (once; a second call is a no-op)."""
+        key = principal.key
+        if key is None or charge is None or charge.settled:
+            return
+        self._settle(key, charge, tokens)
+
+    def _settle(self, key: ApiKey, charge: Charge, tokens: int) -> None:
+        charge.settled = True
+        if charge.day < 0:
+            self._spend(key, tokens)
+            return
+        delta = tokens - charge.tokens
+        if not delta:
+            return
+        if key.slot is not None and self._shared is not None:
+            self._shared.settle(key.slot, charge.day, delta)
+        elif key.day == charge.day:  # after a UTC midnight the reservation went with the old day
+            key.day_tokens += delta
+
     def spent(self, principal: Principal, tokens: int) -> None:
+        """``tokens`` spent outside any reservation."""
         key = principal.key
         if key is not None and tokens:
-            day = int(self._wall() // DAY)
-            if key.slot is not None and self._shared is not None:
-                self._shared.add_tokens(key.slot, day, tokens)
-                return
-            if key.day != day:
-                key.day = day
-                key.day_tokens = 0
-            key.day_tokens += tokens
+            self._spend(key, tokens)
+
+    def _spend(self, key: ApiKey, tokens: int) -> None:
+        if not tokens:
+            return
+        day = int(self._wall() // DAY)
+        if key.slot is not None and self._shared is not None:
+            self._shared.add_tokens(key.slot, day, tokens)
+            return
+        if key.day != day:
+            key.day = day
+            key.day_tokens = 0
+        key.day_tokens += tokens
 
     def describe(self, key: ApiKey) -> dict[str, Any]:
         """A key's limits and today's spending (``GET /v1/admin/usage``)."""

@@ -75,15 +75,21 @@ class MessagesProxy(ProxyEndpoint):
             return True
         await send({"type": "http.response.start", "status": 200, "headers": list(SSE_HEADERS)})
         stream = MessageStream(model, stops)
+        ended = False
         try:
             async for chunk in resp:
                 out_bytes = stream.feed(chunk)
                 if out_bytes:
                     await send({"type": "http.response.body", "body": out_bytes, "more_body": True})
+            ended = True
         except READ_ERRORS as exc:
             tail = stream.error(f"Worker {worker} failed mid-stream: {exc!r}")
             await send({"type": "http.response.body", "body": tail, "more_body": False})
             return False
+        finally:
+            if not ended or not (stream.input_tokens or stream.output_tokens):
+                self.count_relayed(ctx, stream.events - 1)  # no usage report: what passed
+            else:
+                self.count_usage(ctx, stream.input_tokens, stream.output_tokens)
         await send({"type": "http.response.body", "body": stream.finish(), "more_body": False})
-        self.count_usage(ctx, stream.input_tokens, stream.output_tokens)
         return True

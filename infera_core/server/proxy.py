@@ -30,6 +30,7 @@ from infera_core.server.errors import ApiError
 from infera_core.server.splice import StreamTally
 from infera_core.server.usage import (
     UsageStripper,
+    answer_usage,
     asking_usage,
     client_wants_usage,
     router_added_usage,
@@ -68,9 +69,7 @@ class OpenAIProxy(ProxyEndpoint):
     async def _relay(
         self, send: Send, resp: UpstreamResponse, ctx: RequestContext, t0: float, worker: str
     ) -> bool:
-        model = ctx.model
         ctype = resp.content_type or "application/json"
-        metrics = self.core.metrics
         if not ctype.startswith("text/event-stream"):
             try:
                 data = await resp.read()
@@ -82,11 +81,11 @@ class OpenAIProxy(ProxyEndpoint):
                 (b"content-length", str(len(data)).encode()),
                 (b"x-infera-worker", worker.encode("latin-1")),
             ]
+            if resp.status < 400:  # counted before it is sent: a client leaving now still pays
+                p, c = answer_usage(data)
+                self.count_usage(ctx, p, c)
             await send({"type": "http.response.start", "status": resp.status, "headers": headers})
             await send({"type": "http.response.body", "body": data, "more_body": False})
-            if resp.status < 400:
-                p, c = usage_of(data[-600:])
-                self.count_usage(ctx, p, c)
             return resp.status < 400
         await send(
             {
@@ -100,6 +99,7 @@ class OpenAIProxy(ProxyEndpoint):
         # the native transport hands chunks to the client's transport as they are parsed
         # (no task wake-up per chunk); what it declines comes through the loop below
         sink = tally if strip is None and type(resp) is Http1Response and tally.attach(send) else None
+        ended = False
         try:
             if sink is None:
                 async for chunk in resp:
@@ -117,6 +117,7 @@ class OpenAIProxy(ProxyEndpoint):
                     tally.note(chunk)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     resp.sink = sink
+            ended = True
         except READ_ERRORS as exc:
             log.warning("worker %s failed mid-stream: %r", worker, exc)
             err = ApiError(502, f"Worker {worker} failed mid-stream: {exc!r}", code="upstream_stream_error")
@@ -125,14 +126,28 @@ class OpenAIProxy(ProxyEndpoint):
         finally:
             if sink is not None:
                 resp.sink = None  # type: ignore[attr-defined]
+            if not ended:  # the client left or the worker failed: charge what passed
+                self._count_stream(ctx, tally, strip, None)
         rest = strip.flush() if strip is not None else b""
+        self._count_stream(ctx, tally, strip, t0)
         await send({"type": "http.response.body", "body": rest, "more_body": False})
-        first, last, events = tally.first, tally.last, tally.events
-        if first:
-            end = tally.prev + tally.tail
-            if b"[DONE]" in end:
-                events -= 1
-            metrics.stream_timing(model, first - t0, (last - first) / (events - 1) if events > 1 else None)
-            p, c = (strip.prompt, strip.completion) if strip is not None else usage_of(end[-1200:])
-            self.count_usage(ctx, p, c)
         return True
+
+    def _count_stream(
+        self, ctx: RequestContext, tally: StreamTally, strip: UsageStripper | None, t0: float | None
+    ) -> None:
+        """A stream's usage: the engine's report when one passed, else what was relayed; and
+        its timing when it was relayed whole (``t0``: its start)."""
+        first, last, events = tally.first, tally.last, tally.events
+        end = tally.prev + tally.tail
+        if b"[DONE]" in end:
+            events -= 1
+        if first and t0 is not None:
+            self.core.metrics.stream_timing(
+                ctx.model, first - t0, (last - first) / (events - 1) if events > 1 else None
+            )
+        p, c = (strip.prompt, strip.completion) if strip is not None else usage_of(end[-1200:])
+        if p or c:
+            self.count_usage(ctx, p, c)
+        else:
+            self.count_relayed(ctx, events - 1)

@@ -6,12 +6,15 @@
   ``stream_options.include_usage``: the engine is asked for usage anyway.
 * :class:`UsageStripper` — takes that usage chunk (``"choices": []`` + ``usage``) back
   out of what the client receives, and remembers its counts.
+* :func:`answer_usage` — the top-level ``usage`` of a non-streaming answer, wherever it is.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+import msgspec
 
 from infera_core.server.series import CounterChild, LeanCounter
 
@@ -34,7 +37,9 @@ class UsageLedger:
 
     def __init__(self) -> None:
         self.tokens = LeanCounter(
-            "infera_key_tokens", "Tokens from engines' usage reports, per API key", ["key", "model", "kind"]
+            "infera_key_tokens",
+            "Tokens charged per API key (engines' usage, else the router's count)",
+            ["key", "model", "kind"],
         )
         self._rows: dict[tuple[str, str], _Row] = {}
 
@@ -68,6 +73,28 @@ class UsageLedger:
             )
             entry[f"{kind}_tokens"] = int(child.value)
         return out
+
+
+class _Answer(msgspec.Struct):
+    """The one field of an answer the budget needs; msgspec skips every other field without
+    building it (a vLLM answer with ``prompt_logprobs`` can be megabytes after ``usage``)."""
+
+    usage: dict[str, Any] | None = None
+
+
+_ANSWER = msgspec.json.Decoder(_Answer)
+
+
+def answer_usage(data: bytes) -> tuple[int, int]:
+    """(prompt, completion) tokens of a non-streaming answer's top-level ``usage``, whatever
+    the order of its fields; (0, 0) when it has none or is not a JSON object."""
+    try:
+        usage = _ANSWER.decode(data).usage
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return 0, 0
+    if usage is None:
+        return 0, 0
+    return _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
 
 
 class AddedStreamOptions(dict[str, Any]):

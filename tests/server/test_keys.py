@@ -39,7 +39,7 @@ KEYS: dict[str, Any] = {
         {"name": "team-a", "key": "sk-team-a", "models": [MODEL]},
         {"name": "team-b", "key_sha256": hashlib.sha256(b"sk-team-b").hexdigest(), "models": ["other"]},
         {"name": "slow", "key": "sk-slow", "requests_per_minute": 2},
-        {"name": "small", "key": "sk-small", "tokens_per_day": 10},
+        {"name": "small", "key": "sk-small", "tokens_per_day": 100},
     ]
 }
 
@@ -141,13 +141,14 @@ async def test_requests_per_minute_budget_is_429(srv: RunningServer) -> None:
 
 async def test_tokens_per_day_budget_is_429_once_spent(srv: RunningServer) -> None:
     client = _oai(srv, "sk-small")
-    await client.chat.completions.create(model=MODEL, messages=HI, max_tokens=8)  # prompt + 8 > 10
-    with pytest.raises(openai.RateLimitError) as oerr:
-        await client.chat.completions.create(model=MODEL, messages=HI, max_tokens=1)
+    await client.chat.completions.create(model=MODEL, messages=HI, max_tokens=50)  # prompt + 50 of 100
+    with pytest.raises(openai.RateLimitError) as oerr:  # prompt + 40 more could not fit
+        await client.chat.completions.create(model=MODEL, messages=HI, max_tokens=40)
     assert oerr.value.code == "token_budget_exceeded"
+    assert int(oerr.value.response.headers["retry-after"]) >= 1
     with pytest.raises(anthropic.RateLimitError):
-        await _ant(srv, "sk-small").messages.create(model=MODEL, max_tokens=1, messages=HI)
-    assert (await _usage(srv))["small"]["tokens_today"] > 10
+        await _ant(srv, "sk-small").messages.create(model=MODEL, max_tokens=40, messages=HI)
+    assert (await _usage(srv))["small"]["tokens_today"] > 50
 
 
 async def test_stream_tokens_counted_without_include_usage_and_not_shown(srv: RunningServer) -> None:

@@ -29,7 +29,10 @@ def _fork(budgets: SharedBudgets, index: int, work: str) -> tuple[int, int]:
             budgets.attach(index)
             slot = budgets.slot("team")
             assert slot is not None
-            if work == "take":
+            if work == "reserve":  # 40 tries of 10 tokens against one budget of 300
+                got = sum(budgets.reserve(slot, DAY, 10, 300) < 0 for _ in range(40))
+                os.write(w, str(got).encode())
+            elif work == "take":
                 taken = sum(budgets.take(slot, 30, lambda: 1000.0) < 0 for _ in range(40))
                 for _ in range(10):
                     budgets.add_tokens(slot, DAY, 5)
@@ -66,6 +69,26 @@ def test_processes_take_from_one_bucket_and_sum_their_tokens() -> None:
         assert sum(taken) == 30  # 120 tries by 3 processes against one bucket of 30
         assert budgets.tokens(slot, DAY) == 150
         assert budgets.tokens(slot, DAY + 1) == 0  # a new day starts at 0
+    finally:
+        budgets.close()
+
+
+def test_processes_reserve_from_one_token_budget_and_never_overdraw_it() -> None:
+    budgets = SharedBudgets(3, capacity=64)
+    try:
+        slot = budgets.slot("team")
+        assert slot is not None
+        children = [_fork(budgets, i, "reserve") for i in range(3)]
+        got = [int(_read_all(r)) for _, r in children]
+        for pid, _ in children:
+            assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        assert sum(got) == 30  # 120 reservations by 3 processes racing for 300 tokens
+        assert budgets.tokens(slot, DAY) == 300
+        assert budgets.reserve(slot, DAY, 1, 300) == 300  # full: what is spent comes back
+        budgets.settle(slot, DAY, -50)  # this process's request cost 50 less than it reserved
+        assert budgets.reserve(slot, DAY, 50, 300) == -1
+        budgets.settle(slot, DAY - 1, -1000)  # a reservation of a day gone: no effect on today
+        assert budgets.tokens(slot, DAY) == 300
     finally:
         budgets.close()
 
@@ -145,5 +168,32 @@ def test_key_rings_on_one_table_enforce_one_budget_across_reloads_and_restarts(t
         c.admit(kc, "m")
         with pytest.raises(ApiError):
             a.admit(ka, "m")
+    finally:
+        budgets.close()
+
+
+def test_a_reservation_in_one_process_is_seen_by_the_others(tmp_path: Path) -> None:
+    """Admission reserves ``prompt + max_tokens × n`` in the shared table: while one process's
+    request runs, another cannot spend the same tokens; the end settles to the real cost."""
+    path = tmp_path / "keys.yaml"
+    path.write_text(yaml.safe_dump({"keys": [{"name": "k", "key": "sk", "tokens_per_day": 100}]}))
+    now, wall = [1000.0], [5 * 86400 + 1000.0]
+    budgets = SharedBudgets(2, capacity=64)
+    try:
+        a, b = _ring(path, now, wall, budgets), _ring(path, now, wall, budgets)
+        ka, kb = a.lookup(b"sk"), b.lookup(b"sk")
+        assert ka is not None and kb is not None and ka.key is not None
+        charge = a.admit(ka, "m", tokens=80, prompt=10)
+        with pytest.raises(ApiError) as err:
+            b.admit(kb, "m", tokens=30)  # 80 reserved by the other process: 30 do not fit
+        assert err.value.status == 429 and "has 20 of its 100 tokens left" in err.value.message
+        assert err.value.headers["Retry-After"] == str(86400 - 1000)
+        with pytest.raises(ApiError) as err:
+            b.admit(kb, "m", tokens=101)  # never fits: no Retry-After
+        assert "Retry-After" not in err.value.headers
+        a.settle(ka, charge, 15)  # the request cost 15
+        a.settle(ka, charge, 99)  # settled once
+        assert b.describe(ka.key)["tokens_today"] == 15
+        b.admit(kb, "m", tokens=85)
     finally:
         budgets.close()

@@ -17,6 +17,7 @@ import httpx
 import pytest
 import yaml
 
+from infera_core.server.reserve import reservation
 from infera_core.testing.serve_processes import CLOSE, ServeProcesses, serve_processes
 from infera_core.testing.serve_processes import poll as _until
 
@@ -24,13 +25,17 @@ sim_testing = pytest.importorskip("infera_sim.testing")
 
 MODEL = "sim-model"
 PROMPT = "the same prompt every time"
+BODY = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2}
+RESERVED = reservation(BODY, 4096)
+"""What admission reserves for :data:`BODY`: a budget of exactly this admits it once, nothing
+after it (its real cost is above 0)."""
 KEYS: dict[str, Any] = {
     "keys": [
         {"name": "free", "key": "sk-free"},
         {"name": "rate", "key": "sk-rate", "requests_per_minute": 6},
-        {"name": "day", "key": "sk-day", "tokens_per_day": 1},
+        {"name": "day", "key": "sk-day", "tokens_per_day": RESERVED},
         {"name": "later", "key": "sk-later", "tokens_per_day": 1_000_000},
-        {"name": "kept", "key": "sk-kept", "tokens_per_day": 1},
+        {"name": "kept", "key": "sk-kept", "tokens_per_day": RESERVED},
     ]
 }
 
@@ -42,9 +47,8 @@ class Router:
         self.keys = keys
 
     def complete(self, key: str) -> httpx.Response:
-        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2}
         return self.http.post(
-            "/v1/completions", json=body, headers={**CLOSE, "authorization": f"Bearer {key}"}
+            "/v1/completions", json=BODY, headers={**CLOSE, "authorization": f"Bearer {key}"}
         )
 
     def usage(self, name: str) -> dict[str, Any]:
@@ -134,7 +138,7 @@ def test_a_changed_key_file_is_read_by_every_process(router: Router) -> None:
     probe = router.complete("sk-free")
     assert probe.status_code == 200
     cost = probe.json()["usage"]["total_tokens"]  # every request here costs the same
-    budget = 3 * cost - 1  # the 3rd request starts under it; the 4th does not
+    budget = 2 * cost + RESERVED  # the 3rd request's reservation fits; the 4th's does not
     changed = copy.deepcopy(KEYS)
     changed["keys"][3]["tokens_per_day"] = budget
     router.keys.write_text(yaml.safe_dump(changed))

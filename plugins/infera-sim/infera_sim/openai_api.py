@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,9 @@ class Parsed:
     seed: int = 0
     tool_call: dict[str, Any] | None = None
     """The function a forced ``tool_choice`` makes the sim call (name and parameters)."""
+    prompt_logprobs: int | None = None
+    """vLLM's ``prompt_logprobs``: per prompt token, this many alternatives (the answer grows by
+    one entry per prompt token, placed where vLLM places it)."""
 
     def make_requests(self, request_id: str) -> list[SimRequest]:
         return [
@@ -166,6 +170,9 @@ def parse(body: dict[str, Any], tok: EngineTokenizer, cfg: SimConfig, chat: bool
     if not isinstance(stop_ids, list) or not all(isinstance(t, int) for t in stop_ids):
         raise ApiError("stop_token_ids must be a list of integers", "stop_token_ids")
     seed = _int(body, "seed", 0, -(2**63)) or 0
+    prompt_logprobs = _int(body, "prompt_logprobs", None, 0)
+    if prompt_logprobs is not None and stream:
+        raise ApiError("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
     return Parsed(
         prompts=prompts,
         max_tokens=max_tokens,
@@ -178,6 +185,7 @@ def parse(body: dict[str, Any], tok: EngineTokenizer, cfg: SimConfig, chat: bool
         min_tokens=_int(body, "min_tokens", 0, 0) or 0,
         seed=seed,
         tool_call=_tool_call(body) if chat else None,
+        prompt_logprobs=prompt_logprobs,
     )
 
 
@@ -205,6 +213,15 @@ def tool_calls(fn: dict[str, Any], request_id: str) -> list[dict[str, Any]]:
             "function": {"name": fn.get("name", ""), "arguments": json.dumps(args)},
         }
     ]
+
+
+def prompt_logprobs(prompt: list[int], decode: Callable[[int], str]) -> list[dict[str, Any] | None]:
+    """vLLM's ``prompt_logprobs`` of ``prompt``: ``None`` for the first token, then per token
+    ``{"<id>": {"logprob", "rank", "decoded_token"}}`` (deterministic values)."""
+    out: list[dict[str, Any] | None] = [None]
+    for i, tid in enumerate(prompt[1:]):
+        out.append({str(tid): {"logprob": -0.25 - (i % 7) / 8, "rank": 1, "decoded_token": decode(tid)}})
+    return out
 
 
 def completion_body(rid: str, created: int, model: str, reqs: list[SimRequest]) -> dict[str, Any]:

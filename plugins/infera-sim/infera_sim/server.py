@@ -25,8 +25,9 @@ from infera_sim import __version__
 from infera_sim.config import SimConfig, parse_args
 from infera_sim.engine import SimEngine
 from infera_sim.kv_publisher import KvPublisher
-from infera_sim.openai_api import ApiError, chat_body, completion_body, error_body, parse
+from infera_sim.openai_api import ApiError, chat_body, completion_body, error_body, parse, prompt_logprobs
 from infera_sim.pd import PdManager
+from infera_sim.request import SimRequest
 from infera_sim.sse import stream
 from infera_sim.tokenizer import make_tokenizer
 
@@ -164,6 +165,17 @@ class SimServer:
             return json_response(error_body("injected fault", kind, None, status), status)
         return None
 
+    def _prompt_logprobs(self, out: dict[str, Any], reqs: list[SimRequest], chat: bool) -> None:
+        """Fill ``prompt_logprobs`` where vLLM puts them: after ``usage`` in a chat answer,
+        in each choice of a completion."""
+        decode = self.tokenizer.decode_token
+        if chat:
+            out["prompt_logprobs"] = prompt_logprobs(reqs[0].prompt, decode)
+            return
+        n = len(reqs[0].choices)
+        for i, choice in enumerate(out["choices"]):
+            choice["prompt_logprobs"] = prompt_logprobs(reqs[i // n].prompt, decode)
+
     async def generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         fault = await self._faults()
         if fault is not None:
@@ -208,6 +220,8 @@ class SimServer:
                 out = chat_body(rid_out, created, self.cfg.model, reqs[0], parsed.tool_call)
             else:
                 out = completion_body(rid_out, created, self.cfg.model, reqs)
+            if parsed.prompt_logprobs is not None:
+                self._prompt_logprobs(out, reqs, chat)
             out["kv_transfer_params"] = self.pd.finish(reqs)
             return json_response(out)
         finally:

@@ -127,3 +127,28 @@ def test_bad_json_and_bad_fields(sim: SimHandle) -> None:
         error = resp.json()["error"]
         assert error["type"] == "BadRequestError" and error["code"] == 400 and error["param"] == param
     assert ok.status_code == 200
+
+
+def test_prompt_logprobs_where_vllm_puts_them(sim: SimHandle) -> None:
+    """vLLM's ``prompt_logprobs``: None for the first prompt token, then one entry per token;
+    after ``usage`` in a chat answer, in each choice of a completion; refused with a stream."""
+    with httpx.Client(base_url=sim.url) as http:
+        chat = http.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "a b c"}], "max_tokens": 1, "prompt_logprobs": 1},
+        ).json()
+        comp = http.post(
+            "/v1/completions", json={"prompt": "a b c", "max_tokens": 1, "prompt_logprobs": 0}
+        ).json()
+        streamed = http.post(
+            "/v1/completions", json={"prompt": "a", "max_tokens": 1, "prompt_logprobs": 1, "stream": True}
+        )
+    fields = list(chat)
+    assert fields.index("usage") < fields.index("prompt_logprobs")
+    logprobs = chat["prompt_logprobs"]
+    assert len(logprobs) == chat["usage"]["prompt_tokens"] and logprobs[0] is None
+    (entry,) = logprobs[1].values()
+    assert entry["rank"] == 1 and entry["logprob"] < 0 and isinstance(entry["decoded_token"], str)
+    (choice,) = comp["choices"]
+    assert len(choice["prompt_logprobs"]) == comp["usage"]["prompt_tokens"]
+    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "prompt_logprobs"
