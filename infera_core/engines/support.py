@@ -7,6 +7,8 @@
   offset a port per DP rank need ``base + rank`` free).
 * :func:`reject_managed_flags` — refuse engine flags after ``--`` that Infera sets itself.
 * :func:`http_ok` / :func:`metrics_sum` — readiness and in-flight checks over HTTP.
+* :func:`engine_environment` — the environment an engine runs with: the launcher's own
+  without Infera's secrets (the admin token, API keys, NATS credentials…).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,6 +80,28 @@ def _sibling(path: str, name: str) -> str | None:
     return str(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
 
 
+SECRET_WORDS = frozenset(
+    {"TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDS", "CREDENTIALS", "NKEY", "SEED", "JWT"}
+)
+"""An ``INFERA_*`` variable whose name holds one of these words (between underscores) is a
+secret of the router or launcher (``INFERA_ADMIN_TOKEN``, ``INFERA_API_KEY``,
+``INFERA_API_KEY_FILE``, ``INFERA_NATS_CREDS``…): never passed on to an engine."""
+
+
+def is_infera_secret(name: str) -> bool:
+    """Whether the environment variable ``name`` is an Infera secret (see :data:`SECRET_WORDS`)."""
+    upper = name.upper()
+    return upper.startswith("INFERA_") and not SECRET_WORDS.isdisjoint(upper.split("_")[1:])
+
+
+def engine_environment(inherited: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """The engine's environment: the launcher's own without its Infera secrets, then what the
+    adapter and the hooks set (``extra``, kept as given: they asked for it by name)."""
+    env = {k: v for k, v in inherited.items() if not is_infera_secret(k)}
+    env.update(extra)
+    return env
+
+
 def probe_python(python: str, module: str, dists: Sequence[str], timeout: float = 20.0) -> EngineProbe:
     """Ask ``python`` (in a subprocess) whether ``module`` is importable and which ``dists`` exist.
 
@@ -90,6 +114,7 @@ def probe_python(python: str, module: str, dists: Sequence[str], timeout: float 
             text=True,
             timeout=timeout,
             check=False,
+            env=engine_environment(os.environ, {}),
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise EngineError(f"cannot run the engine interpreter {python}: {exc}") from None

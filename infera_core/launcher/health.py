@@ -4,7 +4,8 @@
 accepts requests and never answers them. :class:`GenerationWatch` sends a one-token
 generation every ``interval`` seconds (the adapter's own :class:`HealthGenerate` method,
 or :func:`default_health_generate`), and reports when the verdict flips: unhealthy after
-``failures`` checks in a row failed (timed out, refused, or a 5xx), healthy again at the
+``failures`` checks in a row failed (timed out, refused, a 5xx, or a 404/405: no inference
+route there, so not an engine), healthy again at the
 first success. After a failure the next check starts at once, so with the defaults
 (interval 5 s, timeout 10 s, 2 failures) a hung engine is reported within 25 s.
 Prefill and decode workers are checked only when their adapter says how
@@ -18,12 +19,15 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from infera_core.engines.base import EngineAdapter, HealthGenerate, RunningEngine
+from infera_core.util.api_errors import engine_error
 from infera_core.util.redact import redact_url
 from infera_core.worker import Role
 
 log = logging.getLogger("infera.launcher")
 
 PROBE_PROMPT = "ping"
+NOT_SERVED = (404, 405)
+"""Answers that say the inference route is not served: the check fails."""
 
 
 def checks_generation(adapter: EngineAdapter, role: Role) -> bool:
@@ -34,7 +38,9 @@ def checks_generation(adapter: EngineAdapter, role: Role) -> bool:
 
 
 async def default_health_generate(engine: RunningEngine) -> bool:
-    """POST a ``max_tokens=1`` completion to ``/v1/completions``: any answer below 500 proves life.
+    """POST a ``max_tokens=1`` completion to ``/v1/completions``: any answer below 500 proves
+    life, except a 404 or 405 that is not an OpenAI-shaped error (the route is not there:
+    whatever answers is not the engine's API).
 
     No timeout of its own: the caller (:func:`health_generate`) bounds it."""
     body = {"model": engine.model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0.0}
@@ -44,10 +50,31 @@ async def default_health_generate(engine: RunningEngine) -> bool:
         headers={"X-Request-Id": "infera-health-generate"},
         timeout=None,
     )
-    if resp.status_code >= 500:
+    if resp.status_code >= 500 or (resp.status_code in NOT_SERVED and engine_error(resp.content) is None):
         log.debug("generation check at %s: HTTP %d", redact_url(engine.url), resp.status_code)
         return False
     return True
+
+
+async def serves_inference(engine: RunningEngine, warned: list[str]) -> bool:
+    """Readiness beyond ``GET /health``: the engine's inference API is there. An empty
+    ``POST /v1/completions`` gets an engine's validation error (400/422: nothing runs); a 404,
+    405 or 501 without an API error means whatever listens is not an engine (warned once per
+    ``warned`` list)."""
+    try:
+        resp = await engine.client.post(f"{engine.url}/v1/completions", json={})
+    except Exception:  # not answering yet: is_ready decides about that
+        return True
+    if resp.status_code not in (*NOT_SERVED, 501) or engine_error(resp.content) is not None:
+        return True
+    if not warned:
+        warned.append(engine.url)
+        log.warning(
+            "%s answers its health check but %d on POST /v1/completions: not an engine's API; not ready",
+            redact_url(engine.url),
+            resp.status_code,
+        )
+    return False
 
 
 async def health_generate(adapter: EngineAdapter, engine: RunningEngine, within: float) -> bool:

@@ -1,4 +1,5 @@
-"""The engine subprocess: its own process group, prefixed output, the last log lines kept.
+"""The engine subprocess: its own process group, prefixed output, the last log lines kept,
+and an environment without the launcher's secrets (:func:`engine_environment`).
 
 Engines are spawned with :class:`subprocess.Popen` (``vfork`` + ``exec``: no code runs in
 the child before the exec), not with the event loop's subprocess support: uvloop spawns
@@ -21,6 +22,7 @@ from collections import deque
 from collections.abc import Callable
 
 from infera_core.engines.base import LaunchSpec
+from infera_core.engines.support import engine_environment
 from infera_core.errors import EngineError
 from infera_core.launcher.pdeathsig import PARENT_ENV
 from infera_core.launcher.root_cause import error_line
@@ -82,7 +84,7 @@ class EngineProcess:
     async def start(self) -> None:
         if not self.spec.argv:
             raise EngineError(f"engine {self.engine}: the adapter built an empty command line")
-        env = {**os.environ, **self.spec.env}
+        env = engine_environment(os.environ, self.spec.env)
         program = self.spec.argv[0]
         problem = _check_runnable(program, env.get("PATH"), self.spec.cwd)
         if problem == "not installed":

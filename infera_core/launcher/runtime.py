@@ -43,7 +43,7 @@ from infera_core.errors import ConfigError, EngineError
 from infera_core.launcher.address import advertise_host
 from infera_core.launcher.drain import wait_drained
 from infera_core.launcher.flags import launch_options
-from infera_core.launcher.health import GenerationWatch, checks_generation, health_generate
+from infera_core.launcher.health import GenerationWatch, checks_generation, health_generate, serves_inference
 from infera_core.launcher.kv_poll import PolledKvPublisher, polled_kv_events
 from infera_core.launcher.learned import with_served_block_size
 from infera_core.launcher.process import EngineProcess
@@ -332,6 +332,7 @@ class WorkerLauncher:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.ready_timeout
         exited = asyncio.ensure_future(self.process.wait())
+        warned: list[str] = []
         try:
             while True:
                 if self._drain.is_set():
@@ -343,7 +344,10 @@ class WorkerLauncher:
                         why=f"exited with code {exited.result()} before it was ready",
                         at_start=True,
                     )
-                if await quietly(adapter.is_ready(RunningEngine(ctx, client)), default=False):
+                engine = RunningEngine(ctx, client)
+                if await quietly(adapter.is_ready(engine), default=False) and await serves_inference(
+                    engine, warned
+                ):
                     return True
                 if loop.time() > deadline:
                     raise self._engine_died(

@@ -59,6 +59,7 @@ from infera_core.server.openapi import add_openapi_route
 from infera_core.server.pd import build_pd
 from infera_core.server.proxy import OpenAIProxy
 from infera_core.server.routing_mode import RoutingModes
+from infera_core.server.security_headers import ADMIN_PREFIXES, WithHeaders, security_headers
 from infera_core.server.series import LeanCollector
 from infera_core.server.settings import ServeSettings
 from infera_core.server.tokenize_routes import add_tokenize_routes
@@ -76,14 +77,18 @@ class InferaApp(FastAPI):
     router's CPU per proxied request). Everything else is plain FastAPI."""
 
     hot_routes: dict[str, Any]
+    admin_headers: list[tuple[bytes, bytes]] = security_headers()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            endpoint = self.hot_routes.get(scope["path"])
-            if endpoint is not None:
-                scope["app"] = self
-                await endpoint(scope, receive, send)
-                return
+        if scope["type"] == "http":
+            if scope["method"] == "POST":
+                endpoint = self.hot_routes.get(scope["path"])
+                if endpoint is not None:
+                    scope["app"] = self
+                    await endpoint(scope, receive, send)
+                    return
+            if scope["path"].startswith(ADMIN_PREFIXES):  # browser security headers (admin pages)
+                send = WithHeaders(send, self.admin_headers)
         await super().__call__(scope, receive, send)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +36,29 @@ class AuthSettings(BaseModel):
     def auth_of(self) -> dict[str, Any]:
         """These fields as keyword arguments (``up`` hands them to its server's settings)."""
         return {name: getattr(self, name) for name in AuthSettings.model_fields}
+
+    def open_to_network(self, host: str) -> str | None:
+        """The warning to log when serving on ``host`` leaves inference open to the network
+        (a non-loopback address and no ``--api-key-file``); None when it does not."""
+        if self.api_key_file is not None or is_loopback(host):
+            return None
+        admin = (
+            "the admin routes need --admin-token"
+            if self.admin_token is not None
+            else "the admin routes answer loopback clients only"
+        )
+        return (
+            f"listening on {host} without --api-key-file: anyone who can reach this port can run"
+            f" inference on the fleet ({admin}); set --api-key-file (INFERA_API_KEY_FILE), or"
+            " --host 127.0.0.1 to serve this machine only"
+        )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is reachable from this machine only."""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to any interface

@@ -17,6 +17,9 @@ from infera_core.scheduling.types import Endpoint
 
 log = logging.getLogger("infera.server.breaker")
 
+ISOLATE_S = 60.0
+"""Seconds an isolated worker (not an engine) stays out of rotation before one probe."""
+
 
 class Breakers:
     __slots__ = ("_clock", "_fails", "cooldown", "opened", "threshold")
@@ -49,6 +52,16 @@ class Breakers:
                 log.warning("breaker opened for worker %s after %d consecutive failures", ep.worker_id, n)
             ep.breaker_open = True
             ep.breaker_retry_at = self._clock() + self.cooldown
+
+    def isolate(self, ep: Endpoint, why: str, recheck: float = ISOLATE_S) -> None:
+        """Take ``ep`` out of rotation for ``recheck`` seconds (at least the cool-down) whatever
+        its failure count: it is not a working engine (e.g. its URL is a router). Then one
+        request probes it as for any open breaker; one line is logged."""
+        if not ep.breaker_open:
+            self.opened += 1
+        log.warning("worker %s taken out of rotation: %s", ep.worker_id, why)
+        ep.breaker_open = True
+        ep.breaker_retry_at = self._clock() + max(recheck, self.cooldown)
 
     def state(self, ep: Endpoint) -> str:
         if not ep.breaker_open:

@@ -29,7 +29,9 @@ from infera_core.server.breaker import Breakers
 from infera_core.server.errors import ApiError
 from infera_core.server.fleet import EndpointTable
 from infera_core.server.hangs import HangDetector
+from infera_core.server.loops import LOOP_HEADER, LOOP_STATUS, loop_error, via_value
 from infera_core.server.metrics import ServerMetrics
+from infera_core.server.not_found import EngineAnswer, engine_error, not_an_engine
 from infera_core.server.routing_mode import RoutingModes
 from infera_core.transports.upstreams import (
     READ_ERRORS,
@@ -39,6 +41,7 @@ from infera_core.transports.upstreams import (
     UpstreamError,
     UpstreamResponse,
 )
+from infera_core.util.redact import redact_url
 from infera_core.worker import DP_RANK_HEADER, Role
 
 if TYPE_CHECKING:
@@ -100,7 +103,10 @@ class RouterCore:
         self.prepare: Callable[[RequestContext], Awaitable[None]] | None = None
         """Fills ``ctx.token_ids`` for routing (KV component) when the profile needs tokens."""
         self._ids = itertools.count(1)
-        self._id_prefix = f"infera-{os.getpid():x}{secrets.token_hex(4)}-"
+        self.router_id = f"infera-{os.getpid():x}{secrets.token_hex(4)}"
+        """This router process's id: its ``Via`` stamp (:mod:`infera_core.server.loops`)."""
+        self.router_id_bytes = self.router_id.encode()
+        self._id_prefix = self.router_id + "-"
         self.hangs: HangDetector | None = None
         """First-byte outlier detection (``--hang-timeout``): hung workers leave rotation."""
         self.routing_modes: RoutingModes | None = None
@@ -131,15 +137,25 @@ class RouterCore:
             raise ApiError(503, f"No worker available: {exc}", code="no_worker_available") from None
 
     async def dispatch(
-        self, ctx: RequestContext, path: str, body: bytes, task: asyncio.Task[object] | None = None
+        self,
+        ctx: RequestContext,
+        path: str,
+        body: bytes,
+        task: asyncio.Task[object] | None = None,
+        via: bytes | None = None,
     ) -> tuple[Endpoint, UpstreamResponse]:
-        """``task``: the request's task when the caller has it (the hang detector cancels it)."""
+        """``task``: the request's task when the caller has it (the hang detector cancels it);
+        ``via``: the request's own ``Via`` header, kept in front of this router's stamp."""
         if self.pd is not None and self.pd.applies(ctx):
             return await self.pd.dispatch(ctx, path, body)
         tried: list[str] = []
         last: ApiError | None = None
         attempts = 1 + self.max_retries
-        headers = {"Content-Type": "application/json", "X-Request-Id": ctx.request_id}
+        headers = {
+            "Content-Type": "application/json",
+            "X-Request-Id": ctx.request_id,
+            "Via": via_value(via, self.router_id),
+        }
         if self.prepare is not None and self.scheduler.profile_for(ctx.model).needs_tokens:
             await self.prepare(ctx)
         for attempt in range(attempts):
@@ -196,30 +212,55 @@ class RouterCore:
                 if hangs is not None:
                     hangs.end(wait, True)
                 status = resp.status
-                if status < 500 and status != 429:
+                if status < 500 and status != 429 and status != 404:
                     if status < 400 or ep.breaker_open:
                         self.breakers.success(ep)
                     return ep, resp
+                if status == LOOP_STATUS and resp.header(LOOP_HEADER) == self.router_id:
+                    resp.release()  # the request came back to this router: the record is a loop
+                    self._abandoned(ctx, ep)
+                    url = redact_url(ep.record.url)
+                    self.breakers.isolate(ep, f"its URL {url} leads back to this router (a routing loop)")
+                    last = loop_error(ep.worker_id, url)
+                    tried.append(ep.worker_id)
+                    continue
                 try:
                     try:
-                        detail = (await resp.read())[:300].decode("utf-8", "replace")
+                        data = await resp.read()
                     except READ_ERRORS:
-                        detail = ""
+                        data = b""
                     finally:
                         resp.release()
                 except BaseException:
                     self._abandoned(ctx, ep)
                     raise
-                self._failed(ctx, ep, worker_fault=status >= 500)
-                log.warning("request %s: worker %s answered %d", ctx.log_id, ep.worker_id, status)
-                extra = {"Retry-After": resp.header("Retry-After") or "1"} if status == 429 else None
-                last = ApiError(
-                    status,
-                    f"Worker {ep.worker_id} answered {status}: {detail}",
-                    code="upstream_error",
-                    type="upstream_error" if status >= 500 else None,
-                    headers=extra,
-                )
+                if status == 404:
+                    error = engine_error(data)
+                    if error is not None:  # the engine's own answer (unknown model…): the client's
+                        self._abandoned(ctx, ep)
+                        if ep.breaker_open:
+                            self.breakers.success(ep)
+                        raise EngineAnswer(status, data, error)
+                    self._failed(ctx, ep, worker_fault=True)
+                    log.warning(
+                        "request %s: worker %s answered 404 on %s without an API error: not an engine?",
+                        ctx.log_id,
+                        ep.worker_id,
+                        path,
+                    )
+                    last = not_an_engine(ep.worker_id, path)
+                else:
+                    self._failed(ctx, ep, worker_fault=status >= 500)
+                    log.warning("request %s: worker %s answered %d", ctx.log_id, ep.worker_id, status)
+                    extra = {"Retry-After": resp.header("Retry-After") or "1"} if status == 429 else None
+                    detail = data[:300].decode("utf-8", "replace")
+                    last = ApiError(
+                        status,
+                        f"Worker {ep.worker_id} answered {status}: {detail}",
+                        code="upstream_error",
+                        type="upstream_error" if status >= 500 else None,
+                        headers=extra,
+                    )
             tried.append(ep.worker_id)
             if attempt + 1 < attempts:
                 self.metrics.retried(ctx.model)

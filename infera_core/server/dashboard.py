@@ -6,7 +6,9 @@ histogram buckets as the router holds them; the page turns two snapshots into ra
 (requests/s, picks/s, tokens/s) and percentiles over its last ten seconds, so the
 server keeps no per-viewer state.
 
-Both routes follow the admin rule (``infera_core.server.auth``): loopback clients only
+Both carry the admin surface's browser security headers
+(:mod:`infera_core.server.security_headers`; the page's CSP allows its own inline script and
+style by hash, nothing else). Both routes follow the admin rule (``infera_core.server.auth``): loopback clients only
 without ``--admin-token``. With a token, a browser cannot send it on a page load, so
 the page itself (which holds no data) is served to anyone and asks for the token,
 which its script sends as ``Authorization: Bearer`` to the stats route.
@@ -33,6 +35,7 @@ from infera_core.scheduling.types import Endpoint
 from infera_core.server.auth import ADMIN_STATE, CLIENT_STATE, AdminGate, ClientAuth, require_admin
 from infera_core.server.core import RouterCore
 from infera_core.server.kv import KvComponent
+from infera_core.server.security_headers import page_policy
 from infera_core.server.series import LeanHistogram
 from infera_core.util.redact import redact_url
 
@@ -192,9 +195,12 @@ def add_dashboard_routes(app: FastAPI, core: RouterCore, kv: KvComponent | None)
     engines = EngineScraper(core)
     page = files("infera_core.server").joinpath("static/dashboard.html")
 
+    html = page.read_text(encoding="utf-8")
+    headers = {"Cache-Control": "no-store", "Content-Security-Policy": page_policy(html)}
+
     @app.get("/dashboard", dependencies=[Depends(_page_allowed)], include_in_schema=False)
     async def dashboard() -> HTMLResponse:
-        return HTMLResponse(page.read_text(encoding="utf-8"), headers={"Cache-Control": "no-store"})
+        return HTMLResponse(html, headers=headers)
 
     @app.get("/v1/admin/stats", dependencies=[Depends(require_admin)], include_in_schema=False)
     async def admin_stats(conn: HTTPConnection) -> JSONResponse:

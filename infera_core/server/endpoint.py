@@ -30,6 +30,8 @@ from infera_core.server.asgi import (
 from infera_core.server.auth import AdminGate, ClientAuth
 from infera_core.server.core import RouterCore, watch_disconnect
 from infera_core.server.errors import ApiError
+from infera_core.server.loops import came_back, stamped
+from infera_core.server.surrogates import LoneSurrogates
 from infera_core.server.validate import BodyLimits, parse_body, parse_short_body
 from infera_core.transports.upstreams import UpstreamResponse
 
@@ -71,12 +73,15 @@ class ProxyEndpoint:
         # one pass over the headers for the two every request needs
         client_rid: str | None = None
         length: bytes | None = None
+        via: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"content-length":
                 if length is None:
                     length = value
             elif name == b"x-request-id" and client_rid is None:
                 client_rid = value.decode("latin-1")
+            elif name == b"via":
+                via = value if via is None else via + b", " + value
         if client_rid is not None:
             send = EchoHeader(send, b"x-request-id", client_rid.encode("latin-1"))
         ctx: RequestContext | None = None
@@ -90,9 +95,15 @@ class ProxyEndpoint:
                 scope[ON_DISCONNECT] = _Canceller(task, gone)
             limits = self.limits
             raw = await read_body(scope, receive, limits.max_bytes, limits.max_items, length)
-            if len(raw) <= limits.max_items:
-                body = parse_short_body(raw, limits)
-            else:
+            if via is not None and stamped(via, core.router_id_bytes):
+                raise came_back(core.router_id)  # its sender (this router) isolates the worker
+            try:
+                if len(raw) <= limits.max_items:
+                    body = parse_short_body(raw, limits)
+                else:
+                    body = await parse_body(raw, limits)
+            except LoneSurrogates as lone:  # forwarded with U+FFFD in their place (surrogates.py)
+                raw = lone.repaired
                 body = await parse_body(raw, limits)
             if len(raw) > _YIELD_AFTER:
                 await _left_meanwhile(scope)
@@ -106,7 +117,7 @@ class ProxyEndpoint:
                 self.admin.check(scope, "Direct routing (x-worker-instance-id)")
             if not hooked:
                 watcher = asyncio.ensure_future(watch_disconnect(receive, task, gone))
-            ep, resp = await core.dispatch(ctx, path, upstream_body, task)
+            ep, resp = await core.dispatch(ctx, path, upstream_body, task, via)
             status = resp.status
             ok = False
             try:

@@ -42,6 +42,13 @@ class LimitSettings(BaseModel):
     max_connections: int = Field(
         8192, ge=1, description="Most open client connections; beyond it new ones get 503 and are closed."
     )
+    max_connections_per_client: int = Field(
+        0,
+        ge=0,
+        description="Most open connections from one client address (0: half of --max-connections);"
+        " beyond it new ones from that address get 503 and are closed while other clients are served."
+        " Behind a load balancer every client shares its address: raise it up to --max-connections.",
+    )
     max_header_bytes: int = Field(
         64 * 1024, ge=1024, description="Largest request line + headers in bytes (beyond it: 431)."
     )
@@ -57,6 +64,10 @@ class LimitSettings(BaseModel):
         description="Most JSON items in a body, counted cheaply as its ',', '{' and '[' bytes (beyond it:"
         " 413); bounds the time and memory a body's parse costs.",
     )
+
+    def per_client_cap(self) -> int:
+        """The connection bound per client address in effect."""
+        return self.max_connections_per_client or max(1, self.max_connections // 2)
 
     def limits_of(self) -> dict[str, Any]:
         """These fields' values (to build another settings object with the same limits)."""

@@ -4,7 +4,8 @@
   (:class:`~infera_core.server.coalesce.CoalescingTransport`), and a client disconnect
   reported to the request's ``scope[ON_DISCONNECT]`` callback (no watcher task per request).
 - Limits (:class:`~infera_core.server.limits.LimitSettings`): a connection beyond
-  ``max_connections`` gets 503 and is closed; one idle for ``idle_timeout`` (never used,
+  ``max_connections``, or beyond ``max_connections_per_client`` from one client address,
+  gets 503 and is closed; one idle for ``idle_timeout`` (never used,
   or between requests) is closed; a request whose headers are not complete within
   ``header_timeout`` of its first byte gets 408; a request line + headers over
   ``max_header_bytes`` gets 431; a body that stops for ``body_timeout`` between two reads,
@@ -36,6 +37,8 @@ _LINGER = 2.0
 bytes came, before it is closed."""
 _LINGER_MAX = 30.0
 """Seconds a rejected connection that keeps sending is read at most (nginx's ``lingering_time``)."""
+_LOG_EVERY = 10.0
+"""Seconds between two log lines about one client address refused (``--max-connections-per-client``)."""
 _REASONS = {
     400: b"Bad Request",
     408: b"Request Timeout",
@@ -119,6 +122,9 @@ class InferaHttpProtocol(HttpToolsProtocol):
     _fresh = False
     _rejected = False
     _linger_until = 0.0
+    _client_addr: str | None = None
+    """The client's address while this connection counts for it (``--max-connections-per-client``)."""
+    _client_counts: dict[str, int]
     _is_closing: Callable[[], bool]
 
     def connection_made(self, transport: Any) -> None:
@@ -136,7 +142,9 @@ class InferaHttpProtocol(HttpToolsProtocol):
             sweeper = _Sweeper(self.loop, self.connections, every)
             state.infera_sweeper = sweeper  # type: ignore[attr-defined]
         sweeper.arm()
-        if len(self.connections) > limits.max_connections:
+        if self._over_client_cap(transport, state, limits):
+            return
+        if len(self.connections) - getattr(state, "infera_closing", 0) > limits.max_connections:
             log.warning("refusing a connection: %d open (--max-connections)", len(self.connections) - 1)
             err = ApiError(
                 503,
@@ -149,11 +157,59 @@ class InferaHttpProtocol(HttpToolsProtocol):
             return
         self.deadline = self.loop.time() + limits.idle_timeout
 
+    def _over_client_cap(self, transport: Any, state: Any, limits: LimitSettings) -> bool:
+        """Count this connection for its client address; past ``--max-connections-per-client``
+        answer 503 and close (one log line per address and ``_LOG_EVERY`` seconds)."""
+        peer = transport.get_extra_info("peername")
+        if not isinstance(peer, tuple) or not peer:
+            return False  # a Unix socket: one client
+        counts: dict[str, int] | None = getattr(state, "infera_per_client", None)
+        if counts is None:
+            counts = state.infera_per_client = {}
+            state.infera_refused_at = {}
+        addr = str(peer[0])
+        self._client_addr = addr
+        self._client_counts = counts
+        n = counts[addr] = counts.get(addr, 0) + 1
+        cap = limits.per_client_cap()
+        if n <= cap:
+            return False
+        now = self.loop.time()
+        logged: dict[str, float] = state.infera_refused_at
+        if now - logged.get(addr, -_LOG_EVERY) >= _LOG_EVERY:
+            if len(logged) > 4096:
+                logged.clear()
+            logged[addr] = now
+            log.warning(
+                "refusing connections from %s: %d open from that address (--max-connections-per-client %d)",
+                addr,
+                n - 1,
+                cap,
+            )
+        self._reject(
+            ApiError(
+                503,
+                f"Too many connections from your address: the server allows {cap} per client"
+                " (--max-connections-per-client); close idle ones or retry later.",
+                code="too_many_connections",
+                headers={"retry-after": "1"},
+            )
+        )
+        return True
+
+    def _mark_rejected(self) -> None:
+        """This connection is answered and closing (lingering): it no longer counts against
+        ``--max-connections``, so refused clients cannot crowd out new ones."""
+        if not self._rejected:
+            self._rejected = True
+            state = self.server_state
+            state.infera_closing = getattr(state, "infera_closing", 0) + 1  # type: ignore[attr-defined]
+
     def _reject(self, err: ApiError) -> None:
         """Answer ``err`` without a request cycle and close. The close lingers: what the
         client still sends is read and dropped for up to ``_LINGER`` seconds, so that it
         gets the answer instead of a reset (closing with unread bytes sends an RST)."""
-        self._rejected = True
+        self._mark_rejected()
         self._awaiting_headers = self._awaiting_body = False
         cycle = getattr(self, "cycle", None)
         if cycle is not None and not cycle.response_complete:  # a request in flight: it is over
@@ -185,7 +241,7 @@ class InferaHttpProtocol(HttpToolsProtocol):
         when there is nothing left to read (a plain close)."""
         if not self._awaiting_body or self._rejected or self.transport.is_closing():
             return False
-        self._rejected = True
+        self._mark_rejected()
         self._awaiting_body = False
         self._half_close()
         return True
@@ -363,6 +419,16 @@ class InferaHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.deadline = 0.0
+        if self._rejected:
+            self.server_state.infera_closing -= 1  # type: ignore[attr-defined]
+        addr = self._client_addr
+        if addr is not None:
+            self._client_addr = None
+            left = self._client_counts[addr] - 1
+            if left:
+                self._client_counts[addr] = left
+            else:
+                del self._client_counts[addr]
         self._client_gone()
         super().connection_lost(exc)
 

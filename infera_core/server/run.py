@@ -15,6 +15,7 @@ import uvicorn
 from infera_core.errors import InferaError
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.server.app import create_app, make_discovery
+from infera_core.server.fds import fit_connections
 from infera_core.server.kv import KvComponent
 from infera_core.server.multiproc import process_count, supervise
 from infera_core.server.peers import Peers
@@ -112,6 +113,10 @@ def run_process(settings: ServeSettings, hooks: InferaHooks, **kwargs: Any) -> N
 
 def run(settings: ServeSettings, hooks: InferaHooks) -> None:
     """``infera-run serve``: one process, or ``--processes N`` under a supervisor."""
+    exposed = settings.open_to_network(settings.host)
+    if exposed:
+        log.warning(exposed)
+    fit_connections(settings)  # the processes inherit the raised open-file limit
     count = process_count(settings)
     if count == 1:
         run_process(settings, hooks)

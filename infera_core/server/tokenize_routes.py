@@ -29,8 +29,11 @@ from infera_core.server.asgi import ClientGone, read_body
 from infera_core.server.auth import CLIENT_STATE, ClientAuth
 from infera_core.server.core import RouterCore
 from infera_core.server.errors import ApiError, bad_request
+from infera_core.server.loops import LOOP_HEADER, LOOP_STATUS, came_back, stamped, via_of, via_value
+from infera_core.server.surrogates import LoneSurrogates
 from infera_core.server.validate import BodyLimits, parse_body
 from infera_core.transports.upstreams import READ_ERRORS, UpstreamError
+from infera_core.util.redact import redact_url
 
 _FAILURES: tuple[type[BaseException], ...] = (UpstreamError, *READ_ERRORS)
 
@@ -84,9 +87,14 @@ def workers_for(core: RouterCore, model: str) -> list[Endpoint]:
     return sorted(eps, key=lambda ep: ep.in_flight)
 
 
-async def forward(core: RouterCore, model: str, path: str, raw: bytes) -> Response:
-    """``raw`` to the first worker of ``model`` that answers ``path``; its answer."""
-    headers = {"Content-Type": "application/json", "X-Request-Id": core.request_id()}
+async def forward(core: RouterCore, model: str, path: str, raw: bytes, via: bytes | None = None) -> Response:
+    """``raw`` to the first worker of ``model`` that answers ``path``; its answer (``via``: the
+    request's own ``Via``, kept in front of this router's stamp)."""
+    headers = {
+        "Content-Type": "application/json",
+        "X-Request-Id": core.request_id(),
+        "Via": via_value(via, core.router_id),
+    }
     missing: list[str] = []
     failed: list[str] = []
     for ep in workers_for(core, model)[: 1 + core.max_retries]:
@@ -103,6 +111,11 @@ async def forward(core: RouterCore, model: str, path: str, raw: bytes) -> Respon
         # is known to be served, so vLLM's "model does not exist" 404 is passed on as is)
         if resp.status in (404, 405) and b"model" not in data[:400]:
             missing.append(f"{ep.worker_id} ({ep.record.engine})")
+            continue
+        if resp.status == LOOP_STATUS and resp.header(LOOP_HEADER) == core.router_id:
+            url = redact_url(ep.record.url)
+            core.breakers.isolate(ep, f"its URL {url} leads back to this router (a routing loop)")
+            failed.append(f"{ep.worker_id} is this router itself (a routing loop)")
             continue
         if resp.status >= 500:
             failed.append(f"{ep.worker_id} answered {resp.status}")
@@ -130,14 +143,21 @@ def add_tokenize_routes(app: FastAPI, core: RouterCore, limits: BodyLimits) -> N
             auth: ClientAuth | None = getattr(request.app.state, CLIENT_STATE, None)
             principal = auth.authenticate(request.scope) if auth is not None else None
             raw = await read_body(request.scope, request.receive, limits.max_bytes)
-            body = await parse_body(raw, limits)
+            via = via_of(request.scope["headers"])
+            if stamped(via, core.router_id_bytes):
+                raise came_back(core.router_id)
+            try:
+                body = await parse_body(raw, limits)
+            except LoneSurrogates as lone:  # forwarded with U+FFFD in their place, as on /v1/*
+                raw = lone.repaired
+                body = await parse_body(raw, limits)
             name = _model(body, core)
             checks[path](body)
             if name in core.table.by_model:  # never a metric label per unknown name
                 model = name
             if auth is not None and principal is not None:
                 auth.admit(principal, name)
-            resp = await forward(core, name, path, raw)
+            resp = await forward(core, name, path, raw, via)
             status = resp.status_code
             return resp
         except ApiError as err:

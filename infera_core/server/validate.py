@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from infera_core.server.errors import ApiError, bad_request
+from infera_core.server.surrogates import without_lone_surrogates
 
 _decode = msgspec.json.Decoder().decode
 _CHUNK = 1 << 20
@@ -115,6 +116,9 @@ def parse_object(raw: bytes, max_depth: int = 64) -> dict[str, Any]:
     try:
         body = _decode(raw)
     except msgspec.DecodeError as exc:
+        lone = without_lone_surrogates(raw)
+        if lone is not None:  # the caller may forward lone.repaired instead
+            raise lone from None
         raise bad_request(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
     except RecursionError:  # nested far deeper than any limit
         raise too_deep(max_depth) from None

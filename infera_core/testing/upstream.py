@@ -143,9 +143,15 @@ class FakeUpstream:
         transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
 
 
+def http_reply(status: int, body: bytes, content_type: bytes = b"application/json") -> bytes:
+    """A complete HTTP/1.1 response with ``body`` (what a :class:`ScriptedUpstream` answers)."""
+    return _head(status, content_type, len(body)) + body
+
+
 def _head(status: int, ctype: bytes, length: int) -> bytes:
     reason = {
         200: b"OK",
+        404: b"Not Found",
         429: b"Too Many Requests",
         500: b"Internal Server Error",
         503: b"Service Unavailable",

@@ -28,6 +28,7 @@ from infera_core.launcher.runtime import WorkerLauncher
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.plugin.settings import with_backend_fields
 from infera_core.scheduling.router_config import default_policy as router_default_policy
+from infera_core.server.fds import fit_connections
 from infera_core.up.embedded_nats import start_embedded_nats, wants_embedded_nats
 from infera_core.up.settings import UpSettings
 
@@ -192,6 +193,10 @@ class Stack:
 
     async def _start_server(self) -> None:
         ss = self._serve_settings()
+        exposed = ss.open_to_network(ss.host)
+        if exposed:
+            log.warning(exposed)
+        fit_connections(ss)
         self.kv = _make_kv(ss, self.hooks)
         assert self._sock is not None
         self._server, self._server_task = await self._serve(ss, self.kv, self._sock)

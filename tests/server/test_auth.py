@@ -105,9 +105,42 @@ async def test_public_metrics_opens_metrics_only(ups: list[FakeUpstream]) -> Non
 
 def test_redact_url_masks_credentials_and_query_values() -> None:
     assert redact_url("http://admin:hunter2@10.0.0.5:8000") == "http://***@10.0.0.5:8000"
-    assert redact_url("http://10.0.0.5:8000/v1?token=abc&x") == "http://10.0.0.5:8000/v1?token=***&x"
+    assert redact_url("http://10.0.0.5:8000/v1?token=abc&x") == "http://10.0.0.5:8000/v1?token=***&***"
     assert redact_url("http://10.0.0.5:8000") == "http://10.0.0.5:8000"
     assert redact_url("admin:hunter2@host:80") == "***@host:80"
+
+
+SECRET_URLS = {
+    "http://127.0.0.1:{port}/#access_token=frag-s3cret": "http://127.0.0.1:{port}/#access_token=***",
+    "http://127.0.0.1:{port}/#frag-s3cret": "http://127.0.0.1:{port}/#***",
+    "http://127.0.0.1:{port}/?bare-s3cret": "http://127.0.0.1:{port}/?***",
+    "http://127.0.0.1:{port}/v1;jsessionid=sess-s3cret": "http://127.0.0.1:{port}/v1;jsessionid=***",
+    "http://127.0.0.1:{port}/a;b=x-s3cret;c/?t=q-s3cret;u=v-s3cret": "http://127.0.0.1:{port}/a;b=***;***/?t=***&u=***",
+}
+
+
+def test_redact_url_masks_fragments_bare_query_items_and_path_parameters() -> None:
+    for url, shown in SECRET_URLS.items():
+        assert redact_url(url.format(port=80)) == shown.format(port=80)
+
+
+async def test_workers_and_admin_stats_never_show_url_secrets() -> None:
+    """Issue #28 row 13: a fragment, a bare query token and ``;jsessionid=`` are redacted."""
+    dead = free_port()
+    async with running([]) as srv:
+        for i, url in enumerate(SECRET_URLS):
+            rec = WorkerRecord(
+                worker_id=f"w{i}", url=url.format(port=dead), model="fake-model", engine="fake"
+            )
+            srv.store.put(rec)
+        await srv.wait_workers(len(SECRET_URLS))
+        async with httpx.AsyncClient(base_url=srv.url) as c:
+            for route in ("/v1/workers", "/v1/admin/stats"):
+                r = await c.get(route)
+                assert r.status_code == 200, route
+                assert "s3cret" not in r.text, (route, r.text)
+            shown = {w["url"] for w in (await c.get("/v1/workers")).json()["data"]}
+            assert shown == {v.format(port=dead) for v in SECRET_URLS.values()}
 
 
 async def test_worker_credentials_never_shown_or_logged(caplog: pytest.LogCaptureFixture) -> None:

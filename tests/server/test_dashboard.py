@@ -121,6 +121,32 @@ async def test_page_is_one_self_contained_file(sims: list[SimHandle]) -> None:
     assert (Path(infera_core.server.__file__).parent / "static/dashboard.html").read_text() == page
 
 
+async def test_admin_pages_carry_browser_security_headers(sims: list[SimHandle]) -> None:
+    """Issue #28 row 17: CSP, X-Frame-Options and nosniff on the dashboard and /v1/admin/*;
+    the page's CSP allows its own inline script and style (by hash) and nothing else."""
+    async with stack(sims[:1], admin_token="tok") as srv, httpx.AsyncClient(base_url=srv.url) as c:
+        ok = {"Authorization": "Bearer tok"}
+        answers = {
+            "/dashboard": await c.get("/dashboard"),
+            "/v1/admin/stats": await c.get("/v1/admin/stats", headers=ok),
+            "/v1/admin/stats 401": await c.get("/v1/admin/stats"),
+            "/v1/admin/usage": await c.get("/v1/admin/usage", headers=ok),
+            "/v1/workers": await c.get("/v1/workers", headers=ok),
+        }
+        chat = await c.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1})
+    for route, r in answers.items():
+        assert r.headers.get("x-content-type-options") == "nosniff", route
+        assert r.headers.get("x-frame-options") == "DENY", route
+        csp = r.headers.get("content-security-policy", "")
+        assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp, route
+        assert "unsafe-inline" not in csp and "unsafe-eval" not in csp, route
+    page_csp = answers["/dashboard"].headers["content-security-policy"]
+    assert "script-src 'sha256-" in page_csp and "style-src 'sha256-" in page_csp
+    assert "connect-src 'self'" in page_csp
+    assert answers["/dashboard"].headers.get_list("content-security-policy") == [page_csp]  # one policy
+    assert "content-security-policy" not in chat.headers  # the inference routes stay lean
+
+
 async def test_stats_count_tokens_per_api_key(sims: list[SimHandle], tmp_path: Path) -> None:
     keys = tmp_path / "keys.yaml"
     keys.write_text("keys:\n  - name: team-a\n    key: sk-team-a\n")
@@ -195,6 +221,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # CSP refusals are logged there
     for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"]:
         options.add_argument(flag)
     driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
@@ -254,6 +281,11 @@ async def test_dashboard_in_chromium_shows_the_fleet_and_a_drain(
         await in_browser(browser, lambda d: cell(d, "sim1", "status") == "draining")
         assert browser.find_element("id", "sum-workers").text == "1 / 2"
         assert cell(browser, "sim0", "status") == "active"
+        # the page works under its own Content-Security-Policy: nothing it runs was refused
+        refused = [
+            e["message"] for e in browser.get_log("browser") if "Content Security Policy" in e["message"]
+        ]
+        assert not refused, refused
         shot = Path(os.environ.get("INFERA_DASHBOARD_SCREENSHOT") or tmp_path / "dashboard.png")
         assert await asyncio.to_thread(browser.save_screenshot, str(shot))
 

@@ -129,8 +129,23 @@ async def test_header_block_just_over_the_limit_gets_431_and_under_it_passes(ups
         assert big.json()["error"]["type"] == "invalid_request_error"
 
 
+async def _admitted_again(srv: RunningServer, within: float) -> None:
+    """Wait until a new client is served again (the server notices closed connections soon)."""
+    async with httpx.AsyncClient(base_url=srv.url) as c:
+
+        async def admitted() -> bool:
+            try:
+                return (await c.get("/health")).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        async with asyncio.timeout(within):
+            while not await admitted():  # noqa: ASYNC110 (no event for another process's state)
+                await asyncio.sleep(0.05)
+
+
 async def test_connections_beyond_max_connections_get_503(ups: list[FakeUpstream]) -> None:
-    async with stack(ups, max_connections=3) as srv:
+    async with stack(ups, max_connections=3, max_connections_per_client=3) as srv:
         held = [await _connect(srv) for _ in range(3)]
         reader, writer = await _connect(srv)
         status, body, closed = await _response(reader)
@@ -139,18 +154,46 @@ async def test_connections_beyond_max_connections_get_503(ups: list[FakeUpstream
         writer.close()
         _, w0 = held.pop()
         w0.close()  # the server sees it gone soon: then a new client is admitted again
-        async with httpx.AsyncClient(base_url=srv.url) as c:
-
-            async def admitted() -> bool:
-                try:
-                    return (await c.get("/health")).status_code == 200
-                except httpx.HTTPError:
-                    return False
-
-            async with asyncio.timeout(5):
-                while not await admitted():  # noqa: ASYNC110 (no event for another process's state)
-                    await asyncio.sleep(0.05)
+        await _admitted_again(srv, within=5)
         for _, w in held:
+            w.close()
+
+
+async def test_idle_sockets_from_one_address_cannot_lock_out_the_others(
+    ups: list[FakeUpstream], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue #28 row 11: 32 idle sockets from one address against --max-connections 30: past
+    the per-client bound (by default half of --max-connections) that address gets 503 and a
+    log line, while a client from another address is served."""
+    async with stack(ups, max_connections=30) as srv:
+        host, port = srv.url.removeprefix("http://").rsplit(":", 1)
+        held = [await _connect(srv) for _ in range(15)]  # the bound: 30 // 2
+        refused = []
+        for _ in range(17):
+            reader, writer = await _connect(srv)
+            status, body, closed = await _response(reader)
+            assert status == 503 and closed and body["error"]["code"] == "too_many_connections"
+            assert "--max-connections-per-client" in body["error"]["message"]
+            refused.append(writer)
+        # another address (127.0.0.2 is loopback too on Linux) is served meanwhile
+        other = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+        async with httpx.AsyncClient(base_url=f"http://{host}:{port}", transport=other) as c:
+            assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        lines = [r.getMessage() for r in caplog.records if "--max-connections-per-client" in r.getMessage()]
+        assert len(lines) == 1 and "127.0.0.1" in lines[0]  # one line, not one per refusal
+        # sockets closed: the address gets its share back
+        for _, w in held + [(None, w) for w in refused]:
+            w.close()
+        await _admitted_again(srv, within=10)
+
+
+async def test_the_per_client_bound_is_a_flag(ups: list[FakeUpstream]) -> None:
+    async with stack(ups, max_connections=100, max_connections_per_client=2) as srv:
+        held = [await _connect(srv) for _ in range(2)]
+        reader, writer = await _connect(srv)
+        status, body, _ = await _response(reader)
+        assert status == 503 and "2 per client" in body["error"]["message"]
+        for _, w in [*held, (reader, writer)]:
             w.close()
 
 

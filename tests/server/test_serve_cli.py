@@ -169,3 +169,44 @@ def test_cli_mistakes_are_one_clear_line(
     assert exc.value.code != 0
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+
+
+def _answers(url: str, proc: subprocess.Popen[str], timeout: float = 60.0) -> None:
+    """Wait until the server answers HTTP at all (no worker needed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        try:
+            httpx.get(url + "/health", timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    raise TimeoutError("infera-run serve never answered")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "warned"),
+    [
+        (("--host", "0.0.0.0", "--processes", "2"), True),
+        (("--host", "0.0.0.0", "--processes", "1", "--admin-token", "adm"), True),
+        (("--host", "127.0.0.1", "--processes", "1"), False),
+    ],
+)
+def test_serving_inference_open_to_the_network_says_so_once(
+    tmp_path: Path, args: tuple[str, ...], warned: bool
+) -> None:
+    """Issue #28 row 15: a non-loopback --host without --api-key-file is one warning line."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("workers: []\n")
+    serve = Serve("--discovery", "static", "--static-file", str(fleet), *args)
+    try:
+        _answers(serve.url, serve.proc)
+    finally:
+        serve.stop()
+    out = serve.proc.stdout.read() if serve.proc.stdout else ""
+    lines = [line for line in out.splitlines() if "without --api-key-file" in line]
+    assert len(lines) == (1 if warned else 0), out
+    if warned:
+        assert "0.0.0.0" in lines[0] and "anyone who can reach this port can run inference" in lines[0]
+        assert "Traceback" not in out

@@ -334,3 +334,26 @@ def test_status_line_names_workers_that_are_down_or_restarting() -> None:
     line = Snapshot(active=2).line("kv-aware", {"serving": 2, "failed": 1, "unhealthy": 1}).plain
     assert "1 hung (out of rotation)" in line and "1 down for good" in line
     assert "[" not in Snapshot(active=4).line("kv-aware", {"serving": 4}).plain
+
+
+@pytest.mark.slow
+def test_up_on_all_interfaces_without_keys_warns_once() -> None:
+    """Issue #28 row 15: ``up --host 0.0.0.0`` with no keys and no admin token says, in one
+    line at start, that inference is open to the network."""
+    proc = _up("--host", "0.0.0.0", "--workers", "1", "--quiet", "--drain-timeout", "1")
+    assert proc.stdout is not None and proc.stderr is not None
+    err = _Lines(proc.stderr)
+    try:
+        deadline = time.monotonic() + 90
+        while "Infera ready" not in (line := proc.stdout.readline()):
+            assert line and time.monotonic() < deadline, err.text()[-3000:]
+        err.wait_for("without --api-key-file", within=10)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    warned = [line for line in err.lines if "without --api-key-file" in line]
+    assert len(warned) == 1, err.text()
+    assert "0.0.0.0" in warned[0] and "anyone who can reach this port can run inference" in warned[0]

@@ -90,6 +90,7 @@ class PdDispatcher:
         self.metrics = metrics
         self.config = config
         self.legs = Legs(core.upstream, core.breakers, core.metrics, metrics, getattr(core, "hangs", None))
+        self.legs.router_id = getattr(core, "router_id", "")
         self._background: set[asyncio.Task[Any]] = set()
 
     # -- entry points used by RouterCore -----------------------------------------------

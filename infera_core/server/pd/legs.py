@@ -18,9 +18,11 @@ from infera_core.scheduling.types import Endpoint
 from infera_core.server.breaker import Breakers
 from infera_core.server.errors import ApiError
 from infera_core.server.hangs import HangDetector
+from infera_core.server.loops import LOOP_HEADER, LOOP_STATUS, loop_error, via_value
 from infera_core.server.metrics import ServerMetrics
 from infera_core.server.pd.metrics import PdMetrics
 from infera_core.transports.upstreams import READ_ERRORS, Upstream, UpstreamError, UpstreamResponse
+from infera_core.util.redact import redact_url
 
 log = logging.getLogger("infera.server.pd")
 
@@ -69,6 +71,8 @@ class Legs:
         self.pd = pd
         self.hangs = hangs
         """First-byte outlier detection: a leg's worker that never answers leaves rotation."""
+        self.router_id = ""
+        """This router's ``Via`` stamp on every leg (:mod:`infera_core.server.loops`); empty: none."""
 
     def fail(
         self, side: str, ep: Endpoint, reason: str, error: ApiError, worker_fault: bool = True
@@ -85,6 +89,8 @@ class Legs:
 
     async def _open(self, side: str, ep: Endpoint, leg: LegRequest, path: str) -> UpstreamResponse:
         headers = {"Content-Type": "application/json", **leg.headers}
+        if self.router_id:  # a record that leads back to this router is seen at the first hop
+            headers["Via"] = via_value(None, self.router_id)
         self.breakers.picked(ep)
         hangs = self.hangs
         wait = hangs.begin(ep) if hangs is not None else None
@@ -120,6 +126,12 @@ class Legs:
         if hangs is not None:
             hangs.end(wait, True)
         status = resp.status
+        if status == LOOP_STATUS and self.router_id and resp.header(LOOP_HEADER) == self.router_id:
+            resp.release()
+            url = redact_url(ep.record.url)
+            self.breakers.isolate(ep, f"its URL {url} leads back to this router (a routing loop)")
+            err = loop_error(ep.worker_id, url)
+            raise self.fail(side, ep, "loop", err, worker_fault=False)
         if status >= 500 or status == 429:
             try:
                 detail = (await resp.read())[:300].decode("utf-8", "replace")
