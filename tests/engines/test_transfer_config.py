@@ -24,6 +24,7 @@ from infera_core.engines.base import LaunchContext
 from infera_core.engines.transfer import TransferConnectorRegistry, TransferPlan
 from infera_core.errors import EngineError, PluginError
 from infera_core.plugin.spec import hookimpl
+from infera_core.testing.engine_env import GOLDEN_WORKER, launch_context
 from infera_core.testing.fixtures import make_hooks
 from infera_core.worker import PdInfo, Role
 
@@ -35,18 +36,7 @@ OFFLOAD = {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {
 
 
 def ctx(role: Role = Role.PREFILL, first_port: int = 41000, **options: Any) -> LaunchContext:
-    ports = iter(range(first_port, first_port + 100))
-    return LaunchContext(
-        worker_id="w1",
-        model="tiny",
-        model_path="/models/tiny",
-        role=role,
-        host="127.0.0.1",
-        port=8100,
-        advertise_host="10.0.0.5",
-        options={"tp": 1, **options},
-        free_port=lambda: next(ports),
-    )
+    return launch_context(GOLDEN_WORKER, first_port, role=role, options={"tp": 1, **options})
 
 
 def kv_config(flags: list[str]) -> dict[str, Any]:

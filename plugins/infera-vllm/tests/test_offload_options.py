@@ -22,6 +22,7 @@ from infera_core.engines.base import LaunchContext
 from infera_core.errors import EngineError
 from infera_core.launcher.flags import launch_options
 from infera_core.plugin.hooks import InferaHooks
+from infera_core.testing.engine_env import GOLDEN_WORKER, flag, launch_context
 from infera_core.worker import Role
 
 HERE = Path(__file__).resolve().parent
@@ -31,22 +32,8 @@ SELF_DESCRIBING = {"self_describing_kv_events": True}
 
 
 def ctx(role: Role = Role.MIXED, **options: Any) -> LaunchContext:
-    ports = iter(range(42000, 42100))
-    return LaunchContext(
-        worker_id="w1",
-        model="tiny",
-        model_path="/models/tiny",
-        role=role,
-        host="127.0.0.1",
-        port=8100,
-        advertise_host="10.0.0.5",
-        options={"tp": 1, "pd_connector": "nixl", "kv_events_port": 0, "page_size": 16, **options},
-        free_port=lambda: next(ports),
-    )
-
-
-def flag(argv: list[str], name: str) -> str:
-    return argv[argv.index(name) + 1]
+    defaults = {"tp": 1, "pd_connector": "nixl", "kv_events_port": 0, "page_size": 16}
+    return launch_context(GOLDEN_WORKER, 42000, role=role, options={**defaults, **options})
 
 
 def transfer(argv: list[str]) -> dict[str, Any]:
