@@ -30,6 +30,8 @@ from infera_core.worker import PdInfo, Role
 
 HERE = Path(__file__).resolve().parent
 VENV = HERE.parents[1] / ".venv-vllm"
+VLLM_TESTS = HERE.parents[1] / "plugins" / "infera-vllm" / "tests"
+"""Where the scripts that run under the real vLLM venv live (``vllm_parse_check.py``)."""
 NIXL_CLASSES = ("NixlConnector", "NixlPullConnector")
 """vLLM 0.32's factory resolves the name NixlConnector to its NixlPullConnector class."""
 OFFLOAD = {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {"cpu_bytes_to_use": 1000000}}
@@ -593,7 +595,7 @@ def test_vllm_parser_accepts_every_transfer_argv() -> None:
     cases = vllm_cases()
     argvs = [["--model", "/models/tiny", *VllmAdapter().engine_flags(c)] for _, c in cases]
     done = subprocess.run(
-        [str(python), str(HERE / "vllm_parse_check.py")],
+        [str(python), str(VLLM_TESTS / "vllm_parse_check.py")],
         input=json.dumps(argvs),
         capture_output=True,
         text=True,
