@@ -49,7 +49,6 @@ from infera_sim.tokenizer import SimTokenizer
 from bench.fleet.sglang_cache_aware import CacheAware
 from bench.traces import MOONCAKE_TRACE
 from infera_core.bench.trace import BlockTokens
-from infera_core.builtin.policies import register_defaults
 from infera_core.kv.events import KvEvent, KvEventBatch
 from infera_core.kv.index import KvIndex
 from infera_core.request import RequestContext
@@ -57,7 +56,7 @@ from infera_core.scheduling.config import ProfileConfig
 from infera_core.scheduling.profile import build_profile
 from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.types import Endpoint, SchedulerDeps
-from infera_core.worker import KvEventsInfo, WorkerRecord
+from infera_core.testing.policies import kv_worker_record, policy_registry
 
 BS = 16
 BEFORE = "kv-aware-before"
@@ -141,14 +140,7 @@ class Fleet:
             self.views.append(view)
             eng = SimEngine(cfg, tok, publish=self._publisher(view))
             self.engines.append(eng)
-            rec = WorkerRecord(
-                worker_id=f"sim{i}",
-                url=f"http://sim{i}",
-                model="m",
-                engine="sim",
-                kv_events=KvEventsInfo(endpoint="tcp://x:1", format="vllm", block_size=BS),
-            )
-            self.endpoints.append(Endpoint(rec))
+            self.endpoints.append(Endpoint(kv_worker_record(f"sim{i}", BS)))
 
     def _publisher(self, view: object):  # type: ignore[no-untyped-def]
         index = self.index
@@ -287,11 +279,7 @@ def profile_config(policy: str, reg: PolicyRegistry) -> ProfileConfig:
 
 
 def registry() -> PolicyRegistry:
-    reg = PolicyRegistry()
-    register_defaults(reg)
-    register_basic(reg)
-    register_kv(reg)
-    return reg
+    return policy_registry(register_basic, register_kv)
 
 
 def main() -> None:

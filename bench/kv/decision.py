@@ -24,14 +24,13 @@ from array import array
 from infera_policies.basic import register_basic
 from infera_policies.kv import register_kv
 
-from infera_core.builtin.policies import register_defaults
 from infera_core.kv.events import BlockStored, KvEventBatch
 from infera_core.kv.index import KvIndex
 from infera_core.request import RequestContext
 from infera_core.scheduling.profile import build_profile
 from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.types import Endpoint, SchedulerDeps
-from infera_core.worker import KvEventsInfo, WorkerRecord
+from infera_core.testing.policies import kv_worker_record, policy_registry
 
 BS = 32
 VOCAB = range(32000)
@@ -39,11 +38,7 @@ PRESETS = ("round-robin", "least-load", "kv-aware")
 
 
 def registry() -> PolicyRegistry:
-    reg = PolicyRegistry()
-    register_defaults(reg)
-    register_basic(reg)
-    register_kv(reg)
-    return reg
+    return policy_registry(register_basic, register_kv)
 
 
 def fleet(
@@ -54,17 +49,10 @@ def fleet(
     prompts = []
     nblocks = tokens // BS
     for i in range(n):
-        rec = WorkerRecord(
-            worker_id=f"w{i}",
-            url=f"http://w{i}",
-            model="m",
-            engine="sim",
-            kv_events=KvEventsInfo(endpoint="tcp://x:1", format="vllm", block_size=BS),
-        )
-        ep = Endpoint(rec)
+        ep = Endpoint(kv_worker_record(f"w{i}", BS))
         ep.in_flight = rng.randrange(4)
         endpoints.append(ep)
-        view = index.add_view(rec.worker_id, None, BS)
+        view = index.add_view(ep.worker_id, None, BS)
         if SYSTEM:  # every worker caches the shared system prompt
             hs: list[int | bytes] = [(1 << 62) + (i << 20) + k for k in range(len(SYSTEM) // BS)]
             index.apply(view, KvEventBatch(0.0, [BlockStored(hs, None, SYSTEM, BS)]))

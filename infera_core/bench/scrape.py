@@ -7,7 +7,6 @@ scraping a fleet of hundreds of workers every second stays cheap.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ from infera_core.util.prom_text import (
     WANTED,
     parse_metrics,
 )
+from infera_core.util.tasks import cancel_and_wait
 
 
 async def fetch_text(
@@ -132,10 +132,7 @@ class MetricsSampler:
         return hits / queries if queries > 0 else None
 
     async def stop(self) -> CacheStats:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         if not self.urls:
             return CacheStats()
         await self.sample()

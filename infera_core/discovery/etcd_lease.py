@@ -10,13 +10,13 @@ breaks (etcd restart, network) it is reopened after a short delay.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any, Protocol
 
 from aetcd import rpc
 
 from infera_core.discovery.etcd_client import ETCD_ERRORS, EtcdConnection
+from infera_core.util.tasks import cancel_and_wait
 
 
 class LeasedKey(Protocol):
@@ -61,11 +61,8 @@ class LeaseKeeper:
         self._leases[reg.lease_id] = reg
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         failing = False

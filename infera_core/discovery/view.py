@@ -28,13 +28,13 @@ and the differences are applied, so the view converges to the backend's content.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from types import MappingProxyType
 from typing import Protocol
 
 from infera_core.discovery.base import ChangeKind, Discovery, FleetChange
+from infera_core.util.tasks import cancel_and_wait
 from infera_core.worker import WorkerRecord
 
 log = logging.getLogger("infera.discovery.view")
@@ -127,11 +127,8 @@ class FleetView:
                 await self._synced.wait()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:

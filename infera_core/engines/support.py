@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from infera_core.engines.base import LaunchContext
 from infera_core.errors import EngineError
 from infera_core.util.net import free_port
+from infera_core.util.prom_text import parse_metrics
 
 if TYPE_CHECKING:  # imported where used: plugins load this module at every CLI start
     import httpx
@@ -228,24 +229,8 @@ def metrics_sum(text: str, names: Sequence[str]) -> float | None:
 
     None when none of the names appears.
     """
-    wanted = set(names)
-    total = 0.0
-    seen = False
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        brace = line.find("{")
-        space = line.find(" ")
-        end = brace if 0 <= brace < space or (brace >= 0 and space < 0) else space
-        if end < 0 or line[:end] not in wanted:
-            continue
-        value = line.rsplit("}", 1)[-1].split() if brace >= 0 else line[end:].split()
-        try:
-            total += float(value[0])
-        except (ValueError, IndexError):
-            continue
-        seen = True
-    return total if seen else None
+    sums = parse_metrics(text, names)
+    return sum(sums.values()) if sums else None
 
 
 async def metrics_in_flight(client: httpx.AsyncClient, base_url: str, names: Sequence[str]) -> int | None:

@@ -3,7 +3,7 @@ a stand-in engine package (and, optionally, its distribution metadata and consol
 
 The adapters probe the engine interpreter in a subprocess, so these fakes exercise the
 real probe and the real argv without the engine (vLLM, SGLang, ATOM…) installed. Also the
-golden-argv helpers: :func:`launch_context`, :func:`flag`, :func:`clean_environ`.
+golden-argv helpers: :data:`GOLDEN_WORKER`, :func:`launch_context`, :func:`flag`, :func:`clean_environ`.
 """
 
 from __future__ import annotations
@@ -83,6 +83,18 @@ def clean_environ(**extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
+
+
+GOLDEN_WORKER: dict[str, object] = {
+    "worker_id": "w1",
+    "model": "tiny",
+    "model_path": "/models/tiny",
+    "host": "127.0.0.1",
+    "port": 8100,
+    "advertise_host": "10.0.0.5",
+}
+"""The worker of the golden-argv tests: ``w1`` serving ``/models/tiny`` as ``tiny`` on
+127.0.0.1:8100, reached by peers at 10.0.0.5 (``launch_context``'s ``defaults``)."""
 
 
 def launch_context(defaults: dict[str, object], first_port: int | None = None, **kw: object) -> LaunchContext:

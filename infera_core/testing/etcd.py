@@ -4,31 +4,29 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
-from infera_core.util.net import free_port, stop_process, wait_port
+from infera_core.util.net import LoopbackServer, free_port, wait_port
 
 
 def etcd_binary() -> str | None:
     return shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
 
 
-class EtcdServer:
+class EtcdServer(LoopbackServer):
     """An etcd process on 127.0.0.1 with a temp data dir; can be stopped and restarted."""
+
+    log_name = "etcd.log"
 
     def __init__(self, data_dir: str | None = None) -> None:
         binary = etcd_binary()
         if binary is None:
             raise RuntimeError("etcd is not installed (apt-get install etcd-server)")
-        self.binary = binary
-        self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="infera-etcd-")
-        self.data_dir = data_dir or (self._tmp.name if self._tmp else "")
+        super().__init__(binary, data_dir, "infera-etcd-")
+        self.data_dir = self.work_dir
         self.client_port = free_port()
         self.peer_port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint(self) -> str:
@@ -41,8 +39,7 @@ class EtcdServer:
     def start(self, timeout: float = 10.0) -> None:
         client = f"http://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
-        self.log = open(os.path.join(self.data_dir, "etcd.log"), "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
+        self.spawn(
             [
                 self.binary,
                 "--name",
@@ -65,9 +62,7 @@ class EtcdServer:
                 "100",
                 "--log-level",
                 "error",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
+            ]
         )
         wait_port("127.0.0.1", self.client_port, timeout)
         self._wait_healthy(timeout)
@@ -84,18 +79,3 @@ class EtcdServer:
                 pass
             time.sleep(0.05)
         raise TimeoutError(f"etcd on {self.endpoint} not healthy after {timeout}s")
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.proc = None
-        if getattr(self, "log", None):
-            self.log.close()
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def close(self) -> None:
-        self.stop()
-        if self._tmp is not None:
-            self._tmp.cleanup()

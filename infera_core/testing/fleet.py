@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,21 @@ from infera_core.discovery.view import FleetView
 from infera_core.testing.etcd import EtcdServer
 
 DIST_NAME = "infera_standin_testplugin-0.0.0"
+
+
+@contextmanager
+def stopped_with_sigint(proc: subprocess.Popen[str], within: float = 60.0) -> Iterator[subprocess.Popen[str]]:
+    """The block uses ``proc``; when it ends without an error, ``proc`` is stopped with SIGINT
+    (Ctrl-C) and must exit 0 within ``within`` seconds. However the block ends, ``proc`` is
+    killed if it still runs."""
+    try:
+        yield proc
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(within) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
 
 
 def standin_dist_dir(base: Path) -> Path:

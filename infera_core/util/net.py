@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
+import tempfile
 import time
-from typing import Any
+from typing import IO, Any
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 """Host spellings that mean every interface."""
@@ -46,3 +48,43 @@ def stop_process(proc: subprocess.Popen[Any] | None, grace: float = 5.0) -> None
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+class LoopbackServer:
+    """A server process for tests and local stacks: a working folder (a temp one unless
+    given) that survives restarts, the process's output appended to a log file there, and
+    ``stop`` / ``restart`` / ``close``. A subclass says how to start it in :meth:`start`
+    (build its command line and call :meth:`spawn`)."""
+
+    log_name = "server.log"
+
+    def __init__(self, binary: str, work_dir: str | None, prefix: str) -> None:
+        self.binary = binary
+        self._tmp = None if work_dir else tempfile.TemporaryDirectory(prefix=prefix)
+        self.work_dir = work_dir or (self._tmp.name if self._tmp else "")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def start(self, timeout: float = 10.0) -> None:
+        raise NotImplementedError
+
+    def spawn(self, argv: list[str]) -> None:
+        """Start ``argv`` with its output appended to :attr:`log_name` in the working folder."""
+        self._log = open(os.path.join(self.work_dir, self.log_name), "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+        self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()

@@ -15,7 +15,8 @@ WANTED = (HITS, QUERIES, OFFLOAD_HITS, PROMPT_TOKENS, *REQUESTS)
 
 
 def parse_metrics(text: str, names: Iterable[str] = WANTED) -> dict[str, float]:
-    """Sum of every sample of each wanted metric name (labels summed over)."""
+    """Sum of every sample of each wanted metric name (labels summed over); a name with no
+    readable sample is absent. A sample without a value (a truncated scrape) is passed over."""
     wanted = set(names)
     out: dict[str, float] = {}
     for line in text.splitlines():
@@ -27,10 +28,10 @@ def parse_metrics(text: str, names: Iterable[str] = WANTED) -> dict[str, float]:
         name = line[:end]
         if name not in wanted:
             continue
-        value = line.rsplit("}", 1)[-1].split()[0] if brace >= 0 else line[space + 1 :].split()[0]
+        value = line.rsplit("}", 1)[-1].split() if brace >= 0 else line[end:].split()
         try:
-            out[name] = out.get(name, 0.0) + float(value)
-        except ValueError:
+            out[name] = out.get(name, 0.0) + float(value[0])
+        except (ValueError, IndexError):
             continue
     return out
 

@@ -19,3 +19,14 @@ def ingest(request: pytest.FixtureRequest) -> Iterator[str]:
     accel.ops = native if request.param == "native" else accel.PYTHON  # type: ignore[assignment]
     yield request.param
     accel.ops = before
+
+
+@pytest.fixture
+def native() -> Iterator[accel.Ops]:
+    """The C extension's hot loops in use (``accel.ops`` swapped) for the test."""
+    ops = accel.native_ops()
+    assert ops is not None, "infera-kv-native is not built (it needs a C compiler when installed)"
+    before = accel.ops
+    accel.ops = ops
+    yield ops
+    accel.ops = before

@@ -18,6 +18,7 @@ from infera_core.kv.events import BlockStored, KvEventBatch
 from infera_core.kv.hub import KvHub
 from infera_core.kv.settings import KvSettings
 from infera_core.plugin.hooks import InferaHooks
+from infera_core.testing.server import eventually
 from infera_core.util.net import free_port
 from infera_core.worker import KvEventsInfo, WorkerRecord
 
@@ -46,15 +47,6 @@ def _record(sim: object, worker_id: str = "sim-0") -> WorkerRecord:
 
 def _prompt(i: int) -> str:
     return f"question {i}: " + " ".join(f"word{i}x{j}" for j in range(60))
-
-
-async def _until(cond: Callable[[], bool], within: float = 10.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        await asyncio.sleep(0.02)
-    return cond()
 
 
 def _matched(hub: KvHub, worker_id: str, text: str) -> int:
@@ -93,7 +85,7 @@ async def test_hub_mirrors_a_sim_and_drops_it_when_it_leaves(
                 # the SUB may join after the first batch (slow joiner): replay fills it in
                 for i in range(3):
                     await _complete(client, sim.url, _prompt(i))
-            assert await _until(lambda: all(_matched(hub, "sim-0", _prompt(i)) == 0 for i in range(3)))
+            assert await eventually(lambda: all(_matched(hub, "sim-0", _prompt(i)) == 0 for i in range(3)))
             assert _matched(hub, "sim-0", _prompt(99)) < 0  # never sent: not cached
             view = hub.cache_view("sim-0")
             assert view["blocks"] > 0 and view["stale"] is False and view["last_event_at"] is not None
@@ -125,7 +117,7 @@ async def test_dropped_event_batches_are_recovered_through_replay() -> None:
                         break
                     await _complete(client, sim.url, _prompt(1000 + j))
                     await asyncio.sleep(0.05)
-            assert await _until(lambda: all(_matched(hub, "sim-0", _prompt(i)) == 0 for i in range(20)))
+            assert await eventually(lambda: all(_matched(hub, "sim-0", _prompt(i)) == 0 for i in range(20)))
             pubs = hub.cache_view("sim-0")["publishers"][0]
             assert pubs["gaps"] > 0 and pubs["replays"] > 0 and pubs["replays_failed"] == 0
             assert registry.get_sample_value("infera_kv_gaps_total", {"worker": "sim-0"}) == pubs["gaps"]
@@ -148,7 +140,7 @@ async def test_gap_older_than_the_replay_buffer_clears_the_view_and_marks_it_sta
                     await _complete(client, sim.url, _prompt(i))
                     if hub.cache_view("sim-0")["stale"]:
                         break
-            assert await _until(lambda: hub.cache_view("sim-0")["stale"] is True)
+            assert await eventually(lambda: hub.cache_view("sim-0")["stale"] is True)
             assert hub.cache_view("sim-0")["publishers"][0]["replays_failed"] > 0
             assert registry.get_sample_value("infera_kv_stale_workers") == 1
         finally:
@@ -170,7 +162,7 @@ async def test_silent_worker_is_reported() -> None:
         await asyncio.sleep(0.2)
         assert hub.silent_workers() == []  # idle: publishing nothing is fine
         hub.index.routed_at["mute"] = time.time()  # a request went there
-        assert await _until(lambda: hub.silent_workers() == ["mute"], within=2)
+        assert await eventually(lambda: hub.silent_workers() == ["mute"], within=2)
         assert registry.get_sample_value("infera_kv_silent_workers") == 1
         assert hub.cache_view("mute")["silent"] is True
     finally:
@@ -238,7 +230,9 @@ async def test_one_view_per_dp_rank_with_a_publisher_per_rank() -> None:
         try:
             async with httpx.AsyncClient() as client:
                 await _complete(client, rank1.url, _prompt(7))
-            assert await _until(lambda: (v := hub.index.view("dp", 1)) is not None and v.block_count() > 0)
+            assert await eventually(
+                lambda: (v := hub.index.view("dp", 1)) is not None and v.block_count() > 0
+            )
             view0 = hub.index.view("dp", 0)
             assert view0 is None or view0.block_count() == 0
             assert [p["rank"] for p in hub.cache_view("dp")["publishers"]] == [0, 1]
@@ -331,11 +325,11 @@ async def test_a_quiet_worker_is_known_from_its_replay_buffer_when_the_router_jo
         await hub.start()
         hub.worker_added(_record(sim))
         try:
-            assert await _until(lambda: all(_matched(hub, "sim-0", _prompt(i)) == 0 for i in range(2)))
+            assert await eventually(lambda: all(_matched(hub, "sim-0", _prompt(i)) == 0 for i in range(2)))
             assert _matched(hub, "sim-0", _prompt(7)) < 0
             async with httpx.AsyncClient() as client:
                 await _complete(client, sim.url, _prompt(3))  # live events still follow the replayed ones
-            assert await _until(lambda: _matched(hub, "sim-0", _prompt(3)) == 0)
+            assert await eventually(lambda: _matched(hub, "sim-0", _prompt(3)) == 0)
             assert hub.cache_view("sim-0")["publishers"][0]["gaps"] == 0
         finally:
             await hub.close()

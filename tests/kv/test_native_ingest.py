@@ -5,7 +5,6 @@ payload it does not handle."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -19,16 +18,6 @@ from infera_core.kv.events import KvDecodeError
 from infera_core.kv.index import KvIndex, WorkerView
 
 BS = 4
-NATIVE = accel.native_ops()
-
-
-@pytest.fixture
-def native() -> Iterator[accel.Ops]:
-    assert NATIVE is not None, "infera-kv-native is not built (it needs a C compiler when installed)"
-    before = accel.ops
-    accel.ops = NATIVE
-    yield NATIVE
-    accel.ops = before
 
 
 def _python_index() -> KvIndex:

@@ -28,21 +28,11 @@ from infera_core.kv.events import KvDecodeError
 from infera_core.kv.index import KvIndex
 
 BS = 4
-NATIVE = accel.native_ops()
 SLACK = 64 * 1024
 """Fixed allowance over the per-byte bound (interpreter noise, a first table chunk)."""
 PER_BYTE = 16
 """Most bytes allocated per payload byte (the descriptors are 96 bytes per >= 8 bytes of event)."""
 DECODER = MsgpackEventDecoder("vllm")
-
-
-@pytest.fixture
-def native() -> Iterator[accel.Ops]:
-    assert NATIVE is not None, "infera-kv-native is not built (it needs a C compiler when installed)"
-    before = accel.ops
-    accel.ops = NATIVE
-    yield NATIVE
-    accel.ops = before
 
 
 def _vm_peak() -> int:

@@ -19,7 +19,6 @@ from infera_policies.basic import register_basic
 from infera_policies.kv import register_kv
 from infera_policies.load import ImbalanceGuard
 
-from infera_core.builtin.policies import register_defaults
 from infera_core.kv import accel
 from infera_core.kv.events import BlockStored, KvEventBatch
 from infera_core.kv.index import KvIndex
@@ -28,18 +27,15 @@ from infera_core.scheduling.profile import Profile, build_profile
 from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.scheduler import under_cap
 from infera_core.scheduling.types import Endpoint, SchedulerDeps
-from infera_core.worker import KvEventsInfo, Role, Status, WorkerRecord
+from infera_core.testing.policies import kv_worker_record, policy_registry
+from infera_core.worker import Role, Status, WorkerRecord
 
 BS = 16
 PRESETS = ("kv-aware", "kv-aware-prefill", "kv-aware-decode", "least-load")
 
 
 def _registry() -> PolicyRegistry:
-    reg = PolicyRegistry()
-    register_defaults(reg)
-    register_basic(reg)
-    register_kv(reg)
-    return reg
+    return policy_registry(register_basic, register_kv)
 
 
 class Clock:
@@ -51,14 +47,11 @@ class Clock:
 
 
 def _record(rng: random.Random, i: int, block_size: int) -> WorkerRecord:
-    return WorkerRecord(
-        worker_id=f"w{i}",
-        url=f"http://w{i}",
-        model="m",
-        engine="sim",
+    return kv_worker_record(
+        f"w{i}",
+        block_size,
         role=rng.choice([Role.MIXED, Role.MIXED, Role.MIXED, Role.PREFILL]),
         status=Status.ACTIVE if rng.random() < 0.9 else Status.DRAINING,
-        kv_events=KvEventsInfo(endpoint="tcp://x:1", format="vllm", block_size=block_size),
     )
 
 

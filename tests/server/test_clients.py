@@ -14,7 +14,7 @@ from infera_core.testing.server import RunningServer, serving, settings_for
 from infera_core.worker import WorkerRecord
 
 pytest.importorskip("infera_sim")
-from infera_sim.testing import SimHandle, start_sim
+from infera_sim.testing import SimHandle, start_sims
 
 MODEL = "sim-model"
 TOOLS: list[Any] = [
@@ -28,11 +28,8 @@ TOOLS: list[Any] = [
 
 @pytest.fixture(scope="module")
 def sims() -> Iterator[list[SimHandle]]:
-    with (
-        start_sim(model=MODEL, speedup="inf", kv_events_port=None, kv_replay_port=None) as a,
-        start_sim(model=MODEL, speedup="inf", kv_events_port=None, kv_replay_port=None) as b,
-    ):
-        yield [a, b]
+    with start_sims(2, model=MODEL, speedup="inf", kv_events_port=None, kv_replay_port=None) as sims:
+        yield sims
 
 
 @pytest.fixture

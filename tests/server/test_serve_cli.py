@@ -19,7 +19,7 @@ from infera_core.cli import main
 from infera_core.util.net import free_port
 
 pytest.importorskip("infera_sim")
-from infera_sim.testing import SimHandle, start_sim
+from infera_sim.testing import SimHandle, start_sims
 
 MODEL = "sim-model"
 INFERA_RUN = str(Path(sys.executable).with_name("infera-run"))
@@ -78,11 +78,8 @@ class Serve:
 
 @pytest.fixture
 def two_sims() -> Iterator[list[SimHandle]]:
-    with (
-        start_sim(model=MODEL, speedup="inf", kv_events_port=None, kv_replay_port=None) as a,
-        start_sim(model=MODEL, speedup="inf", kv_events_port=None, kv_replay_port=None) as b,
-    ):
-        yield [a, b]
+    with start_sims(2, model=MODEL, speedup="inf", kv_events_port=None, kv_replay_port=None) as sims:
+        yield sims
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ import pytest
 from infera_core.server.splice import StreamTally
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import serving, settings_for, until
+from infera_core.testing.upstream import ScriptedUpstream
 from infera_core.worker import WorkerRecord
 
 EVENTS = 20000
@@ -28,24 +29,18 @@ def _event(i: int) -> bytes:
     return b"data: " + data + b"\n\n"
 
 
-class BurstUpstream:
+class BurstUpstream(ScriptedUpstream):
     """Streams ``EVENTS`` numbered events (~20 MB: more than the kernel buffers on the way hold) as fast as the router takes them."""
 
     def __init__(self, events: int = EVENTS) -> None:
+        super().__init__(lambda conn, req: None)
         self.events = events
         self.writer: asyncio.StreamWriter | None = None
-        self.server: asyncio.Server | None = None
-        self.port = 0
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(
-            int(line.split(b":")[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length")
-        )
-        await reader.readexactly(length)
+        self.writers.add(writer)
+        await self.read_request(reader)
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
         )
@@ -58,17 +53,6 @@ class BurstUpstream:
         writer.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(done), done))
         with contextlib.suppress(ConnectionError):
             await writer.drain()
-
-    async def __aenter__(self) -> BurstUpstream:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.server is not None
-        self.server.close()
-        if self.writer is not None:
-            self.writer.close()
 
 
 @pytest.fixture

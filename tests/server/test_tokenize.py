@@ -16,18 +16,15 @@ from infera_core.util.net import free_port
 from infera_core.worker import WorkerRecord
 
 pytest.importorskip("infera_sim")
-from infera_sim.testing import SimHandle, start_sim
+from infera_sim.testing import SimHandle, start_sims
 
 MODEL = "sim-model"
 
 
 @pytest.fixture(scope="module")
 def sims() -> Iterator[list[SimHandle]]:
-    with (
-        start_sim(model=MODEL, speedup="inf", kv_events_port=None, kv_replay_port=None) as a,
-        start_sim(model=MODEL, speedup="inf", kv_events_port=None, kv_replay_port=None) as b,
-    ):
-        yield [a, b]
+    with start_sims(2, model=MODEL, speedup="inf", kv_events_port=None, kv_replay_port=None) as sims:
+        yield sims
 
 
 def _record(worker_id: str, url: str, engine: str = "sim") -> WorkerRecord:

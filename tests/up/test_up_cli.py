@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from infera_core.testing.etcd import EtcdServer
+from infera_core.testing.fleet import stopped_with_sigint
 from infera_core.up.status import Snapshot
 
 pytest.importorskip("infera_sim")
@@ -143,7 +144,7 @@ def test_busy_port_is_a_clear_error() -> None:
 @pytest.mark.etcd
 def test_up_with_real_etcd_registers_and_cleans_up(etcd_server: EtcdServer) -> None:
     proc = _up("--workers", "2", "--quiet", "--etcd-endpoint", etcd_server.endpoint, "--", "--speedup", "20")
-    try:
+    with stopped_with_sigint(proc):
         url = _wait_ready(proc).group(1)
         assert len(asyncio.run(_etcd_workers(etcd_server.endpoint))) == 2
         r = httpx.post(
@@ -152,12 +153,6 @@ def test_up_with_real_etcd_registers_and_cleans_up(etcd_server: EtcdServer) -> N
             timeout=30,
         )
         assert r.status_code == 200, r.text
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
     assert asyncio.run(_etcd_workers(etcd_server.endpoint)) == []  # deregistered on the way out
 
 
@@ -281,16 +276,10 @@ def _serving(*args: str) -> Iterator[tuple[subprocess.Popen[str], _Lines, str, i
     proc = _up(*args)
     assert proc.stderr is not None
     err = _Lines(proc.stderr)
-    try:
+    with stopped_with_sigint(proc):
         m = _wait_ready(proc, err=err)
         yield proc, err, m.group(1), int(m.group(2))
         assert proc.poll() is None  # up never stopped on its own
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
 
 
 @pytest.mark.slow

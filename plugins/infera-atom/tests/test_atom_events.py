@@ -11,7 +11,6 @@ spells the arrays out by hand, shorter ones included.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +28,7 @@ from infera_core.kv.hub import KvHub
 from infera_core.kv.settings import KvSettings
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.testing.engine_env import flag, launch_context
+from infera_core.testing.server import eventually
 from infera_core.worker import WorkerRecord
 
 BS = 16
@@ -240,15 +240,6 @@ def test_decoder_refuses_malformed_batches_with_a_decode_error(payload: bytes) -
 
 
 # -- the hub following an ATOM-shaped publisher (real ZMQ, no seq frame) --------------------------
-async def _until(cond: Callable[[], bool], within: float = 10.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        await asyncio.sleep(0.02)
-    return cond()
-
-
 async def test_hub_follows_atom_two_frame_publisher(atom_python: str) -> None:
     adapter = AtomAdapter()
     c = ctx(engine_python=atom_python, advertise_host="127.0.0.1")
@@ -277,20 +268,20 @@ async def test_hub_follows_atom_two_frame_publisher(atom_python: str) -> None:
                 return 0
             return int(hub.index.match(hub.index.hash_prompt(tokens, BS), [view])[0])
 
-        async def send_until(events: list[Any], cond: Callable[[], bool]) -> bool:
+        async def sendeventually(events: list[Any], cond: Callable[[], bool]) -> bool:
             # a PUB drops what it sends before the SUB is connected: resend until it shows
             for _ in range(100):
                 pub.send_multipart(
                     [topic, msgspec.msgpack.encode(AtomEventBatch(ts=time.time(), events=events))]
                 )
-                if await _until(cond, 0.1):
+                if await eventually(cond, 0.1):
                     return True
             return False
 
-        assert await send_until([stored], lambda: matched() == 4)
+        assert await sendeventually([stored], lambda: matched() == 4)
         sub = hub.subs["atom-0"][0]
         assert sub.undecodable == 0 and sub.bad_seq == 0 and sub.gaps == 0
-        assert await send_until([AtomBlockRemoved(block_hashes=[3])], lambda: matched() == 2)
+        assert await sendeventually([AtomBlockRemoved(block_hashes=[3])], lambda: matched() == 2)
         assert sub.last_seq is not None and sub.last_seq >= 1  # numbered by the hub
     finally:
         await hub.close()

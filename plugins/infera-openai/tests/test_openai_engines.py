@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -33,6 +32,7 @@ from infera_core.plugin.hooks import InferaHooks
 from infera_core.testing.contracts import EngineAdapterContract, sample_launch_context
 from infera_core.testing.engine_contract import StandinEndpoints, closed_port
 from infera_core.testing.engine_env import clean_environ, make_engine_env
+from infera_core.testing.fleet import stopped_with_sigint
 from infera_core.up.settings import UpSettings
 from infera_core.up.stack import default_policy
 from infera_core.worker import Role
@@ -671,7 +671,7 @@ def test_up_runs_any_openai_server_from_its_command() -> None:
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_environ()
     )
-    try:
+    with stopped_with_sigint(proc):
         assert proc.stdout is not None
         lines: list[str] = []
         found = None
@@ -694,9 +694,3 @@ def test_up_runs_any_openai_server_from_its_command() -> None:
         listed = httpx.get(url.removesuffix("/v1") + "/v1/workers", timeout=10).json()["data"]
         assert {w["engine"] for w in listed} == {"openai"} and len(listed) == 2
         assert all(w["labels"] == {"kv-events": "none"} for w in listed)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
@@ -150,6 +150,13 @@ def start_sim(
                 proc.kill()
                 proc.wait(5)
         pump.join(5)  # EOF follows the exit; the pump then closes the pipe
+
+
+@contextmanager
+def start_sims(n: int, **flags: Any) -> Iterator[list[SimHandle]]:
+    """``n`` sims with the same flags (:func:`start_sim`'s), until the block exits."""
+    with ExitStack() as stack:
+        yield [stack.enter_context(start_sim(**flags)) for _ in range(n)]
 
 
 def _wait_health(handle: SimHandle, timeout: float) -> None:

@@ -5,6 +5,7 @@ KV event subscription: :mod:`infera_core.testing.published`)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -52,6 +53,23 @@ def vllm_python() -> tuple[str, str]:
     if not (Path(model) / "config.json").exists():
         pytest.skip(f"tiny model missing at {model}: run bash .ci/steps/20-vllm-venv.sh")
     return python, model
+
+
+def vllm_check(script: str, argvs: list[list[str]], timeout: float) -> list[dict[str, Any]]:
+    """Run ``script`` (a ``vllm_*_check.py`` beside this module) under the real vLLM venv on
+    ``argvs``: its JSON list of results, one per argv (a visible skip without the venv)."""
+    python, _ = vllm_python()
+    done = subprocess.run(
+        [python, str(Path(__file__).resolve().parent / script)],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return results
 
 
 def engine_env(cache_root: Path) -> dict[str, str]:

@@ -8,45 +8,29 @@ supported on CUDA-alike and XPU GPUs"), so the argv is checked, not run.
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 from infera_sglang.adapter import SglangAdapter
 from infera_vllm.adapter import VllmAdapter
 from infera_vllm.transfer import transfer_plan
+from real_vllm import vllm_check, vllm_python
 
 from infera_core.cli.worker import flat_worker_args
 from infera_core.engines.base import LaunchContext
 from infera_core.errors import EngineError
 from infera_core.launcher.flags import launch_options
 from infera_core.plugin.hooks import InferaHooks
+from infera_core.testing.engine_env import GOLDEN_WORKER, flag, launch_context
 from infera_core.worker import Role
 
-HERE = Path(__file__).resolve().parent
-VENV = HERE.parents[2] / ".venv-vllm"
 GIB = 1 << 30
 SELF_DESCRIBING = {"self_describing_kv_events": True}
 
 
 def ctx(role: Role = Role.MIXED, **options: Any) -> LaunchContext:
-    ports = iter(range(42000, 42100))
-    return LaunchContext(
-        worker_id="w1",
-        model="tiny",
-        model_path="/models/tiny",
-        role=role,
-        host="127.0.0.1",
-        port=8100,
-        advertise_host="10.0.0.5",
-        options={"tp": 1, "pd_connector": "nixl", "kv_events_port": 0, "page_size": 16, **options},
-        free_port=lambda: next(ports),
-    )
-
-
-def flag(argv: list[str], name: str) -> str:
-    return argv[argv.index(name) + 1]
+    defaults = {"tp": 1, "pd_connector": "nixl", "kv_events_port": 0, "page_size": 16}
+    return launch_context(GOLDEN_WORKER, 42000, role=role, options={**defaults, **options})
 
 
 def transfer(argv: list[str]) -> dict[str, Any]:
@@ -176,8 +160,7 @@ def test_flat_form_and_flags_after_dashes_reach_the_offload_options() -> None:
 @pytest.mark.vllm
 def test_vllm_resolves_the_offloading_argv_itself() -> None:
     """vLLM 0.32's parser and create_engine_config on the adapter's argv (tiny model)."""
-    if not (VENV / "READY").exists():
-        pytest.skip("real vLLM venv not built (.venv-vllm/READY missing): run bash .ci/steps/20-vllm-venv.sh")
+    _, model = vllm_python()
     cases = {
         "native": ctx(kv_offloading_size=0.5),
         "lmcache-mp": ctx(kv_offloading_size=0.5, kv_offloading_backend="lmcache"),
@@ -186,17 +169,8 @@ def test_vllm_resolves_the_offloading_argv_itself() -> None:
         "mooncake-decode": ctx(Role.DECODE, pd_connector="mooncake", kv_offloading_size=0.5),
     }
     extra = ["--max-model-len", "512", "--enforce-eager"]
-    argvs = [["--model", str(VENV / "tiny"), *VllmAdapter().engine_flags(c), *extra] for c in cases.values()]
-    done = subprocess.run(
-        [str(VENV / "bin" / "python"), str(HERE / "vllm_offload_check.py")],
-        input=json.dumps(argvs),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = dict(zip(cases, json.loads(done.stdout.strip().splitlines()[-1]), strict=True))
+    argvs = [["--model", model, *VllmAdapter().engine_flags(c), *extra] for c in cases.values()]
+    got = dict(zip(cases, vllm_check("vllm_offload_check.py", argvs, timeout=300), strict=True))
     native = got["native"]
     assert native.get("ok"), native
     assert native["resolved"]["kv_connector"] == "OffloadingConnector"

@@ -10,23 +10,15 @@ from infera_vllm.adapter import API_SERVER_MODULE, VllmAdapter
 
 from infera_core.engines.base import LaunchContext, RunningEngine
 from infera_core.errors import EngineError
-from infera_core.testing.engine_env import flag, launch_context, make_engine_env
+from infera_core.testing.engine_env import GOLDEN_WORKER, flag, launch_context, make_engine_env
 from infera_core.worker import Role
 
 API_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 def ctx(**kw: object) -> LaunchContext:
-    base: dict[str, object] = {
-        "worker_id": "w1",
-        "model": "tiny",
-        "model_path": "/models/tiny",
-        "host": "127.0.0.1",
-        "port": 8100,
-        "advertise_host": "10.0.0.5",
-        "options": {"block_size": 32, "tp": 1, "pd_connector": "nixl", "kv_events_port": 0},
-    }
-    return launch_context(base, 41000, **kw)
+    options = {"block_size": 32, "tp": 1, "pd_connector": "nixl", "kv_events_port": 0}
+    return launch_context({**GOLDEN_WORKER, "options": options}, 41000, **kw)
 
 
 def test_vllm_cpu_runs_the_api_server_module_with_translated_flags(vllm_cpu: str) -> None:

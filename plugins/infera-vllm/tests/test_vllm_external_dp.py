@@ -28,7 +28,7 @@ from vllm_records import adapter_record
 from infera_core.engines.base import LaunchContext
 from infera_core.engines.pd import PdContext
 from infera_core.errors import EngineError
-from infera_core.testing.engine_env import clean_environ, flag, launch_context
+from infera_core.testing.engine_env import GOLDEN_WORKER, clean_environ, flag, launch_context
 from infera_core.worker import Role
 
 HERE = Path(__file__).resolve().parent
@@ -43,16 +43,10 @@ def model_dir(root: Path, config: dict[str, Any]) -> str:
 
 
 def ctx(model_path: str, **kw: object) -> LaunchContext:
-    base: dict[str, object] = {
-        "worker_id": "w1",
-        "model": "m",
-        "model_path": model_path,
-        "host": "127.0.0.1",
-        "port": 8100,
-        "advertise_host": "10.0.0.5",
-        "options": {"tp": 1, "pd_connector": "nixl"},
-    }
-    return launch_context(base, 41000, **kw)
+    options = {"tp": 1, "pd_connector": "nixl"}
+    return launch_context(
+        {**GOLDEN_WORKER, "model": "m", "model_path": model_path, "options": options}, 41000, **kw
+    )
 
 
 # -- the dense-model refusal ------------------------------------------------------------

@@ -9,11 +9,9 @@ raised (``stage``: ``parse`` or ``config``). Not a test module (no ``test_`` pre
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import sys
 from typing import Any
+
+from vllm_argv import check_each, engine_args
 
 
 def transfer(ktc: Any) -> dict[str, Any] | None:
@@ -28,23 +26,16 @@ def transfer(ktc: Any) -> dict[str, Any] | None:
 
 
 def check(argv: list[str]) -> dict[str, Any]:
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
-        engine_args = AsyncEngineArgs.from_cli_args(args)
-    except (Exception, SystemExit) as exc:  # argparse exits on a bad flag
-        return {"stage": "parse", "error": f"{type(exc).__name__}: {exc}"}
+    parsed = engine_args(argv)
+    if isinstance(parsed, str):
+        return {"stage": "parse", "error": parsed}
     out: dict[str, Any] = {
-        "parsed": transfer(engine_args.kv_transfer_config),
-        "kv_offloading_size": engine_args.kv_offloading_size,
-        "kv_offloading_backend": engine_args.kv_offloading_backend,
+        "parsed": transfer(parsed.kv_transfer_config),
+        "kv_offloading_size": parsed.kv_offloading_size,
+        "kv_offloading_backend": parsed.kv_offloading_backend,
     }
     try:
-        config = engine_args.create_engine_config()
+        config = parsed.create_engine_config()
     except Exception as exc:
         out.update(stage="config", error=f"{type(exc).__name__}: {exc}")
         return out
@@ -53,10 +44,5 @@ def check(argv: list[str]) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    cases = json.load(sys.stdin)
-    print(json.dumps([check(argv) for argv in cases]))
-
-
 if __name__ == "__main__":
-    main()
+    check_each(check)

@@ -10,28 +10,19 @@ from infera_policies.approx_prefix import register_approx_prefix
 from infera_policies.kv import register_kv
 from infera_policies.load import LoadScorer
 
-from infera_core.builtin.policies import register_defaults
 from infera_core.kv.events import BlockHash, BlockRemoved, BlockStored, KvEventBatch
 from infera_core.kv.index import KvIndex
 from infera_core.request import RequestContext
 from infera_core.scheduling.profile import Profile, build_profile
-from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.types import Endpoint, SchedulerDeps
 from infera_core.testing.contracts import FilterContract, ScorerContract
-from infera_core.worker import KvEventsInfo, WorkerRecord
+from infera_core.testing.policies import kv_worker_record, policy_registry
+from infera_core.worker import WorkerRecord
 
 BS = 16
 
 
-def _registry() -> PolicyRegistry:
-    reg = PolicyRegistry()
-    register_defaults(reg)
-    register_kv(reg)
-    register_approx_prefix(reg)
-    return reg
-
-
-REG = _registry()
+REG = policy_registry(register_kv, register_approx_prefix)
 
 
 class TestKvOverlapContract(ScorerContract):
@@ -78,13 +69,7 @@ class Fleet:
         self.profile: Profile = build_profile(preset, REG.preset(preset).profile, REG, self.deps)
         self.endpoints = []
         for i in range(n):
-            rec = WorkerRecord(
-                worker_id=f"w{i}",
-                url=f"http://w{i}",
-                model="m",
-                engine="sim",
-                kv_events=KvEventsInfo(endpoint="tcp://x:1", format="vllm", block_size=BS),
-            )
+            rec = kv_worker_record(f"w{i}", BS)
             self.endpoints.append(Endpoint(rec))
             self.index.add_view(rec.worker_id, None, BS)
         self.cache_blocks = cache_blocks

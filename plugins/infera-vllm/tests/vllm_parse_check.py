@@ -8,11 +8,9 @@ vLLM's factory resolves, and MoRIIO's mode. Not a test module (no ``test_`` pref
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import sys
 from typing import Any
+
+from vllm_argv import check_each, engine_args
 
 
 def connector_class(ktc: Any) -> str:
@@ -30,17 +28,11 @@ def connector_class(ktc: Any) -> str:
 
 def check(argv: list[str]) -> dict[str, Any]:
     from vllm.config import KVTransferConfig
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
-        engine_args = AsyncEngineArgs.from_cli_args(args)
-    except (Exception, SystemExit) as exc:  # argparse exits on a bad flag
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    ktc = engine_args.kv_transfer_config
+    parsed = engine_args(argv)
+    if isinstance(parsed, str):
+        return {"error": parsed}
+    ktc = parsed.kv_transfer_config
     out: dict[str, Any] = {"ok": True, "kv_transfer_config": None}
     if ktc is None:
         return out
@@ -75,10 +67,5 @@ def check(argv: list[str]) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    cases = json.load(sys.stdin)
-    print(json.dumps([check(argv) for argv in cases]))
-
-
 if __name__ == "__main__":
-    main()
+    check_each(check)
