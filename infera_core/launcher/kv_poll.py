@@ -24,11 +24,11 @@ import zmq.asyncio
 
 from infera_core.engines.base import KvEventPoller, RunningEngine
 from infera_core.engines.support import bracket_host
+from infera_core.util.kv_replay import serve_replay
 from infera_core.worker import KvEventsInfo
 
 log = logging.getLogger(__name__)
 
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
 POLL_IDLE_S = 0.1
 """Pause after a poll that returned nothing (the engine's own call may also wait)."""
 POLL_ERROR_S = 1.0
@@ -118,17 +118,7 @@ class PolledKvPublisher:
 
     async def _serve_replay(self) -> None:
         assert self.replay is not None
-        sock = self.replay
-        while True:
-            frames = await sock.recv_multipart()
-            if len(frames) != 3:
-                continue
-            client, _, start = frames
-            start_seq = int.from_bytes(start, "big")
-            for seq, payload in list(self.buffer):
-                if seq >= start_seq:
-                    await sock.send_multipart([client, b"", self.topic, seq.to_bytes(8, "big"), payload])
-            await sock.send_multipart([client, b"", b"", END_SEQ, b""])
+        await serve_replay(self.replay, self.topic, lambda: list(self.buffer))
 
     async def close(self) -> None:
         for task in self._tasks:

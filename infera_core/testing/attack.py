@@ -27,6 +27,7 @@ import psutil
 import yaml
 
 from infera_core.testing.serve_processes import poll
+from infera_core.testing.upstream import LoopbackStreamServer
 from infera_core.util.net import free_port, stop_process
 
 REFUSAL = json.dumps(
@@ -42,18 +43,12 @@ REFUSAL = json.dumps(
 ).encode()
 
 
-class RefusingEngine:
+class RefusingEngine(LoopbackStreamServer):
     """A loopback HTTP/1.1 server answering every POST with 400 (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.server: asyncio.Server | None = None
-        self.port = 0
+        super().__init__()
         self.requests = 0
-        self.writers: set[asyncio.StreamWriter] = set()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.writers.add(writer)
@@ -74,17 +69,6 @@ class RefusingEngine:
                 await writer.drain()
         writer.close()
         self.writers.discard(writer)
-
-    async def __aenter__(self) -> RefusingEngine:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.server is not None
-        self.server.close()
-        for w in list(self.writers):
-            w.close()
 
 
 @contextlib.contextmanager

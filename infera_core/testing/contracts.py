@@ -30,7 +30,12 @@ from unittest import mock
 
 from infera_core.request import RequestContext
 from infera_core.scheduling.types import Endpoint, Filter, Picker, PolicyFactory, SchedulerDeps, Scorer
-from infera_core.testing.engine_contract import ENGINE_MODULES, EngineAdapterContract, sample_launch_context
+from infera_core.testing.engine_contract import (
+    ENGINE_MODULES,
+    EngineAdapterContract,
+    launch_record,
+    sample_launch_context,
+)
 from infera_core.testing.transport_contracts import (
     KvEventTransportContract,
     RequestTransportContract,
@@ -45,6 +50,7 @@ __all__ = [
     "PickerContract",
     "RequestTransportContract",
     "ScorerContract",
+    "launch_record",
     "no_io",
     "random_record",
     "sample_launch_context",

@@ -46,7 +46,14 @@ from infera_core.engines.base import (
 from infera_core.util.net import free_port
 from infera_core.worker import KvEventsInfo, PdInfo, Role, WorkerRecord
 
-__all__ = ["EngineAdapterContract", "Reply", "StandinEndpoints", "closed_port", "sample_launch_context"]
+__all__ = [
+    "EngineAdapterContract",
+    "Reply",
+    "StandinEndpoints",
+    "closed_port",
+    "launch_record",
+    "sample_launch_context",
+]
 
 ENGINE_MODULES = ("torch", "vllm", "sglang", "atom")
 """Packages no plugin module may import at import time."""
@@ -77,6 +84,26 @@ def sample_launch_context(**overrides: Any) -> LaunchContext:
     }
     values.update(overrides)
     return LaunchContext(**values)
+
+
+def launch_record(adapter: EngineAdapter, ctx: LaunchContext, **overrides: Any) -> WorkerRecord:
+    """The worker record a launcher registers for ``ctx``: its URL and role and every field of
+    ``adapter.record_fields(ctx)``; ``overrides`` replace fields (``kv_events=None``…)."""
+    fields = adapter.record_fields(ctx)
+    record = WorkerRecord(
+        worker_id=ctx.worker_id,
+        url=ctx.url,
+        model=ctx.model,
+        engine=adapter.name,
+        engine_version=fields.engine_version,
+        role=ctx.role,
+        dp_rank=fields.dp_rank,
+        dp_size=fields.dp_size,
+        kv_events=fields.kv_events,
+        pd=fields.pd,
+        labels=fields.labels,
+    )
+    return record.model_copy(update=overrides) if overrides else record
 
 
 class StandinEndpoints:
@@ -236,19 +263,7 @@ class EngineAdapterContract:
         if fields.pd is not None:
             assert isinstance(fields.pd, PdInfo), "pd must be a PdInfo"
             PdInfo.model_validate(fields.pd.model_dump())
-        record = WorkerRecord(
-            worker_id=ctx.worker_id,
-            url=ctx.url,
-            model=ctx.model,
-            engine=self.adapter.name,
-            engine_version=fields.engine_version,
-            role=ctx.role,
-            dp_rank=fields.dp_rank,
-            dp_size=fields.dp_size,
-            kv_events=fields.kv_events,
-            pd=fields.pd,
-            labels=fields.labels,
-        )
+        record = launch_record(self.adapter, ctx)
         assert WorkerRecord.from_json(record.to_json()) == record
 
     def test_launch_state_lives_in_the_context(self) -> None:

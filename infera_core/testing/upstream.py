@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import Any, cast
+from typing import Any, Self, cast
 
 _DATA = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok "}}]}\n\n'
 
@@ -188,22 +188,49 @@ async def fake_upstreams(n: int, model: str = "fake-model") -> AsyncIterator[lis
 Answer = Callable[[int, int], bytes | None]
 
 
-class ScriptedUpstream:
+class LoopbackStreamServer:
+    """Base of the raw asyncio servers on loopback here: tracks its connections' writers,
+    ``async with`` starts it on a free port and closes every connection on exit.
+    Subclasses answer a connection in :meth:`_serve`."""
+
+    def __init__(self) -> None:
+        self.server: asyncio.Server | None = None
+        self.port = 0
+        self.writers: set[asyncio.StreamWriter] = set()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> Self:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for w in list(self.writers):
+            w.close()
+
+
+class ScriptedUpstream(LoopbackStreamServer):
     """A raw HTTP/1.1 server on loopback for transport edge cases: ``answer(connection_no,
     request_no_on_that_connection)`` returns the reply bytes, or None to close the connection
     without a byte; ``close_after_reply`` closes after every reply. ``async with`` starts it."""
 
     def __init__(self, answer: Answer, close_after_reply: bool = False) -> None:
+        super().__init__()
         self.answer = answer
         self.close_after_reply = close_after_reply
-        self.writers: set[asyncio.StreamWriter] = set()
         self.connections = 0
         self.requests = 0
         self.bodies: list[bytes] = []
         self.heads: list[bytes] = []
         """Each request's request line and headers, as received."""
-        self.server: asyncio.Server | None = None
-        self.port = 0
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn_no = self.connections
@@ -235,18 +262,6 @@ class ScriptedUpstream:
         self.bodies.append(await reader.readexactly(length))
         self.requests += 1
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def __aenter__(self) -> ScriptedUpstream:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self
-
     async def __aexit__(self, *exc: object) -> None:
-        assert self.server is not None
-        self.server.close()
-        for w in list(self.writers):
-            w.close()
+        await super().__aexit__(*exc)
         await asyncio.sleep(0.01)

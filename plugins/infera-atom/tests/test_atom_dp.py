@@ -26,6 +26,7 @@ from infera_core.errors import EngineError
 from infera_core.launcher.address import free_port
 from infera_core.scheduling.dp import DpRanks
 from infera_core.scheduling.types import Endpoint
+from infera_core.testing.contracts import launch_record
 from infera_core.worker import Role, WorkerRecord
 
 ATOM_DEFAULT_DP_MASTER_PORT = 29500
@@ -51,18 +52,7 @@ def ctx(
 
 def record(c: LaunchContext) -> WorkerRecord:
     """The worker record the launcher publishes for this launch (the adapter's fields)."""
-    fields = AtomAdapter().record_fields(c)
-    return WorkerRecord(
-        worker_id=c.worker_id,
-        url=c.url,
-        model=c.model,
-        engine="atom",
-        role=c.role,
-        dp_size=fields.dp_size,
-        dp_rank=fields.dp_rank,
-        kv_events=fields.kv_events,
-        pd=fields.pd,
-    )
+    return launch_record(AtomAdapter(), c)
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ from infera_core.engines.base import LaunchContext
 from infera_core.engines.pd import PdContext, PdLegError
 from infera_core.errors import EngineError
 from infera_core.plugin.hooks import InferaHooks
-from infera_core.testing.contracts import sample_launch_context
+from infera_core.testing.contracts import launch_record, sample_launch_context
 from infera_core.testing.server import serving, settings_for
 from infera_core.util.net import free_port
 from infera_core.worker import Role, WorkerRecord
@@ -46,17 +46,7 @@ def context(role: Role, port: int, **options: object) -> LaunchContext:
 
 
 def record(ctx: LaunchContext) -> WorkerRecord:
-    fields = TrtllmAdapter().record_fields(ctx)
-    return WorkerRecord(
-        worker_id=ctx.worker_id,
-        url=ctx.url,
-        model=ctx.model,
-        engine="trtllm",
-        role=ctx.role,
-        kv_events=fields.kv_events,
-        pd=fields.pd,
-        labels=fields.labels,
-    )
+    return launch_record(TrtllmAdapter(), ctx)
 
 
 def test_roles_get_the_llm_api_settings_disaggregation_needs() -> None:

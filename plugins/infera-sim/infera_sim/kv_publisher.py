@@ -26,10 +26,13 @@ import zmq
 import zmq.asyncio
 
 from infera_core.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from infera_core.util.kv_replay import serve_replay
 
 log = logging.getLogger("infera_sim.kv")
 
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+def _log_invalid_replay(frames: int) -> None:
+    log.warning("kv replay: invalid request with %d frames", frames)
 
 
 class MapBlockStored(msgspec.Struct, tag="BlockStored", tag_field="type"):
@@ -207,18 +210,7 @@ class KvPublisher:
 
     async def _serve_replay(self) -> None:
         assert self.replay is not None
-        sock = self.replay
-        while True:
-            frames = await sock.recv_multipart()
-            if len(frames) != 3:
-                log.warning("kv replay: invalid request with %d frames", len(frames))
-                continue
-            client, _, start = frames
-            start_seq = int.from_bytes(start, "big")
-            for seq, payload in list(self.buffer):
-                if seq >= start_seq:
-                    await sock.send_multipart([client, b"", self.topic, seq.to_bytes(8, "big"), payload])
-            await sock.send_multipart([client, b"", b"", END_SEQ, b""])
+        await serve_replay(self.replay, self.topic, lambda: list(self.buffer), _log_invalid_replay)
 
     def close(self) -> None:
         if self._task is not None:
