@@ -42,6 +42,7 @@ from infera_core.engines.base import EngineAdapter, LaunchContext, LaunchSpec, R
 from infera_core.engines.settings import WorkerSettings
 from infera_core.errors import ConfigError, EngineError
 from infera_core.launcher.address import advertise_host
+from infera_core.launcher.card import CardPublisher
 from infera_core.launcher.drain import wait_drained
 from infera_core.launcher.flags import launch_options
 from infera_core.launcher.health import GenerationWatch, checks_generation, health_generate
@@ -89,6 +90,7 @@ class WorkerLauncher:
         self._on_spawn = on_spawn
         self._budget = RestartBudget(settings)
         self._package_hint = ""
+        self.card = CardPublisher()
         self.state = WorkerState.STARTING
         self.restarts = 0
         """Engine restarts so far (``--restart-engine on-failure``)."""
@@ -207,8 +209,11 @@ class WorkerLauncher:
         )
         assert self._transports is not None
         via = await self._transports.attach(self._transport_context(ctx, self.record))
-        self.record = self.record.model_copy(update=via)
+        self.record = await self.card.prepare(
+            self.engine, ctx, self.record.model_copy(update=via), client, discovery
+        )
         self.registration = await discovery.register(self.record)
+        await self.card.publish(ctx.worker_id)
         self._registered.set()
         self.state = WorkerState.SERVING
         log.info(
@@ -433,6 +438,7 @@ class WorkerLauncher:
             try:
                 await registration.deregister()
                 log.info("worker %s deregistered", self._wid)
+                await self.card.release()
             except Exception as exc:
                 log.warning(
                     "worker %s: deregistration failed (%s); the lease expires on its own", self._wid, exc

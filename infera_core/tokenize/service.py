@@ -5,7 +5,10 @@ Which tokenizer (first match wins):
 1. ``--tokenizer MODEL=NAME[:PATH]`` (``NAME`` a registered tokenizer, e.g. ``hf``);
 2. a worker record's label ``infera.tokenizer`` = ``NAME[:PATH]``;
 3. a worker's ``kv_events.fingerprint`` of a known family (``infera-sim-v1:vocab=N`` →
-   ``sim``), so ``infera-run up`` with sim workers needs no configuration.
+   ``sim``), so ``infera-run up`` with sim workers needs no configuration;
+4. the model card a worker published (``model_card`` in its record; fetched, verified and
+   cached by :mod:`infera_core.tokenize.cards`, then built as ``hf:<the card's files>``),
+   so real engines need no configuration either.
 
 Token-id prompts are used as given. Each request is tokenized at most once (the
 result lands in ``RequestContext.token_ids``), long prompts off the event loop (the
@@ -25,6 +28,7 @@ import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -33,6 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from infera_core.errors import ConfigError, InferaError, UnknownNameError
 from infera_core.request import RequestContext
 from infera_core.tokenize.base import PrefixTokenizer, Tokenizer
+from infera_core.tokenize.cards import ModelCards
 from infera_core.tokenize.incremental import PrefixTokenCache
 from infera_core.worker import WorkerRecord
 
@@ -111,6 +116,7 @@ class RoutingTokenizers:
         offload_chars: int = 4096,
         prefix_cache_bytes: int = 256 << 20,
         prefix_wait_ms: float = 20.0,
+        cards: ModelCards | None = None,
     ) -> None:
         self.factories = factories
         self.configured = dict(configured or {})
@@ -123,15 +129,62 @@ class RoutingTokenizers:
         self._enc = msgspec.json.Encoder()
         self.prefixes = PrefixTokenCache(prefix_cache_bytes)
         self.prefix_wait_s = prefix_wait_ms / 1e3
+        self.cards = cards or ModelCards()
+        self.cards.on_loaded = self._card_loaded
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # -- which tokenizer ------------------------------------------------------------------
     def observe_worker(self, record: WorkerRecord) -> None:
         """Learn a model's tokenizer from a worker record when none is configured."""
-        if record.model in self.configured or record.model in self._models:
+        if record.model in self.configured:
             return
-        spec = spec_from_record(record)
-        if spec is not None:
+        spec = spec_from_record(record)  # a label, or the engine's own tokenizer family (sim)
+        if spec is None and record.model_card is not None:
+            self.cards.observe(record)  # every record: workers with another digest are reported
+            return
+        if spec is not None and record.model not in self._models:
             self._models[record.model] = _Entry(spec)
+
+    def card_info(self, worker_id: str) -> dict[str, str] | None:
+        """``/v1/workers``' ``model_card`` of a worker: its digest and what the router did with it."""
+        for model, seen in self.cards.digests.items():
+            digest = seen.get(worker_id)
+            if digest is None:
+                continue
+            state = self.cards.models.get(model)
+            entry = self._models.get(model)
+            if model in self.configured:
+                status = "not used: --tokenizer overrides it"
+            elif state is None or state.digest != digest:
+                status = f"not used: the router uses {state.digest if state else None} for this model"
+            elif state.files is not None and entry is not None:
+                status = "in use" if entry.tokenizer is not None else f"failed: {entry.error}"
+            else:
+                status = state.status
+            return {"digest": digest, "status": status}
+        return None
+
+    def forget_worker(self, worker_id: str) -> None:
+        self.cards.forget(worker_id)
+
+    def _card_loaded(self, model: str, files: Path) -> None:
+        """Build the card's tokenizer off the event loop, then route ``model`` with it."""
+        entry = _Entry(("hf", {"path": str(files)}))
+
+        def build() -> None:
+            try:
+                entry.tokenizer = self.factories.get("hf").create(model, entry.spec[1])
+            except (InferaError, UnknownNameError, OSError, ValueError) as exc:
+                entry.error = str(exc)
+                log.error("model %s: the model card's tokenizer is unusable: %s", model, exc)
+
+        async def install() -> None:
+            await asyncio.to_thread(build)
+            if model not in self.configured and model not in self._models:
+                self._models[model] = entry
+
+        self._tasks.add(task := asyncio.get_running_loop().create_task(install()))
+        task.add_done_callback(self._tasks.discard)
 
     def tokenizer_for(self, model: str, quiet: bool = False) -> Tokenizer | None:
         entry = self._models.get(model)
@@ -173,7 +226,8 @@ class RoutingTokenizers:
             return
         tok = self.tokenizer_for(ctx.model)
         if tok is None:
-            self._failed(ctx, "no routing tokenizer for this model")
+            card = self.cards.models.get(ctx.model)
+            self._failed(ctx, f"model card {card.status}" if card else "no routing tokenizer for this model")
             return
         key = (ctx.model, self._digest(ctx))
         hit = self._cache.get(key)
