@@ -149,7 +149,13 @@ class CardPublisher:
     async def publish(self, worker_id: str) -> None:
         if self._store is None or self.data is None or self.digest is None:
             return
-        await self._store.put_card(self.digest, self.data)
+        try:
+            await self._store.put_card(self.digest, self.data)
+        except Exception as exc:  # the worker still serves; routers then need --tokenizer
+            log.warning(
+                "worker %s: could not publish its model card %s: %s", worker_id, self.digest[:19], exc
+            )
+            return
         log.info("worker %s: model card %s (%d bytes) published", worker_id, self.digest[:19], len(self.data))
 
     async def release(self) -> None:
