@@ -86,6 +86,7 @@ class KvRouting:
 
     async def stop(self) -> None:
         await self.tokens.cards.close()
+        await self.tokens.engine.close()
         await self.hub.close()
 
     async def stop_following(self) -> None:

@@ -8,8 +8,9 @@ The engine's ``/v1/models`` adds the served names, the max model length and the 
 adapters; the record adds the served KV block size; ``--prefix-caching-hash-algo`` and
 ``PYTHONHASHSEED`` the hash settings.
 
-A model with no local tokenizer files gets no card: routers then use ``--tokenizer``, or
-the engine's ``/tokenize`` (see ``docs/engines.md``). A discovery backend that keeps no
+A model with no local tokenizer files gets no card: when the engine answers ``/tokenize``,
+the record is labelled ``infera.tokenizer=engine`` and routers ask the engine for token ids
+(:mod:`infera_core.tokenize.engine`); else routers need ``--tokenizer``. A discovery backend that keeps no
 cards (:class:`~infera_core.discovery.base.CardStore`) publishes none.
 """
 
@@ -28,6 +29,9 @@ from infera_core.tokenize.card import ModelCard, card_files, digest_of
 from infera_core.worker import ModelCardRef, WorkerRecord
 
 log = logging.getLogger("infera.launcher")
+
+TOKENIZER_LABEL = "infera.tokenizer"
+"""The record label that names a routing tokenizer (:mod:`infera_core.tokenize.service`)."""
 
 
 def _flag(args: list[str], *names: str) -> str | None:
@@ -112,6 +116,25 @@ async def build_card(
     )
 
 
+async def with_engine_tokenize(
+    ctx: LaunchContext, record: WorkerRecord, client: httpx.AsyncClient
+) -> WorkerRecord:
+    """``record`` labelled ``infera.tokenizer=engine`` when the engine answers ``/tokenize`` for
+    its model (routers then ask it for token ids), unless the record already names a tokenizer
+    (a label, or a fingerprint family the router knows)."""
+    if TOKENIZER_LABEL in record.labels or (record.kv_events and record.kv_events.fingerprint):
+        return record
+    try:
+        r = await client.post(f"{ctx.url}/tokenize", json={"model": ctx.model, "prompt": "hello"})
+        ok = r.status_code == 200 and isinstance(r.json().get("tokens"), list)
+    except (httpx.HTTPError, ValueError, AttributeError):
+        ok = False
+    if not ok:
+        return record
+    log.info("worker %s: routers will tokenize %s with the engine's /tokenize", ctx.worker_id, ctx.model)
+    return record.model_copy(update={"labels": {**record.labels, TOKENIZER_LABEL: "engine"}})
+
+
 class CardPublisher:
     """Adds the card to the record before registration, stores it after, releases it after
     deregistration."""
@@ -129,16 +152,17 @@ class CardPublisher:
         client: httpx.AsyncClient,
         discovery: Discovery,
     ) -> WorkerRecord:
-        if not isinstance(discovery, CardStore):
-            return record
+        card = None
         try:
             card = await build_card(engine, ctx, record, client)
         except (OSError, UnicodeDecodeError) as exc:
             log.warning(
                 "worker %s: cannot read the model's tokenizer files (%s): no model card", ctx.worker_id, exc
             )
-            return record
         if card is None:
+            return await with_engine_tokenize(ctx, record, client)
+        if not isinstance(discovery, CardStore):
+            log.info("worker %s: discovery %s keeps no model cards", ctx.worker_id, ctx.discovery)
             return record
         self._store = discovery
         self.data = card.to_bytes()

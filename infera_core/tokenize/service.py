@@ -3,7 +3,9 @@
 Which tokenizer (first match wins):
 
 1. ``--tokenizer MODEL=NAME[:PATH]`` (``NAME`` a registered tokenizer, e.g. ``hf``);
-2. a worker record's label ``infera.tokenizer`` = ``NAME[:PATH]``;
+2. a worker record's label ``infera.tokenizer`` = ``NAME[:PATH]``, or ``engine``: the
+   worker's own ``/tokenize`` (:mod:`.engine`; its launcher sets that label when it found no
+   tokenizer files for a model card but the engine answers ``/tokenize``);
 3. a worker's ``kv_events.fingerprint`` of a known family (``infera-sim-v1:vocab=N`` →
    ``sim``), so ``infera-run up`` with sim workers needs no configuration;
 4. the model card a worker published (``model_card`` in its record; fetched, verified and
@@ -38,12 +40,15 @@ from infera_core.errors import ConfigError, InferaError, UnknownNameError
 from infera_core.request import RequestContext
 from infera_core.tokenize.base import PrefixTokenizer, Tokenizer
 from infera_core.tokenize.cards import ModelCards
+from infera_core.tokenize.engine import EngineTokenize
 from infera_core.tokenize.incremental import PrefixTokenCache
 from infera_core.worker import WorkerRecord
 
 log = logging.getLogger("infera.tokenize")
 
 LABEL = "infera.tokenizer"
+ENGINE = "engine"
+"""``infera.tokenizer=engine``: ask the worker's own ``/tokenize`` (:mod:`.engine`)."""
 _RENDER_FIELDS = (
     "add_generation_prompt",
     "continue_final_message",
@@ -132,6 +137,7 @@ class RoutingTokenizers:
         self.cards = cards or ModelCards()
         self.cards.on_loaded = self._card_loaded
         self._tasks: set[asyncio.Task[None]] = set()
+        self.engine = EngineTokenize()
 
     # -- which tokenizer ------------------------------------------------------------------
     def observe_worker(self, record: WorkerRecord) -> None:
@@ -139,6 +145,9 @@ class RoutingTokenizers:
         if record.model in self.configured:
             return
         spec = spec_from_record(record)  # a label, or the engine's own tokenizer family (sim)
+        if spec is not None and spec[0] == ENGINE:
+            self.engine.observe(record)
+            return
         if spec is None and record.model_card is not None:
             self.cards.observe(record)  # every record: workers with another digest are reported
             return
@@ -166,6 +175,7 @@ class RoutingTokenizers:
 
     def forget_worker(self, worker_id: str) -> None:
         self.cards.forget(worker_id)
+        self.engine.forget(worker_id)
 
     def _card_loaded(self, model: str, files: Path) -> None:
         """Build the card's tokenizer off the event loop, then route ``model`` with it."""
@@ -225,6 +235,9 @@ class RoutingTokenizers:
             self._count(ctx.model, "given")
             return
         tok = self.tokenizer_for(ctx.model)
+        if tok is None and self.engine.serves(ctx.model):
+            await self._from_engine(ctx)
+            return
         if tok is None:
             card = self.cards.models.get(ctx.model)
             self._failed(ctx, f"model card {card.status}" if card else "no routing tokenizer for this model")
@@ -248,6 +261,26 @@ class RoutingTokenizers:
         self._count(ctx.model, "tokenizer" if whole else "prefix")
         if not whole:
             return
+        if self.cache_size:
+            self._cache[key] = ids
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+
+    async def _from_engine(self, ctx: RequestContext) -> None:
+        key = (ctx.model, self._digest(ctx))
+        ids = self._cache.get(key)
+        if ids is not None:
+            self._cache.move_to_end(key)
+            ctx.token_ids = ids
+            self._count(ctx.model, "cache")
+            return
+        try:
+            ids = await self.engine.tokenize(ctx)
+        except ValueError as exc:
+            self._failed(ctx, str(exc))
+            return
+        ctx.token_ids = ids
+        self._count(ctx.model, "engine")
         if self.cache_size:
             self._cache[key] = ids
             if len(self._cache) > self.cache_size:

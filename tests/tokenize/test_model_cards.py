@@ -232,3 +232,50 @@ async def test_a_worker_without_tokenizer_files_publishes_no_card(tmp_path: Path
     finally:
         await launcher.stop()
         await task
+
+
+async def test_without_files_the_engines_own_tokenize_gives_the_routing_ids() -> None:
+    """The fallback: a worker labelled ``infera.tokenizer=engine`` (the launcher labels one
+    whose engine answers ``/tokenize`` when it has no files for a card) tokenizes for routing."""
+    import httpx
+
+    from infera_core.launcher.card import with_engine_tokenize
+
+    store = MemoryStore()
+    launcher = WorkerLauncher(
+        InferaHooks.load(),
+        "sim",
+        WorkerSettings(model="hub/only", discovery="memory"),
+        discovery=MemoryDiscovery(store),
+    )
+    task = asyncio.create_task(launcher.run())
+    try:
+        record = await launcher.wait_registered(within=60)
+        assert launcher.context is not None
+        bare = record.model_copy(update={"kv_events": None, "labels": {}})
+        async with httpx.AsyncClient(timeout=10) as client:
+            labelled = await with_engine_tokenize(launcher.context, bare, client)
+            assert labelled.labels == {"infera.tokenizer": "engine"}
+            # a worker whose tokenizer the router knows (the sim's fingerprint) is left alone
+            assert await with_engine_tokenize(launcher.context, record, client) == record
+        tokens = RoutingTokenizers(InferaHooks.load().catalog().tokenizers)
+        tokens.observe_worker(labelled)
+        body = {"messages": [{"role": "user", "content": "the a of to and"}]}
+        ctx = RequestContext("r", "hub/only", "/v1/chat/completions", body)
+        await tokens.fill(ctx)
+        again = RequestContext("r2", "hub/only", "/v1/chat/completions", dict(body))
+        await tokens.fill(again)
+        async with httpx.AsyncClient(timeout=10) as client:
+            want = (await client.post(f"{record.url}/tokenize", json={"model": "hub/only", **body})).json()[
+                "tokens"
+            ]
+        assert ctx.token_ids == want and again.token_ids == want and not ctx.tokenize_failed
+        assert tokens.counts[("hub/only", "engine")] == 1 and tokens.counts[("hub/only", "cache")] == 1
+        tokens.forget_worker(labelled.worker_id)
+        gone = RequestContext("r3", "hub/only", "/v1/completions", {"prompt": "x"})
+        await tokens.fill(gone)
+        assert gone.tokenize_failed
+        await tokens.engine.close()
+    finally:
+        await launcher.stop()
+        await task
