@@ -13,6 +13,7 @@ are reported (:meth:`ModelCards.mismatch`; the agreement check flags them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -183,17 +184,26 @@ class ModelCards:
 
     @staticmethod
     def _write(where: Path, card: ModelCard, data: bytes) -> None:
+        """Write the card's folder atomically. Router processes sharing the cache dir may
+        write the same card at once: a valid folder is never removed (another process may be
+        reading it), an invalid one is moved aside first."""
+        cached = where / "card.json"
+        if cached.is_file() and cached.read_bytes() == data:
+            return
         where.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=where.parent))
         try:
             card.write_files(tmp / "files")
             (tmp / "card.json").write_bytes(data)
             if where.exists():
-                shutil.rmtree(where, ignore_errors=True)
+                aside = Path(tempfile.mkdtemp(prefix=".old-", dir=where.parent))
+                with contextlib.suppress(OSError):
+                    where.rename(aside / "card")
+                shutil.rmtree(aside, ignore_errors=True)
             try:
                 tmp.rename(where)
             except OSError:
-                if not (where / "card.json").is_file():  # else another router process wrote it
+                if not (cached.is_file() and cached.read_bytes() == data):  # else another process wrote it
                     raise
         finally:
             if tmp.exists():

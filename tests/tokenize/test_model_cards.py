@@ -279,3 +279,25 @@ async def test_without_files_the_engines_own_tokenize_gives_the_routing_ids() ->
     finally:
         await launcher.stop()
         await task
+
+
+async def test_router_processes_sharing_a_cache_dir_never_remove_a_card_being_read(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """``serve --processes N`` fetch the same card at once into one cache dir: the second
+    writer must not delete the folder the first one is building its tokenizer from."""
+    data = card_bytes(tiny_dir)
+    store = MemoryDiscovery(MemoryStore())
+    await store.put_card(digest_of(data), data)
+    first = router(store, tmp_path / "cards")
+    first.observe_worker(rec("w1", data, source="memory"))
+    await eventually(lambda: first.tokenizer_for("tiny", quiet=True) is not None, within=20)
+    folder = tmp_path / "cards" / digest_of(data).split(":", 1)[1]
+    inode = folder.stat().st_ino
+    second = ModelCards(store, tmp_path / "cards")
+    await asyncio.to_thread(second._write, folder, ModelCard.from_bytes(data), data)
+    assert folder.stat().st_ino == inode and (folder / "files" / "chat_template.jinja").is_file()
+    (folder / "card.json").write_bytes(b"{}")  # a damaged folder is replaced
+    await asyncio.to_thread(second._write, folder, ModelCard.from_bytes(data), data)
+    assert (folder / "card.json").read_bytes() == data
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]

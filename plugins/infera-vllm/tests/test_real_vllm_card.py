@@ -84,6 +84,12 @@ def run_workload(url: str, model: str, workers: list[str], follow_events: bool) 
                     time.sleep(0.1)
 
 
+def why(log: Path) -> list[str]:
+    """The router's lines about tokenizing and cards (for a failing assertion)."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return [ln for ln in text.splitlines() if "tokeniz" in ln or "card" in ln][:8]
+
+
 def router_counts(url: str, model: str) -> tuple[float, float]:
     """(tokenize failures, tokenized requests) of the router for ``model``."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
@@ -173,7 +179,7 @@ def _wait_listed(url: str, count: int, within: float = 600) -> list[dict[str, An
 
 def test_up_vllm_routes_by_cache_with_no_tokenizer_flag(tmp_path: Path) -> None:
     fails, done, h_kv, q_kv = _phase_up(tmp_path, "kv-aware")
-    assert fails == 0 and done >= GROUPS * 3, (fails, done)
+    assert fails == 0 and done >= GROUPS * 3, (fails, done, why(tmp_path / "up-kv-aware.log"))
     _, _, h_rr, q_rr = _phase_up(tmp_path, "round-robin")
     assert q_kv > 0 and q_rr > 0
     assert h_kv / q_kv >= 2 * (h_rr / q_rr), (h_kv, q_kv, h_rr, q_rr)
@@ -230,7 +236,7 @@ def test_seed_vllm_workers_and_serve_route_by_cache_with_no_tokenizer_flag(
     tmp_path: Path, etcd_server: EtcdServer
 ) -> None:
     fails, done, h_kv, q_kv = _phase_seed(tmp_path, etcd_server, "kv-aware")
-    assert fails == 0 and done >= GROUPS * 3, (fails, done)
+    assert fails == 0 and done >= GROUPS * 3, (fails, done, why(tmp_path / "serve-kv-aware.log"))
     _, _, h_rr, q_rr = _phase_seed(tmp_path, etcd_server, "round-robin")
     assert q_kv > 0 and q_rr > 0
     assert h_kv / q_kv >= 2 * (h_rr / q_rr), (h_kv, q_kv, h_rr, q_rr)
