@@ -163,7 +163,7 @@ class CardPublisher:
             return await with_engine_tokenize(ctx, record, client)
         if not isinstance(discovery, CardStore):
             log.info("worker %s: discovery %s keeps no model cards", ctx.worker_id, ctx.discovery)
-            return record
+            return await with_engine_tokenize(ctx, record, client)
         self._store = discovery
         self.data = card.to_bytes()
         self.digest = digest_of(self.data)
