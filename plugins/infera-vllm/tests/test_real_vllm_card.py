@@ -182,6 +182,7 @@ def test_up_vllm_routes_by_cache_with_no_tokenizer_flag(tmp_path: Path) -> None:
     assert fails == 0 and done >= GROUPS * 3, (fails, done, why(tmp_path / "up-kv-aware.log"))
     _, _, h_rr, q_rr = _phase_up(tmp_path, "round-robin")
     assert q_kv > 0 and q_rr > 0
+    print(f"prefix-cache hits: kv-aware {h_kv:g}/{q_kv:g}, round-robin {h_rr:g}/{q_rr:g}")
     assert h_kv / q_kv >= 2 * (h_rr / q_rr), (h_kv, q_kv, h_rr, q_rr)
 
 
@@ -239,4 +240,5 @@ def test_seed_vllm_workers_and_serve_route_by_cache_with_no_tokenizer_flag(
     assert fails == 0 and done >= GROUPS * 3, (fails, done, why(tmp_path / "serve-kv-aware.log"))
     _, _, h_rr, q_rr = _phase_seed(tmp_path, etcd_server, "round-robin")
     assert q_kv > 0 and q_rr > 0
+    print(f"prefix-cache hits: kv-aware {h_kv:g}/{q_kv:g}, round-robin {h_rr:g}/{q_rr:g}")
     assert h_kv / q_kv >= 2 * (h_rr / q_rr), (h_kv, q_kv, h_rr, q_rr)
