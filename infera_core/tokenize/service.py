@@ -235,10 +235,8 @@ class RoutingTokenizers:
             self._count(ctx.model, "given")
             return
         tok = self.tokenizer_for(ctx.model)
-        if tok is None and self.engine.serves(ctx.model):
-            await self._from_engine(ctx)
-            return
-        if tok is None:
+        engine = tok is None and self.engine.serves(ctx.model)
+        if tok is None and not engine:
             card = self.cards.models.get(ctx.model)
             self._failed(ctx, f"model card {card.status}" if card else "no routing tokenizer for this model")
             return
@@ -250,37 +248,20 @@ class RoutingTokenizers:
             self._count(ctx.model, "cache")
             return
         try:
-            if _size(ctx.body) > self.offload_chars:
+            if tok is None:
+                ids, whole, source = await self.engine.tokenize(ctx), True, "engine"
+            elif _size(ctx.body) > self.offload_chars:
                 ids, whole = await self._offloaded(tok, ctx)
+                source = "tokenizer" if whole else "prefix"
             else:
-                ids, whole = self._encode(tok, ctx), True
+                ids, whole, source = self._encode(tok, ctx), True, "tokenizer"
         except Exception as exc:
             self._failed(ctx, f"{type(exc).__name__}: {exc}")
             return
         ctx.token_ids = ids
-        self._count(ctx.model, "tokenizer" if whole else "prefix")
+        self._count(ctx.model, source)
         if not whole:
             return
-        if self.cache_size:
-            self._cache[key] = ids
-            if len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-
-    async def _from_engine(self, ctx: RequestContext) -> None:
-        key = (ctx.model, self._digest(ctx))
-        ids = self._cache.get(key)
-        if ids is not None:
-            self._cache.move_to_end(key)
-            ctx.token_ids = ids
-            self._count(ctx.model, "cache")
-            return
-        try:
-            ids = await self.engine.tokenize(ctx)
-        except ValueError as exc:
-            self._failed(ctx, str(exc))
-            return
-        ctx.token_ids = ids
-        self._count(ctx.model, "engine")
         if self.cache_size:
             self._cache[key] = ids
             if len(self._cache) > self.cache_size:
