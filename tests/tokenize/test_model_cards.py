@@ -5,10 +5,13 @@ cards and reports workers of one model with another card."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aetcd
+import httpx
 import pytest
 
 from infera_core.discovery.base import CardStore, DiscoverySettings
@@ -17,6 +20,7 @@ from infera_core.discovery.etcd_cards import CHUNK
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 from infera_core.engines.settings import WorkerSettings
 from infera_core.kv.agreement import AgreementCheck
+from infera_core.launcher.card import with_engine_tokenize
 from infera_core.launcher.runtime import WorkerLauncher
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.request import RequestContext
@@ -66,6 +70,22 @@ async def etcd(server: EtcdServer) -> EtcdDiscovery:
     d = EtcdDiscovery(DiscoverySettings(etcd_endpoints=[server.url], lease_ttl=2.0, connect_timeout=2.0))
     await d.start()
     return d
+
+
+@contextlib.asynccontextmanager
+async def sim_worker(
+    store: MemoryStore, model: str, model_path: str | None = None
+) -> AsyncIterator[WorkerLauncher]:
+    """A launcher running the sim engine, registered in ``store``; drained on exit."""
+    settings = WorkerSettings(model=model, model_path=model_path, discovery="memory")
+    launcher = WorkerLauncher(InferaHooks.load(), "sim", settings, discovery=MemoryDiscovery(store))
+    task = asyncio.create_task(launcher.run())
+    try:
+        await launcher.wait_registered(within=60)
+        yield launcher
+    finally:
+        await launcher.stop()
+        await task
 
 
 def chat(model: str = "tiny") -> RequestContext:
@@ -190,85 +210,46 @@ async def test_workers_of_one_model_with_two_cards_are_reported_not_mixed(
 
 async def test_the_launcher_publishes_its_models_card_and_releases_it(tiny_dir: Path) -> None:
     store = MemoryStore()
-    disc = MemoryDiscovery(store)
-    hooks = InferaHooks.load()
-    launcher = WorkerLauncher(
-        hooks,
-        "sim",
-        WorkerSettings(model="tiny", model_path=str(tiny_dir), discovery="memory"),
-        discovery=disc,
-    )
-    task = asyncio.create_task(launcher.run())
-    try:
-        record = await launcher.wait_registered(within=60)
-        assert record.model_card is not None and record.model_card.source == "memory"
-        await eventually(
-            lambda: record.model_card is not None and record.model_card.digest in store.cards, 20
-        )
-        data = store.cards[record.model_card.digest]
-        card = ModelCard.from_bytes(data, record.model_card.digest)
+    async with sim_worker(store, "tiny", str(tiny_dir)) as launcher:
+        record = launcher.record
+        assert record is not None and record.model_card is not None
+        assert record.model_card.source == "memory"
+        digest = record.model_card.digest
+        await eventually(lambda: digest in store.cards, 20)
+        card = ModelCard.from_bytes(store.cards[digest], digest)
         assert card.files["tokenizer.json"] == (tiny_dir / "tokenizer.json").read_text()
         assert "chat_template.jinja" in card.files and card.served_names == ["tiny"]
         assert card.block_size == (record.kv_events.block_size if record.kv_events else None)
-    finally:
-        await launcher.stop()
-        await task
     assert store.cards == {}
 
 
-async def test_a_worker_without_tokenizer_files_publishes_no_card(tmp_path: Path) -> None:
+async def test_a_worker_without_tokenizer_files_publishes_no_card() -> None:
     store = MemoryStore()
-    hooks = InferaHooks.load()
-    launcher = WorkerLauncher(
-        hooks,
-        "sim",
-        WorkerSettings(model="nowhere/none", discovery="memory"),
-        discovery=MemoryDiscovery(store),
-    )
-    task = asyncio.create_task(launcher.run())
-    try:
-        record = await launcher.wait_registered(within=60)
-        assert record.model_card is None and store.cards == {}
-    finally:
-        await launcher.stop()
-        await task
+    async with sim_worker(store, "nowhere/none") as launcher:
+        assert launcher.record is not None and launcher.record.model_card is None and store.cards == {}
 
 
 async def test_without_files_the_engines_own_tokenize_gives_the_routing_ids() -> None:
     """The fallback: a worker labelled ``infera.tokenizer=engine`` (the launcher labels one
     whose engine answers ``/tokenize`` when it has no files for a card) tokenizes for routing."""
-    import httpx
-
-    from infera_core.launcher.card import with_engine_tokenize
-
-    store = MemoryStore()
-    launcher = WorkerLauncher(
-        InferaHooks.load(),
-        "sim",
-        WorkerSettings(model="hub/only", discovery="memory"),
-        discovery=MemoryDiscovery(store),
-    )
-    task = asyncio.create_task(launcher.run())
-    try:
-        record = await launcher.wait_registered(within=60)
-        assert launcher.context is not None
+    async with sim_worker(MemoryStore(), "hub/only") as launcher:
+        record, ctx0 = launcher.record, launcher.context
+        assert record is not None and ctx0 is not None
         bare = record.model_copy(update={"kv_events": None, "labels": {}})
         async with httpx.AsyncClient(timeout=10) as client:
-            labelled = await with_engine_tokenize(launcher.context, bare, client)
+            labelled = await with_engine_tokenize(ctx0, bare, client)
             assert labelled.labels == {"infera.tokenizer": "engine"}
             # a worker whose tokenizer the router knows (the sim's fingerprint) is left alone
-            assert await with_engine_tokenize(launcher.context, record, client) == record
+            assert await with_engine_tokenize(ctx0, record, client) == record
+            body = {"messages": [{"role": "user", "content": "the a of to and"}]}
+            answer = await client.post(f"{record.url}/tokenize", json={"model": "hub/only", **body})
+            want = answer.json()["tokens"]
         tokens = RoutingTokenizers(InferaHooks.load().catalog().tokenizers)
         tokens.observe_worker(labelled)
-        body = {"messages": [{"role": "user", "content": "the a of to and"}]}
         ctx = RequestContext("r", "hub/only", "/v1/chat/completions", body)
         await tokens.fill(ctx)
         again = RequestContext("r2", "hub/only", "/v1/chat/completions", dict(body))
         await tokens.fill(again)
-        async with httpx.AsyncClient(timeout=10) as client:
-            want = (await client.post(f"{record.url}/tokenize", json={"model": "hub/only", **body})).json()[
-                "tokens"
-            ]
         assert ctx.token_ids == want and again.token_ids == want and not ctx.tokenize_failed
         assert tokens.counts[("hub/only", "engine")] == 1 and tokens.counts[("hub/only", "cache")] == 1
         tokens.forget_worker(labelled.worker_id)
@@ -276,9 +257,6 @@ async def test_without_files_the_engines_own_tokenize_gives_the_routing_ids() ->
         await tokens.fill(gone)
         assert gone.tokenize_failed
         await tokens.engine.close()
-    finally:
-        await launcher.stop()
-        await task
 
 
 async def test_router_processes_sharing_a_cache_dir_never_remove_a_card_being_read(
