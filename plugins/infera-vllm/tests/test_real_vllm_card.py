@@ -161,7 +161,7 @@ def _up(tmp: Path, policy: str) -> Iterator[str]:
 
 def _phase_up(tmp: Path, policy: str) -> tuple[float, float, float, float]:
     for url in _up(tmp, policy):
-        rows = wait_cards(url, 2) if policy == "kv-aware" else _wait_listed(url, 2)
+        rows = wait_cards(url, 2, within=600) if policy == "kv-aware" else _wait_listed(url, 2)
         run_workload(url, "tiny", [r["worker_id"] for r in rows], follow_events=policy == "kv-aware")
         fails, done = router_counts(url, "tiny")
         h, q = hits(rows)
