@@ -83,6 +83,20 @@ class PdInfo(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+class ModelCardRef(BaseModel):
+    """Where a worker's model card is (:mod:`infera_core.tokenize.card`): its digest names it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    """``sha256:<hex>`` of the card's bytes; a router verifies what it fetches against it."""
+    size: int = Field(ge=0)
+    """The card's size in bytes (a router refuses one over its ``--card-max-bytes``)."""
+    source: str = ""
+    """Where the card is kept: ``etcd``, ``nats``, ``memory`` (the discovery backend that
+    carries it), or ``engine`` when there is no card and the engine's ``/tokenize`` is the source."""
+
+
 class WorkerRecord(BaseModel):
     """One engine endpoint in the fleet."""
 
@@ -115,6 +129,8 @@ class WorkerRecord(BaseModel):
     ``nats``…). A router without it logs it and routes the worker without KV events."""
     kv_event_params: dict[str, Any] = Field(default_factory=dict)
     """Parameters of the KV-event transport (e.g. a JetStream subject); empty for ``zmq``."""
+    model_card: ModelCardRef | None = None
+    """The model card the launcher published (tokenizer files, block size…); None when none."""
 
     @property
     def routable(self) -> bool:

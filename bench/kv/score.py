@@ -80,7 +80,8 @@ async def _conversation_costs(model_dir: Path, prefix_bytes: int, turns: int, fi
     from infera_core.bench.workloads import WordSource
     from infera_core.plugin.hooks import InferaHooks
     from infera_core.request import RequestContext
-    from infera_core.tokenize.service import RoutingTokenizers, parse_model_specs
+    from infera_core.tokenize.service import RoutingTokenizers
+    from infera_core.tokenize.specs import parse_model_specs
 
     tokens = RoutingTokenizers(
         InferaHooks.load().catalog().tokenizers,

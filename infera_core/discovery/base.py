@@ -113,6 +113,30 @@ class Discovery(Protocol):
 
 
 @runtime_checkable
+class CardStore(Protocol):
+    """A discovery backend that also keeps model cards (content-addressed bytes; see
+    :mod:`infera_core.tokenize.card`). Optional: a backend without it publishes no cards,
+    and routers then need ``--tokenizer``."""
+
+    card_source: str
+    """What goes in ``WorkerRecord.model_card.source`` (``etcd``, ``nats``, ``memory``)."""
+
+    async def put_card(self, digest: str, data: bytes) -> None:
+        """Store ``data`` under ``digest`` (idempotent). Called after the worker registered,
+        so a concurrent :meth:`release_card` of another worker cannot drop it."""
+        ...
+
+    async def get_card(self, digest: str, max_bytes: int) -> bytes | None:
+        """The card's bytes (None when absent); raises ``ValueError`` when it is larger
+        than ``max_bytes``. The caller verifies the digest."""
+        ...
+
+    async def release_card(self, digest: str) -> None:
+        """After a worker deregistered: drop the card when no worker record names it."""
+        ...
+
+
+@runtime_checkable
 class DiscoveryFactory(Protocol):
     """A discovery backend, registered by name.
 

@@ -26,6 +26,7 @@ from typing import Any
 import aetcd
 
 from infera_core.discovery.base import ChangeKind, DiscoverySettings, FleetChange
+from infera_core.discovery.etcd_cards import EtcdCards
 from infera_core.discovery.etcd_client import ETCD_ERRORS, EtcdConnection, describe, parse_endpoints
 from infera_core.discovery.etcd_lease import LeaseKeeper
 from infera_core.discovery.records import SYNCED, check_update, diff, parse_record
@@ -119,7 +120,10 @@ class EtcdRegistration:
 
 
 class EtcdDiscovery:
-    """Discovery through etcd (see the module docstring)."""
+    """Discovery through etcd (see the module docstring); model cards in
+    :mod:`~infera_core.discovery.etcd_cards`."""
+
+    card_source = "etcd"
 
     def __init__(self, settings: DiscoverySettings) -> None:
         self.settings = settings
@@ -127,6 +131,7 @@ class EtcdDiscovery:
         self.conn = EtcdConnection(parse_endpoints(settings.etcd_endpoints), settings.connect_timeout)
         self.keeper = LeaseKeeper(self.conn, max(settings.lease_ttl / 3, 0.1))
         self._closed = asyncio.Event()
+        self.cards = EtcdCards(self.conn, self.prefix, self.list_workers)
 
     @property
     def ttl_seconds(self) -> int:
@@ -211,6 +216,18 @@ class EtcdDiscovery:
                 f"etcd ({describe(self.conn.endpoints)}): cannot list workers: {exc}"
             ) from exc
         return [fresh[k] for k in sorted(fresh)]
+
+    async def put_card(self, digest: str, data: bytes) -> None:
+        await self.cards.put(digest, data)
+
+    async def get_card(self, digest: str, max_bytes: int) -> bytes | None:
+        return await self.cards.get(digest, max_bytes)
+
+    async def release_card(self, digest: str) -> None:
+        try:
+            await self.cards.release(digest)
+        except ETCD_ERRORS as exc:
+            log.warning("etcd: could not release model card %s (%s); it stays in etcd", digest, exc)
 
     async def watch(self, *, sync_marker: bool = False) -> AsyncIterator[FleetChange]:
         known: dict[str, WorkerRecord] = {}

@@ -23,6 +23,8 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self.records: dict[str, WorkerRecord] = {}
+        self.cards: dict[str, bytes] = {}
+        """Model cards by digest (kept while a record names them)."""
         self._watchers: set[asyncio.Queue[FleetChange | None]] = set()
 
     def put(self, record: WorkerRecord) -> None:
@@ -72,7 +74,9 @@ class MemoryRegistration:
 
 
 class MemoryDiscovery:
-    """In-process discovery over a :class:`MemoryStore`."""
+    """In-process discovery over a :class:`MemoryStore` (model cards kept in it too)."""
+
+    card_source = "memory"
 
     def __init__(self, store: MemoryStore | None = None) -> None:
         self.store = store or default_store()
@@ -98,6 +102,19 @@ class MemoryDiscovery:
 
     async def list_workers(self) -> list[WorkerRecord]:
         return [self.store.records[k] for k in sorted(self.store.records)]
+
+    async def put_card(self, digest: str, data: bytes) -> None:
+        self.store.cards[digest] = data
+
+    async def get_card(self, digest: str, max_bytes: int) -> bytes | None:
+        data = self.store.cards.get(digest)
+        if data is not None and len(data) > max_bytes:
+            raise ValueError(f"model card {digest} is {len(data)} bytes, over the limit of {max_bytes}")
+        return data
+
+    async def release_card(self, digest: str) -> None:
+        if not any(r.model_card and r.model_card.digest == digest for r in self.store.records.values()):
+            self.store.cards.pop(digest, None)
 
     async def watch(self, *, sync_marker: bool = False) -> AsyncIterator[FleetChange]:
         queue = self.store.subscribe()

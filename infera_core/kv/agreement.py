@@ -1,8 +1,8 @@
 """Registration-time agreement check: does a worker hash prompts the way the router does?
 
-A worker whose ``kv_events.block_size`` differs from ``--kv-block-size MODEL=N``, or
-whose ``kv_events.fingerprint`` differs from the router's routing tokenizer for that
-model, would be mis-scored silently (its blocks never match the router's hashes).
+A worker whose ``kv_events.block_size`` differs from ``--kv-block-size MODEL=N``, whose
+``kv_events.fingerprint`` differs from the router's routing tokenizer for that model, or
+whose model card is not the one the router uses for that model (another digest), would be mis-scored silently (its blocks never match the router's hashes).
 Such workers are flagged (log line, ``infera_kv_worker_mismatch`` gauge, the
 ``kv_mismatch`` field of ``/v1/workers``) and their KV view is not credited.
 """
@@ -52,6 +52,9 @@ class AgreementCheck:
                 reasons.append(
                     f"tokenizer fingerprint {kv.fingerprint!r} != router's {want_fp!r} for model {record.model!r}"
                 )
+        card = self.tokenizers.cards.mismatch(record)
+        if card is not None:
+            reasons.append(card)
         old = self.flags.get(record.worker_id)
         if reasons:
             self.flags[record.worker_id] = reasons

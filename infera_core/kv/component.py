@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
 from infera_core.config.backends import BackendOptions
+from infera_core.discovery.base import CardStore
 from infera_core.kv import accel
 from infera_core.kv.agreement import AgreementCheck, parse_block_sizes
 from infera_core.kv.catalog import KvCatalog
@@ -22,7 +23,9 @@ from infera_core.kv.hub import KvHub
 from infera_core.kv.index import KvIndex
 from infera_core.kv.settings import KvSettings
 from infera_core.request import RequestContext
-from infera_core.tokenize.service import RoutingTokenizers, parse_model_specs
+from infera_core.tokenize.cards import ModelCards
+from infera_core.tokenize.service import RoutingTokenizers
+from infera_core.tokenize.specs import parse_model_specs
 from infera_core.worker import WorkerRecord
 
 log = logging.getLogger("infera.kv")
@@ -50,6 +53,11 @@ class KvRouting:
             max_chars=settings.tokenize_max_chars,
             max_tokens=settings.routing_max_tokens,
             warn_interval_s=settings.tokenize_warn_interval_s,
+            cards=ModelCards(
+                cache_dir=settings.card_cache_dir,
+                max_bytes=settings.card_max_bytes,
+                timeout_s=settings.card_fetch_timeout_s,
+            ),
         )
         self.tokens.check_all()
         self.agreement = AgreementCheck(self.tokens, parse_block_sizes(settings.kv_block_size))
@@ -77,7 +85,13 @@ class KvRouting:
             )
         await self.hub.start()
 
+    def use_card_store(self, store: object) -> None:
+        """Fetch model cards from ``store`` (the server's discovery backend, when it keeps cards)."""
+        self.tokens.cards.store = store if isinstance(store, CardStore) else None
+
     async def stop(self) -> None:
+        await self.tokens.cards.close()
+        await self.tokens.engine.close()
         await self.hub.close()
 
     async def stop_following(self) -> None:
@@ -112,7 +126,11 @@ class KvRouting:
 
     def worker_fields(self, worker_id: str) -> dict[str, Any]:
         """Extra ``/v1/workers`` fields for one worker."""
-        return {"kv_mismatch": self.agreement.flags.get(worker_id, [])}
+        fields: dict[str, Any] = {"kv_mismatch": self.agreement.flags.get(worker_id, [])}
+        card = self.tokens.card_info(worker_id)
+        if card is not None:
+            fields["model_card"] = card
+        return fields
 
     def cache_view(self, worker_id: str) -> dict[str, Any]:
         view = self.hub.cache_view(worker_id)

@@ -38,6 +38,19 @@ class KvSettings(TokenizeSettings):
         default=[],
         description="Routing tokenizer per model: MODEL=NAME[:PATH] (repeatable), e.g. llama=hf:/models/llama.",
     )
+    card_max_bytes: int = Field(
+        64 << 20,
+        ge=0,
+        description="Largest model card (bytes) the router fetches from a worker's discovery backend.",
+    )
+    card_fetch_timeout_s: float = Field(
+        30.0, gt=0, description="How long the router tries to fetch and verify a model card (seconds)."
+    )
+    card_cache_dir: str | None = Field(
+        None,
+        description="Where fetched model cards are kept, one folder per digest (default:"
+        " $XDG_CACHE_HOME/infera/cards or ~/.cache/infera/cards).",
+    )
     kv_block_size: list[str] = Field(
         default=[],
         description="Expected KV block size per model: MODEL=N (repeatable); disagreeing workers are flagged.",

@@ -41,12 +41,14 @@ from infera_core.engines.base import EngineAdapter, LaunchContext, LaunchSpec, R
 from infera_core.engines.settings import WorkerSettings
 from infera_core.errors import ConfigError, EngineError
 from infera_core.launcher.address import advertise_host
+from infera_core.launcher.card import CardPublisher
 from infera_core.launcher.drain import wait_drained
 from infera_core.launcher.flags import launch_options
 from infera_core.launcher.health import GenerationWatch, checks_generation, health_generate, serves_inference
 from infera_core.launcher.kv_poll import PolledKvPublisher, polled_kv_events
 from infera_core.launcher.learned import with_served_block_size
 from infera_core.launcher.process import EngineProcess
+from infera_core.launcher.record import launch_record
 from infera_core.launcher.restart import RestartBudget, WorkerState
 from infera_core.launcher.transports import WorkerTransports, worker_context
 from infera_core.launcher.waits import first_of, quietly
@@ -89,6 +91,7 @@ class WorkerLauncher:
         self._on_spawn = on_spawn
         self._budget = RestartBudget(settings)
         self._package_hint = ""
+        self.card = CardPublisher()
         self.state = WorkerState.STARTING
         self.restarts = 0
         """Engine restarts so far (``--restart-engine on-failure``)."""
@@ -203,14 +206,19 @@ class WorkerLauncher:
                 raise  # it never served: a restart would fail the same way
             return exc
         self.record = await with_served_block_size(
-            adapter, RunningEngine(ctx, client), self._record(adapter, ctx, spec)
+            adapter,
+            RunningEngine(ctx, client),
+            launch_record(adapter, ctx, spec, self.engine, self.settings.label_map()),
         )
         await self._stop_kv_poll()
         self._kv_poll = polled_kv_events(adapter, RunningEngine(ctx, client), self.record.kv_events, ctx.host)
         assert self._transports is not None
         via = await self._transports.attach(worker_context(ctx, self.record, self.settings))
-        self.record = self.record.model_copy(update=via)
+        self.record = await self.card.prepare(
+            self.engine, ctx, self.record.model_copy(update=via), client, discovery
+        )
         self.registration = await discovery.register(self.record)
+        await self.card.publish(ctx.worker_id)
         self._registered.set()
         self.state = WorkerState.SERVING
         log.info(
@@ -294,23 +302,6 @@ class WorkerLauncher:
             await self._discovery.start()
             self._discovery_started = True
         return self._discovery
-
-    def _record(self, adapter: EngineAdapter, ctx: LaunchContext, spec: LaunchSpec) -> WorkerRecord:
-        fields = adapter.record_fields(ctx)
-        return WorkerRecord(
-            worker_id=ctx.worker_id,
-            url=ctx.url,
-            model=ctx.model,
-            engine=self.engine,
-            engine_version=fields.engine_version or spec.engine_version,
-            role=ctx.role,
-            status=Status.ACTIVE,
-            dp_rank=fields.dp_rank if fields.dp_rank is not None else ctx.dp_rank,
-            dp_size=fields.dp_size,
-            kv_events=fields.kv_events,
-            pd=fields.pd,
-            labels={**fields.labels, **self.settings.label_map()},
-        )
 
     def _engine_died(
         self, code: int | None, ctx: LaunchContext, why: str = "", at_start: bool = False
@@ -454,6 +445,7 @@ class WorkerLauncher:
             try:
                 await registration.deregister()
                 log.info("worker %s deregistered", self._wid)
+                await self.card.release()
             except Exception as exc:
                 log.warning(
                     "worker %s: deregistration failed (%s); the lease expires on its own", self._wid, exc

@@ -163,6 +163,7 @@ def create_app(
     owns_discovery = discovery is None if start_discovery is None else start_discovery
     disc = discovery if discovery is not None else make_discovery(settings, hooks)
     if kv is not None:
+        kv.use_card_store(disc)
         table.add_listener(kv.on_worker_added, kv.on_worker_removed)
         core.prepare = kv.prepare
         kv.register_metrics(metrics.registry)

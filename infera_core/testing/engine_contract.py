@@ -43,6 +43,7 @@ from infera_core.engines.base import (
     RecordFields,
     RunningEngine,
 )
+from infera_core.launcher.record import launch_record as launch_record_of
 from infera_core.util.net import free_port
 from infera_core.worker import KvEventsInfo, PdInfo, Role, WorkerRecord
 
@@ -89,20 +90,7 @@ def sample_launch_context(**overrides: Any) -> LaunchContext:
 def launch_record(adapter: EngineAdapter, ctx: LaunchContext, **overrides: Any) -> WorkerRecord:
     """The worker record a launcher registers for ``ctx``: its URL and role and every field of
     ``adapter.record_fields(ctx)``; ``overrides`` replace fields (``kv_events=None``…)."""
-    fields = adapter.record_fields(ctx)
-    record = WorkerRecord(
-        worker_id=ctx.worker_id,
-        url=ctx.url,
-        model=ctx.model,
-        engine=adapter.name,
-        engine_version=fields.engine_version,
-        role=ctx.role,
-        dp_rank=fields.dp_rank,
-        dp_size=fields.dp_size,
-        kv_events=fields.kv_events,
-        pd=fields.pd,
-        labels=fields.labels,
-    )
+    record = launch_record_of(adapter, ctx)
     return record.model_copy(update=overrides) if overrides else record
 
 

@@ -3,9 +3,14 @@
 Which tokenizer (first match wins):
 
 1. ``--tokenizer MODEL=NAME[:PATH]`` (``NAME`` a registered tokenizer, e.g. ``hf``);
-2. a worker record's label ``infera.tokenizer`` = ``NAME[:PATH]``;
+2. a worker record's label ``infera.tokenizer`` = ``NAME[:PATH]``, or ``engine``: the
+   worker's own ``/tokenize`` (:mod:`.engine`; its launcher sets that label when it found no
+   tokenizer files for a model card but the engine answers ``/tokenize``);
 3. a worker's ``kv_events.fingerprint`` of a known family (``infera-sim-v1:vocab=N`` →
-   ``sim``), so ``infera-run up`` with sim workers needs no configuration.
+   ``sim``), so ``infera-run up`` with sim workers needs no configuration;
+4. the model card a worker published (``model_card`` in its record; fetched, verified and
+   cached by :mod:`infera_core.tokenize.cards`, then built as ``hf:<the card's files>``),
+   so real engines need no configuration either.
 
 Token-id prompts are used as given. Each request is tokenized at most once (the
 result lands in ``RequestContext.token_ids``), long prompts off the event loop (two
@@ -40,6 +45,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -48,14 +54,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from infera_core.errors import ConfigError, InferaError, UnknownNameError
 from infera_core.request import RequestContext
 from infera_core.tokenize.base import PrefixTokenizer, Tokenizer
+from infera_core.tokenize.cards import ModelCards
+from infera_core.tokenize.engine import EngineTokenize
 from infera_core.tokenize.incremental import PrefixTokenCache
+from infera_core.tokenize.prompt import cut_messages, given_tokens, ids_bytes, prompt_size, shared_prefix
+from infera_core.tokenize.specs import ENGINE, TokenizerSpec, spec_from_record
 from infera_core.util.memory import trim
 from infera_core.util.throttle import LogThrottle
 from infera_core.worker import WorkerRecord
 
 log = logging.getLogger("infera.tokenize")
 
-LABEL = "infera.tokenizer"
 _RENDER_FIELDS = (
     "add_generation_prompt",
     "continue_final_message",
@@ -64,54 +73,12 @@ _RENDER_FIELDS = (
     "reasoning_effort",
     "add_special_tokens",
 )
-TokenizerSpec = tuple[str, dict[str, Any]]
 
 CHARS_PER_TOKEN = 8
 """Characters of text cut per token of ``--routing-max-tokens`` (more than any real
 tokenizer's average, so the cut rarely costs a routing token)."""
 CUT_MARGIN = 8
 """Tokens dropped before a cut: the text that followed could have merged with them."""
-
-
-def parse_spec(text: str) -> TokenizerSpec:
-    """``NAME[:PATH]`` → (name, options)."""
-    name, sep, path = text.partition(":")
-    if not name:
-        raise ValueError(f"empty tokenizer name in {text!r}")
-    return name, ({"path": path} if sep and path else {})
-
-
-def parse_model_specs(values: Iterable[str], flag: str = "--tokenizer") -> dict[str, TokenizerSpec]:
-    """``MODEL=NAME[:PATH]`` flags → {model: spec}; a bad value raises :class:`ConfigError`."""
-    out: dict[str, TokenizerSpec] = {}
-    for v in values:
-        model, sep, spec = v.partition("=")
-        if not sep or not model or not spec:
-            raise ConfigError(f"{flag} {v!r}: expected MODEL=NAME[:PATH], e.g. llama=hf:/models/llama")
-        try:
-            out[model] = parse_spec(spec)
-        except ValueError as exc:
-            raise ConfigError(f"{flag} {v!r}: {exc}") from None
-    return out
-
-
-def spec_from_record(record: WorkerRecord) -> TokenizerSpec | None:
-    """The tokenizer a worker record names (label, or a known fingerprint family)."""
-    label = record.labels.get(LABEL)
-    if label:
-        try:
-            return parse_spec(label)
-        except ValueError:
-            return None
-    fp = record.kv_events.fingerprint if record.kv_events else None
-    if fp and fp.startswith("infera-sim-v1:"):
-        opts: dict[str, Any] = {}
-        for part in fp.split(":", 1)[1].split(","):
-            k, _, v = part.partition("=")
-            if k == "vocab" and v.isdigit():
-                opts["vocab_size"] = int(v)
-        return "sim", opts
-    return None
 
 
 class _Entry:
@@ -139,6 +106,7 @@ class RoutingTokenizers:
         max_tokens: int = 65_536,
         threads: int = 2,
         warn_interval_s: float = 60.0,
+        cards: ModelCards | None = None,
     ) -> None:
         self.factories = factories
         self.configured = dict(configured or {})
@@ -166,18 +134,30 @@ class RoutingTokenizers:
         self.served: dict[str, set[str]] = {}
         """model → the workers serving it (requests for other models are not tokenized)."""
         self.throttle = LogThrottle(warn_interval_s)
+        self.cards = cards or ModelCards()
+        self.cards.on_loaded = self._card_loaded
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.engine = EngineTokenize()
 
     # -- which tokenizer ------------------------------------------------------------------
     def observe_worker(self, record: WorkerRecord) -> None:
         """Learn a model's tokenizer from a worker record when none is configured."""
         self.served.setdefault(record.model, set()).add(record.worker_id)
-        if record.model in self.configured or record.model in self._models:
+        if record.model in self.configured:
             return
-        spec = spec_from_record(record)
-        if spec is not None:
+        spec = spec_from_record(record)  # a label, or the engine's own tokenizer family (sim)
+        if spec is not None and spec[0] == ENGINE:
+            self.engine.observe(record)
+            return
+        if spec is None and record.model_card is not None:
+            self.cards.observe(record)  # every record: workers with another digest are reported
+            return
+        if spec is not None and record.model not in self._models:
             self._models[record.model] = _Entry(spec)
 
     def forget_worker(self, record: WorkerRecord) -> None:
+        self.cards.forget(record.worker_id)
+        self.engine.forget(record.worker_id)
         workers = self.served.get(record.model)
         if workers is not None:
             workers.discard(record.worker_id)
@@ -192,6 +172,44 @@ class RoutingTokenizers:
         if entry is not None and entry.error:
             return f"routing tokenizer {entry.spec[0]!r} unavailable: {entry.error}"
         return "no routing tokenizer for this model"
+
+    def card_info(self, worker_id: str) -> dict[str, str] | None:
+        """``/v1/workers``' ``model_card`` of a worker: its digest and what the router did with it."""
+        for model, seen in self.cards.digests.items():
+            digest = seen.get(worker_id)
+            if digest is None:
+                continue
+            state = self.cards.models.get(model)
+            entry = self._models.get(model)
+            if model in self.configured:
+                status = "not used: --tokenizer overrides it"
+            elif state is None or state.digest != digest:
+                status = f"not used: the router uses {state.digest if state else None} for this model"
+            elif state.files is not None and entry is not None:
+                status = "in use" if entry.tokenizer is not None else f"failed: {entry.error}"
+            else:
+                status = state.status
+            return {"digest": digest, "status": status}
+        return None
+
+    def _card_loaded(self, model: str, files: Path) -> None:
+        """Build the card's tokenizer off the event loop, then route ``model`` with it."""
+        entry = _Entry(("hf", {"path": str(files)}))
+
+        def build() -> None:
+            try:
+                entry.tokenizer = self.factories.get("hf").create(model, entry.spec[1])
+            except (InferaError, UnknownNameError, OSError, ValueError) as exc:
+                entry.error = str(exc)
+                log.error("model %s: the model card's tokenizer is unusable: %s", model, exc)
+
+        async def install() -> None:
+            await asyncio.to_thread(build)
+            if model not in self.configured and model not in self._models:
+                self._models[model] = entry
+
+        self._tasks.add(task := asyncio.get_running_loop().create_task(install()))
+        task.add_done_callback(self._tasks.discard)
 
     def tokenizer_for(self, model: str, quiet: bool = False) -> Tokenizer | None:
         entry = self._models.get(model)
@@ -226,19 +244,24 @@ class RoutingTokenizers:
         """Set ``ctx.token_ids`` once (or ``ctx.tokenize_failed``)."""
         if ctx.token_ids is not None or ctx.tokenize_failed:
             return
-        given = _given_tokens(ctx.body)
+        given = given_tokens(ctx.body)
         if given is not None:
             ctx.token_ids = given
             self._count(ctx.model, "given")
             return
         tok = self.tokenizer_for(ctx.model)
-        if tok is None:
+        engine = tok is None and self.engine.serves(ctx.model)
+        if tok is None and not engine:
             if ctx.model not in self.served:  # unknown model: it gets its 404, nothing to say here
                 ctx.tokenize_failed = True
                 return
-            self._failed(ctx, "no routing tokenizer for this model", quiet=True)
+            card = self.cards.models.get(ctx.model)
+            if card is not None:
+                self._failed(ctx, f"model card {card.status}")
+            else:
+                self._failed(ctx, "no routing tokenizer for this model", quiet=True)
             return
-        size = _size(ctx.body)
+        size = prompt_size(ctx.body)
         key = None
         if self.cache_size and self.cache_bytes and size <= self.max_chars:
             key = (ctx.model, self._digest(ctx))
@@ -249,15 +272,18 @@ class RoutingTokenizers:
                 self._count(ctx.model, "cache")
                 return
         try:
-            if size > self.offload_chars:
+            if tok is None:
+                ids, whole, source = await self.engine.tokenize(ctx), True, "engine"
+            elif size > self.offload_chars:
                 ids, whole = await self._offloaded(tok, ctx)
+                source = "tokenizer" if whole else "prefix"
             else:
-                ids, whole = self._encode(tok, ctx), True
+                ids, whole, source = self._encode(tok, ctx), True, "tokenizer"
         except Exception as exc:
             self._failed(ctx, f"{type(exc).__name__}: {exc}")
             return
         ctx.token_ids = ids
-        self._count(ctx.model, "tokenizer" if whole else "prefix")
+        self._count(ctx.model, source)
         if whole and key is not None:
             self._remember(key, ids)
 
@@ -310,10 +336,10 @@ class RoutingTokenizers:
                     scope, text[:limit] if cut else text, tok.encode_offsets, on_prefix
                 )
             else:
-                cut = _size(body) > limit
+                cut = prompt_size(body) > limit
                 ids = tok.encode_chat(cut_messages(messages, limit) if cut else messages, body)
                 if cut:  # the template's closing follows the cut: keep what a shorter cut shares
-                    ids = ids[: _shared(ids, tok.encode_chat(cut_messages(messages, limit - 64), body))]
+                    ids = ids[: shared_prefix(ids, tok.encode_chat(cut_messages(messages, limit - 64), body))]
         else:
             prompt = body.get("prompt")
             if isinstance(prompt, list):
@@ -418,71 +444,3 @@ def _consume(fut: asyncio.Future[list[int]]) -> None:
     """Retrieve a background tokenization's outcome (its failure is not the request's)."""
     if not fut.cancelled() and fut.exception() is not None:
         log.debug("background tokenization failed: %s", fut.exception())
-
-
-def ids_bytes(ids: list[int]) -> int:
-    """Approximate bytes a list of token ids holds (the list and an int object per id)."""
-    return 64 + 36 * len(ids)
-
-
-def _shared(a: list[int], b: list[int]) -> int:
-    """Length of the common prefix of ``a`` and ``b``."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
-def cut_messages(messages: list[Any], limit: int) -> list[Any]:
-    """The messages whose contents fit in ``limit`` characters, the last one cut: for a
-    tokenizer that cannot render its template to text, the start of the rendered prompt."""
-    out: list[Any] = []
-    left = limit
-    for m in messages:
-        if left <= 0:
-            break
-        content = m.get("content") if isinstance(m, dict) else None
-        if content is None:
-            out.append(m)
-            continue
-        text = content if isinstance(content, str) else _text(content)
-        if len(text) > left:
-            m = {**m, "content": text[:left]}
-        out.append(m)
-        left -= len(text)
-    return out
-
-
-def _given_tokens(body: dict[str, Any]) -> list[int] | None:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt:
-        first = prompt[0]
-        if isinstance(first, int):
-            return prompt if all(isinstance(t, int) for t in prompt) else None
-        if isinstance(first, list) and first and all(isinstance(t, int) for t in first):
-            return first
-    return None
-
-
-def _text(content: Any) -> str:
-    """A message's content as one string (text parts joined): what the cut measures."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
-    return str(content)
-
-
-def _size(body: dict[str, Any]) -> int:
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return len(prompt)
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        n = 0
-        for m in messages:
-            c = m.get("content") if isinstance(m, dict) else None
-            n += len(c) if isinstance(c, str) else len(str(c))
-        return n
-    return 0

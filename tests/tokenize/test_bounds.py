@@ -18,7 +18,9 @@ from infera_core.request import RequestContext
 from infera_core.testing.attack import big_prompt
 from infera_core.testing.tiny_tokenizer import make_tiny_model_dir
 from infera_core.tokenize.hf import HfTokenizer
-from infera_core.tokenize.service import CUT_MARGIN, RoutingTokenizers, ids_bytes, parse_model_specs
+from infera_core.tokenize.prompt import ids_bytes
+from infera_core.tokenize.service import CUT_MARGIN, RoutingTokenizers
+from infera_core.tokenize.specs import parse_model_specs
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ from infera_core.testing.tiny_tokenizer import make_tiny_model_dir
 from infera_core.tokenize.chat_messages import content_format
 from infera_core.tokenize.chat_templates import NoChatTemplateError
 from infera_core.tokenize.hf import HfTokenizer
-from infera_core.tokenize.service import RoutingTokenizers, parse_model_specs
+from infera_core.tokenize.service import RoutingTokenizers
+from infera_core.tokenize.specs import parse_model_specs
 
 SIMPLE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
 TOOLS = "TOOLS {{ tools | length }}: {% for m in messages %}{{ m['content'] }}{% endfor %}"

@@ -25,7 +25,8 @@ from infera_core.request import RequestContext
 from infera_core.testing.tiny_tokenizer import make_tiny_model_dir
 from infera_core.tokenize.hf import HfTokenizer
 from infera_core.tokenize.incremental import PrefixTokenCache, common_prefix_len
-from infera_core.tokenize.service import RoutingTokenizers, parse_model_specs
+from infera_core.tokenize.service import RoutingTokenizers
+from infera_core.tokenize.specs import parse_model_specs
 
 TRACE = MOONCAKE_TRACE
 BLOCK_SIZES = (16, 32)

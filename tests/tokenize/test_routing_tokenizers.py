@@ -14,7 +14,8 @@ from infera_core.plugin.hooks import InferaHooks
 from infera_core.request import RequestContext
 from infera_core.testing.tiny_tokenizer import make_tiny_model_dir
 from infera_core.tokenize.hf import HfTokenizer
-from infera_core.tokenize.service import RoutingTokenizers, parse_model_specs, spec_from_record
+from infera_core.tokenize.service import RoutingTokenizers
+from infera_core.tokenize.specs import parse_model_specs, spec_from_record
 from infera_core.util.throttle import LogThrottle
 from infera_core.worker import KvEventsInfo, WorkerRecord
 

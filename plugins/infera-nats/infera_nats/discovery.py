@@ -36,6 +36,7 @@ from infera_core.discovery.records import SYNCED, check_update, diff, parse_reco
 from infera_core.errors import DiscoveryError
 from infera_core.util.redact import redact_url
 from infera_core.worker import WorkerRecord
+from infera_nats.cards import NatsCards
 from infera_nats.settings import NatsSettings
 from infera_nats.transport_connect import NatsUnreachableError, close_quietly, connect_nats
 
@@ -173,7 +174,10 @@ class NatsRegistration:
 
 
 class NatsDiscovery:
-    """Discovery through a JetStream key-value bucket (see the module docstring)."""
+    """Discovery through a JetStream key-value bucket (see the module docstring); model
+    cards in a JetStream object store (:mod:`infera_nats.cards`)."""
+
+    card_source = "nats"
 
     def __init__(self, settings: DiscoverySettings, nats_settings: NatsSettings | None = None) -> None:
         self.settings = settings
@@ -186,6 +190,25 @@ class NatsDiscovery:
         self._kv: KeyValue | None = None
         self._kv_epoch = -1
         self._closed = asyncio.Event()
+        self.cards = NatsCards(lambda: self.nc, self.nats.nats_bucket, self.list_workers)
+
+    async def put_card(self, digest: str, data: bytes) -> None:
+        try:
+            await self.cards.put(digest, data)
+        except NATS_ERRORS as exc:
+            raise DiscoveryError(f"{self._where()}: cannot store model card {digest}: {exc}") from exc
+
+    async def get_card(self, digest: str, max_bytes: int) -> bytes | None:
+        try:
+            return await self.cards.get(digest, max_bytes)
+        except NATS_ERRORS as exc:
+            raise DiscoveryError(f"{self._where()}: cannot read model card {digest}: {exc}") from exc
+
+    async def release_card(self, digest: str) -> None:
+        try:
+            await self.cards.release(digest)
+        except NATS_ERRORS as exc:
+            log.warning("%s: could not release model card %s (%s)", self._where(), digest, exc)
 
     @property
     def ttl_seconds(self) -> int:

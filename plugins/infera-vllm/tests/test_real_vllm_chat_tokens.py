@@ -27,7 +27,8 @@ from infera_core.request import RequestContext
 from infera_core.server.anthropic import to_chat_request
 from infera_core.testing.chat_corpus import MESSAGES, chat_corpus
 from infera_core.testing.tiny_chat import write_templates
-from infera_core.tokenize.service import RoutingTokenizers, parse_model_specs
+from infera_core.tokenize.service import RoutingTokenizers
+from infera_core.tokenize.specs import parse_model_specs
 from infera_core.util.net import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]

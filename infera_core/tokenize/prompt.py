@@ -1,0 +1,74 @@
+"""A request's prompt as routing sees it: token ids a client sent, its size, the cut that
+keeps tokenizing bounded, and what a token list costs in memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def ids_bytes(ids: list[int]) -> int:
+    """Approximate bytes a list of token ids holds (the list and an int object per id)."""
+    return 64 + 36 * len(ids)
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of ``a`` and ``b``."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def cut_messages(messages: list[Any], limit: int) -> list[Any]:
+    """The messages whose contents fit in ``limit`` characters, the last one cut: for a
+    tokenizer that cannot render its template to text, the start of the rendered prompt."""
+    out: list[Any] = []
+    left = limit
+    for m in messages:
+        if left <= 0:
+            break
+        content = m.get("content") if isinstance(m, dict) else None
+        if content is None:
+            out.append(m)
+            continue
+        text = content if isinstance(content, str) else _text(content)
+        if len(text) > left:
+            m = {**m, "content": text[:left]}
+        out.append(m)
+        left -= len(text)
+    return out
+
+
+def given_tokens(body: dict[str, Any]) -> list[int] | None:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt:
+        first = prompt[0]
+        if isinstance(first, int):
+            return prompt if all(isinstance(t, int) for t in prompt) else None
+        if isinstance(first, list) and first and all(isinstance(t, int) for t in first):
+            return first
+    return None
+
+
+def _text(content: Any) -> str:
+    """A message's content as one string (text parts joined): what the cut measures."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+    return str(content)
+
+
+def prompt_size(body: dict[str, Any]) -> int:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return len(prompt)
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        n = 0
+        for m in messages:
+            c = m.get("content") if isinstance(m, dict) else None
+            n += len(c) if isinstance(c, str) else len(str(c))
+        return n
+    return 0
