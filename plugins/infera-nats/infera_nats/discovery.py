@@ -34,8 +34,10 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from infera_core.discovery.base import ChangeKind, DiscoverySettings, FleetChange
 from infera_core.discovery.records import SYNCED, check_update, diff, parse_record
 from infera_core.errors import DiscoveryError
+from infera_core.util.nats_layout import bucket_key
 from infera_core.util.redact import redact_url
 from infera_core.worker import WorkerRecord
+from infera_nats.auth import NatsAuth
 from infera_nats.settings import NatsSettings
 from infera_nats.transport_connect import NatsUnreachableError, close_quietly, connect_nats
 
@@ -50,12 +52,10 @@ WRONG_LAST_SEQUENCE = (10071, 10164)
 MAX_RETRY_DELAY = 2.0
 POLL = 0.5
 """Seconds between checks for a reconnect while a watch is idle."""
-_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 
 
-def key_of(worker_id: str) -> str:
-    """The bucket key of ``worker_id`` (reversible, always a valid key)."""
-    return "".join(c if c in _SAFE else "".join(f"={b:02X}" for b in c.encode()) for c in worker_id)
+key_of = bucket_key
+"""The bucket key of ``worker_id`` (reversible, always a valid key)."""
 
 
 def worker_id_of(key: str) -> str:
@@ -210,7 +210,11 @@ class NatsDiscovery:
             timeout = self.settings.connect_timeout
             try:
                 self._nc = await connect_nats(
-                    self.servers, "infera-discovery", timeout, on_reconnect=self._reconnected
+                    self.servers,
+                    "infera-discovery",
+                    timeout,
+                    on_reconnect=self._reconnected,
+                    auth=NatsAuth.of(self.nats),
                 )
             except NatsUnreachableError:
                 raise DiscoveryError(

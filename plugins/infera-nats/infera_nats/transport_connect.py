@@ -17,6 +17,7 @@ from nats.aio.client import Client
 from nats.errors import SlowConsumerError
 
 from infera_core.util.redact import redact_url
+from infera_nats.auth import NatsAuth, NatsAuthError
 
 log = logging.getLogger("infera.nats")
 
@@ -42,8 +43,15 @@ async def connect_nats(
     on_reconnect: Callable[[], None] | None = None,
     on_slow_consumer: Callable[[SlowConsumerError], None] | None = None,
     pending_size: int = 8 * 1024 * 1024,
+    auth: NatsAuth | None = None,
 ) -> Client:
+    """``auth``: the credentials (none: an open server, or credentials in the URL)."""
     urls = split_servers(servers)
+    auth = auth or NatsAuth()
+    try:
+        options = auth.connect_options()
+    except NatsAuthError as exc:
+        raise NatsUnreachableError(str(exc)) from None
     if not urls:
         raise NatsUnreachableError("no NATS server URL given (--nats-url, env INFERA_NATS_URL)")
     outage = [True]  # errors before the first connection are in the one error raised below
@@ -82,12 +90,18 @@ async def connect_nats(
                 disconnected_cb=disconnected_cb,
                 reconnected_cb=reconnected_cb,
                 pending_size=pending_size,
+                **options,
             )
     except (TimeoutError, OSError, nats.errors.Error) as exc:
         with contextlib.suppress(Exception):
             await nc.close()
         shown = ", ".join(redact_url(u) for u in urls)
         cause = last_error[0] if last_error else exc
+        if "authorization" in str(cause).lower() or "authentication" in str(cause).lower():
+            raise NatsUnreachableError(
+                f"NATS at {shown} refused the credentials ({auth.describe()}): {cause}; check"
+                " --nats-user/--nats-password, --nats-creds, --nats-nkey-seed or --nats-tls-cert"
+            ) from None
         raise NatsUnreachableError(
             f"NATS at {shown} did not answer within {connect_timeout:g} s ({cause or type(cause).__name__})"
         ) from None
