@@ -319,13 +319,26 @@ class NatsDiscovery:
     async def _read(self) -> dict[str, WorkerRecord]:
         """Every record in the bucket now (keys whose last operation is a value)."""
         kv = await self.bucket()
+        # the watch delivers one entry per key; nats-py may signal "no more" (None) before the
+        # entries the server already sent are handled (a race a loaded machine shows), so read
+        # on until as many keys as the bucket held came (or the watch is quiet that long)
+        expected = (await kv.status()).values  # history 1: one message per key
         watcher: Any = await kv.watch(">")  # nats-py's KeyWatcher is untyped
         fresh: dict[str, WorkerRecord] = {}
+        seen = 0
         try:
             while True:
-                entry = await watcher.updates(timeout=self.settings.connect_timeout)
+                try:
+                    entry = await watcher.updates(timeout=self.settings.connect_timeout)
+                except TimeoutError:
+                    if seen >= expected:
+                        raise
+                    return fresh  # keys that expired meanwhile
                 if entry is None:
-                    return fresh
+                    if seen >= expected:
+                        return fresh
+                    continue
+                seen += 1
                 self._apply(fresh, entry.key, entry.value, entry.operation)
         finally:
             with contextlib.suppress(Exception):

@@ -56,6 +56,7 @@ async def connect_nats(
         raise NatsUnreachableError("no NATS server URL given (--nats-url, env INFERA_NATS_URL)")
     outage = [True]  # errors before the first connection are in the one error raised below
     last_error: list[BaseException] = []
+    refused: list[BaseException] = []
 
     async def error_cb(exc: Exception) -> None:
         if isinstance(exc, SlowConsumerError):
@@ -63,6 +64,8 @@ async def connect_nats(
                 on_slow_consumer(exc)
             return
         last_error[:] = [exc]
+        if _refused(exc):
+            refused[:] = [exc]  # kept: the server closes the connection after saying so
         if not outage[0]:
             outage[0] = True
             log.warning("%s: NATS connection error: %s", name, exc or type(exc).__name__)
@@ -97,9 +100,9 @@ async def connect_nats(
             await nc.close()
         shown = ", ".join(redact_url(u) for u in urls)
         cause = last_error[0] if last_error else exc
-        if "authorization" in str(cause).lower() or "authentication" in str(cause).lower():
+        if refused or _refused(cause):
             raise NatsUnreachableError(
-                f"NATS at {shown} refused the credentials ({auth.describe()}): {cause}; check"
+                f"NATS at {shown} refused the credentials ({auth.describe()}): {(refused or [cause])[0]}; check"
                 " --nats-user/--nats-password, --nats-creds, --nats-nkey-seed or --nats-tls-cert"
             ) from None
         raise NatsUnreachableError(
@@ -107,6 +110,14 @@ async def connect_nats(
         ) from None
     outage[0] = False
     return nc
+
+
+def _refused(exc: BaseException) -> bool:
+    """The server said the credentials are wrong (or missing)."""
+    text = str(exc).lower()
+    return (
+        isinstance(exc, nats.errors.AuthorizationError) or "authorization" in text or "authentication" in text
+    )
 
 
 async def close_quietly(nc: Client | None, drain: Callable[[Client], Awaitable[None]] | None = None) -> None:
