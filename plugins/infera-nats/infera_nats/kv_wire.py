@@ -19,11 +19,11 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import DiscardPolicy, StorageType
 
-from infera_core.util.nats_layout import KV_STREAM as STREAM
-from infera_core.util.nats_layout import kv_subject, subject_token
+# the stream and subject names are the permission layout's (one definition for both)
+from infera_core.util.nats_layout import KV_STREAM, subject_token
+from infera_core.util.nats_layout import kv_subject as kv_subject
 
-__all__ = ["STREAM", "kv_subject", "subject_token"]
-
+STREAM = KV_STREAM
 _HEAD = 12
 
 

@@ -27,9 +27,11 @@ A cancel message's payload is the reply subject of the request to abandon.
 
 from __future__ import annotations
 
-from infera_core.util.nats_layout import QUEUE_GROUP, cancel_subject, request_subject, subject_token
-
-__all__ = ["QUEUE_GROUP", "cancel_subject", "request_subject", "subject_token"]
+# the subject names are the permission layout's (one definition for both)
+from infera_core.util.nats_layout import QUEUE_GROUP as QUEUE_GROUP
+from infera_core.util.nats_layout import cancel_subject as cancel_subject
+from infera_core.util.nats_layout import request_subject as request_subject
+from infera_core.util.nats_layout import subject_token as subject_token
 
 HEAD = 0x48  # H
 FULL = 0x46  # F
