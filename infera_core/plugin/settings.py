@@ -56,7 +56,7 @@ def with_backend_fields(model: type[M], catalog: BackendCatalog, source: object,
         for name in composed.model_fields
         if name not in model.model_fields and hasattr(source, name)
     }
-    return composed(**carried, **values)
+    return composed(**{**carried, **values})
 
 
 class SettingsCommand(click.Command):

@@ -36,6 +36,7 @@ from infera_core.server.routing_mode import RoutingModes
 from infera_core.transports.upstreams import (
     READ_ERRORS,
     PoolTimeoutError,
+    RequestTooLargeError,
     TransportDownError,
     Upstream,
     UpstreamError,
@@ -184,6 +185,11 @@ class RouterCore:
                     code="upstream_pool_timeout",
                     headers={"Retry-After": "1"},
                 ) from None
+            except RequestTooLargeError as exc:
+                if hangs is not None:
+                    hangs.end(wait, False)
+                self._abandoned(ctx, ep)  # the request's problem: no retry, the breaker untouched
+                raise ApiError(413, f"Request too large: {exc.reason}", code="request_too_large") from None
             except UpstreamError as exc:
                 if hangs is not None:
                     hangs.end(wait, False)

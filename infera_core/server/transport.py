@@ -5,6 +5,7 @@ from infera_core.transports.http import make_upstream
 from infera_core.transports.upstreams import (
     READ_ERRORS,
     PoolTimeoutError,
+    RequestTooLargeError,
     TransportDownError,
     TransportKind,
     Upstream,
@@ -18,6 +19,7 @@ from infera_core.transports.upstreams import (
 __all__ = [
     "READ_ERRORS",
     "PoolTimeoutError",
+    "RequestTooLargeError",
     "TransportDownError",
     "TransportKind",
     "Upstream",

@@ -94,6 +94,17 @@ class TransportDownError(UpstreamError):
     workers are routable again as soon as the transport is back."""
 
 
+class RequestTooLargeError(UpstreamError):
+    """The request is larger than the transport to this worker can carry (NATS: the server's
+    ``max_payload``, learnt from its INFO). The request's problem, not the worker's: answered
+    413 before anything is sent, never retried, never counted against the worker's breaker."""
+
+    def __init__(self, endpoint: UpstreamTarget, reason: str, size: int, limit: int) -> None:
+        super().__init__(endpoint, reason)
+        self.size = size
+        self.limit = limit
+
+
 class UpstreamResponse(Protocol):
     """A worker's response whose headers arrived; the body is read once, whole or in chunks."""
 

@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
+from pydantic import SecretStr
 
 from infera_core.discovery.base import Discovery, DiscoverySettings
 from infera_core.engines.settings import WorkerSettings
@@ -29,8 +30,9 @@ from infera_core.plugin.hooks import InferaHooks
 from infera_core.plugin.settings import with_backend_fields
 from infera_core.scheduling.router_config import default_policy as router_default_policy
 from infera_core.server.fds import fit_connections
-from infera_core.up.embedded_nats import start_embedded_nats, wants_embedded_nats
+from infera_core.up.embedded_nats import embedded_layout, start_embedded_nats, wants_embedded_nats
 from infera_core.up.settings import UpSettings
+from infera_core.util.nats_layout import Layout
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -115,6 +117,8 @@ class Stack:
         self.kv: KvComponent | None = None
         self.nats: Any = None
         """The nats-server this stack started (NATS plane without --nats-url), else None."""
+        self.nats_layout: Layout | None = None
+        """Its users and permissions (each worker connects as its own user)."""
 
     # -- addresses -------------------------------------------------------------
     @property
@@ -145,13 +149,16 @@ class Stack:
         if s.engine not in self.hooks.catalog().engines:
             self.hooks.require("engine", s.engine)  # raises with the available names
         try:
+            self._sock = _bind(s.host, s.port)
+            self.port = int(self._sock.getsockname()[1])  # worker ids (NATS users) include it
             if wants_embedded_nats(s):
-                self.nats = start_embedded_nats()
-                self.settings = s = s.model_copy(update={"nats_url": self.nats.url})
+                ids = [self._worker_id(i, role) for i, role in enumerate(s.roles())]
+                self.nats_layout = embedded_layout(s, ids)
+                self.nats = start_embedded_nats(self.nats_layout)
+                router = _nats_credentials(self.nats_layout.credentials("router").settings())
+                self.settings = s = s.model_copy(update={"nats_url": self.nats.url, **router})
             self.discovery = self._make_discovery()
             await self.discovery.start()
-            self._sock = _bind(s.host, s.port)
-            self.port = int(self._sock.getsockname()[1])
             await self._start_server()
             await self._start_workers()
             await self._wait_routable(s.ready_timeout)
@@ -245,9 +252,16 @@ class Stack:
             with contextlib.suppress(BaseException):
                 await task
 
+    def _worker_id(self, index: int, role: str) -> str:
+        kind = "" if role == "mixed" else f"{role}-"
+        return f"{self.settings.engine}-{kind}{index + 1}-{self.port}"
+
     def _worker_settings(self, index: int, role: str = "mixed") -> WorkerSettings:
         s = self.settings
-        kind = "" if role == "mixed" else f"{role}-"
+        worker_id = self._worker_id(index, role)
+        creds: dict[str, Any] = {}
+        if self.nats_layout is not None:  # the worker's own NATS user
+            creds = _nats_credentials(self.nats_layout.worker(worker_id).settings())
         return with_backend_fields(
             WorkerSettings,
             self.hooks.catalog(),
@@ -259,7 +273,7 @@ class Stack:
             request_transport=s.request_transport,
             kv_event_transport=s.kv_event_transport,
             etcd_endpoint=s.etcd_endpoint,
-            worker_id=f"{s.engine}-{kind}{index + 1}-{self.port}",
+            worker_id=worker_id,
             role=role,
             ready_timeout=s.ready_timeout,
             drain_timeout=s.drain_timeout,
@@ -269,7 +283,15 @@ class Stack:
             max_restarts=s.max_restarts,
             engine_python=s.engine_python,
             labels=s.labels,
+            **creds,
         )
+
+    def _shared_discovery(self) -> Discovery | None:
+        """The stack's discovery for its launchers, unless each must connect as its own NATS
+        user (only a worker may write its record on the embedded, authenticated server)."""
+        if self.nats_layout is not None and self.settings.discovery_name() == "nats":
+            return None
+        return self.discovery
 
     async def _start_workers(self) -> None:
         s = self.settings
@@ -282,7 +304,7 @@ class Stack:
                 self._worker_settings(i, role),
                 engine_args=self.engine_args,
                 options={"pd_protocol": s.pd_protocol} if pd else None,
-                discovery=self.discovery,
+                discovery=self._shared_discovery(),
                 echo=echo,
                 on_spawn=self._track_pid,
             )
@@ -460,3 +482,8 @@ def _make_kv(settings: BaseModel, hooks: InferaHooks) -> KvComponent:
     from infera_core.kv.component import make_kv_routing
 
     return make_kv_routing(settings, hooks.catalog())
+
+
+def _nats_credentials(values: dict[str, str]) -> dict[str, Any]:
+    """A user's NATS settings fields, the password as the secret it is in the settings."""
+    return {**values, "nats_password": SecretStr(values["nats_password"])}

@@ -36,6 +36,11 @@ async def test_up_on_the_nats_plane_serves_both_apis_and_routes_kv_aware() -> No
     async with Stack(settings, hooks, engine_args=engine_args) as stack:
         assert stack.nats is not None  # no --nats-url: the stack runs its own nats-server
         nats_port = stack.nats.port
+        # ... an authenticated one: each part connects as its role; nobody else gets in
+        from infera_nats.transport_connect import NatsUnreachableError, connect_nats
+
+        with pytest.raises(NatsUnreachableError, match="refused the credentials"):
+            await connect_nats(stack.nats.url, "anonymous", 3.0)
         assert stack.discovery is not None
         records = await stack.discovery.list_workers()
         assert len(records) == 3

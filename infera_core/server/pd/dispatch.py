@@ -144,7 +144,7 @@ class PdDispatcher:
                     return await self._serial(req)
                 return await self._concurrent(req)
             except LegFailed as exc:
-                if exc.side != "prefill":
+                if exc.side != "prefill" or exc.error.status == 413:  # 413: the request's fault
                     raise exc.error from None
                 last = exc.error
                 tried_prefill.append(p.worker_id)

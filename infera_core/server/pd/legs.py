@@ -21,7 +21,13 @@ from infera_core.server.hangs import HangDetector
 from infera_core.server.loops import LOOP_HEADER, LOOP_STATUS, loop_error, via_value
 from infera_core.server.metrics import ServerMetrics
 from infera_core.server.pd.metrics import PdMetrics
-from infera_core.transports.upstreams import READ_ERRORS, Upstream, UpstreamError, UpstreamResponse
+from infera_core.transports.upstreams import (
+    READ_ERRORS,
+    RequestTooLargeError,
+    Upstream,
+    UpstreamError,
+    UpstreamResponse,
+)
 from infera_core.util.redact import redact_url
 
 log = logging.getLogger("infera.server.pd")
@@ -110,6 +116,11 @@ class Legs:
                 code="upstream_timeout",
             )
             raise self.fail(side, ep, "hung", err, worker_fault=False) from None  # breaker: opened already
+        except RequestTooLargeError as exc:
+            if hangs is not None:
+                hangs.end(wait, False)
+            err = ApiError(413, f"Request too large: {exc.reason}", code="request_too_large")
+            raise self.fail(side, ep, "too_large", err, worker_fault=False) from None
         except UpstreamError as exc:
             if hangs is not None:
                 hangs.end(wait, False)

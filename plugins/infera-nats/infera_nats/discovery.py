@@ -34,8 +34,10 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from infera_core.discovery.base import ChangeKind, DiscoverySettings, FleetChange
 from infera_core.discovery.records import SYNCED, check_update, diff, parse_record
 from infera_core.errors import DiscoveryError
+from infera_core.util.nats_layout import bucket_key
 from infera_core.util.redact import redact_url
 from infera_core.worker import WorkerRecord
+from infera_nats.auth import NatsAuth
 from infera_nats.cards import NatsCards
 from infera_nats.settings import NatsSettings
 from infera_nats.transport_connect import NatsUnreachableError, close_quietly, connect_nats
@@ -51,12 +53,10 @@ WRONG_LAST_SEQUENCE = (10071, 10164)
 MAX_RETRY_DELAY = 2.0
 POLL = 0.5
 """Seconds between checks for a reconnect while a watch is idle."""
-_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 
 
-def key_of(worker_id: str) -> str:
-    """The bucket key of ``worker_id`` (reversible, always a valid key)."""
-    return "".join(c if c in _SAFE else "".join(f"={b:02X}" for b in c.encode()) for c in worker_id)
+key_of = bucket_key
+"""The bucket key of ``worker_id`` (reversible, always a valid key)."""
 
 
 def worker_id_of(key: str) -> str:
@@ -207,8 +207,10 @@ class NatsDiscovery:
     async def release_card(self, digest: str) -> None:
         try:
             await self.cards.release(digest)
-        except NATS_ERRORS as exc:
-            log.warning("%s: could not release model card %s (%s)", self._where(), digest, exc)
+        except (*NATS_ERRORS, DiscoveryError) as exc:
+            # on an authenticated plane a worker may not read the other workers' records, so it
+            # cannot tell whether the card is still named: it leaves the card in the store
+            log.info("%s: model card %s kept in the store (%s)", self._where(), digest, exc)
 
     @property
     def ttl_seconds(self) -> int:
@@ -233,7 +235,11 @@ class NatsDiscovery:
             timeout = self.settings.connect_timeout
             try:
                 self._nc = await connect_nats(
-                    self.servers, "infera-discovery", timeout, on_reconnect=self._reconnected
+                    self.servers,
+                    "infera-discovery",
+                    timeout,
+                    on_reconnect=self._reconnected,
+                    auth=NatsAuth.of(self.nats),
                 )
             except NatsUnreachableError:
                 raise DiscoveryError(
@@ -338,13 +344,26 @@ class NatsDiscovery:
     async def _read(self) -> dict[str, WorkerRecord]:
         """Every record in the bucket now (keys whose last operation is a value)."""
         kv = await self.bucket()
+        # the watch delivers one entry per key; nats-py may signal "no more" (None) before the
+        # entries the server already sent are handled (a race a loaded machine shows), so read
+        # on until as many keys as the bucket held came (or the watch is quiet that long)
+        expected = (await kv.status()).values  # history 1: one message per key
         watcher: Any = await kv.watch(">")  # nats-py's KeyWatcher is untyped
         fresh: dict[str, WorkerRecord] = {}
+        seen = 0
         try:
             while True:
-                entry = await watcher.updates(timeout=self.settings.connect_timeout)
+                try:
+                    entry = await watcher.updates(timeout=self.settings.connect_timeout)
+                except TimeoutError:
+                    if seen >= expected:
+                        raise
+                    return fresh  # keys that expired meanwhile
                 if entry is None:
-                    return fresh
+                    if seen >= expected:
+                        return fresh
+                    continue
+                seen += 1
                 self._apply(fresh, entry.key, entry.value, entry.operation)
         finally:
             with contextlib.suppress(Exception):

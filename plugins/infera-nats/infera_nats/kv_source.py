@@ -26,6 +26,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from infera_core.transports.base import KvEventSink
 from infera_core.worker import WorkerRecord
 from infera_nats import kv_wire
+from infera_nats.auth import NatsAuth
 from infera_nats.transport_connect import close_quietly, connect_nats
 
 log = logging.getLogger("infera.nats.kv")
@@ -44,7 +45,9 @@ class NatsKvSource:
         connect_timeout: float = 5.0,
         subject_prefix: str = "infera",
         name: str = "infera-router-kv",
+        auth: NatsAuth | None = None,
     ) -> None:
+        self.auth = auth
         self.servers = servers
         self.connect_timeout = connect_timeout
         self.prefix = subject_prefix
@@ -54,7 +57,7 @@ class NatsKvSource:
         self.malformed = 0
 
     async def start(self) -> None:
-        self.nc = await connect_nats(self.servers, self.name, self.connect_timeout)
+        self.nc = await connect_nats(self.servers, self.name, self.connect_timeout, auth=self.auth)
         await kv_wire.ensure_stream(self.nc, self.prefix)  # routers may start before any relay
 
     async def close(self) -> None:
@@ -62,12 +65,21 @@ class NatsKvSource:
         self.nc = None
 
     def subject(self, record: WorkerRecord, rank: int | None) -> str:
+        """The worker's subject: its record's ``kv_event_params.subject`` when that names this
+        worker (``<prefix>.kv.<model>.<worker>``), else the default one — a record cannot point
+        a worker's view at another publisher's events."""
         given = record.kv_event_params.get("subject")
-        base = (
-            given
-            if isinstance(given, str) and given
-            else kv_wire.kv_subject(self.prefix, record.model, record.worker_id)
-        )
+        base = kv_wire.kv_subject(self.prefix, record.model, record.worker_id)
+        if isinstance(given, str) and given and given != base:
+            if kv_wire.names_worker(given, self.prefix, record.worker_id):
+                base = given
+            else:
+                log.warning(
+                    "worker %s: its record's KV subject %r is not its own; reading %s",
+                    record.worker_id,
+                    given,
+                    base,
+                )
         return kv_wire.rank_subject(base, rank)
 
     async def follow(self, record: WorkerRecord, rank: int | None, sink: KvEventSink) -> None:
@@ -87,6 +99,10 @@ class NatsKvSource:
         try:
             async for msg in sub.messages:
                 self.messages += 1
+                if msg.subject != subject:  # not this publisher's: never applied to its view
+                    self.malformed += 1
+                    sink.malformed(f"{subject}: a message on {msg.subject} skipped")
+                    continue
                 try:
                     batches = kv_wire.unpack(msg.data)
                 except ValueError as exc:

@@ -19,14 +19,23 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import DiscardPolicy, StorageType
 
-from infera_nats.transport_wire import subject_token
+# the stream and subject names are the permission layout's (one definition for both)
+from infera_core.util.nats_layout import KV_STREAM, subject_token
+from infera_core.util.nats_layout import kv_subject as kv_subject
 
-STREAM = "INFERA_KV"
+STREAM = KV_STREAM
 _HEAD = 12
 
 
-def kv_subject(prefix: str, model: str, worker_id: str) -> str:
-    return f"{prefix}.kv.{subject_token(model)}.{subject_token(worker_id)}"
+def names_worker(subject: str, prefix: str, worker_id: str) -> bool:
+    """``subject`` is one of ``worker_id``'s KV subjects: ``<prefix>.kv.<model>.<worker>``."""
+    parts = subject.split(".")
+    return (
+        len(parts) == len(prefix.split(".")) + 3
+        and subject.startswith(f"{prefix}.kv.")
+        and parts[-1] == subject_token(worker_id)
+        and all(parts)
+    )
 
 
 def rank_subject(base: str, rank: int | None) -> str:
@@ -58,10 +67,24 @@ def unpack(data: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
+MAX_AGE_S = 3600.0
+"""Default retention of KV events in the stream: what routers replay when they start. Events
+hold prompt token ids, so they are not kept longer than needed."""
+MAX_BYTES = 1 << 30
+"""Default size bound of the stream (oldest events go first)."""
+
+
 async def ensure_stream(
-    nc: Client, prefix: str, *, max_msgs_per_subject: int = 10_000, memory: bool = False
+    nc: Client,
+    prefix: str,
+    *,
+    max_msgs_per_subject: int = 10_000,
+    memory: bool = False,
+    max_age: float = MAX_AGE_S,
+    max_bytes: int = MAX_BYTES,
 ) -> None:
-    """Create the KV event stream unless it exists (an existing one is left as configured)."""
+    """Create the KV event stream unless it exists (an existing one is left as configured),
+    bounded in age, size and messages per publisher."""
     js = nc.jetstream()
     try:
         await js.stream_info(STREAM)
@@ -73,6 +96,8 @@ async def ensure_stream(
             name=STREAM,
             subjects=[f"{prefix}.kv.>"],
             max_msgs_per_subject=max_msgs_per_subject,
+            max_age=max_age,
+            max_bytes=max_bytes,
             discard=DiscardPolicy.OLD,
             storage=StorageType.MEMORY if memory else StorageType.FILE,
         )

@@ -27,6 +27,7 @@ from nats.aio.client import Client
 
 from infera_core.worker import KvEventsInfo, with_port_offset
 from infera_nats import kv_wire
+from infera_nats.auth import NatsAuth
 from infera_nats.kv_wire import ensure_stream
 from infera_nats.transport_connect import close_quietly, connect_nats
 
@@ -67,7 +68,14 @@ class KvRelay:
         subject_prefix: str = "infera",
         connect_timeout: float = 5.0,
         max_msgs_per_subject: int = 10_000,
+        auth: NatsAuth | None = None,
+        purge_on_close: bool = True,
     ) -> None:
+        self.auth = auth
+        self.purge_on_close = purge_on_close
+        """Purge this worker's subjects on close. Off on an authenticated plane: a worker may
+        not purge the stream (the purge API cannot be limited to its subjects); the stream's
+        retention drops the events instead."""
         self.worker_id = worker_id
         self.kv_events = kv_events
         self.servers = servers
@@ -91,7 +99,7 @@ class KvRelay:
 
     async def start(self) -> None:
         self.nc = nc = await connect_nats(
-            self.servers, f"infera-kv-relay-{self.worker_id}", self.connect_timeout
+            self.servers, f"infera-kv-relay-{self.worker_id}", self.connect_timeout, auth=self.auth
         )
         await ensure_stream(nc, self.prefix, max_msgs_per_subject=self.max_msgs_per_subject)
         self._ctx = zmq.asyncio.Context()
@@ -126,7 +134,7 @@ class KvRelay:
             self._ctx.term()
             self._ctx = None
         nc = self.nc
-        if purge and nc is not None and nc.is_connected:
+        if purge and self.purge_on_close and nc is not None and nc.is_connected:
             js = nc.jetstream()
             for subject in self.subjects:
                 with contextlib.suppress(Exception):

@@ -26,6 +26,7 @@ from infera_core.transports.http.native import NativeUpstream
 from infera_core.transports.upstreams import READ_ERRORS, UpstreamError
 from infera_core.worker import WorkerRecord
 from infera_nats import transport_wire as wire
+from infera_nats.auth import NatsAuth
 from infera_nats.transport_connect import close_quietly, connect_nats
 
 log = logging.getLogger("infera.nats.responder")
@@ -46,7 +47,9 @@ class Responder:
         first_byte_timeout: float = 3600.0,
         idle_timeout: float = 3600.0,
         max_connections: int = 1024,
+        auth: NatsAuth | None = None,
     ) -> None:
+        self.auth = auth
         self.worker_id = worker_id
         self.engine_url = engine_url
         self.servers = servers
@@ -68,7 +71,7 @@ class Responder:
     async def start(self) -> None:
         await self.http.start()
         self.nc = nc = await connect_nats(
-            self.servers, f"infera-responder-{self.worker_id}", self.connect_timeout
+            self.servers, f"infera-responder-{self.worker_id}", self.connect_timeout, auth=self.auth
         )
         self._subs = [
             await nc.subscribe(

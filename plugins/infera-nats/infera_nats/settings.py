@@ -8,7 +8,7 @@ installed backend's ``settings_model``). Backends read it with
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 
 from infera_core.config.settings import InferaSettings
 
@@ -31,6 +31,34 @@ class NatsSettings(InferaSettings):
         "infera", description="First token of the subjects Infera uses (requests, KV events)."
     )
 
+    # -- credentials (nats-server's authorization; see docs/how-to/operate.md) ----------------
+    nats_user: str | None = Field(None, description="NATS user name (with --nats-password).")
+    nats_password: SecretStr | None = Field(
+        None, description="NATS password of --nats-user. Prefer the env var to the flag."
+    )
+    nats_password_file: str | None = Field(
+        None,
+        description="File holding the NATS password of --nats-user (a mounted secret; instead of "
+        "--nats-password).",
+    )
+    nats_token: SecretStr | None = Field(None, description="NATS authentication token.")
+    nats_creds: str | None = Field(
+        None, description="NATS credentials file (.creds: user JWT + nkey seed; needs the nkeys package)."
+    )
+    nats_nkey_seed: str | None = Field(
+        None, description="File holding an NKey seed for NATS nkey authentication (needs the nkeys package)."
+    )
+    nats_tls_cert: str | None = Field(None, description="TLS client certificate (PEM) for NATS.")
+    nats_tls_key: str | None = Field(None, description="Private key (PEM) of --nats-tls-cert.")
+    nats_tls_ca: str | None = Field(
+        None, description="CA bundle (PEM) that signed the NATS server's certificate."
+    )
+    nats_inbox_prefix: str | None = Field(
+        None,
+        description="Prefix of this process's reply inboxes (default: _INBOX.<user> with --nats-user, "
+        "else _INBOX); the permission layout lets each user subscribe only to its own.",
+    )
+
     @field_validator("nats_url")
     @classmethod
     def _urls(cls, value: str) -> str:
@@ -48,6 +76,12 @@ class NatsSettings(InferaSettings):
         if not value or any(c not in BUCKET_CHARS for c in value):
             raise ValueError("a bucket name is letters, digits, '-' and '_'")
         return value
+
+    def authenticated(self) -> bool:
+        """Credentials are configured (the server then enforces a permission layout)."""
+        return bool(
+            self.nats_user or self.nats_token or self.nats_creds or self.nats_nkey_seed or self.nats_tls_cert
+        )
 
     def servers(self) -> list[str]:
         """The URLs, each with a scheme (``host:port`` means ``nats://host:port``)."""

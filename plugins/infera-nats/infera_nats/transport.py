@@ -29,17 +29,21 @@ from nats.aio.msg import Msg
 
 from infera_core.transports.upstreams import (
     ChunkQueueResponse,
+    RequestTooLargeError,
     TransportDownError,
     UpstreamError,
     UpstreamReadError,
     UpstreamTarget,
 )
 from infera_nats import transport_wire as wire
+from infera_nats.auth import NatsAuth
 from infera_nats.transport_connect import close_quietly, connect_nats
 
 log = logging.getLogger("infera.nats.transport")
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
+_WARNED: set[str] = set()
+"""Workers whose record names another worker's request subject (logged once each)."""
 
 
 class NatsResponse(ChunkQueueResponse):
@@ -214,8 +218,10 @@ class NatsUpstream:
         subject_prefix: str = "infera",
         max_buffered: int = 64 * 1024 * 1024,
         name: str = "infera-router",
+        auth: NatsAuth | None = None,
     ) -> None:
         self.servers = servers
+        self.auth = auth
         self.connect_timeout = connect_timeout
         self.first_byte_timeout = first_byte_timeout
         self.idle_timeout = idle_timeout
@@ -248,6 +254,7 @@ class NatsUpstream:
                 self.name,
                 self.connect_timeout,
                 on_disconnect=self._disconnected,
+                auth=self.auth,
             )
         finally:
             self._next_try = asyncio.get_running_loop().time() + self.connect_timeout
@@ -328,8 +335,13 @@ class NatsUpstream:
         resp = NatsResponse(self, endpoint, reply, cancel)
         payload = wire.encode_request(path, headers or _JSON_HEADERS, body)
         if len(payload) > nc.max_payload:
-            raise UpstreamError(
-                endpoint, f"request of {len(payload)} bytes exceeds the NATS max_payload ({nc.max_payload})"
+            raise RequestTooLargeError(
+                endpoint,
+                f"the request is {len(payload):,} bytes as a NATS message; the NATS server's max_payload"
+                f" is {nc.max_payload:,} bytes (send a smaller request, or raise max_payload in the"
+                " nats-server configuration)",
+                len(payload),
+                nc.max_payload,
             )
         self._pending[reply] = resp
         waiter = resp._waiter = loop.create_future()
@@ -379,7 +391,18 @@ class NatsUpstream:
 
 
 def _record_subject(endpoint: UpstreamTarget) -> str | None:
-    """The request subject the worker's record names (``request_params.subject``), if any."""
+    """The request subject the worker's record names (``request_params.subject``), if any and
+    if it is this worker's (``….req.<worker>``): a record never sends a worker's requests to
+    another worker's responders."""
     params = getattr(endpoint.record, "request_params", None)
     subject = params.get("subject") if isinstance(params, dict) else None
-    return subject if isinstance(subject, str) and subject else None
+    if not isinstance(subject, str) or not subject:
+        return None
+    if not subject.endswith(".req." + wire.subject_token(endpoint.worker_id)):
+        if endpoint.worker_id not in _WARNED and len(_WARNED) < 4096:
+            _WARNED.add(endpoint.worker_id)
+            log.warning(
+                "worker %s: its record's request subject %r is not its own", endpoint.worker_id, subject
+            )
+        return None
+    return subject

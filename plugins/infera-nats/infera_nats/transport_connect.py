@@ -17,6 +17,7 @@ from nats.aio.client import Client
 from nats.errors import SlowConsumerError
 
 from infera_core.util.redact import redact_url
+from infera_nats.auth import NatsAuth, NatsAuthError
 
 log = logging.getLogger("infera.nats")
 
@@ -42,12 +43,20 @@ async def connect_nats(
     on_reconnect: Callable[[], None] | None = None,
     on_slow_consumer: Callable[[SlowConsumerError], None] | None = None,
     pending_size: int = 8 * 1024 * 1024,
+    auth: NatsAuth | None = None,
 ) -> Client:
+    """``auth``: the credentials (none: an open server, or credentials in the URL)."""
     urls = split_servers(servers)
+    auth = auth or NatsAuth()
+    try:
+        options = auth.connect_options()
+    except NatsAuthError as exc:
+        raise NatsUnreachableError(str(exc)) from None
     if not urls:
         raise NatsUnreachableError("no NATS server URL given (--nats-url, env INFERA_NATS_URL)")
     outage = [True]  # errors before the first connection are in the one error raised below
     last_error: list[BaseException] = []
+    refused: list[BaseException] = []
 
     async def error_cb(exc: Exception) -> None:
         if isinstance(exc, SlowConsumerError):
@@ -55,6 +64,8 @@ async def connect_nats(
                 on_slow_consumer(exc)
             return
         last_error[:] = [exc]
+        if _refused(exc):
+            refused[:] = [exc]  # kept: the server closes the connection after saying so
         if not outage[0]:
             outage[0] = True
             log.warning("%s: NATS connection error: %s", name, exc or type(exc).__name__)
@@ -82,17 +93,31 @@ async def connect_nats(
                 disconnected_cb=disconnected_cb,
                 reconnected_cb=reconnected_cb,
                 pending_size=pending_size,
+                **options,
             )
     except (TimeoutError, OSError, nats.errors.Error) as exc:
         with contextlib.suppress(Exception):
             await nc.close()
         shown = ", ".join(redact_url(u) for u in urls)
         cause = last_error[0] if last_error else exc
+        if refused or _refused(cause):
+            raise NatsUnreachableError(
+                f"NATS at {shown} refused the credentials ({auth.describe()}): {(refused or [cause])[0]}; check"
+                " --nats-user/--nats-password, --nats-creds, --nats-nkey-seed or --nats-tls-cert"
+            ) from None
         raise NatsUnreachableError(
             f"NATS at {shown} did not answer within {connect_timeout:g} s ({cause or type(cause).__name__})"
         ) from None
     outage[0] = False
     return nc
+
+
+def _refused(exc: BaseException) -> bool:
+    """The server said the credentials are wrong (or missing)."""
+    text = str(exc).lower()
+    return (
+        isinstance(exc, nats.errors.AuthorizationError) or "authorization" in text or "authentication" in text
+    )
 
 
 async def close_quietly(nc: Client | None, drain: Callable[[Client], Awaitable[None]] | None = None) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from infera_core.transports.base import Attached, ClientContext, KvSourceContext, WorkerContext
 from infera_nats import kv_wire
 from infera_nats import transport_wire as wire
+from infera_nats.auth import NatsAuth
 from infera_nats.settings import NatsSettings
 
 if TYPE_CHECKING:
@@ -35,6 +36,10 @@ def _settings(options: BackendOptions) -> NatsSettings:
 
 def _servers(given: str | list[str] | None, options: BackendOptions) -> str | list[str]:
     return given if given else _settings(options).servers()
+
+
+def _auth(options: BackendOptions) -> NatsAuth:
+    return NatsAuth.of(_settings(options))
 
 
 def _prefix(options: BackendOptions) -> str:
@@ -70,6 +75,7 @@ class NatsRequestTransport:
             first_byte_timeout=ctx.first_byte_timeout,
             idle_timeout=ctx.idle_timeout,
             subject_prefix=_prefix(ctx.options),
+            auth=_auth(ctx.options),
         )
 
     async def attach_worker(self, ctx: WorkerContext) -> WorkerAttachment | None:
@@ -82,6 +88,7 @@ class NatsRequestTransport:
             _servers(self.servers, ctx.options),
             subject=subject,
             connect_timeout=ctx.connect_timeout,
+            auth=_auth(ctx.options),
         )
         await responder.start()
         return _Running(responder, {"request_transport": NATS, "request_params": {"subject": subject}})
@@ -103,6 +110,7 @@ class NatsKvEventTransport:
             _servers(self.servers, ctx.options),
             connect_timeout=ctx.connect_timeout,
             subject_prefix=_prefix(ctx.options),
+            auth=_auth(ctx.options),
         )
 
     async def attach_worker(self, ctx: WorkerContext) -> WorkerAttachment | None:
@@ -118,6 +126,8 @@ class NatsKvEventTransport:
             dp_size=ctx.dp_size,
             subject_prefix=_prefix(ctx.options),
             connect_timeout=ctx.connect_timeout,
+            auth=_auth(ctx.options),
+            purge_on_close=not _settings(ctx.options).authenticated(),
         )
         await relay.start()
         params = {"subject": relay.subject, "stream": kv_wire.STREAM}

@@ -27,7 +27,11 @@ A cancel message's payload is the reply subject of the request to abandon.
 
 from __future__ import annotations
 
-import re
+# the subject names are the permission layout's (one definition for both)
+from infera_core.util.nats_layout import QUEUE_GROUP as QUEUE_GROUP
+from infera_core.util.nats_layout import cancel_subject as cancel_subject
+from infera_core.util.nats_layout import request_subject as request_subject
+from infera_core.util.nats_layout import subject_token as subject_token
 
 HEAD = 0x48  # H
 FULL = 0x46  # F
@@ -35,22 +39,7 @@ DATA = 0x44  # D
 END = 0x45  # E
 FAIL = 0x58  # X
 
-QUEUE_GROUP = "infera"
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 HOP_BY_HOP = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
-
-
-def subject_token(name: str) -> str:
-    """``name`` as one subject token (``%XX`` for every character outside ``[A-Za-z0-9_-]``)."""
-    return _UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), name) or "%"
-
-
-def request_subject(prefix: str, worker_id: str) -> str:
-    return f"{prefix}.req.{subject_token(worker_id)}"
-
-
-def cancel_subject(request: str) -> str:
-    return f"{request}.cancel"
 
 
 def frame(kind: int, seq: int, rest: bytes = b"") -> bytes:

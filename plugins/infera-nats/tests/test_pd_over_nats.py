@@ -56,3 +56,11 @@ async def test_pd_pairs_serve_over_nats(protocol: str) -> None:
             if line.startswith("infera_pd_pairs_total{")
         ]
         assert len(pairs) == 1 and pairs[0].endswith(" 2.0")
+        # a prompt over NATS's max_payload: 413, not retried on another pair, no breaker
+        big = {**body, "messages": [{"role": "user", "content": "x" * (2 * 1024 * 1024)}]}
+        for _ in range(4):  # more than --breaker-failures
+            r = await c.post("/v1/chat/completions", json=big)
+            assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text
+        metrics = (await c.get("/metrics")).text
+        assert 'infera_pd_failures_total{reason="prefill_too_large"} 4.0' in metrics
+        assert "infera_breaker_opened_total 0.0" in metrics

@@ -91,6 +91,27 @@ async def test_client_disconnect_cancels_the_engine_request(
         await until(lambda: not any(up.connections for up in fleet.ups), within=5)
 
 
+async def test_request_over_max_payload_is_413_and_no_workers_fault(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 2 MB request cannot travel as one NATS message (max_payload: 1 MB by default): the
+    client gets a 413 naming the limit, the workers' breakers stay closed, legit traffic flows."""
+    big = {**CHAT, "messages": [{"role": "user", "content": "x" * (2 * 1024 * 1024)}]}
+    async with NatsFleet(nats_server, monkeypatch) as (srv, fleet), httpx.AsyncClient(base_url=srv.url) as c:
+        for _ in range(6):  # more than the breaker threshold, on each worker
+            r = await c.post("/v1/chat/completions", json=big)
+            assert r.status_code == 413, r.text
+            error = r.json()["error"]
+            assert error["code"] == "request_too_large" and error["type"] == "invalid_request_error"
+            assert "max_payload is 1,048,576 bytes" in error["message"]
+        assert srv.core.breakers.opened == 0
+        assert not any(ep.breaker_open for ep in srv.core.table.by_id.values())
+        assert sum(x.requests for x in fleet.responders) == 0  # nothing reached a worker
+        results = [await c.post("/v1/chat/completions", json=CHAT) for _ in range(4)]
+        assert [r.status_code for r in results] == [200] * 4
+        assert {r.headers["x-infera-worker"] for r in results} == {"w0", "w1"}
+
+
 async def test_killed_responder_requests_go_to_the_other_worker(
     nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
