@@ -45,6 +45,7 @@ from infera_nats.transport_connect import NatsUnreachableError, close_quietly, c
 log = logging.getLogger("infera.discovery.nats")
 
 NATS_ERRORS: tuple[type[Exception], ...] = (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError)
+RELEASE_ERRORS: tuple[type[Exception], ...] = (*NATS_ERRORS, DiscoveryError)
 MARKER_TTL = 300.0
 """Seconds the server keeps the delete marker of an expired key (watchers see it as DELETE)."""
 RETRY_DELAY = 0.25
@@ -207,7 +208,7 @@ class NatsDiscovery:
     async def release_card(self, digest: str) -> None:
         try:
             await self.cards.release(digest)
-        except (*NATS_ERRORS, DiscoveryError) as exc:
+        except RELEASE_ERRORS as exc:
             # on an authenticated plane a worker may not read the other workers' records, so it
             # cannot tell whether the card is still named: it leaves the card in the store
             log.info("%s: model card %s kept in the store (%s)", self._where(), digest, exc)
