@@ -1,0 +1,55 @@
+"""Shared rig of the limits tests: a router over fake upstreams, raw-socket helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from infera_core.testing.fixtures import make_hooks
+from infera_core.testing.server import RunningServer, serving, settings_for
+from infera_core.testing.upstream import FakeUpstream, record_for
+
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@contextlib.asynccontextmanager
+async def stack(ups: list[FakeUpstream] | None = None, **settings: Any) -> AsyncIterator[RunningServer]:
+    async with serving(settings_for(**settings), make_hooks()) as srv:
+        for u in ups or []:
+            srv.store.put(record_for(u))
+        await srv.wait_workers(len(ups or []))
+        yield srv
+
+
+async def connect(srv: RunningServer) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = srv.url.removeprefix("http://").rsplit(":", 1)
+    return await asyncio.open_connection(host, int(port))
+
+
+async def response(reader: asyncio.StreamReader, within: float = 5.0) -> tuple[int, dict[str, Any], bool]:
+    """(status, JSON body, whether the server closed the connection after it)."""
+    async with asyncio.timeout(within):
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        body = await reader.readexactly(int(headers["content-length"]))
+        try:
+            closed = await reader.read(1) == b""
+        except ConnectionResetError:  # closed while the client was still sending
+            closed = True
+    return int(lines[0].split()[1]), json.loads(body), closed
+
+
+async def closed_within(reader: asyncio.StreamReader, within: float) -> bool:
+    """Whether the server closes the connection within ``within`` seconds."""
+    try:
+        async with asyncio.timeout(within):
+            await reader.read()  # whatever is left, then EOF
+            return True
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
