@@ -15,7 +15,6 @@ from infera_core.errors import EngineError
 from infera_core.testing.fixtures import make_hooks
 from infera_core.worker import PdInfo, Role
 
-
 # -- SGLang and ATOM -------------------------------------------------------------------
 
 
