@@ -67,15 +67,22 @@ def warn_failed_plugins(hooks: InferaHooks) -> None:
         click.echo(f"infera-run: warning: {problems}", err=True)
 
 
+def listed_as_json(hooks: InferaHooks, data: Any, as_json: bool) -> bool:
+    """What the listing commands do first: warn about plugins that failed to load, then print
+    ``data`` as JSON when ``--json`` asked for it (True: nothing more to print)."""
+    warn_failed_plugins(hooks)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    return as_json
+
+
 @click.command("engines")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_obj
 def engines_cmd(hooks: InferaHooks, as_json: bool) -> None:
     """List engine adapters: name, owning plugin, description and engine-specific flags."""
     rows = describe_engines(hooks)
-    warn_failed_plugins(hooks)
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
+    if listed_as_json(hooks, rows, as_json):
         return
     if not rows:
         click.echo("no engine adapters installed (try: pip install infera-sim)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
@@ -10,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from infera_core.cli.engines import warn_failed_plugins
+from infera_core.cli.engines import listed_as_json
 from infera_core.plugin.hooks import InferaHooks
 
 KINDS = ("filter", "scorer", "picker")
@@ -67,9 +66,7 @@ def _params_summary(schema: dict[str, Any] | None) -> str:
 def policies_cmd(hooks: InferaHooks, as_json: bool) -> None:
     """List routing filters, scorers, pickers (with parameters) and presets (--router-policy)."""
     data = describe_policies(hooks)
-    warn_failed_plugins(hooks)
-    if as_json:
-        click.echo(json.dumps(data, indent=2))
+    if listed_as_json(hooks, data, as_json):
         return
     console = Console()
     table = Table("kind", "name", "plugin", "description", "parameters")

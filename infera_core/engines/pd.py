@@ -153,6 +153,19 @@ def prefill_transfer_params(
     return params
 
 
+def remote_decode_params(**extra: Any) -> dict[str, Any]:
+    """The prefill leg's ``kv_transfer_params`` in the NIXL-style handshake (vLLM's
+    NixlConnector, ATOM's Mooncake): decode elsewhere, no remote blocks yet; ``extra`` adds
+    the engine's own keys (where the decode worker is…)."""
+    return {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        **extra,
+    }
+
+
 def leg_headers(ctx: PdContext, rank: int | None = None) -> dict[str, str]:
     """A leg's headers: the request id, and the DP rank when one was picked."""
     headers = {"X-Request-Id": ctx.request_id}

@@ -6,6 +6,8 @@
 * :func:`free_ports` — allocate free loopback ports, optionally consecutive (engines that
   offset a port per DP rank need ``base + rank`` free).
 * :func:`reject_managed_flags` — refuse engine flags after ``--`` that Infera sets itself.
+* :class:`AdapterBase` — an adapter's names, options and aliases as class attributes, and a
+  ``build_launch`` that refuses the managed flags before the subclass's ``launch``.
 * :func:`http_ok` / :func:`metrics_sum` — readiness and in-flight checks over HTTP.
 * :func:`engine_environment` — the environment an engine runs with: the launcher's own
   without Infera's secrets (the admin token, API keys, NATS credentials…).
@@ -22,9 +24,9 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from infera_core.engines.base import LaunchContext
+from infera_core.engines.base import EngineOption, FlagAlias, LaunchContext, LaunchSpec, RunningEngine
 from infera_core.errors import EngineError
 from infera_core.util.net import free_port
 from infera_core.util.prom_text import parse_metrics
@@ -200,7 +202,7 @@ def free_ports(ctx: LaunchContext, count: int = 1, *, consecutive: bool = False)
     raise EngineError(f"could not find {count} consecutive free ports")
 
 
-def reject_managed_flags(engine_args: Iterable[str], managed: dict[str, str]) -> None:
+def reject_managed_flags(engine_args: Iterable[str], managed: Mapping[str, str]) -> None:
     """Refuse flags after ``--`` that the adapter sets from Infera's own flags.
 
     ``managed`` maps the engine flag to the Infera flag to use instead.
@@ -211,6 +213,43 @@ def reject_managed_flags(engine_args: Iterable[str], managed: dict[str, str]) ->
             raise EngineError(
                 f"engine flag {name} is set by Infera; use {managed[name]} instead of passing it after --"
             )
+
+
+class AdapterBase:
+    """What most engine adapters share, as class attributes a subclass sets.
+
+    ``engine_options`` and ``aliases`` answer :meth:`options` and :meth:`flag_aliases`;
+    ``managed_flags`` maps an engine flag Infera sets itself to the Infera flag to use
+    instead: :meth:`build_launch` refuses them after ``--`` and then calls :meth:`launch`,
+    the subclass's argv/env. :meth:`is_ready` asks ``health_path`` for a 200. The adapter
+    still implements ``record_fields`` and ``in_flight`` itself (see ``EngineAdapter``).
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    package_hint: ClassVar[str] = ""
+    engine_options: ClassVar[Sequence[EngineOption]] = ()
+    aliases: ClassVar[Mapping[str, FlagAlias]] = {}
+    managed_flags: ClassVar[Mapping[str, str]] = {}
+    """Engine flags after ``--`` that Infera sets itself → the Infera flag to use instead."""
+    health_path: ClassVar[str] = "/health"
+
+    def options(self) -> Sequence[EngineOption]:
+        return self.engine_options
+
+    def flag_aliases(self) -> Mapping[str, FlagAlias]:
+        return self.aliases
+
+    def build_launch(self, ctx: LaunchContext) -> LaunchSpec:
+        reject_managed_flags(ctx.engine_args, self.managed_flags)
+        return self.launch(ctx)
+
+    def launch(self, ctx: LaunchContext) -> LaunchSpec:
+        """The argv/env for this engine (subclasses)."""
+        raise NotImplementedError
+
+    async def is_ready(self, engine: RunningEngine) -> bool:
+        return await http_ok(engine.client, engine.url + self.health_path)
 
 
 async def http_ok(client: httpx.AsyncClient, url: str) -> bool:

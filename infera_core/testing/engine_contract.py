@@ -32,7 +32,7 @@ import textwrap
 import threading
 from collections.abc import Awaitable, Iterator, Mapping
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any, ClassVar, TypeVar
 
 from infera_core.engines.base import (
@@ -44,6 +44,7 @@ from infera_core.engines.base import (
     RunningEngine,
 )
 from infera_core.launcher.record import launch_record as launch_record_of
+from infera_core.testing.http_handler import QuietHandler
 from infera_core.util.net import free_port
 from infera_core.worker import KvEventsInfo, PdInfo, Role, WorkerRecord
 
@@ -108,14 +109,11 @@ class StandinEndpoints:
         assert self._server is not None, "not started"
         return int(self._server.server_address[1])
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
+    def _handler(self) -> type[QuietHandler]:
         owner = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
 
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
@@ -124,13 +122,8 @@ class StandinEndpoints:
                 path = self.path.split("?", 1)[0]
                 owner.requests.append(f"{self.command} {path}")
                 status, body = owner.replies.get(path, (404, ""))
-                data = body.encode()
-                self.send_response(status)
                 is_json = body.lstrip().startswith(("{", "["))
-                self.send_header("Content-Type", "application/json" if is_json else "text/plain")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.reply(status, body, "application/json" if is_json else "text/plain")
 
             do_GET = _answer
             do_POST = _answer

@@ -3,6 +3,7 @@
 * :func:`standin_dist_dir` — a directory holding a dist-info whose ``infera`` entry point
   is :mod:`infera_core.testing.standin_plugin`; put it on ``PYTHONPATH`` and every
   ``infera-run`` subprocess has the ``standin`` engine.
+* :func:`stop_process` — stop a subprocess with a signal, killing it if it lingers.
 * :class:`LauncherProcess` — ``python -m infera_core worker …`` as a subprocess, its output
   collected, with ``signal``/``wait``/``output``.
 * fixtures: ``standin_env`` (environment for such subprocesses) and ``launch_worker``
@@ -44,6 +45,19 @@ def stopped_with_sigint(proc: subprocess.Popen[str], within: float = 60.0) -> It
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def stop_process(proc: subprocess.Popen[str], sig: int = signal.SIGINT, within: float = 10.0) -> None:
+    """Stop ``proc`` with ``sig`` (Ctrl-C by default) unless it has exited; killed when it has
+    not exited ``within`` seconds later. For ``finally`` blocks: nothing is asserted."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(within)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def standin_dist_dir(base: Path) -> Path:

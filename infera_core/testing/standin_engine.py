@@ -21,8 +21,10 @@ import signal
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
+
+from infera_core.testing.http_handler import QuietHandler
 
 DIE_EXIT_CODE = 3
 
@@ -42,24 +44,17 @@ class _State:
         return after is None or time.monotonic() - self.started < after
 
 
-def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+def _handler(state: _State) -> type[QuietHandler]:
+    class Handler(QuietHandler):
         protocol_version = "HTTP/1.1"
 
         def log_message(self, format: str, *args: Any) -> None:
             print(f"{self.command} {self.path} {args[1] if len(args) > 1 else ''}", flush=True)
 
-        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
         def do_GET(self) -> None:
             if self.path == "/health":
                 ok = state.healthy()
-                self._send(200 if ok else 503, b"{}" if ok else b'{"error": "unhealthy"}')
+                self.reply(200 if ok else 503, b"{}" if ok else b'{"error": "unhealthy"}')
             elif self.path == "/metrics":
                 with state.lock:
                     text = (
@@ -67,20 +62,20 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                         f'vllm:num_requests_running{{model_name="standin"}} {float(state.running)}\n'
                         f"standin_requests_served_total {float(state.served)}\n"
                     )
-                self._send(200, text.encode(), "text/plain; version=0.0.4")
+                self.reply(200, text.encode(), "text/plain; version=0.0.4")
             else:
-                self._send(404, b'{"error": "not found"}')
+                self.reply(404, b'{"error": "not found"}')
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b"{}"
             if self.path != "/v1/completions":
-                self._send(404, b'{"error": "not found"}')
+                self.reply(404, b'{"error": "not found"}')
                 return
             try:
                 body = json.loads(raw or b"{}")
             except ValueError:
-                self._send(400, b'{"error": {"message": "invalid JSON", "type": "invalid_request_error"}}')
+                self.reply(400, b'{"error": {"message": "invalid JSON", "type": "invalid_request_error"}}')
                 return
             with state.lock:
                 state.running += 1
@@ -95,7 +90,7 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                     "choices": [{"index": 0, "text": " ok" * n, "finish_reason": "length", "logprobs": None}],
                     "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1},
                 }
-                self._send(200, json.dumps(out).encode())
+                self.reply(200, json.dumps(out).encode())
             finally:
                 with state.lock:
                     state.running -= 1

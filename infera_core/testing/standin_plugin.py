@@ -8,7 +8,6 @@ or for subprocess tests put :func:`infera_core.testing.fleet.standin_dist_dir` o
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 
 from infera_core.engines.base import (
     EngineOption,
@@ -18,27 +17,25 @@ from infera_core.engines.base import (
     RecordFields,
     RunningEngine,
 )
-from infera_core.engines.support import http_ok, metrics_in_flight
+from infera_core.engines.support import AdapterBase, metrics_in_flight
 from infera_core.plugin.spec import hookimpl
 
 
-class StandinAdapter:
+class StandinAdapter(AdapterBase):
     name = "standin"
     description = (
         "Test stand-in engine: a tiny HTTP server with /health, /metrics and a slow /v1/completions."
     )
     package_hint = "pip install infera-core (the stand-in ships in infera_core.testing)"
+    engine_options = (
+        EngineOption("delay", float, 0.0, "Seconds each completion takes."),
+        EngineOption("die_after", float, None, "Crash (exit code 3) after this many seconds."),
+        EngineOption("fail_health", bool, False, "Health checks always fail.", is_flag=True),
+        EngineOption("fail_health_after", float, None, "Health checks fail after this many seconds."),
+        EngineOption("engine_binary", str, None, "Run this executable instead of Python (tests)."),
+    )
 
-    def options(self) -> Sequence[EngineOption]:
-        return (
-            EngineOption("delay", float, 0.0, "Seconds each completion takes."),
-            EngineOption("die_after", float, None, "Crash (exit code 3) after this many seconds."),
-            EngineOption("fail_health", bool, False, "Health checks always fail.", is_flag=True),
-            EngineOption("fail_health_after", float, None, "Health checks fail after this many seconds."),
-            EngineOption("engine_binary", str, None, "Run this executable instead of Python (tests)."),
-        )
-
-    def build_launch(self, ctx: LaunchContext) -> LaunchSpec:
+    def launch(self, ctx: LaunchContext) -> LaunchSpec:
         opts = ctx.options
         python = opts.get("engine_binary") or ctx.engine_python or sys.executable
         argv = [
@@ -61,9 +58,6 @@ class StandinAdapter:
 
     def record_fields(self, ctx: LaunchContext) -> RecordFields:
         return RecordFields(engine_version="0.0-standin", labels={"standin": "1"})
-
-    async def is_ready(self, engine: RunningEngine) -> bool:
-        return await http_ok(engine.client, f"{engine.url}/health")
 
     async def in_flight(self, engine: RunningEngine) -> int | None:
         return await metrics_in_flight(engine.client, engine.url, ["vllm:num_requests_running"])

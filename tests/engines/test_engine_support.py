@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infera_core.engines.support import bracket_host, dp_layout, free_ports, metrics_sum
+from infera_core.engines.base import EngineOption, FlagAlias, LaunchContext, LaunchSpec
+from infera_core.engines.support import AdapterBase, bracket_host, dp_layout, free_ports, metrics_sum
 from infera_core.errors import EngineError
 from infera_core.testing.contracts import sample_launch_context
 
@@ -47,3 +48,21 @@ def test_dp_layout_prefers_the_launcher_then_the_adapter_flags() -> None:
     assert dp_layout(sample_launch_context()) == (None, 1)
     with pytest.raises(EngineError, match="--dp-rank 5"):
         dp_layout(sample_launch_context(options={"dp_size": 2, "dp_rank": 5}))
+
+
+class _Toy(AdapterBase):
+    name = "toy"
+    engine_options = (EngineOption("slots", int, 4, "Slots."),)
+    aliases = {"--parallel": FlagAlias("--slots")}
+    managed_flags = {"--listen-port": "infera's --port"}
+
+    def launch(self, ctx: LaunchContext) -> LaunchSpec:
+        return LaunchSpec(argv=["toy", *ctx.engine_args])
+
+
+def test_adapter_base_answers_from_its_class_attributes_and_refuses_managed_flags() -> None:
+    toy = _Toy()
+    assert [o.name for o in toy.options()] == ["slots"] and set(toy.flag_aliases()) == {"--parallel"}
+    assert toy.build_launch(sample_launch_context(engine_args=["--x", "1"])).argv == ["toy", "--x", "1"]
+    with pytest.raises(EngineError, match=r"--listen-port is set by Infera; use infera's --port"):
+        toy.build_launch(sample_launch_context(engine_args=["--listen-port=9000"]))

@@ -7,7 +7,6 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +27,8 @@ from infera_core.worker import Status
 
 pytest.importorskip("infera_sim")
 from infera_sim.testing import SimHandle, start_sim
+
+from infera_core.testing.fleet import stop_process
 
 MODEL = "sim-model"
 
@@ -352,9 +353,4 @@ def test_up_prints_the_dashboard_url_and_the_page_sees_its_workers() -> None:
         stats = httpx.get(url.replace("/dashboard", "/v1/admin/stats"), timeout=10).json()
         assert sorted(w["status"] for w in stats["workers"]) == ["active", "active"]
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc, within=60)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import resource
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import httpx
 import pytest
 
 from infera_core.server.fds import RESERVE, connections_that_fit
+from infera_core.testing.fleet import stop_process
 from infera_core.util.net import free_port
 
 INFERA_RUN = str(Path(sys.executable).with_name("infera-run"))
@@ -59,13 +59,7 @@ def serve_limited(
                 time.sleep(0.05)
         yield proc, url, log
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
 
 
 def _soft_limit(pid: int) -> tuple[int, int]:

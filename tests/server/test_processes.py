@@ -23,6 +23,7 @@ import pytest
 from infera_core.discovery.base import DiscoverySettings
 from infera_core.discovery.etcd import EtcdDiscovery
 from infera_core.testing.etcd import EtcdServer, etcd_binary
+from infera_core.testing.fleet import stop_process
 from infera_core.util.net import free_port
 
 sim_testing = pytest.importorskip("infera_sim.testing")
@@ -117,13 +118,7 @@ async def stack(*serve_args: str, processes: int = 2, **sim_flags: Any) -> Async
                     await _until(lambda: _healthy(client, st, processes))
                 yield st
             finally:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-                    try:
-                        proc.wait(20)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
+                stop_process(proc, signal.SIGTERM, within=20)
 
 
 async def _healthy(client: httpx.AsyncClient, st: Stack, processes: int) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 
 from infera_core.launcher.root_cause import error_line
 from infera_core.testing.engine_env import clean_environ, make_engine_env
+from infera_core.testing.fleet import stop_process
 from infera_core.testing.tiny_tokenizer import make_tiny_model_dir
 
 pytest.importorskip("infera_sim")
@@ -112,12 +112,7 @@ def test_up_takes_tokenizer_labels_block_size_and_prints_its_plane(tmp_path: Pat
         metrics = httpx.get(m.group(1) + "/metrics", timeout=10).text
         assert 'infera_routing_tokenized_total{model="plain",source="tokenizer"} 1.0' in metrics
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc, within=60)
 
 
 def test_up_refuses_a_bad_tokenizer_path_in_one_line(tmp_path: Path) -> None:

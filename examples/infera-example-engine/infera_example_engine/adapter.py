@@ -4,7 +4,6 @@ command line and talks to it over HTTP."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping, Sequence
 
 from infera_core.engines.base import (
     EngineOption,
@@ -14,13 +13,7 @@ from infera_core.engines.base import (
     RecordFields,
     RunningEngine,
 )
-from infera_core.engines.support import (
-    bracket_host,
-    free_ports,
-    http_ok,
-    metrics_in_flight,
-    reject_managed_flags,
-)
+from infera_core.engines.support import AdapterBase, bracket_host, free_ports, metrics_in_flight
 from infera_core.errors import EngineError
 from infera_core.worker import KvEventsInfo, Role
 
@@ -45,29 +38,26 @@ def launch_ports(ctx: LaunchContext) -> dict[str, int]:
     return ctx.ports
 
 
-class EchoAdapter:
+class EchoAdapter(AdapterBase):
     name = "echo"
     description = "echo-engine: a toy OpenAI-compatible server (example engine plugin)"
     package_hint = "pip install echo-engine"
+    engine_options = (
+        EngineOption("block_size", int, 16, "KV block size in tokens (echo-engine --kv-block-size)."),
+        EngineOption("slots", int, 4, "Requests echo-engine serves at once (its --parallel)."),
+        EngineOption("kv_events_port", int, 0, "Port for echo-engine's KV events (0: a free one)."),
+        EngineOption("engine_binary", str, "echo-engine", "The echo-engine executable."),
+    )
+    aliases = {
+        "--listen-port": FlagAlias("--port"),
+        "--kv-block-size": FlagAlias("--block-size"),
+        "--parallel": FlagAlias("--slots"),
+        "--enable-kv-events": FlagAlias("", takes_value=False),  # Infera always turns them on
+    }
+    managed_flags = MANAGED
 
-    def options(self) -> Sequence[EngineOption]:
-        return (
-            EngineOption("block_size", int, 16, "KV block size in tokens (echo-engine --kv-block-size)."),
-            EngineOption("slots", int, 4, "Requests echo-engine serves at once (its --parallel)."),
-            EngineOption("kv_events_port", int, 0, "Port for echo-engine's KV events (0: a free one)."),
-            EngineOption("engine_binary", str, "echo-engine", "The echo-engine executable."),
-        )
-
-    def flag_aliases(self) -> Mapping[str, FlagAlias]:
-        return {
-            "--listen-port": FlagAlias("--port"),
-            "--kv-block-size": FlagAlias("--block-size"),
-            "--parallel": FlagAlias("--slots"),
-            "--enable-kv-events": FlagAlias("", takes_value=False),  # Infera always turns them on
-        }
-
-    def build_launch(self, ctx: LaunchContext) -> LaunchSpec:
-        reject_managed_flags(ctx.engine_args, MANAGED)
+    def launch(self, ctx: LaunchContext) -> LaunchSpec:
+        """Called by build_launch once no flag of MANAGED came after --."""
         if ctx.role is not Role.MIXED:
             raise EngineError(f"echo-engine has no prefill/decode split: drop --role {ctx.role.value}")
         block = int(ctx.options.get("block_size") or 16)
@@ -94,9 +84,6 @@ class EchoAdapter:
             block_size=int(ctx.options.get("block_size") or 16),
         )
         return RecordFields(kv_events=kv, labels={"engine": "echo"})
-
-    async def is_ready(self, engine: RunningEngine) -> bool:
-        return await http_ok(engine.client, f"{engine.url}/health")
 
     async def in_flight(self, engine: RunningEngine) -> int | None:
         return await metrics_in_flight(engine.client, engine.url, IN_FLIGHT)

@@ -8,7 +8,7 @@ discovery. Never imports ATOM.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from infera_atom.kv_events import engine_port_flags, kv_events_info, launch_env
 from infera_atom.parallel import dp_size
@@ -21,7 +21,7 @@ from infera_core.engines.base import (
     RecordFields,
     RunningEngine,
 )
-from infera_core.engines.support import http_ok, locate_engine, metrics_sum, reject_managed_flags
+from infera_core.engines.support import AdapterBase, locate_engine, metrics_sum
 from infera_core.errors import EngineError
 
 SERVER_MODULE = "atom.entrypoints.openai_server"
@@ -119,22 +119,21 @@ def check_discovery(ctx: LaunchContext) -> None:
         )
 
 
-class AtomAdapter:
+class AtomAdapter(AdapterBase):
     """Launches and watches one ATOM OpenAI server."""
 
     name = "atom"
     description = "ROCm ATOM OpenAI server: etcd discovery only, Mooncake PD on /v1/completions"
     package_hint = "pip install git+https://github.com/ROCm/ATOM.git (ROCm machines)"
-
-    def options(self) -> Sequence[EngineOption]:
-        return OPTIONS
-
-    def flag_aliases(self) -> Mapping[str, FlagAlias]:
-        return ALIASES
+    engine_options = OPTIONS
+    aliases = ALIASES
+    managed_flags = MANAGED_FLAGS
 
     def build_launch(self, ctx: LaunchContext) -> LaunchSpec:
-        check_discovery(ctx)
-        reject_managed_flags(ctx.engine_args, MANAGED_FLAGS)
+        check_discovery(ctx)  # before the managed flags: the backend is the first thing to fix
+        return super().build_launch(ctx)
+
+    def launch(self, ctx: LaunchContext) -> LaunchSpec:
         flags = self.engine_flags(ctx)
         where = locate_engine(
             ctx,
@@ -181,9 +180,6 @@ class AtomAdapter:
             pd=transfer_plan(ctx).pd,
             dp_size=dp_size(ctx),
         )
-
-    async def is_ready(self, engine: RunningEngine) -> bool:
-        return await http_ok(engine.client, f"{engine.url}/health")
 
     async def in_flight(self, engine: RunningEngine) -> int | None:
         """Requests in ATOM from its ``/metrics`` gauges (None when ATOM cannot tell yet)."""

@@ -26,6 +26,7 @@ from infera_core.engines.pd import (
     leg_headers,
     peer_host,
     prefill_transfer_params,
+    remote_decode_params,
 )
 from infera_core.worker import WorkerRecord
 
@@ -55,13 +56,7 @@ class AtomMooncakeTransport(KvTransferParamsLegs):
             )
 
     def prefill_params(self, ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord) -> dict[str, Any]:
-        return {
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "remote_engine_id": None,
-            "remote_block_ids": None,
-            **_remote(decode),
-        }
+        return remote_decode_params(**_remote(decode))
 
     def decode_params(
         self, ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord, response: dict[str, Any] | None

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+
+from infera_core.testing.http_handler import QuietHandler
 
 HELP = {
     "atom:metrics_snapshot_available": "Whether an engine snapshot is available.",
@@ -36,6 +38,9 @@ def exposition(running: int, waiting: int, parked: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+PROMETHEUS = "text/plain; version=0.0.4"
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--host", default="127.0.0.1")
@@ -45,24 +50,13 @@ def main() -> None:
     lock = threading.Lock()
     state = {"busy": args.busy, "scrapes": 0}
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *a: object) -> None:
-            pass
-
-        def _send(self, body: str, ctype: str = "text/plain; version=0.0.4") -> None:
-            data = body.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             if self.path == "/health":
-                return self._send("")
+                return self.reply(200, "", PROMETHEUS)
             if self.path == "/scrapes":
                 with lock:
-                    return self._send(str(state["scrapes"]))
+                    return self.reply(200, str(state["scrapes"]), PROMETHEUS)
             if self.path == "/metrics":
                 with lock:
                     busy = state["busy"]
@@ -71,7 +65,7 @@ def main() -> None:
                 # one running, the rest waiting (one of those parked for its KV)
                 running = min(busy, 1)
                 parked = 1 if busy > 2 else 0
-                return self._send(exposition(running, busy - running - parked, parked))
+                return self.reply(200, exposition(running, busy - running - parked, parked), PROMETHEUS)
             self.send_response(404)
             self.end_headers()
 

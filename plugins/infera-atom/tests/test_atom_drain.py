@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -27,6 +26,7 @@ from infera_core.engines.base import (
     RunningEngine,
 )
 from infera_core.engines.settings import WorkerSettings
+from infera_core.engines.support import AdapterBase
 from infera_core.launcher.runtime import WorkerLauncher
 from infera_core.plugin.spec import hookimpl
 from infera_core.testing.fixtures import make_hooks
@@ -62,26 +62,21 @@ def test_without_a_snapshot_or_the_gauges_in_flight_is_unknown() -> None:
     assert atom_in_flight(older) == 6
 
 
-class _AtomStandin:
+class _AtomStandin(AdapterBase):
     """Runs the stand-in ATOM server; ``in_flight`` is the real ATOM adapter's."""
 
     name = "atom-standin"
     description = "a stand-in ATOM server (tests)"
     package_hint = "-"
+    engine_options = (EngineOption("busy", int, 0, "Requests in flight at start."),)
 
-    def options(self) -> Sequence[EngineOption]:
-        return (EngineOption("busy", int, 0, "Requests in flight at start."),)
-
-    def build_launch(self, ctx: LaunchContext) -> LaunchSpec:
+    def launch(self, ctx: LaunchContext) -> LaunchSpec:
         busy = str(ctx.options.get("busy") or 0)
         argv = [sys.executable, str(STANDIN), "--host", ctx.host, "--port", str(ctx.port), "--busy", busy]
         return LaunchSpec(argv=argv, env={"PYTHONUNBUFFERED": "1"})
 
     def record_fields(self, ctx: LaunchContext) -> RecordFields:
         return RecordFields()
-
-    async def is_ready(self, engine: RunningEngine) -> bool:
-        return await AtomAdapter().is_ready(engine)
 
     async def in_flight(self, engine: RunningEngine) -> int | None:
         return await AtomAdapter().in_flight(engine)

@@ -10,18 +10,10 @@ engine.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
-from infera_core.engines.base import (
-    EngineOption,
-    FlagAlias,
-    LaunchContext,
-    LaunchSpec,
-    RecordFields,
-    RunningEngine,
-)
-from infera_core.engines.support import http_ok, metrics_sum, reject_managed_flags
+from infera_core.engines.base import LaunchContext, LaunchSpec, RecordFields, RunningEngine
+from infera_core.engines.support import AdapterBase, metrics_sum
 from infera_core.errors import EngineError
 from infera_core.worker import Role
 
@@ -29,7 +21,7 @@ ROUTING_DEFAULT = "approximate-prefix"
 """The preset ``infera-run up`` picks for these engines (they publish no KV events)."""
 
 
-class OpenAIServerAdapter:
+class OpenAIServerAdapter(AdapterBase):
     """Base of the engines in this plugin: subclasses give the command and the engine's names.
 
     ``health_path`` answers 200 once the engine serves; ``running_metrics`` and
@@ -38,26 +30,12 @@ class OpenAIServerAdapter:
     ``infera-run up`` uses for them.
     """
 
-    name: ClassVar[str] = ""
-    description: ClassVar[str] = ""
-    package_hint: ClassVar[str] = ""
     default_policy: ClassVar[str] = ROUTING_DEFAULT
-    health_path: ClassVar[str] = "/health"
     metrics_path: ClassVar[str] = "/metrics"
     running_metrics: ClassVar[tuple[str, ...]] = ()
     """The engine's Prometheus gauges of requests running (summed over labels)."""
     waiting_metrics: ClassVar[tuple[str, ...]] = ()
     """The engine's Prometheus gauges of requests queued."""
-    managed_flags: ClassVar[Mapping[str, str]] = {}
-    """Engine flags after ``--`` that Infera sets itself → the Infera flag to use instead."""
-    aliases: ClassVar[Mapping[str, FlagAlias]] = {}
-    engine_options: ClassVar[tuple[EngineOption, ...]] = ()
-
-    def options(self) -> Sequence[EngineOption]:
-        return self.engine_options
-
-    def flag_aliases(self) -> Mapping[str, FlagAlias]:
-        return self.aliases
 
     def build_launch(self, ctx: LaunchContext) -> LaunchSpec:
         if ctx.role is not Role.MIXED:
@@ -65,19 +43,11 @@ class OpenAIServerAdapter:
                 f"--role {ctx.role.value}: the {self.name} engine has no prefill/decode transport "
                 "in Infera; run it as a mixed worker (drop --role)"
             )
-        reject_managed_flags(ctx.engine_args, dict(self.managed_flags))
-        return self.launch(ctx)
-
-    def launch(self, ctx: LaunchContext) -> LaunchSpec:
-        """The argv/env for this engine (subclasses)."""
-        raise NotImplementedError
+        return super().build_launch(ctx)
 
     def record_fields(self, ctx: LaunchContext) -> RecordFields:
         """No KV events (``kv_events=None``), no PD: the router cannot see this engine's cache."""
         return RecordFields(labels={"kv-events": "none"})
-
-    async def is_ready(self, engine: RunningEngine) -> bool:
-        return await http_ok(engine.client, engine.url + self.health_path)
 
     async def load(self, engine: RunningEngine) -> dict[str, float] | None:
         """``{"running": …, "waiting": …}`` from the engine's own metric names (None: unknown)."""

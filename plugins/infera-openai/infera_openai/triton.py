@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Mapping
-from typing import ClassVar
 
 from infera_core.engines.base import EngineOption, FlagAlias, LaunchContext, LaunchSpec, RunningEngine
 from infera_core.engines.support import ENGINE_PYTHON_ENV
@@ -58,8 +57,8 @@ class TritonAdapter(OpenAIServerAdapter):
     )
     package_hint = "run inside the Triton container (tritonserver Python package and the openai frontend)"
     health_path = "/health/ready"
-    managed_flags: ClassVar[Mapping[str, str]] = MANAGED_FLAGS
-    aliases: ClassVar[Mapping[str, FlagAlias]] = ALIASES
+    managed_flags = MANAGED_FLAGS
+    aliases = ALIASES
     engine_options = OPTIONS
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from infera_core.engines.base import (
     EngineOption,
@@ -31,7 +31,7 @@ from infera_core.engines.base import (
     RecordFields,
     RunningEngine,
 )
-from infera_core.engines.support import reject_managed_flags
+from infera_core.engines.support import AdapterBase
 from infera_openai import trtllm_kv
 from infera_openai.base import OpenAIServerAdapter, get_text, locate_binary, positive
 
@@ -92,14 +92,13 @@ class TrtllmAdapter(OpenAIServerAdapter):
     metrics_path = "/prometheus/metrics"
     running_metrics = ("trtllm_num_requests_running",)
     waiting_metrics = ("trtllm_num_requests_waiting",)
-    managed_flags: ClassVar[Mapping[str, str]] = MANAGED_FLAGS
-    aliases: ClassVar[Mapping[str, FlagAlias]] = ALIASES
+    managed_flags = MANAGED_FLAGS
+    aliases = ALIASES
     engine_options = OPTIONS
 
     def build_launch(self, ctx: LaunchContext) -> LaunchSpec:
         """Any role: prefill/decode workers serve TRT-LLM's disaggregated protocol (trtllm-disagg)."""
-        reject_managed_flags(ctx.engine_args, dict(self.managed_flags))
-        return self.launch(ctx)
+        return AdapterBase.build_launch(self, ctx)
 
     def launch(self, ctx: LaunchContext) -> LaunchSpec:
         serve = locate_binary(ctx.options.get("trtllm_serve"), SERVE, "--trtllm-serve", self.package_hint)

@@ -22,6 +22,7 @@ from infera_openai.llamacpp import LlamaCppAdapter
 from infera_core.engines.base import RunningEngine
 from infera_core.testing.contracts import sample_launch_context
 from infera_core.testing.engine_env import clean_environ
+from infera_core.testing.fleet import stop_process
 
 pytestmark = pytest.mark.slow
 
@@ -102,13 +103,7 @@ def up_llamacpp() -> Iterator[tuple[subprocess.Popen[str], str, str]]:
         assert found.group(2) == "2"
         yield proc, found.group(1), found.group(3)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop_process(proc, within=30)
 
 
 async def worker_load(workers: list[dict[str, object]]) -> int:

