@@ -69,6 +69,14 @@ def main() -> None:
             self.send_response(404)
             self.end_headers()
 
+        def do_POST(self) -> None:
+            # an engine's API: an empty completion request is a validation error, nothing runs
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            if self.path == "/v1/completions":
+                return self.reply(400, '{"error": {"message": "model is required"}}', "application/json")
+            self.send_response(404)
+            self.end_headers()
+
     ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
 
 
