@@ -19,6 +19,7 @@ NEEDS_AIOHTTP = {
     "infera_core.bench.plan",
     "infera_core.bench.runner",
     "infera_core.transports.http.aiohttp_upstream",  # serve --http-client aiohttp
+    "infera_core.server.upstream_aiohttp",  # its old path (a re-export)
     "infera_core.up.demo",
 }
 

@@ -11,6 +11,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -64,9 +65,15 @@ def test_the_documented_cpu_recipe_serves_chat_and_completions(tmp_path: Path) -
                 f"no ready line: {ready!r}; stderr:\n{proc.stderr.read() if proc.stderr else ''}"
             )
         url = m.group(1)
-        assert "tiny by text prefix" in ready  # no --tokenizer in the recipe: said, not silent
         assert proc.stdout.readline().startswith("Dashboard: ")
         assert proc.stdout.readline().startswith("Plane: memory")
+        # no --tokenizer in the recipe: the router learns the model from its workers' model card
+        # (the ready line may come before the card's tokenizer is built, so wait on /v1/workers)
+        admin = url.removesuffix("/v1")
+        deadline = time.monotonic() + 120
+        while (modes := _modes(admin)) != {"tokens"}:
+            assert time.monotonic() < deadline, f"routing mode of tiny on /v1/workers: {modes}"
+            time.sleep(0.2)  # polling a condition
         with httpx.Client(base_url=url, timeout=120) as c:
             chat = c.post(
                 "/chat/completions",
@@ -85,3 +92,8 @@ def test_the_documented_cpu_recipe_serves_chat_and_completions(tmp_path: Path) -
             proc.kill()  # up's engines die with it (their parent-death signal)
             proc.wait(30)
     assert proc.returncode == 0
+
+
+def _modes(admin: str) -> set[str | None]:
+    listed = httpx.get(f"{admin}/v1/workers", timeout=10).json()["data"]
+    return {w.get("routing_mode") for w in listed if w.get("model") == "tiny"}
