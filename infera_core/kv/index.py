@@ -30,8 +30,10 @@ from infera_core.kv.events import (
     BlockStored,
     BlockStoredRaw,
     IndexBatch,
+    event_salt,
+    plain,
 )
-from infera_core.kv.hashing import root_hash
+from infera_core.kv.hashing import fold_extra_keys, namespace_root, root_hash, split_extra_keys
 from infera_core.kv.store import BlockStore
 from infera_core.scheduling.types import KvView
 
@@ -390,6 +392,9 @@ class KvIndex:
         if ev.block_size != view.block_size:
             self._bad_block_size(view, ev.block_size)
             return
+        if not plain(ev):
+            self._store_keyed(view, ev)
+            return
         parent = ev.parent_block_hash
         if parent is None:
             ph = root_hash(ev.lora_id)
@@ -408,6 +413,36 @@ class KvIndex:
                 hashes = ops.chain_hashes_msgpack(toks, ev.block_size, ph)
             except ValueError:  # not plain ints (e.g. EAGLE bigram pairs): the tolerant way
                 hashes = ops.chain_hashes(tokens_from_packed(toks), ev.block_size, ph)
+        self._blocks.store(view.slot, medium_tier(ev.medium), ev.block_hashes, hashes)
+
+    def _store_keyed(self, view: WorkerView, ev: BlockStored | BlockStoredRaw) -> None:
+        """A stored run whose hashes fold in more than its tokens (LoRA, cache salt, multimodal):
+        a chain root takes the LoRA name and salt as its namespace; a block with foreign keys
+        folds them into its own hash (and so into every block after it)."""
+        parent = ev.parent_block_hash
+        if parent is None:
+            keys = ev.extra_keys[0] if ev.extra_keys else None
+            salt = event_salt(ev) or split_extra_keys(keys, ev.lora_name, True)[0]
+            ph = namespace_root(ev.lora_name, salt, ev.lora_id)
+        else:
+            found = self._blocks.lookup(view.slot, parent)
+            if found is None:
+                view.unknown_parent += 1
+                return
+            ph = found
+        toks = ev.token_ids if isinstance(ev.token_ids, list) else tokens_from_packed(ev.token_ids)
+        bs = ev.block_size
+        extra = ev.extra_keys or []
+        chain = accel.ops.chain_hashes
+        hashes: list[int] = []
+        for i in range(min(len(ev.block_hashes), len(toks) // bs)):
+            keys = extra[i] if i < len(extra) else None
+            if keys is not None:
+                foreign = split_extra_keys(keys, ev.lora_name, parent is None and i == 0)[1]
+                if foreign:
+                    ph = fold_extra_keys(ph, foreign)
+            ph = chain(toks[i * bs : (i + 1) * bs], bs, ph)[0]
+            hashes.append(ph)
         self._blocks.store(view.slot, medium_tier(ev.medium), ev.block_hashes, hashes)
 
     def _drop(self, view: WorkerView, block_hashes: list[BlockHash], medium: str | None) -> None:
@@ -436,9 +471,10 @@ class KvIndex:
 
     # -- scoring ------------------------------------------------------------------
     @staticmethod
-    def hash_prompt(token_ids: list[int], block_size: int) -> list[int]:
-        """Router hashes of a prompt's full blocks (base model)."""
-        return accel.ops.chain_hashes(token_ids, block_size, root_hash())
+    def hash_prompt(token_ids: list[int], block_size: int, root: int | None = None) -> list[int]:
+        """Router hashes of a prompt's full blocks, chained from ``root`` (None: the base
+        model's unsalted root; else :func:`~infera_core.kv.hashing.namespace_root`)."""
+        return accel.ops.chain_hashes(token_ids, block_size, root_hash() if root is None else root)
 
     def match(
         self,
