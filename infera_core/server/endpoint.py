@@ -113,11 +113,15 @@ class ProxyEndpoint:
             if auth is not None and principal is not None:
                 ctx.principal = principal
                 ctx.budget = auth.admit(principal, model, ctx.body, ctx.token_ids)
+            engines = (ep.record.engine for ep in core.table.candidates(model))
+            upstream_body = core.salting.apply(ctx, upstream_body, engines)
             if core.scheduler.direct and raw_header(scope, DIRECT_HEADER.encode()) is not None:
                 self.admin.check(scope, "Direct routing (x-worker-instance-id)")
             if not hooked:
                 watcher = asyncio.ensure_future(watch_disconnect(receive, task, gone))
             ep, resp = await core.dispatch(ctx, path, upstream_body, task, via)
+            if ctx.principal is not None:
+                core.salting.routed(ctx, ep)
             status = resp.status
             ok = False
             try:
