@@ -143,6 +143,17 @@ async def test_the_router_salts_each_tenants_requests_to_vllm(
     mixed = await _sent(server, up, "sk-alice", cache_salt="mine")
     assert mixed["cache_salt"] == combined_salt(str(salts["alice"]), "mine") not in {"mine", salts["alice"]}
     assert (await _sent(server, up, "sk-bob", cache_salt="mine"))["cache_salt"] != mixed["cache_salt"]
+    # /v1/messages goes to the worker's chat route: salted alike, the client's salt kept
+    msg = {
+        "model": MODEL,
+        "max_tokens": 1,
+        "cache_salt": "mine",
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        r = await client.post("/v1/messages", json=msg, headers={"x-api-key": "sk-alice"})
+    assert r.status_code == 200, r.text
+    assert json.loads(up.last_body)["cache_salt"] == mixed["cache_salt"]
 
 
 async def test_engines_that_take_no_salt_get_the_body_unchanged(
