@@ -26,6 +26,8 @@ from typing import Any
 
 import msgspec
 
+from infera_core.kv.events import BlockStored, BlockStoredRaw, event_salt
+
 ROUTER_HASH_SEED = 0x1FE8A5EED
 """Fixed root of every chain (LoRA adapters and cache salts fold into it)."""
 _LORA_TAG = 0x10AA
@@ -117,3 +119,37 @@ def py_chain_hashes_msgpack(packed: bytes, block_size: int, parent: int) -> list
     except msgspec.DecodeError as exc:  # ValidationError included
         raise ValueError(f"token_ids: {exc}") from None
     return py_chain_hashes(tokens, block_size, parent)
+
+
+def event_root(ev: BlockStored | BlockStoredRaw) -> int:
+    """The namespace root of a stored run that starts a chain (its parent is None): its LoRA
+    name and cache salt (SGLang's field, or the salt in its first block's ``extra_keys``)."""
+    keys = ev.extra_keys[0] if ev.extra_keys else None
+    salt = event_salt(ev) or split_extra_keys(keys, ev.lora_name, True)[0]
+    return namespace_root(ev.lora_name, salt, ev.lora_id)
+
+
+def keyed_chain(
+    tokens: Sequence[int],
+    block_size: int,
+    blocks: int,
+    parent: int,
+    ev: BlockStored | BlockStoredRaw,
+    root: bool,
+) -> list[int]:
+    """Router hashes of a stored run with ``extra_keys``, chained from ``parent``: a block whose
+    keys hold more than the namespace (multimodal items, embeddings) folds them into its hash
+    (and so into every block after it). ``root``: the run starts a prompt (its first block may
+    carry the salt)."""
+    extra = ev.extra_keys or []
+    out: list[int] = []
+    h = parent
+    for i in range(min(blocks, len(tokens) // block_size)):
+        keys = extra[i] if i < len(extra) else None
+        if keys is not None:
+            foreign = split_extra_keys(keys, ev.lora_name, root and i == 0)[1]
+            if foreign:
+                h = fold_extra_keys(h, foreign)
+        h = hash((h, *tokens[i * block_size : (i + 1) * block_size]))
+        out.append(h)
+    return out

@@ -169,6 +169,8 @@ class RouterCore:
                 if last is not None:
                     raise last from None
                 raise
+            if attempt == 0 and ctx.principal is not None:
+                self.salting.routed(ctx, ep)  # its prediction now: once served, the worker holds it
             self.breakers.picked(ep)
             ep.in_flight += 1
             rank = self.scheduler.dp.choose(ep, ctx) if ep.record.dp_size > 1 else None

@@ -120,8 +120,6 @@ class ProxyEndpoint:
             if not hooked:
                 watcher = asyncio.ensure_future(watch_disconnect(receive, task, gone))
             ep, resp = await core.dispatch(ctx, path, upstream_body, task, via)
-            if ctx.principal is not None:
-                core.salting.routed(ctx, ep)
             status = resp.status
             ok = False
             try:

@@ -99,7 +99,8 @@ class CacheSalting:
         )
 
     def routed(self, ctx: RequestContext, ep: Endpoint) -> None:
-        """Count a keyed request routed to ``ep`` (its prompt, and the overlap the router saw)."""
+        """Count a keyed request routed to ``ep`` (its prompt, and the overlap the router saw),
+        when it is routed: by the time its answer arrives the worker has cached its prompt."""
         principal = ctx.principal
         tokens = ctx.token_ids
         if principal is None or not tokens:

@@ -34,10 +34,10 @@ typedef struct {
     int64_t block_size, group, lora;
 } evdesc;
 
-/* A str field as a storage tier, as infera_core.kv.index.medium_tier does; -1 to give up. */
+/* A str field as a storage tier, as infera_core.kv.tiers.medium_tier does; -1 to give up. */
 static int tier_of_medium(const mpitem *it)
 {
-    /* infera_core.kv.index._MEDIUM_TIER: vLLM, SGLang (HiCache), ATOM and LMCache names */
+    /* infera_core.kv.tiers._MEDIUM_TIER: vLLM, SGLang (HiCache), ATOM and LMCache names */
     static const char *names[] = {"GPU",  "HBM",     "CPU",      "CPU_PINNED", "CPU_TIER1", "DISK",
                                   "STORAGE", "EXTERNAL", "CPU_TIER2", "REMOTE"};
     static const int tiers[] = {0, 0, 1, 1, 1, 2, 2, 2, 2, 2};
