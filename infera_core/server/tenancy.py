@@ -31,9 +31,10 @@ from infera_core.server.series import LeanCounter
 
 log = logging.getLogger("infera.server.tenancy")
 
-SALT_ENGINES = frozenset({"vllm", "sglang"})
+SALT_ENGINES = frozenset({"vllm", "sglang", "sim"})
 """Engines whose OpenAI routes take ``cache_salt`` and hash it into the prefix cache (vLLM's
-``ChatCompletionRequest`` / ``CompletionRequest`` / Anthropic ``MessagesRequest``; SGLang's)."""
+``ChatCompletionRequest`` / ``CompletionRequest`` / Anthropic ``MessagesRequest``; SGLang's;
+the sim, as vLLM does)."""
 SALT_PREFIX = "infera-"
 
 
