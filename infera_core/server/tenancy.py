@@ -27,6 +27,7 @@ from typing import Any
 from infera_core.kv.hashing import namespace_root
 from infera_core.request import RequestContext
 from infera_core.scheduling.types import Endpoint, KvIndexView
+from infera_core.server.errors import ApiError
 from infera_core.server.series import LeanCounter
 
 log = logging.getLogger("infera.server.tenancy")
@@ -81,6 +82,24 @@ def with_cache_salt(raw: bytes, body: dict[str, Any], salt: str) -> bytes:
     return json.dumps({**body, "cache_salt": salt}).encode()
 
 
+_FORBIDDEN = frozenset("@/\\\0")
+
+
+def _client_salt(body: dict[str, Any]) -> str | None:
+    """The request's own ``cache_salt``; a 400 for one vLLM would refuse (what it checks)."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt or len(salt) > 128 or not _FORBIDDEN.isdisjoint(salt):
+        raise ApiError(
+            400,
+            "'cache_salt' must be a non-empty string of at most 128 characters without '@', '/', '\\' or NUL.",
+            param="cache_salt",
+            code="invalid_value",
+        )
+    return salt
+
+
 class CacheSalting:
     """Salts one server's requests (see the module docstring) and counts, per API key, the
     prompt tokens routed and how many of them the router predicted cached on the worker it
@@ -119,10 +138,8 @@ class CacheSalting:
     def apply(self, ctx: RequestContext, raw: bytes, engines: Iterable[str]) -> bytes:
         """Set ``ctx.kv_root`` (and, under isolation, the body's ``cache_salt``) for a request
         whose workers run ``engines``; returns the body to forward."""
-        client = ctx.body.get("cache_salt")
-        client_salt = client if isinstance(client, str) and client else None
         tenant: str | None = getattr(ctx.principal, "cache_salt", None)
-        if client_salt is None and tenant is None:
+        if tenant is None and ctx.body.get("cache_salt") is None:
             return raw
         unsalted = sorted(set(engines) - SALT_ENGINES)
         if unsalted:  # the engine would ignore (or refuse) the salt: hash as it caches
@@ -135,6 +152,7 @@ class CacheSalting:
                     ", ".join(unsalted),
                 )
             return raw
+        client_salt = _client_salt(ctx.body)  # checked where it would be used
         if tenant is None:
             ctx.kv_root = namespace_root(None, client_salt)
             return raw

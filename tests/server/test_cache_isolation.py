@@ -154,6 +154,12 @@ async def test_the_router_salts_each_tenants_requests_to_vllm(
         r = await client.post("/v1/messages", json=msg, headers={"x-api-key": "sk-alice"})
     assert r.status_code == 200, r.text
     assert json.loads(up.last_body)["cache_salt"] == mixed["cache_salt"]
+    # a salt vLLM would refuse is refused here, as vLLM words it (never silently replaced)
+    for bad in ("", 7, "a/b", "x" * 129):
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 1, "cache_salt": bad}
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            r = await client.post("/v1/completions", json=body, headers={"Authorization": "Bearer sk-alice"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt", r.text
 
 
 async def test_engines_that_take_no_salt_get_the_body_unchanged(
@@ -163,6 +169,7 @@ async def test_engines_that_take_no_salt_get_the_body_unchanged(
     server.store.put(WorkerRecord(worker_id="v0", url=up.url, model=MODEL, engine="fake"))
     await server.wait_workers(1)
     assert "cache_salt" not in await _sent(server, up, "sk-alice")
+    assert (await _sent(server, up, "sk-alice", cache_salt=7))["cache_salt"] == 7  # the engine's business
 
 
 def test_per_key_predicted_hits(tmp_path: Path) -> None:
