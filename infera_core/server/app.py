@@ -160,6 +160,8 @@ def create_app(
         probe=progress,
     )
     core.pd = build_pd(core, config.pd, catalog, deps, settings.max_inflight_per_worker)
+    core.salting.index = deps.kv_index
+    metrics.registry.register(LeanCollector([core.salting.tokens]))
     owns_discovery = discovery is None if start_discovery is None else start_discovery
     disc = discovery if discovery is not None else make_discovery(settings, hooks)
     if kv is not None:

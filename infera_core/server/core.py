@@ -33,6 +33,7 @@ from infera_core.server.loops import LOOP_HEADER, LOOP_STATUS, loop_error, via_v
 from infera_core.server.metrics import ServerMetrics
 from infera_core.server.not_found import EngineAnswer, engine_error, not_an_engine
 from infera_core.server.routing_mode import RoutingModes
+from infera_core.server.tenancy import CacheSalting
 from infera_core.transports.upstreams import (
     READ_ERRORS,
     PoolTimeoutError,
@@ -114,6 +115,8 @@ class RouterCore:
         """Each model's routing mode (tokens / text / load), said once per model."""
         self.pd: PdDispatcher | None = None
         """The PD path (``infera_core.server.pd``): models served by prefill/decode pairs."""
+        self.salting = CacheSalting()
+        """Request ``cache_salt`` → the KV hashes' root; the key file's cache isolation."""
 
     def request_id(self) -> str:
         """A new id for the engine, the scorers' bookkeeping and PD transfers. Never the
@@ -166,6 +169,8 @@ class RouterCore:
                 if last is not None:
                     raise last from None
                 raise
+            if attempt == 0 and ctx.principal is not None:
+                self.salting.routed(ctx, ep)  # its prediction now: once served, the worker holds it
             self.breakers.picked(ep)
             ep.in_flight += 1
             rank = self.scheduler.dp.choose(ep, ctx) if ep.record.dp_size > 1 else None

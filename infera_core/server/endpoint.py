@@ -113,6 +113,8 @@ class ProxyEndpoint:
             if auth is not None and principal is not None:
                 ctx.principal = principal
                 ctx.budget = auth.admit(principal, model, ctx.body, ctx.token_ids)
+            engines = (ep.record.engine for ep in core.table.candidates(model))
+            upstream_body = core.salting.apply(ctx, upstream_body, engines)
             if core.scheduler.direct and raw_header(scope, DIRECT_HEADER.encode()) is not None:
                 self.admin.check(scope, "Direct routing (x-worker-instance-id)")
             if not hooked:

@@ -46,6 +46,9 @@ class Parsed:
     seed: int = 0
     tool_call: dict[str, Any] | None = None
     """The function a forced ``tool_choice`` makes the sim call (name and parameters)."""
+    cache_salt: str | None = None
+    """vLLM's ``cache_salt``: folded into the first block's hash, so only requests with the same
+    salt share cached blocks (the KV events carry it in ``extra_keys``, as vLLM's do)."""
     prompt_logprobs: int | None = None
     """vLLM's ``prompt_logprobs``: per prompt token, this many alternatives (the answer grows by
     one entry per prompt token, placed where vLLM places it)."""
@@ -62,6 +65,7 @@ class Parsed:
                 ignore_eos=self.ignore_eos,
                 stop=self.stop,
                 stop_token_ids=self.stop_token_ids,
+                cache_salt=self.cache_salt,
             )
             for i, prompt in enumerate(self.prompts)
         ]
@@ -186,7 +190,24 @@ def parse(body: dict[str, Any], tok: EngineTokenizer, cfg: SimConfig, chat: bool
         seed=seed,
         tool_call=_tool_call(body) if chat else None,
         prompt_logprobs=prompt_logprobs,
+        cache_salt=_cache_salt(body),
     )
+
+
+def _cache_salt(body: dict[str, Any]) -> str | None:
+    """vLLM's ``validate_cache_salt``: a non-empty string of at most 128 characters without
+    ``@``, ``/``, ``\\`` or NUL."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise ApiError("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
+    if len(salt) > 128 or any(c in salt for c in "@/\\\0"):
+        raise ApiError(
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL.",
+            "cache_salt",
+        )
+    return salt
 
 
 def usage(reqs: list[SimRequest]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ class SimRequest:
     __slots__ = (
         "arrival",
         "blocks",
+        "cache_salt",
         "choices",
         "committed",
         "done",
@@ -68,8 +69,11 @@ class SimRequest:
         ignore_eos: bool = False,
         stop: list[str] | None = None,
         stop_token_ids: list[int] | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id
+        self.cache_salt = cache_salt
+        """Folded into the first block's hash (vLLM's ``cache_salt``)."""
         self.prompt = prompt
         self.max_tokens = max_tokens
         self.min_tokens = min_tokens
