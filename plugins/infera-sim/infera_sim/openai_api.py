@@ -109,6 +109,11 @@ def _messages(body: dict[str, Any], tok: EngineTokenizer) -> list[list[int]]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ApiError(f"messages[{i}] must be an object with a 'role'", "messages")
+    if body.get("continue_final_message") and body.get("add_generation_prompt", True):
+        raise ApiError(  # vLLM's own check
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            "continue_final_message",
+        )
     return [tok.encode_chat(messages, body)]
 
 

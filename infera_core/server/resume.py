@@ -1,0 +1,217 @@
+"""The router's side of migration: which streams may move, cutting them, and resuming them.
+
+:class:`Migrator` belongs to one server. A relay asks :meth:`Migrator.watch` for a
+:class:`LiveStream` when its stream may be migrated (``--migration-limit`` above 0 for
+the model, and nothing in the request that :func:`~infera_core.server.migrate.refusal`
+turns away). The relay keeps the bytes it sent the client; when its worker's stream
+breaks it calls :meth:`Migrator.resume`, which dispatches the continuation
+(:mod:`infera_core.server.migrate`) to another worker of the same model and role (the
+failed ones excluded; the scheduler's KV-aware pick prefers the one holding the prefix).
+
+Streams are also *cut* on purpose, so that they move before they would break: when the
+hang detector takes their worker out of rotation, when their worker's record is deleted,
+and when their worker has been draining for ``--drain-grace`` seconds. A cut cancels the
+relay's task with the stream marked, and the relay migrates it like a broken one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from infera_core.request import RequestContext
+from infera_core.scheduling.types import Endpoint
+from infera_core.server.core import RouterCore
+from infera_core.server.errors import ApiError
+from infera_core.server.migrate import Relayed, Resumed, continuation_body, read_relayed, refusal
+from infera_core.transports.upstreams import UpstreamResponse
+from infera_core.worker import Status, WorkerRecord
+
+log = logging.getLogger("infera.server.migrate")
+
+
+class LiveStream:
+    """One migratable stream: its task, its worker, and why it was cut (None: not cut)."""
+
+    __slots__ = ("cut", "left", "task", "worker")
+
+    def __init__(self, task: asyncio.Task[object] | None, worker: str, left: int) -> None:
+        self.task = task
+        self.worker = worker
+        self.left = left
+        """Migrations this stream may still make."""
+        self.cut: str | None = None
+
+
+class Leg:
+    """A continuation under way: its context, endpoint, response and chunk rewriter."""
+
+    __slots__ = ("ctx", "ep", "reason", "resp", "resumed", "started")
+
+    def __init__(
+        self,
+        ctx: RequestContext,
+        ep: Endpoint,
+        resp: UpstreamResponse,
+        resumed: Resumed,
+        started: float,
+        reason: str,
+    ) -> None:
+        self.reason = reason
+        self.ctx = ctx
+        self.ep = ep
+        self.resp = resp
+        self.resumed = resumed
+        self.started = started
+
+
+class Migrator:
+    """``limit``: migrations per request (``--migration-limit``); ``per_model``: overrides."""
+
+    def __init__(
+        self, core: RouterCore, limit: int, per_model: dict[str, int] | None = None, grace: float = 0.0
+    ) -> None:
+        self.core = core
+        self.limit = limit
+        self.per_model = per_model or {}
+        self.grace = grace
+        """``--drain-grace``: seconds a draining worker keeps its streams (0: until it closes them)."""
+        self._live: dict[str, set[LiveStream]] = {}
+        self._draining: dict[str, asyncio.TimerHandle] = {}
+
+    def limit_for(self, model: str) -> int:
+        return self.per_model.get(model, self.limit)
+
+    def watch(self, ctx: RequestContext, worker: str, chat: bool) -> LiveStream | None:
+        """A stream starts relaying from ``worker``: its handle, or None when it cannot move."""
+        left = self.limit_for(ctx.model)
+        if left <= 0:
+            return None
+        why = refusal(ctx.body, ctx.headers, chat)
+        if why is not None:
+            log.debug("request %s is not migratable: %s", ctx.log_id, why)
+            return None
+        live = LiveStream(asyncio.current_task(), worker, left)
+        self._track(live)
+        return live
+
+    def _track(self, live: LiveStream) -> None:
+        try:
+            self._live[live.worker].add(live)
+        except KeyError:
+            self._live[live.worker] = {live}
+
+    def done(self, live: LiveStream | None) -> None:
+        if live is not None:
+            streams = self._live.get(live.worker)
+            if streams is not None:
+                streams.discard(live)
+                if not streams:
+                    del self._live[live.worker]
+
+    def cut(self, worker: str, reason: str) -> int:
+        """Move every migratable stream of ``worker`` elsewhere; how many were cut."""
+        n = 0
+        for live in list(self._live.get(worker, ())):
+            if live.cut is None and live.task is not None and not live.task.done():
+                live.cut = reason
+                live.task.cancel()
+                n += 1
+        if n:
+            log.warning("worker %s: %d stream(s) moved to other workers (%s)", worker, n, reason)
+        return n
+
+    # -- fleet events ----------------------------------------------------------------
+    def on_worker_changed(self, record: WorkerRecord) -> None:
+        wid = record.worker_id
+        if record.status is Status.DRAINING and self.grace > 0:
+            if wid not in self._draining:
+                loop = asyncio.get_running_loop()
+                self._draining[wid] = loop.call_later(self.grace, self._drain_over, wid)
+        else:
+            timer = self._draining.pop(wid, None)
+            if timer is not None:
+                timer.cancel()
+
+    def on_worker_removed(self, record: WorkerRecord) -> None:
+        timer = self._draining.pop(record.worker_id, None)
+        if timer is not None:
+            timer.cancel()
+        self.cut(record.worker_id, "worker_gone")
+
+    def _drain_over(self, wid: str) -> None:
+        self._draining.pop(wid, None)
+        self.cut(wid, "drain")
+
+    def on_hung(self, ep: Endpoint) -> None:
+        self.cut(ep.worker_id, "hung")
+
+    # -- resuming ----------------------------------------------------------------------
+    async def resume(
+        self,
+        ctx: RequestContext,
+        path: str,
+        kept: bytes,
+        live: LiveStream,
+        failed: list[str],
+        reason: str,
+        chat: bool,
+    ) -> Leg | Relayed | str:
+        """The continuation of a stream that broke (``reason``) after relaying ``kept``:
+        a :class:`Leg`, the :class:`Relayed` state when the stream had in fact ended
+        (its finish reason was relayed), or why it cannot go on."""
+        started = time.perf_counter()
+        metrics = self.core.metrics
+        r = read_relayed(kept, chat)
+        if r.finish is not None:
+            metrics.migrated(ctx.model, reason, "finished", None)
+            return r
+        if live.left <= 0:
+            metrics.migrated(ctx.model, reason, "limit", None)
+            return f"the migration limit ({self.limit_for(ctx.model)}) is spent"
+        if r.tools:
+            metrics.migrated(ctx.model, reason, "refused", None)
+            return "a tool call was under way"
+        body = continuation_body(ctx.body, r, chat)
+        if isinstance(body, str):
+            metrics.migrated(ctx.model, reason, "refused", None)
+            return body
+        live.left -= 1
+        self.done(live)
+        leg_ctx = RequestContext(self.core.request_id(), ctx.model, ctx.route, body, ctx.headers)
+        leg_ctx.client_request_id = ctx.client_request_id
+        leg_ctx.session_key = ctx.session_key
+        try:
+            ep, resp = await self.core.dispatch(leg_ctx, path, json.dumps(body).encode(), exclude=failed)
+        except ApiError as err:
+            metrics.migrated(ctx.model, reason, "failed", None)
+            return f"no worker could take it over ({err.message})"
+        if resp.status >= 400:
+            resp.release()
+            self.core.release(leg_ctx, ep, False)
+            metrics.migrated(ctx.model, reason, "failed", None)
+            return f"worker {ep.worker_id} refused the continuation ({resp.status})"
+        log.info(
+            "request %s: stream of worker %s broke (%s) after %d token(s); continuing on worker %s",
+            ctx.log_id,
+            live.worker,
+            reason,
+            r.generated,
+            ep.worker_id,
+        )
+        live.worker = ep.worker_id
+        live.cut = None
+        self._track(live)
+        return Leg(leg_ctx, ep, resp, Resumed(r, chat), started, reason)
+
+    def resumed(self, ctx: RequestContext, leg: Leg) -> None:
+        """The continuation's first bytes reached the client."""
+        self.core.metrics.migrated(ctx.model, leg.reason, "resumed", time.perf_counter() - leg.started)
+
+
+def uncancel() -> int:
+    """Undo one cancel request of the current task (a cut's); how many remain."""
+    task = asyncio.current_task()
+    return task.uncancel() if task is not None else 0
