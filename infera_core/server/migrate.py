@@ -26,6 +26,7 @@ from typing import Any
 
 MIGRATION_HEADER = "x-infera-migration"
 """``X-Infera-Migration: off`` on a request: never migrate it."""
+OFF = frozenset({"off", "0", "false", "no", "none"})
 
 _GUIDED = (
     "guided_json",
@@ -43,7 +44,7 @@ _GUIDED = (
 def refusal(body: dict[str, Any], headers: Any, chat: bool) -> str | None:
     """Why this request is not migrated if its stream breaks (None: it is)."""
     opt = headers.get(MIGRATION_HEADER) if headers is not None else None
-    if isinstance(opt, str) and opt.strip().lower() in ("off", "0", "false", "no", "none"):
+    if isinstance(opt, str) and opt.strip().lower() in OFF:
         return f"the request opted out ({MIGRATION_HEADER}: {opt.strip()})"
     n = body.get("n")
     if (isinstance(n, int) and n > 1) or (isinstance(body.get("best_of"), int) and body["best_of"] > 1):

@@ -11,7 +11,6 @@ client's stream with an SSE error event.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -28,8 +27,7 @@ from infera_core.server.asgi import (
 from infera_core.server.core import RouterCore, usage_of
 from infera_core.server.endpoint import ProxyEndpoint
 from infera_core.server.errors import ApiError
-from infera_core.server.migrate import Relayed, whole_events
-from infera_core.server.resume import Leg, uncancel
+from infera_core.server.legs import Broken, read_whole, relay_legs
 from infera_core.server.splice import StreamTally
 from infera_core.server.usage import (
     UsageStripper,
@@ -41,12 +39,11 @@ from infera_core.server.usage import (
 )
 from infera_core.server.validate import BodyLimits
 from infera_core.transports.http.http1 import Http1Response
-from infera_core.transports.upstreams import READ_ERRORS, UpstreamResponse
+from infera_core.transports.upstreams import UpstreamResponse
 
 log = logging.getLogger("infera.server.proxy")
 
 CHAT_ROUTE = "/v1/chat/completions"
-DONE = b"data: [DONE]\n\n"
 
 Checker = Callable[[dict[str, Any]], str]
 
@@ -78,21 +75,22 @@ class OpenAIProxy(ProxyEndpoint):
         ctype = resp.content_type or "application/json"
         if not ctype.startswith("text/event-stream"):
             try:
-                data = await resp.read()
-            except READ_ERRORS as exc:
-                await send_error(send, ApiError(502, f"Worker {worker} failed while responding: {exc!r}"))
+                whole = await read_whole(self.core, self.migrator, ctx, self.route, resp, worker)
+            except Broken as exc:
+                await send_error(send, ApiError(502, exc.message))
                 return False
+            data = whole.data
             headers = [
-                (b"content-type", ctype.encode("latin-1")),
+                (b"content-type", whole.content_type.encode("latin-1")),
                 (b"content-length", str(len(data)).encode()),
-                (b"x-infera-worker", worker.encode("latin-1")),
+                (b"x-infera-worker", whole.worker.encode("latin-1")),
             ]
-            if resp.status < 400:  # counted before it is sent: a client leaving now still pays
+            if whole.status < 400:  # counted before it is sent: a client leaving now still pays
                 p, c = answer_usage(data)
                 self.count_usage(ctx, p, c)
-            await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+            await send({"type": "http.response.start", "status": whole.status, "headers": headers})
             await send({"type": "http.response.body", "body": data, "more_body": False})
-            return resp.status < 400
+            return whole.status < 400
         await send(
             {
                 "type": "http.response.start",
@@ -103,111 +101,50 @@ class OpenAIProxy(ProxyEndpoint):
         tally = StreamTally()
         strip = UsageStripper() if router_added_usage(ctx.body) else None
         mig = self.migrator
-        chat = self.route == CHAT_ROUTE
-        live = mig.watch(ctx, worker, chat) if mig is not None else None
-        kept: list[bytes] | None = [] if live is not None else None
+        live = mig.watch(ctx, worker, self.route == CHAT_ROUTE) if mig is not None else None
+        kept: list[bytes] | None = [] if live is not None and live.refused is None else None
         tally.kept = kept
         # the native transport hands chunks to the client's transport as they are parsed
         # (no task wake-up per chunk); what it declines comes through the loop below
         sink = tally if strip is None and type(resp) is Http1Response and tally.attach(send) else None
+
+        async def emit(chunk: bytes) -> None:
+            if strip is not None:
+                chunk = strip.feed(chunk)
+                if not chunk:
+                    return
+            tally.note(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
         ended = False
-        leg: Leg | None = None
-        failed = [worker]
         try:
-            while True:
-                try:
-                    await self._pump(send, leg.resp if leg else resp, tally, strip, sink, leg, ctx)
-                    ended = True
-                    break
-                except READ_ERRORS as exc:
-                    reason, what = "upstream_closed", repr(exc)
-                except asyncio.CancelledError:
-                    if live is None or live.cut is None or uncancel() > 0:
-                        raise
-                    reason = live.cut
-                    what = f"its stream was moved ({reason})"
-                now = failed[-1]
-                log.warning("request %s: worker %s failed mid-stream: %s", ctx.log_id, now, what)
-                if sink is not None:
-                    resp.sink = None  # type: ignore[attr-defined]
-                    sink = None
-                if leg is not None:
-                    self._end_leg(leg, False)
-                    leg = None
-                else:
-                    resp.release()
-                got: Leg | Relayed | str = "migration is off for this request"
-                if mig is not None and live is not None and kept is not None:
-                    got = await mig.resume(ctx, self.route, b"".join(kept), live, failed, reason, chat)
-                if isinstance(got, Leg):
-                    leg = got
-                    failed.append(leg.ep.worker_id)
-                    continue
-                if isinstance(got, Relayed):  # the answer was whole: only its end was lost
-                    if not got.done:
-                        await send({"type": "http.response.body", "body": DONE, "more_body": True})
-                    ended = True
-                    break
-                note = f" (not continued elsewhere: {got})" if live is not None else ""
-                err = ApiError(
-                    502, f"Worker {now} failed mid-stream: {what}{note}", code="upstream_stream_error"
-                )
-                await send({"type": "http.response.body", "body": err.sse_event(), "more_body": False})
-                return False
+            await relay_legs(
+                self.core,
+                mig,
+                live,
+                ctx,
+                self.route,
+                self.route == CHAT_ROUTE,
+                resp,
+                worker,
+                emit,
+                kept,
+                sink,
+            )
+            ended = True
+        except Broken as exc:
+            err = ApiError(502, exc.message, code="upstream_stream_error")
+            await send({"type": "http.response.body", "body": err.sse_event(), "more_body": False})
+            return False
         finally:
             if mig is not None:
                 mig.done(live)
-            if leg is not None:
-                self._end_leg(leg, ended)
-            if sink is not None:
-                resp.sink = None  # type: ignore[attr-defined]
             if not ended:  # the client left or the worker failed: charge what passed
                 self._count_stream(ctx, tally, strip, None)
         rest = strip.flush() if strip is not None else b""
         self._count_stream(ctx, tally, strip, t0)
         await send({"type": "http.response.body", "body": rest, "more_body": False})
         return True
-
-    def _end_leg(self, leg: Leg, ok: bool) -> None:
-        leg.resp.release()
-        self.core.release(leg.ctx, leg.ep, ok)
-
-    async def _pump(
-        self,
-        send: Send,
-        resp: UpstreamResponse,
-        tally: StreamTally,
-        strip: UsageStripper | None,
-        sink: StreamTally | None,
-        leg: Leg | None,
-        ctx: RequestContext,
-    ) -> None:
-        """Relay one worker's stream to the client (a migratable one in whole events, kept)."""
-        kept = tally.kept
-        pending = b""
-        if sink is not None:
-            assert isinstance(resp, Http1Response)
-            resp.sink = sink
-        async for chunk in resp:
-            if sink is not None:
-                resp.sink = None  # type: ignore[attr-defined]  # until this chunk is out: none may overtake it
-            if leg is not None:
-                chunk = leg.resumed.feed(chunk)
-            elif kept is not None:
-                chunk, pending = whole_events(pending, chunk)
-            if strip is not None and chunk:
-                chunk = strip.feed(chunk)
-            if chunk:
-                if kept is not None:
-                    kept.append(chunk)
-                tally.note(chunk)
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                if leg is not None and leg.started:
-                    assert self.migrator is not None
-                    self.migrator.resumed(ctx, leg)
-                    leg.started = 0.0
-            if sink is not None and not pending:
-                resp.sink = sink  # type: ignore[attr-defined]
 
     def _count_stream(
         self, ctx: RequestContext, tally: StreamTally, strip: UsageStripper | None, t0: float | None

@@ -25,7 +25,15 @@ from infera_core.request import RequestContext
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.core import RouterCore
 from infera_core.server.errors import ApiError
-from infera_core.server.migrate import Relayed, Resumed, continuation_body, read_relayed, refusal
+from infera_core.server.migrate import (
+    MIGRATION_HEADER,
+    OFF,
+    Relayed,
+    Resumed,
+    continuation_body,
+    read_relayed,
+    refusal,
+)
 from infera_core.transports.upstreams import UpstreamResponse
 from infera_core.worker import Status, WorkerRecord
 
@@ -35,9 +43,13 @@ log = logging.getLogger("infera.server.migrate")
 class LiveStream:
     """One migratable stream: its task, its worker, and why it was cut (None: not cut)."""
 
-    __slots__ = ("cut", "left", "task", "worker")
+    __slots__ = ("cut", "left", "refused", "task", "worker")
 
-    def __init__(self, task: asyncio.Task[object] | None, worker: str, left: int) -> None:
+    def __init__(
+        self, task: asyncio.Task[object] | None, worker: str, left: int, refused: str | None = None
+    ) -> None:
+        self.refused = refused
+        """Why this stream is not migratable (it is not tracked then), None when it is."""
         self.task = task
         self.worker = worker
         self.left = left
@@ -85,14 +97,14 @@ class Migrator:
         return self.per_model.get(model, self.limit)
 
     def watch(self, ctx: RequestContext, worker: str, chat: bool) -> LiveStream | None:
-        """A stream starts relaying from ``worker``: its handle, or None when it cannot move."""
+        """A stream starts relaying from ``worker``: its handle (``refused`` says when it
+        cannot move), or None when migration is off for its model."""
         left = self.limit_for(ctx.model)
         if left <= 0:
             return None
         why = refusal(ctx.body, ctx.headers, chat)
         if why is not None:
-            log.debug("request %s is not migratable: %s", ctx.log_id, why)
-            return None
+            return LiveStream(None, worker, 0, why)
         live = LiveStream(asyncio.current_task(), worker, left)
         self._track(live)
         return live
@@ -205,6 +217,30 @@ class Migrator:
         live.cut = None
         self._track(live)
         return Leg(leg_ctx, ep, resp, Resumed(r, chat), started, reason)
+
+    def whole_retries(self, ctx: RequestContext) -> int:
+        """How often a non-streamed request whose answer broke is sent again, whole."""
+        opt = ctx.headers.get(MIGRATION_HEADER)
+        if isinstance(opt, str) and opt.strip().lower() in OFF:
+            return 0
+        return self.limit_for(ctx.model)
+
+    async def retry_whole(
+        self, ctx: RequestContext, path: str, failed: list[str]
+    ) -> tuple[RequestContext, Endpoint, UpstreamResponse] | str:
+        """A non-streamed request whose answer broke, sent again to another worker (the client
+        has received nothing yet, so any answer will do)."""
+        started = time.perf_counter()
+        again = RequestContext(self.core.request_id(), ctx.model, ctx.route, ctx.body, ctx.headers)
+        again.client_request_id = ctx.client_request_id
+        again.session_key = ctx.session_key
+        try:
+            ep, resp = await self.core.dispatch(again, path, json.dumps(ctx.body).encode(), exclude=failed)
+        except ApiError as err:
+            self.core.metrics.migrated(ctx.model, "upstream_closed", "failed", None)
+            return f"no worker could take it over ({err.message})"
+        self.core.metrics.migrated(ctx.model, "upstream_closed", "resumed", time.perf_counter() - started)
+        return again, ep, resp
 
     def resumed(self, ctx: RequestContext, leg: Leg) -> None:
         """The continuation's first bytes reached the client."""

@@ -22,6 +22,7 @@ from infera_sim.testing import SimHandle, start_sims
 
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import RunningServer, serving, settings_for
+from infera_core.testing.upstream import fake_upstreams, record_for
 
 MODEL = "sim-model"
 MAX = 80
@@ -136,3 +137,119 @@ async def test_chat_stream_killed_after_k_chunks_is_byte_identical(sims: list[Si
         )
         assert "infera_migration_resume_seconds_count" in metrics
         assert first
+
+
+async def test_completion_stream_killed_mid_way_is_byte_identical(sims: list[SimHandle]) -> None:
+    async with router(sims) as srv, httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
+        want, _, _ = await stream(c, "/v1/completions", COMPLETION)
+        got, raw, _ = await stream(c, "/v1/completions", COMPLETION, kill_after=10, sims=sims)
+        assert raw[-1] == "[DONE]" and not any("error" in e for e in got)
+        assert completion_text(got) == completion_text(want)
+        assert len({e["id"] for e in got}) == 1 and len({e["created"] for e in got}) == 1
+        assert finishes(got) == ["length"]
+        assert usage(got)["completion_tokens"] == MAX
+        assert usage(got)["prompt_tokens"] == usage(want)["prompt_tokens"]
+
+
+async def anthropic_stream(
+    c: httpx.AsyncClient,
+    body: dict[str, Any],
+    kill_after: int | None = None,
+    sims: list[SimHandle] | None = None,
+    srv: RunningServer | None = None,
+) -> list[tuple[str, dict[str, Any]]]:
+    out: list[tuple[str, dict[str, Any]]] = []
+    name = ""
+    deltas = 0
+    async with c.stream("POST", "/v1/messages", json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                out.append((name, json.loads(line[6:])))
+                deltas += name == "content_block_delta"
+                if kill_after is not None and deltas == kill_after:
+                    assert sims is not None and srv is not None
+                    # /v1/messages names no worker: the one serving it has the request in flight
+                    busy = [w for w, ep in srv.core.table.by_id.items() if ep.in_flight]
+                    _kill(sims, busy[0])
+    return out
+
+
+async def test_anthropic_stream_killed_mid_way_is_seamless(sims: list[SimHandle]) -> None:
+    body = {
+        "model": MODEL,
+        "max_tokens": MAX,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "tell me a long story about routers"}],
+        "stream": True,
+    }
+    async with router(sims) as srv, httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
+        want = await anthropic_stream(c, body)
+        got = await anthropic_stream(c, body, kill_after=10, sims=sims, srv=srv)
+        text = lambda evs: "".join(d["delta"]["text"] for n, d in evs if n == "content_block_delta")  # noqa: E731
+        assert text(got) == text(want) and text(got)
+        names = [n for n, _ in got]
+        assert "error" not in names
+        assert names.count("message_start") == 1 and names.count("content_block_start") == 1
+        assert names[-1] == "message_stop"
+        delta = next(d for n, d in got if n == "message_delta")
+        assert delta["delta"]["stop_reason"] == "max_tokens"
+        assert delta["usage"]["output_tokens"] == MAX
+        assert (
+            delta["usage"]["input_tokens"]
+            == next(d for n, d in want if n == "message_delta")["usage"]["input_tokens"]
+        )
+
+
+@pytest.mark.parametrize(
+    ("extra", "headers", "why"),
+    [
+        ({"n": 2}, None, "n > 1"),
+        ({"logprobs": True, "top_logprobs": 2}, None, "logprobs were requested"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+            None,
+            "structured",
+        ),
+        ({"guided_regex": "[a-z ]+"}, None, "guided decoding"),
+        ({"seed": 7, "temperature": 0.8}, None, "a seed with sampling"),
+        ({}, {"X-Infera-Migration": "off"}, "the request opted out"),
+    ],
+)
+async def test_what_cannot_continue_exactly_fails_with_a_clear_error(
+    sims: list[SimHandle], extra: dict[str, Any], headers: dict[str, str] | None, why: str
+) -> None:
+    body = {**CHAT, **extra}
+    async with router(sims) as srv, httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
+        _, raw, _ = await stream(c, "/v1/chat/completions", body, kill_after=5, sims=sims, headers=headers)
+        err = json.loads(raw[-1])["error"]
+        assert err["code"] == "upstream_stream_error"
+        assert "failed mid-stream" in err["message"] and f"not continued elsewhere: {why}" in err["message"]
+        metrics = (await c.get("/metrics")).text
+        assert 'result="resumed"' not in metrics
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+async def test_a_non_streamed_answer_that_breaks_is_retried_whole(path: str) -> None:
+    body: dict[str, Any] = {
+        "model": "fake-model",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    async with fake_upstreams(2) as ups, serving(settings_for(), make_hooks()) as srv:
+        for u in ups:
+            srv.store.put(record_for(u))
+        await srv.wait_workers(2)
+        ups[0].break_body = True  # headers and half the answer, then the connection drops
+        async with httpx.AsyncClient(base_url=srv.url, timeout=20) as c:
+            answers = [await c.post(path, json=body) for _ in range(4)]
+            assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
+            assert ups[0].requests >= 1  # round-robin sent it some: each was retried on w1
+            metrics = (await c.get("/metrics")).text
+            assert 'reason="upstream_closed",result="resumed"' in metrics
+            off = await c.post(path, json=body, headers={"X-Infera-Migration": "off"})
+            if off.status_code == 200:  # round-robin gave it to w1: the next one goes to w0
+                off = await c.post(path, json=body, headers={"X-Infera-Migration": "off"})
+            assert off.status_code == 502 and "failed while responding" in off.text
