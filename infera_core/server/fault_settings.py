@@ -36,10 +36,10 @@ class FaultSettings(BaseModel):
         " config's models.<name>.migration_limit). See docs/how-to/migration.md.",
     )
     drain_grace: float = Field(
-        0.0,
+        5.0,
         ge=0,
         description="Seconds a draining worker keeps its streams before the router moves them to"
-        " other workers (0: it keeps them until they end or it closes them).",
+        " another worker of its model (0: it keeps them until they end or its --drain-timeout cuts them).",
     )
 
     def faults_of(self) -> dict[str, Any]:

@@ -140,8 +140,7 @@ class Migrator:
         wid = record.worker_id
         if record.status is Status.DRAINING and self.grace > 0:
             if wid not in self._draining:
-                loop = asyncio.get_running_loop()
-                self._draining[wid] = loop.call_later(self.grace, self._drain_over, wid)
+                self._arm_drain(record)
         else:
             timer = self._draining.pop(wid, None)
             if timer is not None:
@@ -151,11 +150,29 @@ class Migrator:
         timer = self._draining.pop(record.worker_id, None)
         if timer is not None:
             timer.cancel()
-        self.cut(record.worker_id, "worker_gone")
+        if self._has_peer(record):  # else its streams may still finish: nowhere to move them
+            self.cut(record.worker_id, "worker_gone")
 
-    def _drain_over(self, wid: str) -> None:
-        self._draining.pop(wid, None)
-        self.cut(wid, "drain")
+    def _arm_drain(self, record: WorkerRecord) -> None:
+        loop = asyncio.get_running_loop()
+        self._draining[record.worker_id] = loop.call_later(self.grace, self._drain_over, record)
+
+    def _drain_over(self, record: WorkerRecord) -> None:
+        if not self._has_peer(record):  # look again later: a peer may join
+            self._arm_drain(record)
+            return
+        self._draining.pop(record.worker_id, None)
+        self.cut(record.worker_id, "drain")
+
+    def _has_peer(self, record: WorkerRecord) -> bool:
+        """Whether another routable worker serves ``record``'s model in its role."""
+        return any(
+            ep.worker_id != record.worker_id
+            and ep.record.routable
+            and not ep.breaker_open
+            and ep.record.role == record.role
+            for ep in self.core.table.candidates(record.model)
+        )
 
     def on_hung(self, ep: Endpoint) -> None:
         self.cut(ep.worker_id, "hung")

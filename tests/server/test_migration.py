@@ -23,6 +23,7 @@ from infera_sim.testing import SimHandle, start_sims
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import RunningServer, serving, settings_for
 from infera_core.testing.upstream import fake_upstreams, record_for
+from infera_core.worker import Status
 
 MODEL = "sim-model"
 MAX = 80
@@ -253,3 +254,38 @@ async def test_a_non_streamed_answer_that_breaks_is_retried_whole(path: str) -> 
             if off.status_code == 200:  # round-robin gave it to w1: the next one goes to w0
                 off = await c.post(path, json=body, headers={"X-Infera-Migration": "off"})
             assert off.status_code == 502 and "failed while responding" in off.text
+
+
+async def test_a_draining_worker_hands_its_streams_over_after_the_grace(sims: list[SimHandle]) -> None:
+    async with router(sims, drain_grace=0.2) as srv, httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
+        want, _, _ = await stream(c, "/v1/chat/completions", CHAT)
+        got: list[dict[str, Any]] = []
+        async with c.stream("POST", "/v1/chat/completions", json=CHAT) as r:
+            worker = r.headers["x-infera-worker"]
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    got.append(json.loads(line[6:]))
+                    if len(got) == 5:  # its launcher got SIGTERM: the record says draining
+                        sim = sims[int(worker[1:])]
+                        srv.store.put(sim.record(worker, status=Status.DRAINING))
+        assert chat_text(got) == chat_text(want)
+        assert usage(got)["completion_tokens"] == MAX
+        assert sims[int(worker[1:])].proc.poll() is None  # nothing broke: the router moved it
+        metrics = (await c.get("/metrics")).text
+        assert 'infera_migrations_total{model="sim-model",reason="drain",result="resumed"} 1.0' in metrics
+
+
+async def test_a_draining_worker_without_a_peer_keeps_its_streams(sims: list[SimHandle]) -> None:
+    async with (
+        router(sims[:1], drain_grace=0.05) as srv,
+        httpx.AsyncClient(base_url=srv.url, timeout=60) as c,
+    ):
+        got: list[dict[str, Any]] = []
+        async with c.stream("POST", "/v1/chat/completions", json=CHAT) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    got.append(json.loads(line[6:]))
+                    if len(got) == 5:
+                        srv.store.put(sims[0].record("w0", status=Status.DRAINING))
+        assert usage(got)["completion_tokens"] == MAX
+        assert "infera_migrations_total{" not in (await c.get("/metrics")).text
