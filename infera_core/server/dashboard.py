@@ -171,12 +171,14 @@ def stats(
         ],
         "retries": sum(c.value for c in m.retries.children.values()),
         "breakers_opened": core.breakers.opened,
+        "migrations": {f"{reason} {result}": c.value for (_, reason, result), c in m.migrations.children.items()},
         "pd_failures": {r: c.value for (r,), c in pd.failures.children.items()} if pd is not None else {},
         "histograms": {
             "ttft": _histogram(m.ttft),
             "itl": _histogram(m.itl),
             "e2e": _histogram(m.e2e),
             "decision": _histogram(m.decision),
+            "resume": _histogram(m.resume),
         },
         "usage": auth.usage()["keys"] if auth is not None else None,
     }

@@ -138,6 +138,9 @@ async def test_chat_stream_killed_after_k_chunks_is_byte_identical(sims: list[Si
         )
         assert "infera_migration_resume_seconds_count" in metrics
         assert first
+        stats = (await c.get("/v1/admin/stats")).json()  # what the dashboard's Migrations tile shows
+        assert stats["migrations"] == {"upstream_closed resumed": 1.0}
+        assert sum(stats["histograms"]["resume"]["series"]["sim-model"]["counts"]) == 1
 
 
 async def test_completion_stream_killed_mid_way_is_byte_identical(sims: list[SimHandle]) -> None:
