@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from infera_core.request import RequestContext
@@ -57,10 +58,12 @@ async def relay_legs(
     leg: Leg | None = None
     failed = [worker]
     ok = False
+    if live is not None and sink is not None:
+        live.tally = sink
     try:
         while True:
             try:
-                await _pump(mig, ctx, leg.resp if leg else resp, emit, kept, sink, leg)
+                await _pump(mig, live, ctx, leg.resp if leg else resp, emit, kept, sink, leg)
                 ok = True
                 return
             except READ_ERRORS as exc:
@@ -110,6 +113,7 @@ def _end_leg(core: RouterCore, leg: Leg, ok: bool) -> None:
 
 async def _pump(
     mig: Migrator | None,
+    live: LiveStream | None,
     ctx: RequestContext,
     resp: UpstreamResponse,
     emit: Emit,
@@ -129,6 +133,8 @@ async def _pump(
             chunk = leg.resumed.feed(chunk)
         elif kept is not None:
             chunk, pending = whole_events(pending, chunk)
+        if live is not None:
+            live.last = time.perf_counter()
         if chunk:
             if kept is not None:
                 kept.append(chunk)

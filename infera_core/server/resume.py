@@ -34,6 +34,7 @@ from infera_core.server.migrate import (
     read_relayed,
     refusal,
 )
+from infera_core.server.splice import StreamTally
 from infera_core.transports.upstreams import UpstreamResponse
 from infera_core.worker import Status, WorkerRecord
 
@@ -43,11 +44,15 @@ log = logging.getLogger("infera.server.migrate")
 class LiveStream:
     """One migratable stream: its task, its worker, and why it was cut (None: not cut)."""
 
-    __slots__ = ("cut", "left", "refused", "task", "worker")
+    __slots__ = ("cut", "last", "left", "refused", "tally", "task", "worker")
 
     def __init__(
         self, task: asyncio.Task[object] | None, worker: str, left: int, refused: str | None = None
     ) -> None:
+        self.last = time.perf_counter()
+        """When its worker last sent something (the relay's clock)."""
+        self.tally: StreamTally | None = None
+        """The relay's tally, whose ``last`` the native transport's direct writes advance."""
         self.refused = refused
         """Why this stream is not migratable (it is not tracked then), None when it is."""
         self.task = task
@@ -92,6 +97,7 @@ class Migrator:
         """``--drain-grace``: seconds a draining worker keeps its streams (0: until it closes them)."""
         self._live: dict[str, set[LiveStream]] = {}
         self._draining: dict[str, asyncio.TimerHandle] = {}
+        self._stall_timer: asyncio.TimerHandle | None = None
 
     def limit_for(self, model: str) -> int:
         return self.per_model.get(model, self.limit)
@@ -114,6 +120,41 @@ class Migrator:
             self._live[live.worker].add(live)
         except KeyError:
             self._live[live.worker] = {live}
+        if self._stall_timer is None and self.stall_after() > 0:
+            self._stall_timer = asyncio.get_running_loop().call_later(1.0, self._check_stalls)
+
+    def stall_after(self) -> float:
+        """Seconds of silence after which a stream's worker is taken as hung mid-stream: the
+        hang detector's threshold (``--hang-timeout``; 0 when it is off)."""
+        hangs = self.core.hangs
+        return hangs.threshold if hangs is not None and hangs.timeout else 0.0
+
+    def _check_stalls(self) -> None:
+        """A worker whose streams all went silent past the hang threshold (a SIGSTOP, a wedged
+        engine) while a peer can take them: its streams move (reason ``hung``)."""
+        self._stall_timer = None
+        if not self._live:
+            return
+        bar = self.stall_after()
+        now = time.perf_counter()
+        for wid, streams in list(self._live.items()):
+            if not streams or not bar:
+                continue
+            newest = max(
+                max(live.last, live.tally.last if live.tally is not None else 0.0) for live in streams
+            )
+            if now - newest > bar:
+                ep = self.core.table.get(wid)
+                if ep is not None and self._has_peer(ep.record):
+                    log.warning(
+                        "worker %s sent nothing on its %d stream(s) for %.1f s",
+                        wid,
+                        len(streams),
+                        now - newest,
+                    )
+                    self.cut(wid, "hung")
+        if self._live and bar:
+            self._stall_timer = asyncio.get_running_loop().call_later(1.0, self._check_stalls)
 
     def done(self, live: LiveStream | None) -> None:
         if live is not None:
@@ -232,6 +273,7 @@ class Migrator:
         )
         live.worker = ep.worker_id
         live.cut = None
+        live.last = time.perf_counter()
         self._track(live)
         return Leg(leg_ctx, ep, resp, Resumed(r, chat), started, reason)
 

@@ -292,3 +292,28 @@ async def test_a_draining_worker_without_a_peer_keeps_its_streams(sims: list[Sim
                         srv.store.put(sims[0].record("w0", status=Status.DRAINING))
         assert usage(got)["completion_tokens"] == MAX
         assert "infera_migrations_total{" not in (await c.get("/metrics")).text
+
+
+async def test_a_stream_whose_worker_stops_mid_way_moves_after_the_hang_threshold(
+    sims: list[SimHandle],
+) -> None:
+    async with router(sims, hang_timeout=1.0) as srv, httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
+        want, _, _ = await stream(c, "/v1/chat/completions", CHAT)
+        got: list[dict[str, Any]] = []
+        stopped: list[SimHandle] = []
+        try:
+            async with c.stream("POST", "/v1/chat/completions", json=CHAT) as r:
+                worker = r.headers["x-infera-worker"]
+                async for line in r.aiter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        got.append(json.loads(line[6:]))
+                        if len(got) == 5:  # the engine freezes (SIGSTOP): its socket stays open
+                            stopped.append(sims[int(worker[1:])])
+                            os.kill(stopped[0].proc.pid, signal.SIGSTOP)
+        finally:
+            for sim in stopped:
+                os.kill(sim.proc.pid, signal.SIGCONT)
+        assert chat_text(got) == chat_text(want)
+        assert usage(got)["completion_tokens"] == MAX
+        metrics = (await c.get("/metrics")).text
+        assert 'infera_migrations_total{model="sim-model",reason="hung",result="resumed"} 1.0' in metrics
