@@ -39,7 +39,10 @@ class MessagesProxy(ProxyEndpoint):
     def prepare(self, scope: Scope, raw: bytes, body: dict[str, Any]) -> tuple[RequestContext, str, bytes]:
         model = check_messages(body)
         chat = to_chat_request(body)
-        ctx = RequestContext(self.core.request_id(), model, ROUTE, chat, header_dict(scope))
+        headers = header_dict(scope)
+        if self.migrator is not None:  # token-exact migration where the engines stream their ids
+            _, chat = self.migrator.ask_ids(b"{}", chat, model, headers, True)
+        ctx = RequestContext(self.core.request_id(), model, ROUTE, chat, headers)
         return ctx, CHAT_PATH, json.dumps(chat).encode()
 
     async def relay(

@@ -21,8 +21,14 @@ What cannot be continued exactly is not migrated (:func:`refusal`): several choi
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
+
+TOKEN_ID_ENGINES = frozenset({"vllm"})
+"""Engines that stream the generated token ids when asked (vLLM's ``return_token_ids``): with
+them a continuation is token-exact (the ids are replayed as a token prompt), where
+re-tokenizing the text could split it differently."""
 
 MIGRATION_HEADER = "x-infera-migration"
 """``X-Infera-Migration: off`` on a request: never migrate it."""
@@ -39,6 +45,26 @@ _GUIDED = (
     "regex",
     "ebnf",
 )
+
+
+class IdsAdded(dict[str, Any]):
+    """A request body to which the router added ``return_token_ids: true``: the ids are
+    stripped from what the client receives (:func:`strip_ids`)."""
+
+
+_IDS_FIELD = re.compile(rb',\s*"(?:prompt_)?token_ids"\s*:\s*(?:\[[^\]]*\]|null)')
+_ASK_IDS = b'"return_token_ids":true,'
+
+
+def asking_ids(raw: bytes, body: dict[str, Any]) -> tuple[bytes, IdsAdded]:
+    """``raw`` and ``body`` with ``return_token_ids: true`` (spliced in after the opening brace)."""
+    i = raw.find(b"{")
+    return raw[: i + 1] + _ASK_IDS + raw[i + 1 :], IdsAdded({**body, "return_token_ids": True})
+
+
+def strip_ids(chunk: bytes) -> bytes:
+    """SSE bytes without the ``token_ids`` / ``prompt_token_ids`` fields the router asked for."""
+    return _IDS_FIELD.sub(b"", chunk) if b"token_ids" in chunk else chunk
 
 
 def refusal(body: dict[str, Any], headers: Any, chat: bool) -> str | None:
@@ -152,6 +178,15 @@ def continuation_body(body: dict[str, Any], r: Relayed, chat: bool) -> dict[str,
     if isinstance(body.get("min_tokens"), int):
         out["min_tokens"] = max(0, body["min_tokens"] - done)
     text = "".join(r.text)
+    if chat and r.prompt_token_ids is not None and r.token_ids is not None:
+        # token-exact: the conversation as the engine tokenized it, then what it generated,
+        # continued as a completion (its chunks are turned back into chat chunks)
+        out = {k: v for k, v in out.items() if k not in _CHAT_ONLY}
+        out["max_tokens"] = out.pop("max_completion_tokens", out.get("max_tokens"))
+        if out["max_tokens"] is None:
+            del out["max_tokens"]
+        out["prompt"] = [*r.prompt_token_ids, *r.token_ids]
+        return out
     if chat:
         messages = list(body.get("messages") or [])
         last = messages[-1] if messages else None
@@ -178,6 +213,28 @@ def continuation_body(body: dict[str, Any], r: Relayed, chat: bool) -> dict[str,
     return out
 
 
+_CHAT_ONLY = frozenset(
+    {
+        "messages",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "functions",
+        "function_call",
+        "chat_template",
+        "chat_template_kwargs",
+        "add_generation_prompt",
+        "continue_final_message",
+        "documents",
+        "reasoning_effort",
+        "include_reasoning",
+        "mm_processor_kwargs",
+        "modalities",
+        "audio",
+    }
+)
+
+
 def _ids(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(type(t) is int for t in value)
 
@@ -185,13 +242,15 @@ def _ids(value: Any) -> bool:
 class Resumed:
     """Rewrites the continuation's SSE chunks into the first stream's: feed bytes, get bytes."""
 
-    __slots__ = ("_buf", "carried", "chat", "created", "id", "skip_role")
+    __slots__ = ("_buf", "as_chat", "carried", "chat", "created", "id", "skip_role")
 
-    def __init__(self, r: Relayed, chat: bool) -> None:
+    def __init__(self, r: Relayed, chat: bool, as_chat: bool = False) -> None:
         self.id = r.id
         self.created = r.created
         self.carried = r.generated
         self.chat = chat
+        self.as_chat = as_chat
+        """The continuation is a completion standing in for a chat: turn its chunks into chat chunks."""
         self.skip_role = r.role_sent
         self._buf = b""
 
@@ -222,6 +281,8 @@ class Resumed:
         if self.created is not None:
             obj["created"] = self.created
         obj.pop("prompt_token_ids", None)
+        if self.as_chat:
+            _as_chat_chunk(obj)
         choices = obj.get("choices") or []
         for choice in choices:
             if isinstance(choice, dict):
@@ -238,6 +299,16 @@ class Resumed:
             if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
                 details["cached_tokens"] = min(details["cached_tokens"], usage["prompt_tokens"])
         return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b""
+
+
+def _as_chat_chunk(obj: dict[str, Any]) -> None:
+    """A ``text_completion`` chunk made a ``chat.completion.chunk`` (in place)."""
+    obj["object"] = "chat.completion.chunk"
+    for choice in obj.get("choices") or []:
+        if isinstance(choice, dict):
+            text = choice.pop("text", None)
+            choice.pop("prompt_token_ids", None)
+            choice["delta"] = {"content": text} if text else {}
 
 
 def _role_only(choices: list[Any]) -> bool:

@@ -28,6 +28,7 @@ from infera_core.server.core import RouterCore, usage_of
 from infera_core.server.endpoint import ProxyEndpoint
 from infera_core.server.errors import ApiError
 from infera_core.server.legs import Broken, read_whole, relay_legs
+from infera_core.server.migrate import IdsAdded, strip_ids
 from infera_core.server.splice import StreamTally
 from infera_core.server.usage import (
     UsageStripper,
@@ -61,7 +62,10 @@ class OpenAIProxy(ProxyEndpoint):
             # tokens per API key need the stream's usage: ask the engine (PD legs too), hide it after
             raw = with_stream_usage(raw, body)
             body = asking_usage(body)
-        ctx = RequestContext(self.core.request_id(), model, self.route, body, header_dict(scope))
+        headers = header_dict(scope)
+        if self.migrator is not None:  # token-exact migration where the engines stream their ids
+            raw, body = self.migrator.ask_ids(raw, body, model, headers, self.route == CHAT_ROUTE)
+        ctx = RequestContext(self.core.request_id(), model, self.route, body, headers)
         return ctx, self.route, raw
 
     async def relay(
@@ -106,9 +110,13 @@ class OpenAIProxy(ProxyEndpoint):
         tally.kept = kept
         # the native transport hands chunks to the client's transport as they are parsed
         # (no task wake-up per chunk); what it declines comes through the loop below
-        sink = tally if strip is None and type(resp) is Http1Response and tally.attach(send) else None
+        ids = isinstance(ctx.body, IdsAdded)  # the router asked for token ids: not for the client
+        direct = strip is None and not ids and type(resp) is Http1Response
+        sink = tally if direct and tally.attach(send) else None
 
         async def emit(chunk: bytes) -> None:
+            if ids:
+                chunk = strip_ids(chunk)
             if strip is not None:
                 chunk = strip.feed(chunk)
                 if not chunk:

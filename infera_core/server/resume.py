@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import time
+from typing import Any
 
 from infera_core.request import RequestContext
 from infera_core.scheduling.types import Endpoint
@@ -28,8 +29,10 @@ from infera_core.server.errors import ApiError
 from infera_core.server.migrate import (
     MIGRATION_HEADER,
     OFF,
+    TOKEN_ID_ENGINES,
     Relayed,
     Resumed,
+    asking_ids,
     continuation_body,
     read_relayed,
     refusal,
@@ -39,6 +42,8 @@ from infera_core.transports.upstreams import UpstreamResponse
 from infera_core.worker import Status, WorkerRecord
 
 log = logging.getLogger("infera.server.migrate")
+
+COMPLETIONS_PATH = "/v1/completions"
 
 
 class LiveStream:
@@ -101,6 +106,23 @@ class Migrator:
 
     def limit_for(self, model: str) -> int:
         return self.per_model.get(model, self.limit)
+
+    def ask_ids(
+        self, raw: bytes, body: dict[str, Any], model: str, headers: Any, chat: bool
+    ) -> tuple[bytes, dict[str, Any]]:
+        """``raw`` and ``body`` asking for the generated token ids when the stream is migratable
+        and every worker of its model streams them (:data:`TOKEN_ID_ENGINES`); as given otherwise."""
+        if (
+            body.get("stream") is not True
+            or "return_token_ids" in body
+            or self.limit_for(model) <= 0
+            or refusal(body, headers, chat) is not None
+        ):
+            return raw, body
+        workers = self.core.table.candidates(model)
+        if not workers or any(ep.record.engine not in TOKEN_ID_ENGINES for ep in workers):
+            return raw, body
+        return asking_ids(raw, body)
 
     def watch(self, ctx: RequestContext, worker: str, chat: bool) -> LiveStream | None:
         """A stream starts relaying from ``worker``: its handle (``refused`` says when it
@@ -248,6 +270,9 @@ class Migrator:
         if isinstance(body, str):
             metrics.migrated(ctx.model, reason, "refused", None)
             return body
+        as_chat = chat and "prompt" in body  # token-exact: a completion stands in for the chat
+        if as_chat:
+            path = COMPLETIONS_PATH
         live.left -= 1
         self.done(live)
         leg_ctx = RequestContext(self.core.request_id(), ctx.model, ctx.route, body, ctx.headers)
@@ -264,18 +289,19 @@ class Migrator:
             metrics.migrated(ctx.model, reason, "failed", None)
             return f"worker {ep.worker_id} refused the continuation ({resp.status})"
         log.info(
-            "request %s: stream of worker %s broke (%s) after %d token(s); continuing on worker %s",
+            "request %s: stream of worker %s broke (%s) after %d token(s); continuing on worker %s (%s)",
             ctx.log_id,
             live.worker,
             reason,
             r.generated,
             ep.worker_id,
+            "token ids replayed" if r.token_ids is not None else "text re-sent",
         )
         live.worker = ep.worker_id
         live.cut = None
         live.last = time.perf_counter()
         self._track(live)
-        return Leg(leg_ctx, ep, resp, Resumed(r, chat), started, reason)
+        return Leg(leg_ctx, ep, resp, Resumed(r, chat, as_chat), started, reason)
 
     def whole_retries(self, ctx: RequestContext) -> int:
         """How often a non-streamed request whose answer broke is sent again, whole."""

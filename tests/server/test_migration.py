@@ -10,6 +10,7 @@ usage whose completion tokens equal ``max_tokens``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 from collections.abc import AsyncIterator, Iterator
@@ -55,10 +56,12 @@ def sims() -> Iterator[list[SimHandle]]:
 
 
 @asynccontextmanager
-async def router(sims: list[SimHandle], **settings: Any) -> AsyncIterator[RunningServer]:
+async def router(sims: list[SimHandle], engine: str = "sim", **settings: Any) -> AsyncIterator[RunningServer]:
+    """A router over ``sims``; ``engine="vllm"`` in their records makes it ask for token ids
+    (the sim streams them as vLLM does with ``return_token_ids``)."""
     async with serving(settings_for(**settings), make_hooks()) as srv:
         for i, s in enumerate(sims):
-            srv.store.put(s.record(f"w{i}"))
+            srv.store.put(s.record(f"w{i}", engine=engine))
         await srv.wait_workers(len(sims))
         yield srv
 
@@ -317,3 +320,24 @@ async def test_a_stream_whose_worker_stops_mid_way_moves_after_the_hang_threshol
         assert usage(got)["completion_tokens"] == MAX
         metrics = (await c.get("/metrics")).text
         assert 'infera_migrations_total{model="sim-model",reason="hung",result="resumed"} 1.0' in metrics
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+async def test_with_token_ids_the_continuation_replays_the_ids(
+    sims: list[SimHandle], path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="infera.server.migrate")
+    body = CHAT if path.endswith("chat/completions") else COMPLETION
+    text = chat_text if path.endswith("chat/completions") else completion_text
+    async with router(sims, engine="vllm") as srv, httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
+        want, _, _ = await stream(c, path, body)
+        got, raw, _ = await stream(c, path, body, kill_after=10, sims=sims)
+        assert text(got) == text(want)
+        assert not any("token_ids" in line for line in raw)  # asked by the router, not for the client
+        assert len({e["id"] for e in got}) == 1 and {e["object"] for e in got} == {want[0]["object"]}
+        assert usage(got)["completion_tokens"] == MAX
+        assert usage(got)["prompt_tokens"] == usage(want)["prompt_tokens"]
+        assert finishes(got) == ["length"]
+        metrics = (await c.get("/metrics")).text
+        assert 'reason="upstream_closed",result="resumed"} 1.0' in metrics
+        assert "token ids replayed" in caplog.text

@@ -46,6 +46,9 @@ class Parsed:
     seed: int = 0
     tool_call: dict[str, Any] | None = None
     """The function a forced ``tool_choice`` makes the sim call (name and parameters)."""
+    return_token_ids: bool = False
+    """vLLM's ``return_token_ids``: streamed chunks carry ``token_ids`` (and the first one the
+    ``prompt_token_ids``)."""
     prompt_logprobs: int | None = None
     """vLLM's ``prompt_logprobs``: per prompt token, this many alternatives (the answer grows by
     one entry per prompt token, placed where vLLM places it)."""
@@ -191,6 +194,7 @@ def parse(body: dict[str, Any], tok: EngineTokenizer, cfg: SimConfig, chat: bool
         seed=seed,
         tool_call=_tool_call(body) if chat else None,
         prompt_logprobs=prompt_logprobs,
+        return_token_ids=bool(body.get("return_token_ids")),
     )
 
 
