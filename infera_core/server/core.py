@@ -150,7 +150,7 @@ class RouterCore:
         ``via``: the request's own ``Via`` header, kept in front of this router's stamp;
         ``exclude``: workers not to use (a migrated stream's failed ones)."""
         if self.pd is not None and self.pd.applies(ctx):
-            return await self.pd.dispatch(ctx, path, body)
+            return await self.pd.dispatch(ctx, path, body, exclude or ())
         tried: list[str] = list(exclude) if exclude else []
         last: ApiError | None = None
         attempts = 1 + self.max_retries
