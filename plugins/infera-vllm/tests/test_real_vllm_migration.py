@@ -8,7 +8,7 @@ worker is vLLM, so the router asks for the generated token ids (``return_token_i
 out of the client's stream) and replays prompt + generated ids as a token prompt: the
 continuation is token-exact (re-sending the text through ``continue_final_message`` diverged
 here, the tiny model's BPE splitting the text differently). k = 10 runs by default; k = 1 and
-k = 60 are marked slow (all three pass: about 4 minutes each on 2 cores).
+k = 60 are marked slow (the three take about 6 minutes on 2 cores, k = 10 alone about 4).
 """
 
 from __future__ import annotations
