@@ -15,6 +15,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -341,3 +342,20 @@ async def test_with_token_ids_the_continuation_replays_the_ids(
         metrics = (await c.get("/metrics")).text
         assert 'reason="upstream_closed",result="resumed"} 1.0' in metrics
         assert "token ids replayed" in caplog.text
+
+
+async def test_a_models_migration_limit_in_the_router_config_wins(
+    sims: list[SimHandle], tmp_path: Path
+) -> None:
+    config = tmp_path / "router.yaml"
+    config.write_text("preset: round-robin\nmodels:\n  sim-model: {migration_limit: 0}\n")
+    async with (
+        router(sims, router_config=config) as srv,
+        httpx.AsyncClient(base_url=srv.url, timeout=60) as c,
+    ):
+        _, raw, _ = await stream(c, "/v1/chat/completions", CHAT, kill_after=5, sims=sims)
+        assert json.loads(raw[-1])["error"]["code"] == "upstream_stream_error"  # its limit is 0
+        plain = {k: v for k, v in CHAT.items() if k not in ("stream", "stream_options")}
+        assert (
+            await c.post("/v1/chat/completions", json=plain)
+        ).status_code == 200  # the profile is the default
