@@ -28,7 +28,7 @@ from infera_core.testing.upstream import fake_upstreams, record_for
 from infera_core.worker import Status
 
 MODEL = "sim-model"
-MAX = 80
+MAX = 120
 CHAT = {
     "model": MODEL,
     "messages": [{"role": "user", "content": "tell me a long story about routers"}],
@@ -51,8 +51,8 @@ COMPLETION = {
 
 @pytest.fixture
 def sims() -> Iterator[list[SimHandle]]:
-    # 8 ms per token: a stream of 80 lasts long enough to be cut anywhere
-    with start_sims(2, model=MODEL, itl_base_ms=8, kv_events_port=None, kv_replay_port=None) as out:
+    # 12 ms per token: a stream of 120 lasts about 1.5 s, long enough to be cut anywhere
+    with start_sims(2, model=MODEL, itl_base_ms=12, kv_events_port=None, kv_replay_port=None) as out:
         yield out
 
 
