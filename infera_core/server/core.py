@@ -147,12 +147,14 @@ class RouterCore:
         body: bytes,
         task: asyncio.Task[object] | None = None,
         via: bytes | None = None,
+        exclude: list[str] | None = None,
     ) -> tuple[Endpoint, UpstreamResponse]:
         """``task``: the request's task when the caller has it (the hang detector cancels it);
-        ``via``: the request's own ``Via`` header, kept in front of this router's stamp."""
+        ``via``: the request's own ``Via`` header, kept in front of this router's stamp;
+        ``exclude``: workers not to use (a migrated stream's failed ones)."""
         if self.pd is not None and self.pd.applies(ctx):
-            return await self.pd.dispatch(ctx, path, body)
-        tried: list[str] = []
+            return await self.pd.dispatch(ctx, path, body, exclude or ())
+        tried: list[str] = list(exclude) if exclude else []
         last: ApiError | None = None
         attempts = 1 + self.max_retries
         headers = {

@@ -255,7 +255,7 @@ class SimEngine:
                 tok = EOS_ID
             else:
                 tok = vocab[(x >> 16) % nv]
-            ch.tokens.append(tok)
+            ch.push(tok)
             self.metrics.generation_tokens += 1
             if tok == EOS_ID or (tok in r.stop_token_ids and len(ch.tokens) >= r.min_tokens):
                 ch.finish_reason = "stop"

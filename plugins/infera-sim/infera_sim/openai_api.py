@@ -49,6 +49,9 @@ class Parsed:
     cache_salt: str | None = None
     """vLLM's ``cache_salt``: folded into the first block's hash, so only requests with the same
     salt share cached blocks (the KV events carry it in ``extra_keys``, as vLLM's do)."""
+    return_token_ids: bool = False
+    """vLLM's ``return_token_ids``: streamed chunks carry ``token_ids`` (and the first one the
+    ``prompt_token_ids``)."""
     prompt_logprobs: int | None = None
     """vLLM's ``prompt_logprobs``: per prompt token, this many alternatives (the answer grows by
     one entry per prompt token, placed where vLLM places it)."""
@@ -113,6 +116,11 @@ def _messages(body: dict[str, Any], tok: EngineTokenizer) -> list[list[int]]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ApiError(f"messages[{i}] must be an object with a 'role'", "messages")
+    if body.get("continue_final_message") and body.get("add_generation_prompt", True):
+        raise ApiError(  # vLLM's own check
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            "continue_final_message",
+        )
     return [tok.encode_chat(messages, body)]
 
 
@@ -191,6 +199,7 @@ def parse(body: dict[str, Any], tok: EngineTokenizer, cfg: SimConfig, chat: bool
         tool_call=_tool_call(body) if chat else None,
         prompt_logprobs=prompt_logprobs,
         cache_salt=_cache_salt(body),
+        return_token_ids=bool(body.get("return_token_ids")),
     )
 
 
