@@ -18,9 +18,11 @@ class RequestContext:
 
     __slots__ = (
         "_block_hashes",
+        "access",
         "body",
         "budget",
         "client_request_id",
+        "explain",
         "headers",
         "model",
         "principal",
@@ -58,6 +60,11 @@ class RequestContext:
         """Who sent it (the server's API-key principal), None without ``--api-key-file``."""
         self.budget: Any = None
         """The server's reservation of the principal's tokens for this request (its ``Charge``)."""
+        self.explain: Any = None
+        """A :class:`~infera_core.scheduling.explain.Decision` the scheduler records its decision
+        in, when an explanation was asked for (``X-Infera-Explain``) or sampled; None: nothing kept."""
+        self.access: Any = None
+        """The server's access-log record of this request (``--access-log``), None when not logged."""
 
     @property
     def log_id(self) -> str:

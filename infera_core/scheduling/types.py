@@ -197,6 +197,13 @@ class Scorer:
     def score(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
         raise NotImplementedError
 
+    def explain(
+        self, ctx: RequestContext, candidates: Sequence[Endpoint], scores: Sequence[float]
+    ) -> list[dict[str, Any]] | None:
+        """Per candidate, the inputs behind its score (e.g. ``overlap_blocks``) for a routing
+        explanation; called only when one was asked for. None: the score says it all."""
+        return None
+
     def on_routed(self, ctx: RequestContext, endpoint: Endpoint) -> None:
         """Called after the pick (e.g. to remember decisions). Must be cheap."""
 

@@ -36,6 +36,7 @@ from infera_core.plugin.hooks import InferaHooks
 from infera_core.scheduling.router_config import RouterConfig, default_policy, load_router_config
 from infera_core.scheduling.scheduler import build_scheduler
 from infera_core.scheduling.types import SchedulerDeps
+from infera_core.server.access_log import AccessLog
 from infera_core.server.auth import (
     ADMIN_STATE,
     CLIENT_STATE,
@@ -47,6 +48,7 @@ from infera_core.server.auth import (
 from infera_core.server.breaker import Breakers
 from infera_core.server.core import RouterCore
 from infera_core.server.dashboard import add_dashboard_routes
+from infera_core.server.decisions import DecisionLog
 from infera_core.server.errors import ApiError
 from infera_core.server.fleet import EndpointTable
 from infera_core.server.hangs import HangDetector
@@ -211,8 +213,13 @@ def create_app(
     auth = _client_auth(settings, admin, metrics)
     setattr(app.state, ADMIN_STATE, admin)
     setattr(app.state, CLIENT_STATE, auth)
+    access = (
+        AccessLog(settings.access_log, settings.access_log_sample) if settings.access_log != "off" else None
+    )
+    decisions = core.decisions = DecisionLog(settings.decisions_kept, settings.decisions_sample)
     for endpoint in app.hot_routes.values():
         endpoint.auth, endpoint.admin = auth, admin
+        endpoint.access_log, endpoint.decisions = access, decisions
     # the same endpoints through the ordinary router too (405 for other methods)
     app.router.routes.extend(Route(path, ep, methods=["POST"]) for path, ep in app.hot_routes.items())
     _control_routes(app, core, kv, auth, settings.public_metrics)
@@ -295,6 +302,11 @@ def _control_routes(
         if auth is None:
             return _error(404, "Usage per API key needs --api-key-file.", "api_keys_disabled")
         return JSONResponse(auth.usage())
+
+    @app.get("/v1/admin/decisions", dependencies=admin_only)
+    async def decisions() -> dict[str, Any]:
+        log = core.decisions
+        return {"object": "list", "data": log.recent() if log is not None else []}
 
     @app.get("/v1/admin/cache-view/{worker_id}", dependencies=admin_only)
     async def cache_view(worker_id: str) -> JSONResponse:

@@ -26,6 +26,7 @@ from infera_core.scheduling.scheduler import (
 )
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.breaker import Breakers
+from infera_core.server.decisions import DecisionLog
 from infera_core.server.errors import ApiError
 from infera_core.server.fleet import EndpointTable
 from infera_core.server.hangs import HangDetector
@@ -114,6 +115,8 @@ class RouterCore:
         """Each model's routing mode (tokens / text / load), said once per model."""
         self.pd: PdDispatcher | None = None
         """The PD path (``infera_core.server.pd``): models served by prefill/decode pairs."""
+        self.decisions: DecisionLog | None = None
+        """The last routing decisions explained or sampled (``/v1/admin/decisions``)."""
 
     def request_id(self) -> str:
         """A new id for the engine, the scorers' bookkeeping and PD transfers. Never the
@@ -270,6 +273,8 @@ class RouterCore:
             tried.append(ep.worker_id)
             if attempt + 1 < attempts:
                 self.metrics.retried(ctx.model)
+                if ctx.access is not None:
+                    ctx.access.retries += 1
         assert last is not None
         raise last
 

@@ -13,8 +13,10 @@ import asyncio
 import time
 
 from infera_core.request import RequestContext
+from infera_core.scheduling.explain import Decision
 from infera_core.scheduling.scheduler import DIRECT_HEADER
 from infera_core.scheduling.types import Endpoint
+from infera_core.server.access_log import AccessLog
 from infera_core.server.asgi import (
     CLIENT_CLOSING,
     ON_DISCONNECT,
@@ -29,6 +31,7 @@ from infera_core.server.asgi import (
 )
 from infera_core.server.auth import AdminGate, ClientAuth
 from infera_core.server.core import RouterCore, watch_disconnect
+from infera_core.server.decisions import EXPLAIN_HEADER, DecisionLog, ExplainSend, asked, may_explain
 from infera_core.server.errors import ApiError
 from infera_core.server.loops import came_back, stamped
 from infera_core.server.surrogates import LoneSurrogates
@@ -47,6 +50,10 @@ class ProxyEndpoint:
     """API keys (``--api-key-file``); None: requests need no key."""
     admin: AdminGate = AdminGate(None)
     """Who may use direct mode (``x-worker-instance-id``)."""
+    access_log: AccessLog | None = None
+    """``--access-log``: one line per (sampled) request; None: off."""
+    decisions: DecisionLog | None = None
+    """Routing explanations (``X-Infera-Explain``) and the decisions kept for the admin."""
 
     def __init__(self, core: RouterCore, route: str, limits: BodyLimits) -> None:
         self.core = core
@@ -74,6 +81,7 @@ class ProxyEndpoint:
         client_rid: str | None = None
         length: bytes | None = None
         via: bytes | None = None
+        explain: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"content-length":
                 if length is None:
@@ -82,9 +90,13 @@ class ProxyEndpoint:
                 client_rid = value.decode("latin-1")
             elif name == b"via":
                 via = value if via is None else via + b", " + value
+            elif name == EXPLAIN_HEADER:
+                explain = value
         if client_rid is not None:
             send = EchoHeader(send, b"x-request-id", client_rid.encode("latin-1"))
         ctx: RequestContext | None = None
+        access = self.access_log
+        logged = access.start() if access is not None else None
         try:
             auth = self.auth
             principal = auth.authenticate(scope) if auth is not None else None
@@ -109,16 +121,27 @@ class ProxyEndpoint:
                 await _left_meanwhile(scope)
             ctx, path, upstream_body = self.prepare(scope, raw, body)
             ctx.client_request_id = client_rid
+            ctx.access = logged
             model = ctx.model
             if auth is not None and principal is not None:
                 ctx.principal = principal
                 ctx.budget = auth.admit(principal, model, ctx.body, ctx.token_ids)
+            decisions = self.decisions
+            if decisions is not None:
+                if asked(explain) and may_explain(principal, self.admin, scope):
+                    ctx.explain = Decision()
+                    send = ExplainSend(send, ctx.explain)
+                elif decisions.sampled():
+                    ctx.explain = Decision()
             if core.scheduler.direct and raw_header(scope, DIRECT_HEADER.encode()) is not None:
                 self.admin.check(scope, "Direct routing (x-worker-instance-id)")
             if not hooked:
                 watcher = asyncio.ensure_future(watch_disconnect(receive, task, gone))
             ep, resp = await core.dispatch(ctx, path, upstream_body, task, via)
             status = resp.status
+            if logged is not None:
+                logged.worker = ep.worker_id
+                logged.ttft = time.perf_counter() - t0  # the answer's headers (a stream: its first event)
             ok = False
             try:
                 ok = await self.relay(send, resp, ctx, ep, t0)
@@ -145,13 +168,21 @@ class ProxyEndpoint:
             scope[ON_DISCONNECT] = None
             if ctx is not None and ctx.budget is not None and auth is not None:
                 auth.release(ctx.principal, ctx.budget)  # nothing relayed: the reservation is returned
-            core.metrics.request_done(self.route, model, status, time.perf_counter() - t0)
+            elapsed = time.perf_counter() - t0
+            core.metrics.request_done(self.route, model, status, elapsed)
+            if logged is not None and access is not None:
+                access.write(logged, ctx, self.route, model, status, elapsed)
+            if ctx is not None and ctx.explain is not None and self.decisions is not None:
+                self.decisions.add(ctx.explain, status)
 
     def count_usage(self, ctx: RequestContext, prompt: int, completion: int) -> None:
         """Tokens of one answered request (the engine's usage report): per model, and per API
         key when keys are on. A report of nothing (no usage in the answer) charges the key the
         request's whole reservation."""
         self.core.metrics.usage(ctx.model, prompt, completion)
+        logged = ctx.access
+        if logged is not None:
+            logged.prompt, logged.completion = prompt, completion
         if self.auth is not None and ctx.principal is not None:
             charge = ctx.budget
             if not (prompt or completion) and charge is not None:

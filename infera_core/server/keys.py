@@ -8,6 +8,7 @@ The file (YAML or JSON)::
         models: [qwen]               # optional allow-list
         requests_per_minute: 600     # optional
         tokens_per_day: 2000000      # optional, prompt + completion
+        explain: true                # optional: may ask for routing explanations
 
 Per request the check is one ``sha256`` of the presented key and one dict lookup;
 the file's ``mtime`` is looked at most once a second and the file re-read only when
@@ -55,6 +56,7 @@ class KeySpec(BaseModel):
     models: list[str] | None = Field(None, description="Models this key may use (absent: all).")
     requests_per_minute: int | None = Field(None, gt=0)
     tokens_per_day: int | None = Field(None, gt=0, description="Prompt + completion tokens per UTC day.")
+    explain: bool = Field(False, description="May ask for routing explanations (X-Infera-Explain).")
 
     @model_validator(mode="after")
     def _one_secret(self) -> KeySpec:
@@ -107,13 +109,25 @@ _SEEN_MAX = 4096
 class ApiKey:
     """A key's limits and its running budgets (kept across reloads, by name)."""
 
-    __slots__ = ("allowed", "bucket", "day", "day_tokens", "name", "refilled", "rpm", "slot", "tpd")
+    __slots__ = (
+        "allowed",
+        "bucket",
+        "day",
+        "day_tokens",
+        "explain",
+        "name",
+        "refilled",
+        "rpm",
+        "slot",
+        "tpd",
+    )
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.allowed: frozenset[str] | None = None
         self.rpm: int | None = None
         self.tpd: int | None = None
+        self.explain = False
         self.bucket = 0.0
         self.refilled = 0.0
         self.day = -1
@@ -128,6 +142,7 @@ class ApiKey:
             self.bucket = float(self.rpm or 0)
             self.refilled = now
         self.tpd = spec.tokens_per_day
+        self.explain = spec.explain
 
 
 class Principal:

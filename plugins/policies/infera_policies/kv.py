@@ -127,6 +127,21 @@ class KvOverlapScorer(Scorer):
         self.in_flight.last = (ctx.request_id, [ep.row for ep in candidates], out)
         return out
 
+    def explain(
+        self, ctx: RequestContext, candidates: Sequence[Endpoint], scores: Sequence[float]
+    ) -> list[dict[str, Any]]:
+        """Per candidate: the prompt's full blocks and how many of them count as cached there."""
+        index = self.index
+        get = index.views_by_key.get if index is not None else None
+        out: list[dict[str, Any]] = []
+        for ep, s in zip(candidates, scores, strict=True):
+            view = get((ep.worker_id, ep.dp_rank)) if get is not None else None
+            blocks = 0
+            if view is not None and index is not None and ctx.token_ids:
+                blocks = len(ctx.cached_block_hashes(view.block_size, index.hash_prompt))
+            out.append({"overlap_blocks": round(s * blocks, 2), "prompt_blocks": blocks})
+        return out
+
     def _prefix_scores(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
         index = self.index
         if index is None or not ctx.token_ids:

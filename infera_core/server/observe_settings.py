@@ -1,0 +1,51 @@
+"""Observability settings (access log, routing explanations, session affinity header), shared by
+``infera-run serve`` and ``infera-run up``; what each does is in ``docs/how-to/operate.md``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+DEFAULT_SESSION_HEADERS = [
+    "x-session-id",
+    "session_id",
+    "session-id",
+    "x-session-affinity",
+    "x-claude-code-session-id",
+    "conversation_id",
+]
+"""Headers that name a conversation, first found wins: the generic ones and those agent
+clients send (Codex: ``session_id``/``conversation_id``; Claude Code: ``X-Claude-Code-Session-Id``)."""
+
+
+class ObserveSettings(BaseModel):
+    """One pydantic field per flag / ``INFERA_*`` variable / config key."""
+
+    access_log: Literal["off", "text", "json"] = Field(
+        "off",
+        description="One line per request on stderr (time, request id, key name, model, worker, status,"
+        " TTFT, duration, tokens, retries; never a prompt or a key): off, text (key=value) or json.",
+    )
+    access_log_sample: float = Field(
+        1.0, ge=0, le=1, description="Fraction of requests written to the access log (0..1)."
+    )
+    decisions_kept: int = Field(
+        100, ge=0, description="Routing decisions kept for GET /v1/admin/decisions and the dashboard."
+    )
+    decisions_sample: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Fraction of all requests whose routing decision is recorded for /v1/admin/decisions"
+        " (requests sent with X-Infera-Explain are always recorded).",
+    )
+    session_header: list[str] = Field(
+        DEFAULT_SESSION_HEADERS,
+        description="Request headers naming a conversation for session affinity (repeatable; the first"
+        " present wins; without one the body's 'user' or 'metadata.user_id' is used).",
+    )
+
+    def observe_of(self) -> dict[str, Any]:
+        """These fields as keyword arguments (``up`` hands them to its server's settings)."""
+        return {name: getattr(self, name) for name in ObserveSettings.model_fields}
