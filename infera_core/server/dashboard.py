@@ -179,6 +179,7 @@ def stats(
             "decision": _histogram(m.decision),
         },
         "usage": auth.usage()["keys"] if auth is not None else None,
+        "last_decisions": core.decisions.recent()[:20] if core.decisions is not None else [],
     }
 
 
