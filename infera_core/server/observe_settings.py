@@ -7,16 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-DEFAULT_SESSION_HEADERS = [
-    "x-session-id",
-    "session_id",
-    "session-id",
-    "x-session-affinity",
-    "x-claude-code-session-id",
-    "conversation_id",
-]
-"""Headers that name a conversation, first found wins: the generic ones and those agent
-clients send (Codex: ``session_id``/``conversation_id``; Claude Code: ``X-Claude-Code-Session-Id``)."""
+from infera_core.scheduling.types import DEFAULT_SESSION_HEADERS
 
 
 class ObserveSettings(BaseModel):
@@ -41,7 +32,7 @@ class ObserveSettings(BaseModel):
         " (requests sent with X-Infera-Explain are always recorded).",
     )
     session_header: list[str] = Field(
-        DEFAULT_SESSION_HEADERS,
+        list(DEFAULT_SESSION_HEADERS),
         description="Request headers naming a conversation for session affinity (repeatable; the first"
         " present wins; without one the body's 'user' or 'metadata.user_id' is used).",
     )
