@@ -32,6 +32,7 @@ class RequestContext:
         "session_key",
         "token_ids",
         "tokenize_failed",
+        "trace",
     )
 
     def __init__(
@@ -65,6 +66,8 @@ class RequestContext:
         in, when an explanation was asked for (``X-Infera-Explain``) or sampled; None: nothing kept."""
         self.access: Any = None
         """The server's access-log record of this request (``--access-log``), None when not logged."""
+        self.trace: Any = None
+        """The request's OpenTelemetry spans (``--otlp-traces-endpoint``), None when tracing is off."""
 
     @property
     def log_id(self) -> str:

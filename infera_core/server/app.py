@@ -66,6 +66,7 @@ from infera_core.server.security_headers import ADMIN_PREFIXES, WithHeaders, sec
 from infera_core.server.series import LeanCollector
 from infera_core.server.settings import ServeSettings
 from infera_core.server.tokenize_routes import add_tokenize_routes
+from infera_core.server.tracing import Tracing, traces_endpoint
 from infera_core.server.usage import UsageLedger
 from infera_core.server.validate import BodyLimits, check_chat, check_completion
 from infera_core.transports.base import ClientContext
@@ -210,6 +211,8 @@ def create_app(
             await view.start(wait_synced=settings.connect_timeout)
             stack.push_async_callback(view.stop)
             stack.push_async_callback(app.state.dashboard.close)
+            if app.state.tracing is not None:
+                stack.callback(app.state.tracing.shutdown)  # the spans still buffered are sent
             yield
 
     app = InferaApp(title="Infera", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -229,9 +232,11 @@ def create_app(
         AccessLog(settings.access_log, settings.access_log_sample) if settings.access_log != "off" else None
     )
     decisions = core.decisions = DecisionLog(settings.decisions_kept, settings.decisions_sample)
+    otlp = traces_endpoint(settings.otlp_traces_endpoint)
+    tracing = app.state.tracing = Tracing(otlp, settings.otlp_traces_sample) if otlp else None
     for endpoint in app.hot_routes.values():
         endpoint.auth, endpoint.admin = auth, admin
-        endpoint.access_log, endpoint.decisions = access, decisions
+        endpoint.access_log, endpoint.decisions, endpoint.tracing = access, decisions, tracing
     # the same endpoints through the ordinary router too (405 for other methods)
     app.router.routes.extend(Route(path, ep, methods=["POST"]) for path, ep in app.hot_routes.items())
     _control_routes(app, core, kv, auth, settings.public_metrics)

@@ -16,7 +16,7 @@ from infera_core.request import RequestContext
 from infera_core.scheduling.explain import Decision
 from infera_core.scheduling.scheduler import DIRECT_HEADER
 from infera_core.scheduling.types import Endpoint
-from infera_core.server.access_log import AccessLog
+from infera_core.server.access_log import AccessLog, AccessRecord
 from infera_core.server.asgi import (
     CLIENT_CLOSING,
     ON_DISCONNECT,
@@ -35,6 +35,7 @@ from infera_core.server.decisions import EXPLAIN_HEADER, DecisionLog, ExplainSen
 from infera_core.server.errors import ApiError
 from infera_core.server.loops import came_back, stamped
 from infera_core.server.surrogates import LoneSurrogates
+from infera_core.server.tracing import Tracing, end_request
 from infera_core.server.validate import BodyLimits, parse_body, parse_short_body
 from infera_core.transports.upstreams import UpstreamResponse
 
@@ -54,6 +55,8 @@ class ProxyEndpoint:
     """``--access-log``: one line per (sampled) request; None: off."""
     decisions: DecisionLog | None = None
     """Routing explanations (``X-Infera-Explain``) and the decisions kept for the admin."""
+    tracing: Tracing | None = None
+    """OpenTelemetry (``--otlp-traces-endpoint``); None: off."""
 
     def __init__(self, core: RouterCore, route: str, limits: BodyLimits) -> None:
         self.core = core
@@ -97,6 +100,9 @@ class ProxyEndpoint:
         ctx: RequestContext | None = None
         access = self.access_log
         logged = access.start() if access is not None else None
+        kept: Decision | None = None
+        tracing = self.tracing
+        trace = tracing.start(scope, self.route) if tracing is not None else None
         try:
             auth = self.auth
             principal = auth.authenticate(scope) if auth is not None else None
@@ -133,15 +139,23 @@ class ProxyEndpoint:
                     send = ExplainSend(send, ctx.explain)
                 elif decisions.sampled():
                     ctx.explain = Decision()
+            kept = ctx.explain  # asked for or sampled: kept for /v1/admin/decisions
+            if trace is not None:  # the span's figures come from the same record, its terms from a Decision
+                ctx.trace = trace
+                if logged is None:
+                    ctx.access = AccessRecord()
+                if ctx.explain is None:
+                    ctx.explain = Decision()
             if core.scheduler.direct and raw_header(scope, DIRECT_HEADER.encode()) is not None:
                 self.admin.check(scope, "Direct routing (x-worker-instance-id)")
             if not hooked:
                 watcher = asyncio.ensure_future(watch_disconnect(receive, task, gone))
             ep, resp = await core.dispatch(ctx, path, upstream_body, task, via)
             status = resp.status
-            if logged is not None:
-                logged.worker = ep.worker_id
-                logged.ttft = time.perf_counter() - t0  # the answer's headers (a stream: its first event)
+            rec = ctx.access
+            if rec is not None:
+                rec.worker = ep.worker_id
+                rec.ttft = time.perf_counter() - t0  # the answer's headers (a stream: its first event)
             ok = False
             try:
                 ok = await self.relay(send, resp, ctx, ep, t0)
@@ -172,8 +186,10 @@ class ProxyEndpoint:
             core.metrics.request_done(self.route, model, status, elapsed)
             if logged is not None and access is not None:
                 access.write(logged, ctx, self.route, model, status, elapsed)
-            if ctx is not None and ctx.explain is not None and self.decisions is not None:
-                self.decisions.add(ctx.explain, status)
+            if kept is not None and self.decisions is not None:
+                self.decisions.add(kept, status)
+            if trace is not None:
+                end_request(trace, ctx, model, status)
 
     def count_usage(self, ctx: RequestContext, prompt: int, completion: int) -> None:
         """Tokens of one answered request (the engine's usage report): per model, and per API

@@ -37,6 +37,19 @@ class ObserveSettings(BaseModel):
         " present wins; without one the body's 'user' or 'metadata.user_id' is used).",
     )
 
+    otlp_traces_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP collector for OpenTelemetry traces, e.g. http://127.0.0.1:4318 (unset: the"
+        " OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT variables, else no tracing)."
+        " Needs pip install 'infera-core[tracing]'.",
+    )
+    otlp_traces_sample: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Fraction of requests traced (a client's sampled traceparent is followed).",
+    )
+
     def observe_of(self) -> dict[str, Any]:
         """These fields as keyword arguments (``up`` hands them to its server's settings)."""
         return {name: getattr(self, name) for name in ObserveSettings.model_fields}
