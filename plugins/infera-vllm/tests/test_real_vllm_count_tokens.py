@@ -9,21 +9,18 @@ on ``/tokenize`` of the chat request ``/v1/messages`` sends. Needs ``.venv-vllm`
 
 from __future__ import annotations
 
-import subprocess
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from real_vllm import ENGINE_ARGS, engine_env, vllm_python
+from real_vllm import vllm_python, vllm_server
 
 from infera_core.kv.component import KvRouting
 from infera_core.kv.settings import KvSettings
 from infera_core.server.anthropic import to_chat_request
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import serving, settings_for
-from infera_core.util.net import free_port
 from infera_core.worker import WorkerRecord
 
 anthropic = pytest.importorskip("anthropic")
@@ -44,36 +41,8 @@ CONVERSATIONS: list[dict[str, Any]] = [
 
 @pytest.fixture(scope="module")
 def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    python, model = vllm_python()
-    port = free_port()
-    logs = tmp_path_factory.mktemp("vllm-count-log") / "vllm.log"
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
-    argv += ["--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), *ENGINE_ARGS]
-    with logs.open("wb") as log:
-        env = engine_env(tmp_path_factory.mktemp("vllm-count-cache"))
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM exited ({proc.returncode}) before serving:\n{logs.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM did not serve within 600 s:\n{logs.read_text()[-3000:]}")
-            time.sleep(0.5)
+    with vllm_server(tmp_path_factory.mktemp("vllm-count")) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 async def _engine_counts(client: httpx.AsyncClient, url: str, conv: dict[str, Any]) -> tuple[int, int]:
