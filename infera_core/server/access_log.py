@@ -58,6 +58,37 @@ def _text_value(v: Any) -> str:
     return s
 
 
+def fields(
+    rec: AccessRecord,
+    ctx: RequestContext | None,
+    route: str,
+    model: str,
+    status: int,
+    seconds: float,
+) -> dict[str, Any]:
+    """The fields of one request's line."""
+    principal = ctx.principal if ctx is not None else None
+    return {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(rec.wall))
+        + f".{int(rec.wall * 1000) % 1000:03d}Z",
+        "request_id": ctx.request_id if ctx is not None else None,
+        "client_request_id": ctx.client_request_id[:128]
+        if ctx is not None and ctx.client_request_id
+        else None,
+        "key": getattr(principal, "name", None),
+        "route": route,
+        "model": model,
+        "worker": rec.worker,
+        "status": status,
+        "ttft_ms": round(rec.ttft * 1000, 1) if rec.ttft is not None else None,
+        "duration_ms": round(seconds * 1000, 1),
+        "prompt_tokens": rec.prompt,
+        "cached_tokens": rec.cached,
+        "completion_tokens": rec.completion,
+        "retries": rec.retries,
+    }
+
+
 class AccessLog:
     """Writes the lines; ``stream`` is where (stderr by default)."""
 
@@ -72,46 +103,8 @@ class AccessLog:
             return None
         return AccessRecord()
 
-    def fields(
-        self,
-        rec: AccessRecord,
-        ctx: RequestContext | None,
-        route: str,
-        model: str,
-        status: int,
-        seconds: float,
-    ) -> dict[str, Any]:
-        principal = ctx.principal if ctx is not None else None
-        return {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(rec.wall))
-            + f".{int(rec.wall * 1000) % 1000:03d}Z",
-            "request_id": ctx.request_id if ctx is not None else None,
-            "client_request_id": ctx.client_request_id[:128]
-            if ctx is not None and ctx.client_request_id
-            else None,
-            "key": getattr(principal, "name", None),
-            "route": route,
-            "model": model,
-            "worker": rec.worker,
-            "status": status,
-            "ttft_ms": round(rec.ttft * 1000, 1) if rec.ttft is not None else None,
-            "duration_ms": round(seconds * 1000, 1),
-            "prompt_tokens": rec.prompt,
-            "cached_tokens": rec.cached,
-            "completion_tokens": rec.completion,
-            "retries": rec.retries,
-        }
-
-    def write(
-        self,
-        rec: AccessRecord,
-        ctx: RequestContext | None,
-        route: str,
-        model: str,
-        status: int,
-        seconds: float,
-    ) -> None:
-        f = self.fields(rec, ctx, route, model, status, seconds)
+    def write(self, f: dict[str, Any]) -> None:
+        """One line of :func:`fields`."""
         if self.mode == "json":
             line = json.dumps(f, separators=(",", ":"))
         else:

@@ -24,15 +24,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from infera_core.server.anthropic import to_chat_request
-from infera_core.server.asgi import ClientGone, read_body
-from infera_core.server.auth import CLIENT_STATE, ClientAuth
+from infera_core.server.asgi import ClientGone
 from infera_core.server.core import RouterCore
 from infera_core.server.errors import ApiError, bad_request
 from infera_core.server.kv import KvComponent
-from infera_core.server.loops import came_back, stamped, via_of
-from infera_core.server.surrogates import LoneSurrogates
-from infera_core.server.tokenize_routes import forward, workers_for
-from infera_core.server.validate import BodyLimits, parse_body
+from infera_core.server.tokenize_routes import forward, read_request, workers_for
+from infera_core.server.validate import BodyLimits
 
 ROUTE = "/v1/messages/count_tokens"
 _OFFLOAD_CHARS = 16384
@@ -114,17 +111,7 @@ def add_count_tokens_route(
         t0 = time.perf_counter()
         model, status = "-", 500
         try:
-            auth: ClientAuth | None = getattr(request.app.state, CLIENT_STATE, None)
-            principal = auth.authenticate(request.scope) if auth is not None else None
-            raw = await read_body(request.scope, request.receive, limits.max_bytes)
-            via = via_of(request.scope["headers"])
-            if stamped(via, core.router_id_bytes):
-                raise came_back(core.router_id)
-            try:
-                body = await parse_body(raw, limits)
-            except LoneSurrogates as lone:  # forwarded with U+FFFD in their place, as on /v1/*
-                raw = lone.repaired
-                body = await parse_body(raw, limits)
+            auth, principal, raw, via, body = await read_request(request, core, limits)
             name = check_count(body)
             workers_for(core, name)  # 404 for an unknown model, 503 with none available
             model = name

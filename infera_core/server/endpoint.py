@@ -16,7 +16,7 @@ from infera_core.request import RequestContext
 from infera_core.scheduling.explain import Decision
 from infera_core.scheduling.scheduler import DIRECT_HEADER
 from infera_core.scheduling.types import Endpoint
-from infera_core.server.access_log import AccessLog, AccessRecord
+from infera_core.server.access_log import AccessLog, AccessRecord, fields
 from infera_core.server.asgi import (
     CLIENT_CLOSING,
     ON_DISCONNECT,
@@ -134,10 +134,10 @@ class ProxyEndpoint:
                 ctx.budget = auth.admit(principal, model, ctx.body, ctx.token_ids)
             decisions = self.decisions
             if decisions is not None:
-                if asked(explain) and may_explain(principal, self.admin, scope):
+                if explain is not None and asked(explain) and may_explain(principal, self.admin, scope):
                     ctx.explain = Decision()
                     send = ExplainSend(send, ctx.explain)
-                elif decisions.sampled():
+                elif decisions.sample and decisions.sampled():
                     ctx.explain = Decision()
             kept = ctx.explain  # asked for or sampled: kept for /v1/admin/decisions
             if trace is not None:  # the span's figures come from the same record, its terms from a Decision
@@ -185,7 +185,7 @@ class ProxyEndpoint:
             elapsed = time.perf_counter() - t0
             core.metrics.request_done(self.route, model, status, elapsed)
             if logged is not None and access is not None:
-                access.write(logged, ctx, self.route, model, status, elapsed)
+                access.write(fields(logged, ctx, self.route, model, status, elapsed))
             if kept is not None and self.decisions is not None:
                 self.decisions.add(kept, status)
             if trace is not None:

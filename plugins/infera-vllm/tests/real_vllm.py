@@ -243,10 +243,12 @@ def long_prompt(seed: str, words: int = 300) -> str:
 
 
 @contextlib.contextmanager
-def vllm_server(tmp: Path, *extra: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    """Real vLLM (``vllm.entrypoints.openai.api_server``) serving the tiny model as ``tiny`` on a
-    free port until the block exits; yields its URL (``tmp``: its log and cache)."""
-    python, model = vllm_python()
+def vllm_server(
+    tmp: Path, *extra: str, env: dict[str, str] | None = None, model: Path | None = None
+) -> Iterator[str]:
+    """Real vLLM (``vllm.entrypoints.openai.api_server``) serving the tiny model (or ``model``) as
+    ``tiny`` on a free port until the block exits; yields its URL (``tmp``: its log and cache)."""
+    python, tiny = vllm_python()
     port = free_port()
     logs = tmp / "vllm.log"
     argv = [
@@ -254,7 +256,7 @@ def vllm_server(tmp: Path, *extra: str, env: dict[str, str] | None = None) -> It
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
-        model,
+        str(model or tiny),
         "--served-model-name",
         "tiny",
     ]
