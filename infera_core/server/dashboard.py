@@ -182,6 +182,7 @@ def stats(
             "resume": _histogram(m.resume),
         },
         "usage": auth.usage()["keys"] if auth is not None else None,
+        "last_decisions": core.decisions.recent()[:20] if core.decisions is not None else [],
     }
 
 

@@ -11,6 +11,7 @@ The file (YAML or JSON)::
         team: research               # optional: the tenant under cache_isolation: team
     cache_isolation: key             # none (default) | key | team: tenants never share KV
     cache_salt_secret: <random>      # optional HMAC key of the tenants' cache salts
+        explain: true                # optional: may ask for routing explanations
 
 Per request the check is one ``sha256`` of the presented key and one dict lookup;
 the file's ``mtime`` is looked at most once a second and the file re-read only when
@@ -60,6 +61,7 @@ class KeySpec(BaseModel):
     requests_per_minute: int | None = Field(None, gt=0)
     tokens_per_day: int | None = Field(None, gt=0, description="Prompt + completion tokens per UTC day.")
     team: str | None = Field(None, min_length=1, description="The key's tenant under cache_isolation: team.")
+    explain: bool = Field(False, description="May ask for routing explanations (X-Infera-Explain).")
 
     @model_validator(mode="after")
     def _one_secret(self) -> KeySpec:
@@ -125,13 +127,25 @@ _SEEN_MAX = 4096
 class ApiKey:
     """A key's limits and its running budgets (kept across reloads, by name)."""
 
-    __slots__ = ("allowed", "bucket", "day", "day_tokens", "name", "refilled", "rpm", "slot", "tpd")
+    __slots__ = (
+        "allowed",
+        "bucket",
+        "day",
+        "day_tokens",
+        "explain",
+        "name",
+        "refilled",
+        "rpm",
+        "slot",
+        "tpd",
+    )
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.allowed: frozenset[str] | None = None
         self.rpm: int | None = None
         self.tpd: int | None = None
+        self.explain = False
         self.bucket = 0.0
         self.refilled = 0.0
         self.day = -1
@@ -146,6 +160,7 @@ class ApiKey:
             self.bucket = float(self.rpm or 0)
             self.refilled = now
         self.tpd = spec.tokens_per_day
+        self.explain = spec.explain
 
 
 class Principal:
