@@ -71,16 +71,18 @@ def prompt_size(body: dict[str, Any]) -> int:
             c = m.get("content") if isinstance(m, dict) else None
             if isinstance(c, str):
                 n += len(c)
-            elif isinstance(c, list):  # text parts: never str() of the whole list (O(body))
-                n += sum(len(t) for t in _part_texts(c))
+            elif isinstance(c, list):  # text parts by their length, not str() of the whole list
+                n += sum(len(t) if isinstance(t, str) else len(str(t)) for t in _part_texts(c))
             elif c is not None:
                 n += len(str(c))
         return n
     return 0
 
 
-def _part_texts(parts: list[Any]) -> list[str]:
-    return [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)]
+def _part_texts(parts: list[Any]) -> list[Any]:
+    """Each part's text (a string), or the part itself where it has none (an image: what
+    it holds counts too, so a body of big images is still a big prompt)."""
+    return [p["text"] if isinstance(p, dict) and isinstance(p.get("text"), str) else p for p in parts]
 
 
 def cut_contents(messages: list[Any], limit: int) -> list[Any]:
