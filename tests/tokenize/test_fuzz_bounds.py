@@ -149,3 +149,45 @@ def _whole(tok: Any, route: str, body: dict[str, Any]) -> list[int]:
         prompt = body["prompt"]
         return list(tok.encode(prompt if isinstance(prompt, str) else prompt[0]))
     return list(tok.encode_chat(body["messages"], body))
+
+
+@pytest.mark.parametrize("spec", ["hf", "sim"])
+def test_many_distinct_large_prompts_leave_only_the_bounded_caches(tiny_dir: Path, spec: str) -> None:
+    """Row 2 as a property: whatever sizes and shapes of distinct large prompts come, what the
+    tokenizer service keeps afterwards (Python memory, tracemalloc) is at most its two caches'
+    budgets: no prompt, rendered text or id list outlives its request."""
+    import gc
+    import tracemalloc
+
+    tokens, _ = service(tiny_dir, spec)
+    asyncio.run(tokens.fill(RequestContext("warm", "tiny", "/v1/completions", {"prompt": "warm up"})))
+    seen: list[int] = []
+
+    @given(
+        prompts=st.lists(st.tuples(st.integers(50_000, 1_000_000), st.booleans()), min_size=4, max_size=12),
+        seed=st.integers(0, 10**9),
+    )
+    @settings(max_examples=8, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    def check(prompts: list[tuple[int, bool]], seed: int) -> None:
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        for i, (size, as_chat) in enumerate(prompts):
+            text = big_prompt(size, seed + i)
+            body: dict[str, Any] = (
+                {"messages": [{"role": "user", "content": text}]} if as_chat else {"prompt": text}
+            )
+            route = "/v1/chat/completions" if as_chat else "/v1/completions"
+            ctx = RequestContext("r", "tiny", route, {"model": "tiny", **body})
+            asyncio.run(tokens.fill(ctx))
+            assert ctx.token_ids and len(ctx.token_ids) <= MAX_TOKENS
+            del text, body, ctx
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        seen.append(kept)
+        assert kept < CACHE_BYTES + PREFIX_BYTES + (2 << 20), kept  # the caches' budgets, 2 MB slack
+        assert tokens.cache_held <= CACHE_BYTES and tokens.prefixes.bytes <= PREFIX_BYTES
+
+    check()
+    print(f"{spec}: kept at most {max(seen) >> 10} KiB after batches of distinct 50 KB-1 MB prompts")
