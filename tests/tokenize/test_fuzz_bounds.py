@@ -7,6 +7,7 @@ tokenizers. Whatever was drawn: the tokenizer is handed at most ``max_chars`` ch
 (a chat: rendered from at most that much text), the ids are at most ``max_tokens`` and a
 prefix of the whole prompt's, the token-id cache never holds more than its bytes nor a
 prompt longer than the cut, and the conversation-prefix cache stays within its budget.
+Batches of distinct large prompts leave behind (tracemalloc) no more than those caches.
 """
 
 from __future__ import annotations
