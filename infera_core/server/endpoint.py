@@ -121,11 +121,11 @@ class ProxyEndpoint:
             try:
                 if len(raw) <= limits.max_items:
                     body = parse_short_body(raw, limits)
-                else:
-                    body = await parse_body(raw, limits)
+                else:  # read_body counted its items
+                    body = await parse_body(raw, limits, counted=True)
             except LoneSurrogates as lone:  # forwarded with U+FFFD in their place (surrogates.py)
                 raw = lone.repaired
-                body = await parse_body(raw, limits)
+                body = await parse_body(raw, limits, counted=True)
             if len(raw) > _YIELD_AFTER:
                 await _left_meanwhile(scope)
             ctx, path, upstream_body = self.prepare(scope, raw, body)
