@@ -58,6 +58,7 @@ from infera_core.server.metrics import ServerMetrics
 from infera_core.server.openapi import add_openapi_route
 from infera_core.server.pd import build_pd
 from infera_core.server.proxy import OpenAIProxy
+from infera_core.server.queue import RouterQueue
 from infera_core.server.routing_mode import RoutingModes
 from infera_core.server.security_headers import ADMIN_PREFIXES, WithHeaders, security_headers
 from infera_core.server.series import LeanCollector
@@ -160,6 +161,7 @@ def create_app(
         probe=progress,
     )
     core.pd = build_pd(core, config.pd, catalog, deps, settings.max_inflight_per_worker)
+    queue = core.queue = _router_queue(settings, core, kv)
     owns_discovery = discovery is None if start_discovery is None else start_discovery
     disc = discovery if discovery is not None else make_discovery(settings, hooks)
     if kv is not None:
@@ -196,6 +198,7 @@ def create_app(
             await view.start(wait_synced=settings.connect_timeout)
             stack.push_async_callback(view.stop)
             stack.push_async_callback(app.state.dashboard.close)
+            stack.callback(queue.close)
             yield
 
     app = InferaApp(title="Infera", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -219,8 +222,30 @@ def create_app(
     add_tokenize_routes(app, core, limit)
     add_openapi_route(app)
     app.state.dashboard = add_dashboard_routes(app, core, kv)
+    if settings.queue_engine_waiting or settings.queue_engine_kv_usage:
+        queue.refresh = app.state.dashboard.poke  # the engines' numbers, while requests wait
     _error_handlers(app)
     return app
+
+
+def _router_queue(settings: ServeSettings, core: RouterCore, kv: KvComponent | None) -> RouterQueue:
+    """The router queue (``--queue-*``) and the saturation signal it waits on."""
+    core.sheddable_headroom = settings.queue_sheddable_headroom
+    core.scheduler.waiting_max = settings.queue_engine_waiting
+    core.scheduler.kv_usage_max = settings.queue_engine_kv_usage
+    engine_signal = bool(settings.queue_engine_waiting or settings.queue_engine_kv_usage)
+    queue = RouterQueue(
+        core.schedule_tier,
+        core.unqueued,
+        max_len=settings.queue_max,
+        timeout=settings.queue_timeout,
+        output_cap=settings.queue_output_cap,
+        # a slot freed in another process, or an engine's numbers, change without a local event
+        recheck=engine_signal or settings.processes != 1,
+        kv_index=kv.index if kv is not None else None,
+    )
+    queue.register_metrics(core.metrics.registry)
+    return queue
 
 
 def _client_auth(settings: ServeSettings, admin: AdminGate, metrics: ServerMetrics) -> ClientAuth | None:

@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import TYPE_CHECKING
 
 from infera_core.request import RequestContext
@@ -32,6 +32,7 @@ from infera_core.server.hangs import HangDetector
 from infera_core.server.loops import LOOP_HEADER, LOOP_STATUS, loop_error, via_value
 from infera_core.server.metrics import ServerMetrics
 from infera_core.server.not_found import EngineAnswer, engine_error, not_an_engine
+from infera_core.server.queue import RouterQueue, ticket_for
 from infera_core.server.routing_mode import RoutingModes
 from infera_core.transports.upstreams import (
     READ_ERRORS,
@@ -114,6 +115,10 @@ class RouterCore:
         """Each model's routing mode (tokens / text / load), said once per model."""
         self.pd: PdDispatcher | None = None
         """The PD path (``infera_core.server.pd``): models served by prefill/decode pairs."""
+        self.queue: RouterQueue | None = None
+        """The router queue (``--queue-max``): saturated models queue requests instead of a 429."""
+        self.sheddable_headroom = 0
+        """In-flight slots per worker that sheddable requests leave free (``--queue-sheddable-headroom``)."""
 
     def request_id(self) -> str:
         """A new id for the engine, the scorers' bookkeeping and PD transfers. Never the
@@ -123,7 +128,21 @@ class RouterCore:
     def schedule(self, ctx: RequestContext, exclude: list[str]) -> Endpoint:
         """One routing decision, with scheduler errors turned into API errors."""
         try:
-            return self.scheduler.schedule(ctx, exclude)
+            return self._schedule(ctx, exclude)
+        except OverloadedError as exc:
+            raise ApiError(429, str(exc), code="worker_overloaded", headers={"Retry-After": "1"}) from None
+
+    def schedule_tier(self, ctx: RequestContext, tier: int) -> Endpoint:
+        """The queue's routing decision for a request of ``tier``: :class:`OverloadedError` when
+        every worker is saturated (sheddable tiers leave ``sheddable_headroom`` slots free)."""
+        cap = self.scheduler.max_inflight
+        if tier < 0 and cap > 0 and self.sheddable_headroom:
+            return self._schedule(ctx, (), max(1, cap - self.sheddable_headroom))
+        return self._schedule(ctx, ())
+
+    def _schedule(self, ctx: RequestContext, exclude: Collection[str], cap: int | None = None) -> Endpoint:
+        try:
+            return self.scheduler.schedule(ctx, exclude, cap)
         except UnknownModelError as exc:
             shown = ", ".join(exc.available)
             raise ApiError(
@@ -132,8 +151,6 @@ class RouterCore:
                 param="model",
                 code="model_not_found",
             ) from None
-        except OverloadedError as exc:
-            raise ApiError(429, str(exc), code="worker_overloaded", headers={"Retry-After": "1"}) from None
         except NoWorkerError as exc:
             raise ApiError(503, f"No worker available: {exc}", code="no_worker_available") from None
 
@@ -157,17 +174,22 @@ class RouterCore:
             "X-Request-Id": ctx.request_id,
             "Via": via_value(via, self.router_id),
         }
+        queue = self.queue if self.queue is not None and self.queue.enabled else None
+        ticket = ticket_for(ctx.principal, ctx.headers) if queue is not None else None
         if self.prepare is not None and self.scheduler.profile_for(ctx.model).needs_tokens:
             await self.prepare(ctx)
         for attempt in range(attempts):
-            try:
-                ep = self.schedule(ctx, tried)
-            except ApiError:
-                if last is not None:
-                    raise last from None
-                raise
+            if attempt == 0 and queue is not None and ticket is not None:
+                ep = await queue.acquire(ctx, ticket)  # its slot taken: in_flight counted
+            else:
+                try:
+                    ep = self.schedule(ctx, tried)
+                except ApiError:
+                    if last is not None:
+                        raise last from None
+                    raise
+                ep.in_flight += 1
             self.breakers.picked(ep)
-            ep.in_flight += 1
             rank = self.scheduler.dp.choose(ep, ctx) if ep.record.dp_size > 1 else None
             sent = headers if rank is None else {**headers, DP_RANK_HEADER: str(rank)}
             hangs = self.hangs
@@ -281,18 +303,32 @@ class RouterCore:
             if self.breakers.opened != opened:
                 self.metrics.breaker_opened.inc()
         self.scheduler.finished(ctx, ep, False)
+        self._freed(ctx)
 
     def _abandoned(self, ctx: RequestContext, ep: Endpoint) -> None:
         """The attempt on ``ep`` ended without an answer and without the worker's fault."""
         ep.in_flight -= 1
         self.scheduler.finished(ctx, ep, False)
+        self._freed(ctx)
 
     def release(self, ctx: RequestContext, ep: Endpoint, ok: bool) -> None:
         ep.in_flight -= 1
         if self.pd is not None and ctx.role is not Role.MIXED:
             self.pd.finished(ctx, ep, ok)
-            return
-        self.scheduler.finished(ctx, ep, ok)
+        else:
+            self.scheduler.finished(ctx, ep, ok)
+        self._freed(ctx)
+
+    def _freed(self, ctx: RequestContext) -> None:
+        """A slot freed: the queue dispatches its next waiter at once."""
+        queue = self.queue
+        if queue is not None and queue.queues:
+            queue.pump(ctx.model)
+
+    def unqueued(self, ctx: RequestContext, ep: Endpoint) -> None:
+        """A slot the queue took for a waiter whose client left before using it."""
+        ep.in_flight -= 1
+        self.scheduler.finished(ctx, ep, False)
 
 
 def _uncancel() -> int:

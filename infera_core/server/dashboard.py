@@ -85,7 +85,8 @@ class EngineScraper:
                     text = r.text
                 except (httpx.HTTPError, ValueError):
                     return  # a busy or gone worker keeps its last numbers until the next round
-            self._update(ep.worker_id, parse_metrics(text, ENGINE_SERIES))
+            out = self._update(ep.worker_id, parse_metrics(text, ENGINE_SERIES))
+            ep.stats = {k: out[k] for k in ("running", "waiting", "kv_usage") if k in out}
 
         try:
             async with httpx.AsyncClient(timeout=self.timeout) as client:
@@ -95,7 +96,7 @@ class EngineScraper:
         for gone in set(self.latest) - {ep.worker_id for ep in eps}:
             del self.latest[gone]
 
-    def _update(self, worker_id: str, values: dict[str, float]) -> None:
+    def _update(self, worker_id: str, values: dict[str, float]) -> dict[str, float]:
         prev = self.latest.get(worker_id, {})
         hits, queries = values.get(HITS), values.get(QUERIES)
         out: dict[str, float] = {
@@ -115,6 +116,7 @@ class EngineScraper:
             elif queries > 0:
                 out["hit_rate"] = hits / queries
         self.latest[worker_id] = out
+        return out
 
     async def close(self) -> None:
         if self._task is not None:

@@ -1,0 +1,242 @@
+"""The router's fair queue: priority tiers, then weighted fair share between keys.
+
+A pure data structure (no I/O, no asyncio, the clock passed in), shared by the live server
+(:mod:`infera_core.server.queue`) and the virtual-time bench (``bench/fleet/fairness.py``),
+so both measure the same code.
+
+* **Tiers** — an integer priority, higher first: ``critical`` is 1, ``standard`` 0,
+  ``sheddable`` -1 (any integer may be used; a negative tier is *sheddable*, as in the
+  Gateway API Inference Extension). A tier is served only when every higher tier is empty.
+* **Weighted fair queuing inside a tier** — start-time fair queuing (Goyal et al., SFQ):
+  a waiter of key *k* with cost *c* gets ``start = max(V, finish[k])`` and
+  ``finish[k] = start + c / weight[k]``; the tier serves the smallest start tag, and its
+  virtual time ``V`` is the start tag of the waiter served last. A key that floods only
+  pushes its own tags into the future, so a light key is served next whatever the
+  flood's length. The cost of a request is what it will take from the fleet: its uncached
+  prompt tokens plus its expected output (:func:`request_cost`).
+* **Bounded** — at most ``max_len`` waiters. When full, an arrival of a higher tier evicts
+  the newest waiter of the lowest sheddable tier below its own (reason ``priority``); else,
+  inside its own tier, the newest waiter of the key with the most waiters when that is
+  another key (reason ``fair_share``: a flood loses its own newest request, never a light
+  key's); else the arrival is refused.
+* **Wait estimate** — the mean interval between two dispatches while the queue stayed
+  non-empty (an EWMA: the fleet's recent service rate as the queue sees it) times the
+  waiters ahead; a deadline that cannot be met is refused on arrival.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+TIERS: dict[str, int] = {"critical": 1, "standard": 0, "sheddable": -1}
+"""Named priority tiers (higher is served first; negative is sheddable)."""
+TIER_NAMES: dict[int, str] = {v: k for k, v in TIERS.items()}
+
+
+def tier_of(value: str | int) -> int:
+    """A tier from a name (``critical|standard|sheddable``) or an integer (ValueError else)."""
+    if isinstance(value, bool):
+        raise ValueError(f"priority must be one of {', '.join(TIERS)} or an integer, not {value!r}")
+    if isinstance(value, int):
+        return value
+    text = str(value).strip().lower()
+    if text in TIERS:
+        return TIERS[text]
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"priority must be one of {', '.join(TIERS)} or an integer, not {value!r}") from None
+
+
+def tier_label(tier: int) -> str:
+    """The metrics label of a tier: its name, or the number."""
+    return TIER_NAMES.get(tier, str(tier))
+
+
+def request_cost(prompt_tokens: int, cached_tokens: int, max_tokens: int, output_cap: int) -> float:
+    """A request's cost in the fair share: uncached prompt tokens + expected output
+    (``max_tokens`` capped at ``output_cap``, so an absurd limit does not price a key out)."""
+    return float(max(0, prompt_tokens - cached_tokens) + max(1, min(max_tokens, output_cap)))
+
+
+@dataclass(slots=True, eq=False)
+class Waiter:
+    """One queued request. ``deadline``: the absolute time (same clock) its first token is
+    due by, None for none; ``payload``: the caller's (a future, a request record)."""
+
+    key: str
+    tier: int
+    cost: float
+    arrived: float
+    deadline: float | None = None
+    weight: float = 1.0
+    payload: Any = None
+    start: float = 0.0
+    finish: float = 0.0
+    seq: int = 0
+    queued: bool = False
+
+
+@dataclass(slots=True)
+class _Tier:
+    heap: list[tuple[float, int, Waiter]] = field(default_factory=list)
+    members: dict[Waiter, None] = field(default_factory=dict)
+    """Queued waiters in arrival order (the newest is evicted first)."""
+    vtime: float = 0.0
+    finish: dict[str, float] = field(default_factory=dict)
+    backlog: dict[str, int] = field(default_factory=dict)
+    """Queued waiters per key."""
+
+    def head(self) -> Waiter | None:
+        heap = self.heap
+        while heap and not heap[0][2].queued:
+            heapq.heappop(heap)
+        return heap[0][2] if heap else None
+
+
+class FairQueue:
+    """One model's queue (see the module docstring). Not thread-safe: one event loop."""
+
+    def __init__(self, max_len: int, ewma: float = 0.2) -> None:
+        if max_len < 1:
+            raise ValueError("max_len must be at least 1")
+        self.max_len = max_len
+        self._tiers: dict[int, _Tier] = {}
+        self._order: list[int] = []  # tiers, highest first
+        self._len = 0
+        self._seq = 0
+        self._ewma = ewma
+        self.interval: float | None = None
+        """Mean seconds between two dispatches while backlogged (None: not measured yet)."""
+        self._last_pop: float | None = None
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[Waiter]:
+        for t in self._order:
+            yield from self._tiers[t].members
+
+    def depth(self) -> dict[int, int]:
+        """Waiters per tier."""
+        return {t: len(self._tiers[t].members) for t in self._order if self._tiers[t].members}
+
+    def _tier(self, tier: int) -> _Tier:
+        q = self._tiers.get(tier)
+        if q is None:
+            q = self._tiers[tier] = _Tier()
+            self._order = sorted(self._tiers, reverse=True)
+        return q
+
+    # -- arrivals ----------------------------------------------------------------------
+    def victim(self, tier: int, key: str) -> tuple[Waiter, str] | None:
+        """The waiter a full queue gives up for an arrival of ``key`` at ``tier``, and why
+        (``priority`` or ``fair_share``); None: the arrival is the one refused."""
+        for t in reversed(self._order):
+            if t >= tier or t >= 0:
+                break
+            members = self._tiers[t].members
+            if members:
+                return next(reversed(members)), "priority"
+        q = self._tiers.get(tier)
+        if q is None or not q.backlog:
+            return None
+        top = max(q.backlog, key=q.backlog.__getitem__)
+        if top == key or q.backlog[top] <= q.backlog.get(key, 0) + 1:
+            return None
+        for w in reversed(q.members):
+            if w.key == top:
+                return w, "fair_share"
+        return None
+
+    def push(self, w: Waiter) -> None:
+        """Queue ``w`` (the caller made room: ``len(self) < max_len``)."""
+        if self._len >= self.max_len:
+            raise OverflowError("the queue is full")
+        q = self._tier(w.tier)
+        start = q.finish.get(w.key, q.vtime)
+        if start < q.vtime:
+            start = q.vtime
+        w.start = start
+        w.finish = start + w.cost / (w.weight if w.weight > 0 else 1.0)
+        q.finish[w.key] = w.finish
+        self._seq += 1
+        w.seq = self._seq
+        w.queued = True
+        heapq.heappush(q.heap, (start, w.seq, w))
+        q.members[w] = None
+        q.backlog[w.key] = q.backlog.get(w.key, 0) + 1
+        self._len += 1
+
+    def ahead(self, w: Waiter) -> int:
+        """Waiters that would be served before ``w`` as the queue stands."""
+        n = 0
+        for t in self._order:
+            q = self._tiers[t]
+            if t > w.tier:
+                n += len(q.members)
+            elif t == w.tier:
+                n += sum(1 for o in q.members if (o.start, o.seq) < (w.start, w.seq))
+        return n
+
+    def estimated_wait(self, w: Waiter) -> float | None:
+        """Seconds until ``w`` is dispatched at the recent rate (None: no rate measured yet)."""
+        if self.interval is None:
+            return None
+        return (self.ahead(w) + 1) * self.interval
+
+    # -- departures ----------------------------------------------------------------------
+    def peek(self) -> Waiter | None:
+        """The next waiter to serve (highest tier, then smallest start tag)."""
+        for t in self._order:
+            w = self._tiers[t].head()
+            if w is not None:
+                return w
+        return None
+
+    def pop(self, now: float) -> Waiter | None:
+        """Take the next waiter to serve; ``now`` feeds the service-rate estimate."""
+        w = self.peek()
+        if w is None:
+            return None
+        q = self._tiers[w.tier]
+        q.vtime = max(q.vtime, w.start)
+        self._unlink(w, q)
+        if self._last_pop is not None:
+            sample = now - self._last_pop
+            self.interval = (
+                sample if self.interval is None else self.interval + self._ewma * (sample - self.interval)
+            )
+        self._last_pop = now if self._len else None
+        return w
+
+    def remove(self, w: Waiter) -> bool:
+        """Take ``w`` out (timed out, shed, its client left); False when it was not queued."""
+        if not w.queued:
+            return False
+        q = self._tiers[w.tier]
+        if q.finish.get(w.key) == w.finish:  # its key's newest: the key's tag goes back
+            q.finish[w.key] = w.start
+        self._unlink(w, q)
+        if not self._len:
+            self._last_pop = None
+        return True
+
+    def _unlink(self, w: Waiter, q: _Tier) -> None:
+        w.queued = False
+        del q.members[w]
+        left = q.backlog[w.key] - 1
+        if left:
+            q.backlog[w.key] = left
+        else:
+            del q.backlog[w.key]
+        self._len -= 1
+        if not q.members:
+            # idle tier: keys start afresh from the largest tag handed out (SFQ's idle reset)
+            if q.finish:
+                q.vtime = max(q.vtime, max(q.finish.values()))
+            q.finish.clear()
+            q.heap.clear()
