@@ -95,8 +95,10 @@ class ServeSettings(InferaSettings, KvSettings, AuthSettings, LimitSettings, Fau
         300.0, gt=0, description="Seconds without a byte from a worker before a response is abandoned."
     )
     max_inflight_per_worker: int = Field(
-        0, ge=0, description="Admission cap per worker (0: none); beyond it requests wait in the router queue"
-        " (--queue-max; 0: → 429 with Retry-After)."
+        0,
+        ge=0,
+        description="Admission cap per worker (0: none); beyond it requests wait in the router queue"
+        " (--queue-max; 0: → 429 with Retry-After).",
     )
     breaker_failures: int = Field(
         3, ge=1, description="Consecutive failures (connect error, 5xx) that open a worker's breaker."
