@@ -17,6 +17,7 @@ send bytes to one.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -199,6 +200,9 @@ def create_app(
             stack.push_async_callback(view.stop)
             stack.push_async_callback(app.state.dashboard.close)
             stack.callback(queue.close)
+            if queue.refresh is not None:  # engine thresholds: their numbers, scraped all along
+                watcher = asyncio.ensure_future(app.state.dashboard.watch())
+                stack.callback(watcher.cancel)
             yield
 
     app = InferaApp(title="Infera", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)

@@ -86,7 +86,9 @@ class EngineScraper:
                 except (httpx.HTTPError, ValueError):
                     return  # a busy or gone worker keeps its last numbers until the next round
             out = self._update(ep.worker_id, parse_metrics(text, ENGINE_SERIES))
-            ep.stats = {k: out[k] for k in ("running", "waiting", "kv_usage") if k in out}
+            gauges = {k: out[k] for k in ("running", "waiting", "kv_usage") if k in out}
+            if gauges:  # the saturation signal of the router queue (--queue-engine-*)
+                ep.stats = gauges
 
         try:
             async with httpx.AsyncClient(timeout=self.timeout) as client:
@@ -117,6 +119,12 @@ class EngineScraper:
                 out["hit_rate"] = hits / queries
         self.latest[worker_id] = out
         return out
+
+    async def watch(self) -> None:
+        """Refresh every ``interval`` for good (the router queue's engine saturation signal)."""
+        while True:
+            self.poke()
+            await asyncio.sleep(self.interval)
 
     async def close(self) -> None:
         if self._task is not None:
