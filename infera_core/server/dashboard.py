@@ -86,7 +86,7 @@ class EngineScraper:
                 except (httpx.HTTPError, ValueError):
                     return  # a busy or gone worker keeps its last numbers until the next round
             out = self._update(ep.worker_id, parse_metrics(text, ENGINE_SERIES))
-            gauges = {k: out[k] for k in ("running", "waiting", "kv_usage") if k in out}
+            gauges: dict[str, float] = {k: out[k] for k in ("running", "waiting", "kv_usage") if k in out}
             if gauges:  # the saturation signal of the router queue (--queue-engine-*)
                 ep.stats = gauges
 
