@@ -188,6 +188,36 @@ class FairQueue:
             return None
         return (self.ahead(w) + 1) * self.interval
 
+    def offer(self, w: Waiter, now: float) -> tuple[str | None, tuple[Waiter, str] | None]:
+        """Admit ``w`` arriving at ``now``: (None, evicted) when queued — ``evicted`` the waiter
+        (and why) it displaced from a full queue, which the caller answers — or (reason, None)
+        when refused: ``queue_full``, or ``deadline`` (the estimated wait passes its deadline)."""
+        evicted = None
+        if self._len >= self.max_len:
+            evicted = self.victim(w.tier, w.key)
+            if evicted is None:
+                return "queue_full", None
+            self.remove(evicted[0])
+        self.push(w)
+        if w.deadline is not None:
+            est = self.estimated_wait(w)
+            if est is not None and now + est >= w.deadline:
+                self.remove(w)
+                return "deadline", evicted
+        return None, evicted
+
+    def expiry(self, w: Waiter, timeout: float, now: float) -> tuple[float, str]:
+        """Seconds from ``now`` until ``w`` must be answered if still queued, and why:
+        ``timeout`` (the queue's bound) or ``deadline`` — a margin (10 % of its budget, 5 ms
+        to 250 ms) before its deadline, so the refusal reaches the client before it."""
+        delay, reason = timeout - (now - w.arrived), "timeout"
+        if w.deadline is not None:
+            margin = min(0.25, max(0.005, 0.1 * (w.deadline - w.arrived)))
+            until = w.deadline - margin - now
+            if until < delay:
+                delay, reason = until, "deadline"
+        return max(0.0, delay), reason
+
     # -- departures ----------------------------------------------------------------------
     def peek(self) -> Waiter | None:
         """The next waiter to serve (highest tier, then smallest start tag)."""

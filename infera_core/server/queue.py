@@ -212,25 +212,20 @@ class RouterQueue:
         w = Waiter(ticket.key, ticket.tier, self._cost(ctx), now, None, ticket.weight, entry)
         if ticket.deadline_ms is not None:
             w.deadline = now + ticket.deadline_ms / 1000.0
-        if len(q) >= q.max_len:
-            victim = q.victim(w.tier, w.key)
-            if victim is None:
-                self._count(model, w.tier, "queue_full")
-                raise ApiError(
-                    429,
-                    f"The router queue for model {model!r} is full ({q.max_len} waiting) and {reason}.",
-                    code="queue_full",
-                    headers={"Retry-After": self._retry_after(q)},
-                )
-            loser, why = victim
-            self._drop(q, loser, why)
-        q.push(w)
-        if w.deadline is not None:
-            est = q.estimated_wait(w)
-            if est is not None and now + est >= w.deadline:
-                q.remove(w)
-                self._count(model, w.tier, "deadline")
-                raise self._deadline_error(model, ticket.deadline_ms, q)
+        refused, evicted = q.offer(w, now)
+        if evicted is not None:
+            self._drop(q, *evicted)
+        if refused == "queue_full":
+            self._count(model, w.tier, "queue_full")
+            raise ApiError(
+                429,
+                f"The router queue for model {model!r} is full ({q.max_len} waiting) and {reason}.",
+                code="queue_full",
+                headers={"Retry-After": self._retry_after(q)},
+            )
+        if refused == "deadline":
+            self._count(model, w.tier, "deadline")
+            raise self._deadline_error(model, ticket.deadline_ms, q)
         self.pump(model)
         if w.queued:
             self._arm(w, q, now)
@@ -269,13 +264,7 @@ class RouterQueue:
     # -- timers ---------------------------------------------------------------------------------
     def _arm(self, w: Waiter, q: FairQueue, now: float) -> None:
         entry: _Entry = w.payload
-        delay, reason = self.timeout, "timeout"
-        if w.deadline is not None:
-            budget = w.deadline - w.arrived
-            margin = min(0.25, max(0.005, 0.1 * budget))  # answer before the deadline, not at it
-            until = w.deadline - margin - now
-            if until < delay:
-                delay, reason = max(0.0, until), "deadline"
+        delay, reason = q.expiry(w, self.timeout, now)
         entry.timer = asyncio.get_running_loop().call_later(delay, self._expire, q, w, reason)
 
     def _expire(self, q: FairQueue, w: Waiter, reason: str) -> None:
@@ -299,8 +288,8 @@ class RouterQueue:
         entry.future.set_exception(err)
 
     def _drop(self, q: FairQueue, w: Waiter, why: str) -> None:
+        """``w`` was evicted from the full queue (already out of it): answer it."""
         entry: _Entry = w.payload
-        q.remove(w)
         if entry.timer is not None:
             entry.timer.cancel()
         self._count(entry.model, w.tier, why)
