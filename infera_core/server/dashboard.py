@@ -31,6 +31,7 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.requests import HTTPConnection
 
+from infera_core.scheduling.fairqueue import tier_label
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.auth import ADMIN_STATE, CLIENT_STATE, AdminGate, ClientAuth, require_admin
 from infera_core.server.core import RouterCore
@@ -133,6 +134,9 @@ class EngineScraper:
                 await self._task
 
 
+_EMPTY_WAIT = {"bounds": [], "labels": ["model", "tier"], "series": {}}
+
+
 def _histogram(h: LeanHistogram) -> dict[str, Any]:
     """Bucket upper bounds and, per label set (joined with ``|``), counts per bucket and sum."""
     series = {"|".join(labels): {"counts": list(c.counts), "sum": c.sum} for labels, c in h.children.items()}
@@ -165,6 +169,7 @@ def stats(
             row["kv_stale"] = bool(view.get("stale")) or bool(view.get("silent"))
         workers.append(row)
     m = core.metrics
+    qm = core.queue.metrics if core.queue is not None else None
     pd = core.pd.metrics if core.pd is not None else None
     return {
         "object": "stats",
@@ -187,7 +192,17 @@ def stats(
             "itl": _histogram(m.itl),
             "e2e": _histogram(m.e2e),
             "decision": _histogram(m.decision),
+            "queue_wait": _histogram(qm.wait) if qm is not None else _EMPTY_WAIT,
         },
+        "queue_depth": [
+            {"model": model, "tier": tier_label(tier), "count": n}
+            for model, q in (core.queue.queues.items() if core.queue is not None else ())
+            for tier, n in q.depth().items()
+        ],
+        "queue_shed": [
+            {"model": model, "tier": tier, "reason": reason, "count": c.value}
+            for (model, tier, reason), c in (qm.shed.children.items() if qm is not None else ())
+        ],
         "usage": auth.usage()["keys"] if auth is not None else None,
     }
 
