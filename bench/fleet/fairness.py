@@ -14,8 +14,10 @@ the router did before the queue). Scenarios (each with and without the queue):
   B's refusals and TTFT p90 against B alone on the same fleet;
 * ``share`` / ``share-2:1`` — A and B both over-demand: the tokens each is served (50/50;
   with weights 2:1, 67/33);
-* ``critical`` — a critical key under a sheddable flood (``--headroom`` slots per sim kept
-  from the sheddable tier) against the critical key alone;
+* ``critical`` — a critical key under a sheddable flood against the critical key alone;
+
+``--headroom`` (the server's ``--queue-headroom``) keeps slots of each sim from sheddable
+requests and from keys holding their fair share of the fleet's slots or more.
 * ``deadline`` — A floods with a TTFT deadline on every request: each refused one must be
   answered before its deadline.
 
@@ -38,7 +40,7 @@ from infera_sim.engine import SimEngine
 from infera_sim.request import SimRequest
 from infera_sim.tokenizer import SimTokenizer
 
-from infera_core.scheduling.fairqueue import FairQueue, Waiter, request_cost, tier_of
+from infera_core.scheduling.fairqueue import FairQueue, Shares, Waiter, request_cost, tier_of
 
 
 @dataclass(slots=True)
@@ -111,23 +113,29 @@ class Replay:
         self.plans: list[object] = [None] * a.sims
         self.busy = [False] * a.sims
         self.queue = FairQueue(a.queue_max)
+        self.shares = Shares()
 
     def _at(self, t: float, kind: str, data: object) -> None:
         self.seq += 1
         heapq.heappush(self.events, (t, self.seq, kind, data))
 
     # -- the router ----------------------------------------------------------------------
-    def pick(self, tier: int) -> int | None:
-        cap = self.args.cap
-        if tier < 0 and self.args.headroom:
-            cap = max(1, cap - self.args.headroom)
+    def pick(self, job: Job) -> int | None:
+        """The least loaded sim under its cap, as ``--queue-headroom`` has it: a sheddable
+        request, or one of a key holding its fair share of the slots, leaves the headroom free."""
+        a, cap = self.args, self.args.cap
+        if a.headroom and (
+            job.tier < 0
+            or self.shares.over(job.key, job.weight, a.sims * a.cap, self.queue if self.queued else None)
+        ):
+            cap = max(1, cap - a.headroom)
         best = min(range(len(self.in_flight)), key=self.in_flight.__getitem__)
         return best if self.in_flight[best] < cap else None
 
     def arrive(self, job: Job, now: float) -> None:
         q = self.queue
         if not self.queued or not len(q):
-            i = self.pick(job.tier)
+            i = self.pick(job)
             if i is not None:
                 self.dispatch(job, i, now)
                 return
@@ -153,15 +161,14 @@ class Replay:
             self.refuse(w.payload, reason, now)
 
     def pump(self, now: float) -> None:
-        q = self.queue
-        while len(q):
-            w = q.peek()
-            assert w is not None
-            i = self.pick(w.tier)
+        def place(w: Waiter) -> bool:
+            i = self.pick(w.payload)
             if i is None:
-                return
-            q.pop(now)
+                return False
             self.dispatch(w.payload, i, now)
+            return True
+
+        self.queue.serve(now, place)
 
     def refuse(self, job: Job, reason: str, now: float) -> None:
         job.outcome, job.answered = reason, now
@@ -169,6 +176,7 @@ class Replay:
     # -- the fleet (as bench/fleet/saturation.py steps it) -----------------------------------
     def dispatch(self, job: Job, i: int, now: float) -> None:
         self.in_flight[i] += 1
+        self.shares.started(job.key, job.weight)
         rid = f"r{self.seq}-{id(job)}"
         req = SimRequest(rid, job.prompt, job.max_tokens, ignore_eos=True)
         req.stream = False
@@ -202,6 +210,7 @@ class Replay:
                 job.ttft = (req.first_token_at or t) - job.t
                 job.tokens = len(req.prompt) + req.num_generated
                 self.in_flight[i] -= 1
+                self.shares.ended(job.key)
                 freed = True
         self.start_step(i, t)
         if freed and self.queued:
@@ -330,7 +339,12 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=65536, help="KV blocks per sim")
     ap.add_argument("--queue-max", type=int, default=1024)
     ap.add_argument("--queue-timeout", type=float, default=30.0)
-    ap.add_argument("--headroom", type=int, default=1, help="slots per sim the sheddable tier leaves free")
+    ap.add_argument(
+        "--headroom",
+        type=int,
+        default=2,
+        help="slots per sim that sheddable requests and keys over their fair share leave free (--queue-headroom)",
+    )
     ap.add_argument("--output-cap", type=int, default=1024)
     ap.add_argument("--deadline-ms", type=float, default=500.0)
     ap.add_argument(

@@ -27,7 +27,8 @@ so both measure the same code.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,49 @@ def request_cost(prompt_tokens: int, cached_tokens: int, max_tokens: int, output
     return float(max(0, prompt_tokens - cached_tokens) + max(1, min(max_tokens, output_cap)))
 
 
+class Shares:
+    """Requests in flight per key (of one model), to tell whether a key holds more than its
+    fair share of the model's slots: ``slots × weight / Σ weights`` of the keys that have
+    requests in flight or waiting. The router keeps ``--queue-headroom`` slots of each worker
+    away from a key over its share (and from sheddable tiers), so a light key finds a slot at
+    once instead of waiting for a flood's request to end."""
+
+    __slots__ = ("_weight_sum", "in_flight", "weights")
+
+    def __init__(self) -> None:
+        self.in_flight: dict[str, int] = {}
+        self.weights: dict[str, float] = {}
+        self._weight_sum = 0.0
+
+    def started(self, key: str, weight: float) -> None:
+        n = self.in_flight.get(key, 0)
+        if not n:
+            self.weights[key] = weight
+            self._weight_sum += weight
+        self.in_flight[key] = n + 1
+
+    def ended(self, key: str) -> None:
+        n = self.in_flight.get(key, 0) - 1
+        if n > 0:
+            self.in_flight[key] = n
+        elif n == 0:
+            del self.in_flight[key]
+            self._weight_sum -= self.weights.pop(key)
+
+    def over(self, key: str, weight: float, slots: int, queue: FairQueue | None = None) -> bool:
+        """Whether ``key`` holds at least its fair share of ``slots`` (weights of the keys in
+        flight, plus ``key`` and the keys waiting in ``queue``)."""
+        mine = self.in_flight.get(key, 0)
+        if not mine:
+            return False
+        total = self._weight_sum
+        if queue is not None and len(queue):
+            for k, w in queue.waiting_keys().items():
+                if k not in self.in_flight:
+                    total += w
+        return mine * total >= slots * weight
+
+
 @dataclass(slots=True, eq=False)
 class Waiter:
     """One queued request. ``deadline``: the absolute time (same clock) its first token is
@@ -89,6 +133,10 @@ class _Tier:
     finish: dict[str, float] = field(default_factory=dict)
     backlog: dict[str, int] = field(default_factory=dict)
     """Queued waiters per key."""
+    weights: dict[str, float] = field(default_factory=dict)
+    """The weight of each key with waiters."""
+    per_key: dict[str, deque[Waiter]] = field(default_factory=dict)
+    """Each key's waiters in arrival order (= start-tag order; gone ones skipped lazily)."""
 
     def head(self) -> Waiter | None:
         heap = self.heap
@@ -119,6 +167,13 @@ class FairQueue:
     def __iter__(self) -> Iterator[Waiter]:
         for t in self._order:
             yield from self._tiers[t].members
+
+    def waiting_keys(self) -> dict[str, float]:
+        """Keys with waiters, and their weights."""
+        out: dict[str, float] = {}
+        for t in self._order:
+            out.update(self._tiers[t].weights)
+        return out
 
     def depth(self) -> dict[int, int]:
         """Waiters per tier."""
@@ -169,6 +224,11 @@ class FairQueue:
         heapq.heappush(q.heap, (start, w.seq, w))
         q.members[w] = None
         q.backlog[w.key] = q.backlog.get(w.key, 0) + 1
+        q.weights[w.key] = w.weight
+        mine = q.per_key.get(w.key)
+        if mine is None:
+            mine = q.per_key[w.key] = deque()
+        mine.append(w)
         self._len += 1
 
     def ahead(self, w: Waiter) -> int:
@@ -227,11 +287,46 @@ class FairQueue:
                 return w
         return None
 
+    def heads(self) -> list[Waiter]:
+        """Each key's first waiter, in service order (tier, then start tag)."""
+        out: list[Waiter] = []
+        for t in self._order:
+            heads = []
+            for mine in self._tiers[t].per_key.values():
+                while mine and not mine[0].queued:
+                    mine.popleft()
+                if mine:
+                    heads.append(mine[0])
+            heads.sort(key=lambda w: (w.start, w.seq))
+            out.extend(heads)
+        return out
+
+    def serve(self, now: float, place: Callable[[Waiter], bool]) -> int:
+        """Dispatch waiters while ``place(w)`` takes them (True: it did, and ``w`` leaves the
+        queue), trying each key's first waiter in service order: a key that ``place`` holds
+        back (the headroom kept from a key over its share, or from a sheddable tier) does not
+        block the keys behind it. ``place`` must not change the queue. How many were placed."""
+        n = 0
+        while self._len:
+            for w in self.heads():
+                if place(w):
+                    self.take(w, now)
+                    n += 1
+                    break
+            else:
+                break
+        return n
+
     def pop(self, now: float) -> Waiter | None:
         """Take the next waiter to serve; ``now`` feeds the service-rate estimate."""
         w = self.peek()
         if w is None:
             return None
+        self.take(w, now)
+        return w
+
+    def take(self, w: Waiter, now: float) -> None:
+        """Serve the queued waiter ``w`` (moves the tier's virtual time to its start tag)."""
         q = self._tiers[w.tier]
         q.vtime = max(q.vtime, w.start)
         self._unlink(w, q)
@@ -241,7 +336,6 @@ class FairQueue:
                 sample if self.interval is None else self.interval + self._ewma * (sample - self.interval)
             )
         self._last_pop = now if self._len else None
-        return w
 
     def remove(self, w: Waiter) -> bool:
         """Take ``w`` out (timed out, shed, its client left); False when it was not queued."""
@@ -263,6 +357,8 @@ class FairQueue:
             q.backlog[w.key] = left
         else:
             del q.backlog[w.key]
+            del q.weights[w.key]
+            del q.per_key[w.key]
         self._len -= 1
         if not q.members:
             # idle tier: keys start afresh from the largest tag handed out (SFQ's idle reset)

@@ -234,13 +234,14 @@ def create_app(
 
 def _router_queue(settings: ServeSettings, core: RouterCore, kv: KvComponent | None) -> RouterQueue:
     """The router queue (``--queue-*``) and the saturation signal it waits on."""
-    core.sheddable_headroom = settings.queue_sheddable_headroom
+    core.headroom = settings.queue_headroom
     core.scheduler.waiting_max = settings.queue_engine_waiting
     core.scheduler.kv_usage_max = settings.queue_engine_kv_usage
     engine_signal = bool(settings.queue_engine_waiting or settings.queue_engine_kv_usage)
     queue = RouterQueue(
-        core.schedule_tier,
+        core.schedule_limited,
         core.unqueued,
+        core.slots,
         max_len=settings.queue_max,
         timeout=settings.queue_timeout,
         output_cap=settings.queue_output_cap,
@@ -248,6 +249,7 @@ def _router_queue(settings: ServeSettings, core: RouterCore, kv: KvComponent | N
         recheck=engine_signal or settings.processes != 1,
         kv_index=kv.index if kv is not None else None,
     )
+    queue.headroom = settings.queue_headroom > 0 and settings.max_inflight_per_worker > 0
     queue.register_metrics(core.metrics.registry)
     return queue
 

@@ -117,8 +117,9 @@ class RouterCore:
         """The PD path (``infera_core.server.pd``): models served by prefill/decode pairs."""
         self.queue: RouterQueue | None = None
         """The router queue (``--queue-max``): saturated models queue requests instead of a 429."""
-        self.sheddable_headroom = 0
-        """In-flight slots per worker that sheddable requests leave free (``--queue-sheddable-headroom``)."""
+        self.headroom = 0
+        """In-flight slots per worker kept from sheddable requests and from keys over their fair
+        share (``--queue-headroom``)."""
 
     def request_id(self) -> str:
         """A new id for the engine, the scorers' bookkeeping and PD transfers. Never the
@@ -132,13 +133,18 @@ class RouterCore:
         except OverloadedError as exc:
             raise ApiError(429, str(exc), code="worker_overloaded", headers={"Retry-After": "1"}) from None
 
-    def schedule_tier(self, ctx: RequestContext, tier: int) -> Endpoint:
-        """The queue's routing decision for a request of ``tier``: :class:`OverloadedError` when
-        every worker is saturated (sheddable tiers leave ``sheddable_headroom`` slots free)."""
+    def schedule_limited(self, ctx: RequestContext, limited: bool) -> Endpoint:
+        """The queue's routing decision: :class:`OverloadedError` when every worker is
+        saturated; ``limited`` (a sheddable tier, a key over its fair share) leaves
+        ``headroom`` slots of each worker free."""
         cap = self.scheduler.max_inflight
-        if tier < 0 and cap > 0 and self.sheddable_headroom:
-            return self._schedule(ctx, (), max(1, cap - self.sheddable_headroom))
+        if limited and cap > 0 and self.headroom:
+            return self._schedule(ctx, (), max(1, cap - self.headroom))
         return self._schedule(ctx, ())
+
+    def slots(self, model: str) -> int:
+        """The model's in-flight slots (``--max-inflight-per-worker`` × its workers; 0: no cap)."""
+        return self.scheduler.max_inflight * len(self.table.candidates(model))
 
     def _schedule(self, ctx: RequestContext, exclude: Collection[str], cap: int | None = None) -> Endpoint:
         try:
@@ -322,8 +328,8 @@ class RouterCore:
     def _freed(self, ctx: RequestContext) -> None:
         """A slot freed: the queue dispatches its next waiter at once."""
         queue = self.queue
-        if queue is not None and queue.queues:
-            queue.pump(ctx.model)
+        if queue is not None:
+            queue.freed(ctx)
 
     def unqueued(self, ctx: RequestContext, ep: Endpoint) -> None:
         """A slot the queue took for a waiter whose client left before using it."""

@@ -32,7 +32,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from infera_core.request import RequestContext
-from infera_core.scheduling.fairqueue import FairQueue, Waiter, request_cost, tier_label, tier_of
+from infera_core.scheduling.fairqueue import FairQueue, Shares, Waiter, request_cost, tier_label, tier_of
 from infera_core.scheduling.scheduler import OverloadedError
 from infera_core.scheduling.types import Endpoint, KvIndexView
 from infera_core.server.errors import ApiError
@@ -47,8 +47,9 @@ RECHECK_S = 0.02
 """Re-check period while waiters exist and a slot may free without a local event."""
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
-Schedule = Callable[[RequestContext, int], Endpoint]
-"""Pick a worker for a request of a tier (raises :class:`OverloadedError` when saturated)."""
+Schedule = Callable[[RequestContext, bool], Endpoint]
+"""Pick a worker for a request, ``True``: leaving the headroom free (raises
+:class:`OverloadedError` when every worker is saturated)."""
 
 
 @dataclass(slots=True)
@@ -154,6 +155,7 @@ class RouterQueue:
         self,
         schedule: Schedule,
         release: Callable[[RequestContext, Endpoint], None],
+        slots: Callable[[str], int] = lambda model: 0,
         *,
         max_len: int,
         timeout: float,
@@ -164,6 +166,14 @@ class RouterQueue:
     ) -> None:
         self._schedule = schedule
         self._release = release
+        self._slots = slots
+        self.headroom = False
+        """Whether the schedule keeps headroom (``--queue-headroom``): then keys over their fair
+        share of the slots are limited, which needs the shares."""
+        self.shares: dict[str, Shares] = {}
+        """Requests in flight per key, per model (kept with ``headroom`` only)."""
+        self._owners: dict[str, tuple[str, str]] = {}
+        """request_id → (model, key) of a request counted in ``shares``."""
         self.max_len = max_len
         self.timeout = timeout
         self.output_cap = output_cap
@@ -199,7 +209,7 @@ class RouterQueue:
         q = self.queues.get(model)
         if q is None or not len(q):
             try:
-                return self._take(ctx, ticket.tier)
+                return self._take(ctx, ticket.key, ticket.tier, ticket.weight, q)
             except OverloadedError as exc:
                 reason = str(exc)
             if q is None:
@@ -245,12 +255,32 @@ class RouterQueue:
         fut = entry.future
         if fut.done() and not fut.cancelled() and fut.exception() is None:
             self._release(entry.ctx, fut.result())  # dispatched as the client left: free the slot
-            self.pump(entry.model)
+            self.freed(entry.ctx)
 
-    def _take(self, ctx: RequestContext, tier: int) -> Endpoint:
-        ep = self._schedule(ctx, tier)
+    def _take(self, ctx: RequestContext, key: str, tier: int, weight: float, q: FairQueue | None) -> Endpoint:
+        limited = tier < 0
+        shares = None
+        if self.headroom:
+            shares = self.shares.get(ctx.model)
+            if shares is None:
+                shares = self.shares[ctx.model] = Shares()
+            if not limited:
+                limited = shares.over(key, weight, self._slots(ctx.model), q)
+        ep = self._schedule(ctx, limited)
         ep.in_flight += 1
+        if shares is not None:
+            shares.started(key, weight)
+            self._owners[ctx.request_id] = (ctx.model, key)
         return ep
+
+    def freed(self, ctx: RequestContext) -> None:
+        """A request's slot freed (answered, failed, abandoned): its key's share, then the
+        next waiter."""
+        owner = self._owners.pop(ctx.request_id, None) if self._owners else None
+        if owner is not None:
+            self.shares[owner[0]].ended(owner[1])
+        if self.queues:
+            self.pump(ctx.model)
 
     def _cost(self, ctx: RequestContext) -> float:
         ids = ctx.token_ids
@@ -342,26 +372,24 @@ class RouterQueue:
                 self._pump(m, q)
 
     def _pump(self, model: str, q: FairQueue) -> None:
-        while len(q):
-            w = q.peek()
-            assert w is not None
+        def place(w: Waiter) -> bool:
             entry: _Entry = w.payload
             try:
-                ep = self._take(entry.ctx, w.tier)
+                ep = self._take(entry.ctx, w.key, w.tier, w.weight, q)
             except OverloadedError:
-                return
+                return False
             except ApiError as exc:  # the model lost its workers meanwhile
-                q.pop(self.clock())
                 self._settle(entry)
                 if not entry.future.done():
                     entry.future.set_exception(exc)
-                continue
-            now = self.clock()
-            q.pop(now)
+                return True
             self._settle(entry)
-            self.metrics.wait.child((model, tier_label(w.tier))).observe(now - w.arrived)
+            self.metrics.wait.child((model, tier_label(w.tier))).observe(self.clock() - w.arrived)
             self.metrics.served.child((model, w.key)).value += w.cost
             entry.future.set_result(ep)
+            return True
+
+        q.serve(self.clock(), place)
 
     @staticmethod
     def _settle(entry: _Entry) -> None:

@@ -18,11 +18,12 @@ class QueueSettings(BaseModel):
     queue_timeout: float = Field(
         30.0, gt=0, description="Seconds a request may wait in the router queue before it gets 503."
     )
-    queue_sheddable_headroom: int = Field(
+    queue_headroom: int = Field(
         0,
         ge=0,
         description="In-flight slots per worker (of --max-inflight-per-worker) that requests of a"
-        " sheddable tier leave free for the higher tiers.",
+        " sheddable tier, and of a key holding its fair share of the slots or more, leave free: a"
+        " critical request or a light key's finds a slot at once.",
     )
     queue_engine_waiting: float = Field(
         0.0,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infera_core.scheduling.fairqueue import FairQueue, Waiter, request_cost, tier_of
+from infera_core.scheduling.fairqueue import FairQueue, Shares, Waiter, request_cost, tier_of
 
 
 def w(key: str, cost: float = 10.0, tier: int = 0, weight: float = 1.0, t: float = 0.0) -> Waiter:
@@ -103,3 +103,38 @@ def test_wait_estimate_follows_the_dispatch_rate() -> None:
     assert q.estimated_wait(late) == pytest.approx(0.5 * (q.ahead(late) + 1))
     q.remove(late)
     assert late not in list(q)
+
+
+def test_shares_tell_a_key_over_its_fair_share_of_the_slots() -> None:
+    shares = Shares()
+    for _ in range(6):
+        shares.started("A", 1.0)
+    shares.started("B", 1.0)
+    assert shares.over("A", 1.0, slots=8) and not shares.over("B", 1.0, slots=8)
+    assert not shares.over("A", 1.0, slots=16)  # 6 of 16 is under half
+    shares.ended("B")
+    assert not shares.over("A", 1.0, slots=8)  # alone, its share is every slot
+    q = FairQueue(10)
+    q.push(w("C"))  # a waiting key counts in the split too
+    assert shares.over("A", 1.0, slots=8, queue=q)
+    shares.started("B", 3.0)
+    assert not shares.over("B", 3.0, slots=8)
+
+
+def test_serve_skips_a_held_back_key_for_the_keys_behind_it() -> None:
+    q = FairQueue(10)
+    for _ in range(3):
+        q.push(w("A"))
+    b = w("B")
+    q.push(b)
+    placed: list[str] = []
+
+    def place(x: Waiter) -> bool:  # A is held back (over its share): only B fits
+        if x.key == "A":
+            return False
+        placed.append(x.key)
+        return True
+
+    assert q.serve(0.0, place) == 1
+    assert placed == ["B"] and not b.queued and len(q) == 3
+    assert q.serve(0.0, lambda x: False) == 0

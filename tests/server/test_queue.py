@@ -136,7 +136,7 @@ async def test_sheddable_requests_leave_headroom_for_critical_ones(
         )
     )
     async with (
-        Stack(ups[:1], max_inflight_per_worker=2, queue_sheddable_headroom=1, api_key_file=keys) as srv,
+        Stack(ups[:1], max_inflight_per_worker=2, queue_headroom=1, api_key_file=keys) as srv,
         httpx.AsyncClient(base_url=srv.url, timeout=30) as c,
     ):
         ups[0].delay = 0.5
