@@ -8,7 +8,8 @@ exponential around ``--max-tokens`` (capped at 4×), as in real traces. With the
 request no sim can take waits in the router's own :class:`~infera_core.scheduling.fairqueue.FairQueue`
 (the server's code: tiers, start-time fair queuing, eviction, the deadline estimate, the
 expiry timers) and is dispatched when a slot frees; without it, it is refused at once (what
-the router did before the queue). Scenarios (each with and without the queue):
+the router did before the queue, so without ``--headroom`` either). Scenarios (each with and
+without the queue):
 
 * ``flood`` — key A sends 10× key B's rate at equal weight (A alone over-demands the fleet);
   B's refusals and TTFT p90 against B alone on the same fleet;
@@ -124,7 +125,7 @@ class Replay:
         """The least loaded sim under its cap, as ``--queue-headroom`` has it: a sheddable
         request, or one of a key holding its fair share of the slots, leaves the headroom free."""
         a, cap = self.args, self.args.cap
-        if a.headroom and (
+        if self.queued and a.headroom and (
             job.tier < 0
             or self.shares.over(job.key, job.weight, a.sims * a.cap, self.queue if self.queued else None)
         ):
