@@ -28,6 +28,7 @@ SUMMED_GAUGES = frozenset(
     {
         "infera_worker_in_flight",
         "infera_pd_role_in_flight",
+        "infera_queue_depth",
         "infera_kv_index_memory_bytes",
         "infera_routing_tokenize_prefix_cache_bytes",
         "infera_routing_tokenize_cache_bytes",

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Collection
 from typing import TYPE_CHECKING
 
 from infera_core.request import RequestContext
+from infera_core.scheduling.arrays import state as arrays_state
 from infera_core.scheduling.scheduler import (
     NoWorkerError,
     OverloadedError,
@@ -143,8 +144,12 @@ class RouterCore:
         return self._schedule(ctx, ())
 
     def slots(self, model: str) -> int:
-        """The model's in-flight slots (``--max-inflight-per-worker`` × its workers; 0: no cap)."""
-        return self.scheduler.max_inflight * len(self.table.candidates(model))
+        """This process's part of the model's in-flight slots (``--max-inflight-per-worker`` ×
+        its workers, over the processes of ``serve --processes N``, each of which counts its own
+        requests per key; 0: no cap)."""
+        shared = arrays_state().shared
+        processes = shared.processes if shared is not None else 1
+        return self.scheduler.max_inflight * len(self.table.candidates(model)) // processes
 
     def _schedule(self, ctx: RequestContext, exclude: Collection[str], cap: int | None = None) -> Endpoint:
         try:
