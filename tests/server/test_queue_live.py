@@ -162,3 +162,23 @@ def test_a_full_queue_sheds_its_newest_sheddable_waiter_for_a_critical_request(
     with _serve(sims, tmp_path, "--queue-max", "4") as s:
         poll(lambda: s.http.get("/health").status_code == 200)
         asyncio.run(scenario(s.url))
+
+
+def test_two_server_processes_queue_on_the_shared_cap(sims: list[SimHandle], tmp_path: Path) -> None:
+    """``serve --processes 2``: the cap is the router's (shared counts); a slot freed by the other
+    process is found by the queue's re-check, so every request is still served."""
+    model = sims[0].info["model"]
+
+    async def burst(url: str) -> list[int]:
+        limits = httpx.Limits(max_keepalive_connections=0)  # a connection each: both processes get some
+        async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as c:
+            return [
+                r.status_code for r in await asyncio.gather(*(_post(c, model, "sk-a") for _ in range(12)))
+            ]
+
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(yaml.safe_dump(KEYS))
+    workers = [{"worker_id": f"s{i}", "url": s.url, "model": s.info["model"]} for i, s in enumerate(sims)]
+    flags = ("--router-policy", "round-robin", "--max-inflight-per-worker", "1", "--api-key-file", str(keys))
+    with serve_processes(workers, tmp_path, *flags, processes=2) as s:
+        assert asyncio.run(burst(s.url)) == [200] * 12
