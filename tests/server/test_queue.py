@@ -13,9 +13,12 @@ import pytest
 import yaml
 
 from infera_core.errors import ConfigError
+from infera_core.kv.events import BlockStored, KvEventBatch
+from infera_core.kv.index import KvIndex
+from infera_core.request import RequestContext
 from infera_core.server.errors import ApiError
 from infera_core.server.keys import ApiKey, KeySpec, Principal, read_key_file
-from infera_core.server.queue import ticket_for
+from infera_core.server.queue import RouterQueue, ticket_for
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import RunningServer, serving, settings_for, until
 from infera_core.testing.upstream import FakeUpstream, fake_upstreams, record_for
@@ -167,3 +170,18 @@ async def test_engine_numbers_over_a_threshold_queue_requests_until_they_drop(
         eps[1].stats = {"waiting": 0.0, "kv_usage": 0.5}  # as the next scrape would find it
         r = await queued
         assert r.status_code == 200 and r.json()["worker"] == "w1"
+
+
+def test_the_cost_takes_off_the_prompt_the_kv_index_holds() -> None:
+    index = KvIndex()
+    view = index.add_view("w0", None, 16)
+    cached = list(range(100, 164))  # 4 blocks of 16
+    index.apply(view, KvEventBatch(0.0, [BlockStored([1, 2, 3, 4], None, cached, 16)]))
+    queue = RouterQueue(
+        lambda ctx, limited: None, lambda ctx, ep: None, max_len=8, timeout=1.0, kv_index=index
+    )  # type: ignore[arg-type, return-value]
+    body = {"model": "m", "prompt": "x", "max_tokens": 10}
+    hit = RequestContext("r1", "m", "/v1/completions", body, token_ids=cached + list(range(500, 532)))
+    miss = RequestContext("r2", "m", "/v1/completions", body, token_ids=list(range(900, 996)))
+    assert queue._cost(hit) == 96 - 64 + 10
+    assert queue._cost(miss) == 96 + 10
