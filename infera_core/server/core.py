@@ -153,6 +153,8 @@ class RouterCore:
 
     def _schedule(self, ctx: RequestContext, exclude: Collection[str], cap: int | None = None) -> Endpoint:
         try:
+            if cap is None:
+                return self.scheduler.schedule(ctx, exclude)
             return self.scheduler.schedule(ctx, exclude, cap)
         except UnknownModelError as exc:
             shown = ", ".join(exc.available)
