@@ -125,10 +125,8 @@ class Replay:
         """The least loaded sim under its cap, as ``--queue-headroom`` has it: a sheddable
         request, or one of a key holding its fair share of the slots, leaves the headroom free."""
         a, cap = self.args, self.args.cap
-        if self.queued and a.headroom and (
-            job.tier < 0
-            or self.shares.over(job.key, job.weight, a.sims * a.cap, self.queue if self.queued else None)
-        ):
+        held_back = job.tier < 0 or self.shares.over(job.key, job.weight, a.sims * a.cap, self.queue)
+        if self.queued and a.headroom and held_back:
             cap = max(1, cap - a.headroom)
         best = min(range(len(self.in_flight)), key=self.in_flight.__getitem__)
         return best if self.in_flight[best] < cap else None

@@ -185,3 +185,28 @@ def test_the_cost_takes_off_the_prompt_the_kv_index_holds() -> None:
     miss = RequestContext("r2", "m", "/v1/completions", body, token_ids=list(range(900, 996)))
     assert queue._cost(hit) == 96 - 64 + 10
     assert queue._cost(miss) == 96 + 10
+
+
+async def test_a_flooding_key_leaves_the_headroom_to_a_light_key(
+    ups: list[FakeUpstream], tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(yaml.safe_dump({"keys": [{"name": "a", "key": "sk-a"}, {"name": "b", "key": "sk-b"}]}))
+    async with (
+        Stack(ups[:1], max_inflight_per_worker=4, queue_headroom=1, api_key_file=keys) as srv,
+        httpx.AsyncClient(base_url=srv.url, timeout=30) as c,
+    ):
+        ups[0].delay = 3.0
+        ep = srv.core.table.by_id["w0"]
+        a, b = {"Authorization": "Bearer sk-a"}, {"Authorization": "Bearer sk-b"}
+        b1 = asyncio.ensure_future(c.post("/v1/chat/completions", json=CHAT, headers=b))
+        await until(lambda: ep.in_flight == 1)
+        flood = [
+            asyncio.ensure_future(c.post("/v1/chat/completions", json=CHAT, headers=a)) for _ in range(5)
+        ]
+        # a holds its share (half of 4 slots): it leaves the last slot free and waits
+        await until(lambda: _depth(srv) == 3 and ep.in_flight == 3)
+        b2 = asyncio.ensure_future(c.post("/v1/chat/completions", json=CHAT, headers=b))
+        await until(lambda: ups[0].requests == 4)  # b's second request went straight to the free slot
+        assert _depth(srv) == 3
+        assert all(r.status_code == 200 for r in await asyncio.gather(b1, b2, *flood))
