@@ -202,6 +202,8 @@ def build_scheduler(
     default = build_profile(label, profile_cfg, registry, deps)
     per_model: dict[str, Profile] = {}
     for model, choice in config.models.items():
+        if not choice.has_profile:
+            continue  # only other settings (migration_limit): the default profile
         mlabel, mcfg = choice.resolve(registry, f"router models.{model}")
         per_model[model] = build_profile(mlabel, mcfg, registry, deps, f"router models.{model}")
     return Scheduler(

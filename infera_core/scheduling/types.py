@@ -261,8 +261,8 @@ class KvIndexView(Protocol):
         """worker_id → wall time a KV-scored request was last routed there (scorers write it)."""
         ...
 
-    def hash_prompt(self, token_ids: list[int], block_size: int) -> list[int]:
-        """Router hashes of a prompt's full blocks."""
+    def hash_prompt(self, token_ids: list[int], block_size: int, root: int | None = None) -> list[int]:
+        """Router hashes of a prompt's full blocks, chained from ``root`` (None: the base root)."""
         ...
 
     def match(

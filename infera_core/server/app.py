@@ -36,7 +36,7 @@ from infera_core.discovery.view import FleetView
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.scheduling.router_config import RouterConfig, default_policy, load_router_config
 from infera_core.scheduling.scheduler import build_scheduler
-from infera_core.scheduling.types import SchedulerDeps
+from infera_core.scheduling.types import Endpoint, SchedulerDeps
 from infera_core.server.auth import (
     ADMIN_STATE,
     CLIENT_STATE,
@@ -60,6 +60,7 @@ from infera_core.server.openapi import add_openapi_route
 from infera_core.server.pd import build_pd
 from infera_core.server.proxy import OpenAIProxy
 from infera_core.server.queue import RouterQueue
+from infera_core.server.resume import Migrator
 from infera_core.server.routing_mode import RoutingModes
 from infera_core.server.security_headers import ADMIN_PREFIXES, WithHeaders, security_headers
 from infera_core.server.series import LeanCollector
@@ -163,6 +164,8 @@ def create_app(
     )
     core.pd = build_pd(core, config.pd, catalog, deps, settings.max_inflight_per_worker)
     queue = core.queue = _router_queue(settings, core, kv)
+    core.salting.index = deps.kv_index
+    metrics.registry.register(LeanCollector([core.salting.tokens]))
     owns_discovery = discovery is None if start_discovery is None else start_discovery
     disc = discovery if discovery is not None else make_discovery(settings, hooks)
     if kv is not None:
@@ -218,8 +221,21 @@ def create_app(
     auth = _client_auth(settings, admin, metrics)
     setattr(app.state, ADMIN_STATE, admin)
     setattr(app.state, CLIENT_STATE, auth)
+    migrator = Migrator(
+        core,
+        settings.migration_limit,
+        {m: c.migration_limit for m, c in config.models.items() if c.migration_limit is not None},
+        settings.drain_grace,
+    )
+    table.add_listener(migrator.on_worker_changed, migrator.on_worker_removed)
+
+    def tripped(ep: Endpoint) -> None:  # a hung worker: out of rotation, its streams moved
+        metrics.breaker_opened.inc()
+        migrator.on_hung(ep)
+
+    hangs.on_trip = tripped
     for endpoint in app.hot_routes.values():
-        endpoint.auth, endpoint.admin = auth, admin
+        endpoint.auth, endpoint.admin, endpoint.migrator = auth, admin, migrator
     # the same endpoints through the ordinary router too (405 for other methods)
     app.router.routes.extend(Route(path, ep, methods=["POST"]) for path, ep in app.hot_routes.items())
     _control_routes(app, core, kv, auth, settings.public_metrics)

@@ -35,6 +35,7 @@ from infera_core.server.metrics import ServerMetrics
 from infera_core.server.not_found import EngineAnswer, engine_error, not_an_engine
 from infera_core.server.queue import RouterQueue, ticket_for
 from infera_core.server.routing_mode import RoutingModes
+from infera_core.server.tenancy import CacheSalting
 from infera_core.transports.upstreams import (
     READ_ERRORS,
     PoolTimeoutError,
@@ -116,6 +117,8 @@ class RouterCore:
         """Each model's routing mode (tokens / text / load), said once per model."""
         self.pd: PdDispatcher | None = None
         """The PD path (``infera_core.server.pd``): models served by prefill/decode pairs."""
+        self.salting = CacheSalting()
+        """Request ``cache_salt`` → the KV hashes' root; the key file's cache isolation."""
         self.queue: RouterQueue | None = None
         """The router queue (``--queue-max``): saturated models queue requests instead of a 429."""
         self.headroom = 0
@@ -174,12 +177,14 @@ class RouterCore:
         body: bytes,
         task: asyncio.Task[object] | None = None,
         via: bytes | None = None,
+        exclude: list[str] | None = None,
     ) -> tuple[Endpoint, UpstreamResponse]:
         """``task``: the request's task when the caller has it (the hang detector cancels it);
-        ``via``: the request's own ``Via`` header, kept in front of this router's stamp."""
+        ``via``: the request's own ``Via`` header, kept in front of this router's stamp;
+        ``exclude``: workers not to use (a migrated stream's failed ones)."""
         if self.pd is not None and self.pd.applies(ctx):
-            return await self.pd.dispatch(ctx, path, body)
-        tried: list[str] = []
+            return await self.pd.dispatch(ctx, path, body, exclude or ())
+        tried: list[str] = list(exclude) if exclude else []
         last: ApiError | None = None
         attempts = 1 + self.max_retries
         headers = {
@@ -202,6 +207,8 @@ class RouterCore:
                         raise last from None
                     raise
                 ep.in_flight += 1
+            if attempt == 0 and ctx.principal is not None:
+                self.salting.routed(ctx, ep)  # its prediction now: once served, the worker holds it
             self.breakers.picked(ep)
             rank = self.scheduler.dp.choose(ep, ctx) if ep.record.dp_size > 1 else None
             sent = headers if rank is None else {**headers, DP_RANK_HEADER: str(rank)}

@@ -31,6 +31,7 @@ from infera_core.server.auth import AdminGate, ClientAuth
 from infera_core.server.core import RouterCore, watch_disconnect
 from infera_core.server.errors import ApiError
 from infera_core.server.loops import came_back, stamped
+from infera_core.server.resume import Migrator
 from infera_core.server.surrogates import LoneSurrogates
 from infera_core.server.validate import BodyLimits, parse_body, parse_short_body
 from infera_core.transports.upstreams import UpstreamResponse
@@ -47,6 +48,8 @@ class ProxyEndpoint:
     """API keys (``--api-key-file``); None: requests need no key."""
     admin: AdminGate = AdminGate(None)
     """Who may use direct mode (``x-worker-instance-id``)."""
+    migrator: Migrator | None = None
+    """Continues streams that break mid-way on another worker (``--migration-limit``)."""
 
     def __init__(self, core: RouterCore, route: str, limits: BodyLimits) -> None:
         self.core = core
@@ -113,6 +116,8 @@ class ProxyEndpoint:
             if auth is not None and principal is not None:
                 ctx.principal = principal
                 ctx.budget = auth.admit(principal, model, ctx.body, ctx.token_ids)
+            engines = (ep.record.engine for ep in core.table.candidates(model))
+            upstream_body = core.salting.apply(ctx, upstream_body, engines)
             if core.scheduler.direct and raw_header(scope, DIRECT_HEADER.encode()) is not None:
                 self.admin.check(scope, "Direct routing (x-worker-instance-id)")
             if not hooked:

@@ -12,6 +12,9 @@ The file (YAML or JSON)::
         weight: 1                    # its share against the other keys of its tier
         allow_priority_header: false # may X-Infera-Priority lower (never raise) its tier
         ttft_deadline_ms: 2000       # optional default time-to-first-token deadline
+        team: research               # optional: the tenant under cache_isolation: team
+    cache_isolation: key             # none (default) | key | team: tenants never share KV
+    cache_salt_secret: <random>      # optional HMAC key of the tenants' cache salts
 
 Per request the check is one ``sha256`` of the presented key and one dict lookup;
 the file's ``mtime`` is looked at most once a second and the file re-read only when
@@ -48,6 +51,7 @@ from infera_core.scheduling.fairqueue import tier_of
 from infera_core.server.budgets import SharedBudgets
 from infera_core.server.errors import ApiError
 from infera_core.server.reserve import Charge
+from infera_core.server.tenancy import CacheIsolation, default_secret, tenant_salt
 
 log = logging.getLogger("infera.server.keys")
 
@@ -78,6 +82,7 @@ class KeySpec(BaseModel):
     ttft_deadline_ms: float | None = Field(
         None, gt=0, description="Default time-to-first-token deadline of its requests (milliseconds)."
     )
+    team: str | None = Field(None, min_length=1, description="The key's tenant under cache_isolation: team.")
 
     @field_validator("priority")
     @classmethod
@@ -101,6 +106,19 @@ class KeyFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     keys: list[KeySpec] = Field(default_factory=list)
+    cache_isolation: CacheIsolation = Field(
+        CacheIsolation.NONE, description="Whose requests may share cached prefixes: none, key or team."
+    )
+    cache_salt_secret: SecretStr | None = Field(
+        None,
+        min_length=16,
+        description="HMAC key of the tenants' cache salts (default: derived from the keys).",
+    )
+
+    def salt_secret(self) -> bytes:
+        if self.cache_salt_secret is not None:
+            return self.cache_salt_secret.get_secret_value().encode()
+        return default_secret(spec.digest() for spec in self.keys)
 
     @model_validator(mode="after")
     def _unique(self) -> KeyFile:
@@ -183,11 +201,13 @@ class ApiKey:
 class Principal:
     """Who a request runs as: a key, or the admin (admin token as the key: no limits)."""
 
-    __slots__ = ("key", "name")
+    __slots__ = ("cache_salt", "key", "name")
 
-    def __init__(self, name: str, key: ApiKey | None) -> None:
+    def __init__(self, name: str, key: ApiKey | None, cache_salt: str | None = None) -> None:
         self.name = name
         self.key = key
+        self.cache_salt = cache_salt
+        """The tenant's ``cache_salt`` under ``cache_isolation`` (:mod:`infera_core.server.tenancy`)."""
 
 
 ADMIN = Principal("admin", None)
@@ -226,13 +246,15 @@ class KeyRing:
         now = self._clock()
         by_digest: dict[bytes, Principal] = {}
         by_name: dict[str, ApiKey] = {}
+        secret = spec.salt_secret() if spec.cache_isolation is not CacheIsolation.NONE else b""
         for s in spec.keys:
             key = self._by_name.get(s.name) or ApiKey(s.name)
             key.configure(s, now)
             if self._shared is not None:
                 self._bind(key, self._shared)
             by_name[s.name] = key
-            by_digest[s.digest()] = Principal(s.name, key)
+            salt = tenant_salt(secret, spec.cache_isolation, s.name, s.team)
+            by_digest[s.digest()] = Principal(s.name, key, salt)
         self._by_digest, self._by_name, self._stamp = by_digest, by_name, stamp
         self._seen = {}
 

@@ -89,11 +89,12 @@ def engine_env(cache_root: Path) -> dict[str, str]:
 
 @pytest.fixture
 def vllm_worker(tmp_path: Path, etcd_server: EtcdServer) -> Iterator[Callable[..., LauncherProcess]]:
-    """``vllm_worker("w1")`` → ``infera-run worker vllm`` running real vLLM, registered in etcd."""
+    """``vllm_worker("w1")`` → ``infera-run worker vllm`` running real vLLM, registered in etcd
+    (``engine_args=(…)``: more vLLM flags after ``ENGINE_ARGS``)."""
     python, model = vllm_python()
     started: list[LauncherProcess] = []
 
-    def launch(worker_id: str, *extra: str) -> LauncherProcess:
+    def launch(worker_id: str, *extra: str, engine_args: tuple[str, ...] = ()) -> LauncherProcess:
         args = [
             "worker",
             "vllm",
@@ -116,6 +117,7 @@ def vllm_worker(tmp_path: Path, etcd_server: EtcdServer) -> Iterator[Callable[..
             *extra,
             "--",
             *ENGINE_ARGS,
+            *engine_args,
         ]
         proc = LauncherProcess(args, engine_env(tmp_path / f"vllm-cache-{worker_id}"))
         started.append(proc)
