@@ -18,9 +18,11 @@ class RequestContext:
 
     __slots__ = (
         "_block_hashes",
+        "access",
         "body",
         "budget",
         "client_request_id",
+        "explain",
         "headers",
         "kv_root",
         "model",
@@ -31,6 +33,7 @@ class RequestContext:
         "session_key",
         "token_ids",
         "tokenize_failed",
+        "trace",
     )
 
     def __init__(
@@ -62,6 +65,13 @@ class RequestContext:
         self.kv_root: int | None = None
         """The root its block hashes chain from when the engine hashes more than its tokens (its
         ``cache_salt``, a LoRA adapter: ``infera_core.kv.hashing.namespace_root``); None: the base."""
+        self.explain: Any = None
+        """A :class:`~infera_core.scheduling.explain.Decision` the scheduler records its decision
+        in, when an explanation was asked for (``X-Infera-Explain``) or sampled; None: nothing kept."""
+        self.access: Any = None
+        """The server's access-log record of this request (``--access-log``), None when not logged."""
+        self.trace: Any = None
+        """The request's OpenTelemetry spans (``--otlp-traces-endpoint``), None when tracing is off."""
 
     @property
     def log_id(self) -> str:

@@ -27,6 +27,7 @@ from infera_core.scheduling.scheduler import (
 )
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.breaker import Breakers
+from infera_core.server.decisions import DecisionLog
 from infera_core.server.errors import ApiError
 from infera_core.server.fleet import EndpointTable
 from infera_core.server.hangs import HangDetector
@@ -36,6 +37,7 @@ from infera_core.server.not_found import EngineAnswer, engine_error, not_an_engi
 from infera_core.server.queue import RouterQueue, ticket_for
 from infera_core.server.routing_mode import RoutingModes
 from infera_core.server.tenancy import CacheSalting
+from infera_core.server.tracing import traced_prepare, traced_schedule
 from infera_core.transports.upstreams import (
     READ_ERRORS,
     PoolTimeoutError,
@@ -119,6 +121,8 @@ class RouterCore:
         """The PD path (``infera_core.server.pd``): models served by prefill/decode pairs."""
         self.salting = CacheSalting()
         """Request ``cache_salt`` → the KV hashes' root; the key file's cache isolation."""
+        self.decisions: DecisionLog | None = None
+        """The last routing decisions explained or sampled (``/v1/admin/decisions``)."""
         self.queue: RouterQueue | None = None
         """The router queue (``--queue-max``): saturated models queue requests instead of a 429."""
         self.headroom = 0
@@ -194,14 +198,22 @@ class RouterCore:
         }
         queue = self.queue if self.queue is not None and self.queue.enabled else None
         ticket = ticket_for(ctx.principal, ctx.headers) if queue is not None else None
+        tr = ctx.trace  # OpenTelemetry spans (tracing.py), None when tracing is off
         if self.prepare is not None and self.scheduler.profile_for(ctx.model).needs_tokens:
-            await self.prepare(ctx)
+            if tr is None:
+                await self.prepare(ctx)
+            else:
+                await traced_prepare(self.prepare, ctx, tr)
         for attempt in range(attempts):
             if attempt == 0 and queue is not None and ticket is not None:
                 ep = await queue.acquire(ctx, ticket)  # its slot taken: in_flight counted
             else:
                 try:
-                    ep = self.schedule(ctx, tried)
+                    ep = (
+                        self.schedule(ctx, tried)
+                        if tr is None
+                        else traced_schedule(self.schedule, ctx, tried, tr)
+                    )
                 except ApiError:
                     if last is not None:
                         raise last from None
@@ -212,6 +224,8 @@ class RouterCore:
             self.breakers.picked(ep)
             rank = self.scheduler.dp.choose(ep, ctx) if ep.record.dp_size > 1 else None
             sent = headers if rank is None else {**headers, DP_RANK_HEADER: str(rank)}
+            if tr is not None:  # the engine continues the trace under this upstream call's span
+                sent = {**sent, "traceparent": tr.open_upstream(ep.worker_id, attempt)}
             hangs = self.hangs
             wait = hangs.begin(ep, task) if hangs is not None else None
             try:
@@ -312,11 +326,15 @@ class RouterCore:
             tried.append(ep.worker_id)
             if attempt + 1 < attempts:
                 self.metrics.retried(ctx.model)
+                if ctx.access is not None:
+                    ctx.access.retries += 1
         assert last is not None
         raise last
 
     def _failed(self, ctx: RequestContext, ep: Endpoint, worker_fault: bool) -> None:
         ep.in_flight -= 1
+        if ctx.trace is not None:
+            ctx.trace.end_upstream(False)
         if worker_fault:
             opened = self.breakers.opened
             self.breakers.failure(ep)
@@ -328,11 +346,15 @@ class RouterCore:
     def _abandoned(self, ctx: RequestContext, ep: Endpoint) -> None:
         """The attempt on ``ep`` ended without an answer and without the worker's fault."""
         ep.in_flight -= 1
+        if ctx.trace is not None:
+            ctx.trace.end_upstream(False)
         self.scheduler.finished(ctx, ep, False)
         self._freed(ctx)
 
     def release(self, ctx: RequestContext, ep: Endpoint, ok: bool) -> None:
         ep.in_flight -= 1
+        if ctx.trace is not None:
+            ctx.trace.end_upstream(ok)
         if self.pd is not None and ctx.role is not Role.MIXED:
             self.pd.finished(ctx, ep, ok)
         else:

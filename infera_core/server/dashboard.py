@@ -207,6 +207,7 @@ def stats(
             for (model, tier, reason), c in (qm.shed.children.items() if qm is not None else ())
         ],
         "usage": auth.usage()["keys"] if auth is not None else None,
+        "last_decisions": core.decisions.recent()[:20] if core.decisions is not None else [],
     }
 
 

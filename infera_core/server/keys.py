@@ -15,6 +15,7 @@ The file (YAML or JSON)::
         team: research               # optional: the tenant under cache_isolation: team
     cache_isolation: key             # none (default) | key | team: tenants never share KV
     cache_salt_secret: <random>      # optional HMAC key of the tenants' cache salts
+        explain: true                # optional: may ask for routing explanations
 
 Per request the check is one ``sha256`` of the presented key and one dict lookup;
 the file's ``mtime`` is looked at most once a second and the file re-read only when
@@ -83,6 +84,7 @@ class KeySpec(BaseModel):
         None, gt=0, description="Default time-to-first-token deadline of its requests (milliseconds)."
     )
     team: str | None = Field(None, min_length=1, description="The key's tenant under cache_isolation: team.")
+    explain: bool = Field(False, description="May ask for routing explanations (X-Infera-Explain).")
 
     @field_validator("priority")
     @classmethod
@@ -159,6 +161,7 @@ class ApiKey:
         "bucket",
         "day",
         "day_tokens",
+        "explain",
         "name",
         "priority",
         "refilled",
@@ -174,6 +177,7 @@ class ApiKey:
         self.allowed: frozenset[str] | None = None
         self.rpm: int | None = None
         self.tpd: int | None = None
+        self.explain = False
         self.bucket = 0.0
         self.refilled = 0.0
         self.day = -1
@@ -196,6 +200,7 @@ class ApiKey:
         self.weight = spec.weight
         self.allow_priority_header = spec.allow_priority_header
         self.ttft_deadline_ms = spec.ttft_deadline_ms
+        self.explain = spec.explain
 
 
 class Principal:

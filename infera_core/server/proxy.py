@@ -17,6 +17,7 @@ from typing import Any
 
 from infera_core.request import RequestContext
 from infera_core.scheduling.types import Endpoint
+from infera_core.server.access_log import cached_of
 from infera_core.server.asgi import (
     SSE_HEADERS,
     Scope,
@@ -91,6 +92,8 @@ class OpenAIProxy(ProxyEndpoint):
             ]
             if whole.status < 400:  # counted before it is sent: a client leaving now still pays
                 p, c = answer_usage(data)
+                if ctx.access is not None:
+                    ctx.access.cached = cached_of(data)
                 self.count_usage(ctx, p, c)
             await send({"type": "http.response.start", "status": whole.status, "headers": headers})
             await send({"type": "http.response.body", "body": data, "more_body": False})
@@ -163,6 +166,10 @@ class OpenAIProxy(ProxyEndpoint):
         end = tally.prev + tally.tail
         if b"[DONE]" in end:
             events -= 1
+        if ctx.access is not None:
+            ctx.access.cached = cached_of(end[-1200:])
+            if first and t0 is not None:
+                ctx.access.ttft = first - t0
         if first and t0 is not None:
             self.core.metrics.stream_timing(
                 ctx.model, first - t0, (last - first) / (events - 1) if events > 1 else None

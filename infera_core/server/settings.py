@@ -12,6 +12,7 @@ from infera_core.kv.settings import KvSettings
 from infera_core.server.auth_settings import AuthSettings
 from infera_core.server.fault_settings import FaultSettings
 from infera_core.server.limits import LimitSettings
+from infera_core.server.observe_settings import ObserveSettings
 from infera_core.server.queue_settings import QueueSettings
 
 
@@ -35,7 +36,9 @@ def router_port(description: str) -> Any:
     )
 
 
-class ServeSettings(InferaSettings, KvSettings, AuthSettings, LimitSettings, FaultSettings, QueueSettings):
+class ServeSettings(
+    InferaSettings, KvSettings, AuthSettings, LimitSettings, FaultSettings, ObserveSettings, QueueSettings
+):
     """Everything the server reads at start-up (KV-routing fields from :class:`KvSettings`,
     connection and request limits from :class:`LimitSettings`)."""
 

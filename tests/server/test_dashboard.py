@@ -292,6 +292,25 @@ async def test_dashboard_in_chromium_shows_the_fleet_and_a_drain(
         assert await asyncio.to_thread(browser.save_screenshot, str(shot))
 
 
+async def test_dashboard_in_chromium_shows_the_last_routing_decisions(
+    sims: list[SimHandle], browser: Any
+) -> None:
+    """A request sent with X-Infera-Explain: its decision (policy, pick, score) is on the page."""
+    async with stack(sims) as srv, httpx.AsyncClient(base_url=srv.url, timeout=20) as c:
+        await asyncio.to_thread(browser.get, srv.url + "/dashboard")
+        await in_browser(browser, lambda d: "nothing yet" in d.find_element("id", "last-decisions").text)
+        body = {"model": MODEL, "prompt": "explain this pick", "max_tokens": 2}
+        r = await c.post("/v1/completions", json=body, headers={"X-Infera-Explain": "1"})
+        picked = r.headers["x-infera-worker"]
+        kept = (await c.get("/v1/admin/stats")).json()["last_decisions"]
+        assert kept[0]["picked"] == picked and kept[0]["status"] == 200
+        text = await in_browser(
+            browser,
+            lambda d: (t := d.find_element("id", "last-decisions-table").text) and picked in t and t,
+        )
+        assert "kv-aware" in text and MODEL in text
+
+
 async def test_dashboard_in_chromium_shows_each_models_routing_mode(
     sims: list[SimHandle], browser: Any
 ) -> None:
