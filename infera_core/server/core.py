@@ -37,7 +37,7 @@ from infera_core.server.not_found import EngineAnswer, engine_error, not_an_engi
 from infera_core.server.queue import RouterQueue, ticket_for
 from infera_core.server.routing_mode import RoutingModes
 from infera_core.server.tenancy import CacheSalting
-from infera_core.server.tracing import traced_prepare, traced_schedule
+from infera_core.server.tracing import traced_acquire, traced_prepare, traced_schedule
 from infera_core.transports.upstreams import (
     READ_ERRORS,
     PoolTimeoutError,
@@ -206,7 +206,8 @@ class RouterCore:
                 await traced_prepare(self.prepare, ctx, tr)
         for attempt in range(attempts):
             if attempt == 0 and queue is not None and ticket is not None:
-                ep = await queue.acquire(ctx, ticket)  # its slot taken: in_flight counted
+                pick = queue.acquire(ctx, ticket)  # its slot taken: in_flight counted
+                ep = await (pick if tr is None else traced_acquire(pick, ctx, tr))
             else:
                 try:
                     ep = (
