@@ -85,9 +85,11 @@ class Scheduler:
         "default",
         "direct",
         "dp",
+        "kv_usage_max",
         "max_inflight",
         "per_model",
         "source",
+        "waiting_max",
     )
 
     def __init__(
@@ -109,13 +111,21 @@ class Scheduler:
         self.per_model = per_model or {}
         self.direct = direct
         self.max_inflight = max_inflight
+        self.waiting_max = 0.0
+        """A worker whose engine reports this many waiting requests is saturated (0: not checked)."""
+        self.kv_usage_max = 0.0
+        """A worker whose engine reports this KV-cache usage (0..1) is saturated (0: not checked)."""
         self._observe = observe
         self._notify = notify
 
     def profile_for(self, model: str) -> Profile:
         return self.per_model.get(model, self.default)
 
-    def schedule(self, ctx: RequestContext, exclude: Collection[str] = ()) -> Endpoint:
+    def schedule(
+        self, ctx: RequestContext, exclude: Collection[str] = (), cap: int | None = None
+    ) -> Endpoint:
+        """``cap``: the in-flight cap for this request instead of ``max_inflight`` (the queue
+        keeps headroom from sheddable requests)."""
         t0 = time.perf_counter()
         candidates = self.source.candidates(ctx.model)
         if not candidates:
@@ -137,7 +147,8 @@ class Scheduler:
         )
         if not candidates:
             raise NoWorkerError(f"no routable worker for model {ctx.model!r}")
-        cap = self.max_inflight
+        if cap is None:
+            cap = self.max_inflight
         if cap > 0:
             before = candidates
             candidates = under_cap(candidates, cap)
@@ -145,6 +156,12 @@ class Scheduler:
                 rec.removed(before, candidates, "in-flight-cap")
             if not candidates:
                 raise OverloadedError(f"every worker for model {ctx.model!r} is at its in-flight cap ({cap})")
+        if self.waiting_max > 0 or self.kv_usage_max > 0:
+            candidates = [ep for ep in candidates if not self._saturated(ep)]
+            if not candidates:
+                raise OverloadedError(
+                    f"every worker for model {ctx.model!r} is saturated (its engine's waiting queue or KV usage)"
+                )
         # direct mode picks among the healthy workers under their cap, like the policy does
         chosen = self._direct(ctx, candidates) if self.direct else None
         if chosen is None:
@@ -163,6 +180,15 @@ class Scheduler:
                 RoutedEvent(ctx.request_id, ctx.model, chosen.worker_id, None, profile.name, elapsed)
             )
         return chosen
+
+    def _saturated(self, ep: Endpoint) -> bool:
+        stats = ep.stats
+        if not stats:
+            return False
+        waiting, kv = self.waiting_max, self.kv_usage_max
+        return (waiting > 0 and stats.get("waiting", 0.0) >= waiting) or (
+            kv > 0 and stats.get("kv_usage", 0.0) >= kv
+        )
 
     def _direct(self, ctx: RequestContext, candidates: list[Endpoint]) -> Endpoint | None:
         wanted = ctx.headers.get(DIRECT_HEADER)

@@ -28,6 +28,7 @@ SUMMED_GAUGES = frozenset(
     {
         "infera_worker_in_flight",
         "infera_pd_role_in_flight",
+        "infera_queue_depth",
         "infera_kv_index_memory_bytes",
         "infera_routing_tokenize_prefix_cache_bytes",
         "infera_routing_tokenize_cache_bytes",
@@ -161,13 +162,15 @@ def merge_stats(snapshots: Sequence[dict[str, Any]]) -> dict[str, Any]:
         name: _sum_histogram([s["histograms"][name] for s in snapshots]) for name in out["histograms"]
     }
     out["usage"] = merge_usage([s["usage"] for s in snapshots])
+    out["queue_depth"] = _sum_rows(snapshots, "queue_depth", ("model", "tier"))
+    out["queue_shed"] = _sum_rows(snapshots, "queue_shed", ("model", "tier", "reason"))
     return out
 
 
 def _sum_rows(snapshots: Sequence[dict[str, Any]], field: str, key: tuple[str, ...]) -> list[dict[str, Any]]:
     rows: dict[tuple[Any, ...], dict[str, Any]] = {}
     for s in snapshots:
-        for row in s[field]:
+        for row in s.get(field, ()):  # a process of an older version may lack a field
             k = tuple(row[f] for f in key)
             have = rows.get(k)
             if have is None:

@@ -17,6 +17,7 @@ send bytes to one.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -61,6 +62,7 @@ from infera_core.server.metrics import ServerMetrics
 from infera_core.server.openapi import add_openapi_route
 from infera_core.server.pd import build_pd
 from infera_core.server.proxy import OpenAIProxy
+from infera_core.server.queue import RouterQueue
 from infera_core.server.resume import Migrator
 from infera_core.server.routing_mode import RoutingModes
 from infera_core.server.security_headers import ADMIN_PREFIXES, WithHeaders, security_headers
@@ -176,6 +178,7 @@ def create_app(
         probe=progress,
     )
     core.pd = build_pd(core, config.pd, catalog, deps, settings.max_inflight_per_worker)
+    queue = core.queue = _router_queue(settings, core, kv)
     core.salting.index = deps.kv_index
     metrics.registry.register(LeanCollector([core.salting.tokens]))
     owns_discovery = discovery is None if start_discovery is None else start_discovery
@@ -214,6 +217,10 @@ def create_app(
             await view.start(wait_synced=settings.connect_timeout)
             stack.push_async_callback(view.stop)
             stack.push_async_callback(app.state.dashboard.close)
+            stack.callback(queue.close)
+            if queue.refresh is not None:  # engine thresholds: their numbers, scraped all along
+                watcher = asyncio.ensure_future(app.state.dashboard.watch())
+                stack.callback(watcher.cancel)
             if app.state.tracing is not None:
                 stack.callback(app.state.tracing.shutdown)  # the spans still buffered are sent
             yield
@@ -260,8 +267,32 @@ def create_app(
     add_count_tokens_route(app, core, kv, limit)
     add_openapi_route(app)
     app.state.dashboard = add_dashboard_routes(app, core, kv)
+    if settings.queue_engine_waiting or settings.queue_engine_kv_usage:
+        queue.refresh = app.state.dashboard.poke  # the engines' numbers, while requests wait
     _error_handlers(app)
     return app
+
+
+def _router_queue(settings: ServeSettings, core: RouterCore, kv: KvComponent | None) -> RouterQueue:
+    """The router queue (``--queue-*``) and the saturation signal it waits on."""
+    core.headroom = settings.queue_headroom
+    core.scheduler.waiting_max = settings.queue_engine_waiting
+    core.scheduler.kv_usage_max = settings.queue_engine_kv_usage
+    engine_signal = bool(settings.queue_engine_waiting or settings.queue_engine_kv_usage)
+    queue = RouterQueue(
+        core.schedule_limited,
+        core.unqueued,
+        core.slots,
+        max_len=settings.queue_max,
+        timeout=settings.queue_timeout,
+        output_cap=settings.queue_output_cap,
+        # a slot freed in another process, or an engine's numbers, change without a local event
+        recheck=engine_signal or settings.processes != 1,
+        kv_index=kv.index if kv is not None else None,
+    )
+    queue.headroom = settings.queue_headroom > 0 and settings.max_inflight_per_worker > 0
+    queue.register_metrics(core.metrics.registry)
+    return queue
 
 
 def _client_auth(settings: ServeSettings, admin: AdminGate, metrics: ServerMetrics) -> ClientAuth | None:

@@ -14,10 +14,11 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import TYPE_CHECKING
 
 from infera_core.request import RequestContext
+from infera_core.scheduling.arrays import state as arrays_state
 from infera_core.scheduling.scheduler import (
     NoWorkerError,
     OverloadedError,
@@ -33,9 +34,10 @@ from infera_core.server.hangs import HangDetector
 from infera_core.server.loops import LOOP_HEADER, LOOP_STATUS, loop_error, via_value
 from infera_core.server.metrics import ServerMetrics
 from infera_core.server.not_found import EngineAnswer, engine_error, not_an_engine
+from infera_core.server.queue import RouterQueue, ticket_for
 from infera_core.server.routing_mode import RoutingModes
 from infera_core.server.tenancy import CacheSalting
-from infera_core.server.tracing import traced_prepare, traced_schedule
+from infera_core.server.tracing import traced_acquire, traced_prepare, traced_schedule
 from infera_core.transports.upstreams import (
     READ_ERRORS,
     PoolTimeoutError,
@@ -121,6 +123,11 @@ class RouterCore:
         """Request ``cache_salt`` → the KV hashes' root; the key file's cache isolation."""
         self.decisions: DecisionLog | None = None
         """The last routing decisions explained or sampled (``/v1/admin/decisions``)."""
+        self.queue: RouterQueue | None = None
+        """The router queue (``--queue-max``): saturated models queue requests instead of a 429."""
+        self.headroom = 0
+        """In-flight slots per worker kept from sheddable requests and from keys over their fair
+        share (``--queue-headroom``)."""
 
     def request_id(self) -> str:
         """A new id for the engine, the scorers' bookkeeping and PD transfers. Never the
@@ -130,7 +137,32 @@ class RouterCore:
     def schedule(self, ctx: RequestContext, exclude: list[str]) -> Endpoint:
         """One routing decision, with scheduler errors turned into API errors."""
         try:
-            return self.scheduler.schedule(ctx, exclude)
+            return self._schedule(ctx, exclude)
+        except OverloadedError as exc:
+            raise ApiError(429, str(exc), code="worker_overloaded", headers={"Retry-After": "1"}) from None
+
+    def schedule_limited(self, ctx: RequestContext, limited: bool) -> Endpoint:
+        """The queue's routing decision: :class:`OverloadedError` when every worker is
+        saturated; ``limited`` (a sheddable tier, a key over its fair share) leaves
+        ``headroom`` slots of each worker free."""
+        cap = self.scheduler.max_inflight
+        if limited and cap > 0 and self.headroom:
+            return self._schedule(ctx, (), max(1, cap - self.headroom))
+        return self._schedule(ctx, ())
+
+    def slots(self, model: str) -> int:
+        """This process's part of the model's in-flight slots (``--max-inflight-per-worker`` ×
+        its workers, over the processes of ``serve --processes N``, each of which counts its own
+        requests per key; 0: no cap)."""
+        shared = arrays_state().shared
+        processes = shared.processes if shared is not None else 1
+        return self.scheduler.max_inflight * len(self.table.candidates(model)) // processes
+
+    def _schedule(self, ctx: RequestContext, exclude: Collection[str], cap: int | None = None) -> Endpoint:
+        try:
+            if cap is None:
+                return self.scheduler.schedule(ctx, exclude)
+            return self.scheduler.schedule(ctx, exclude, cap)
         except UnknownModelError as exc:
             shown = ", ".join(exc.available)
             raise ApiError(
@@ -139,8 +171,6 @@ class RouterCore:
                 param="model",
                 code="model_not_found",
             ) from None
-        except OverloadedError as exc:
-            raise ApiError(429, str(exc), code="worker_overloaded", headers={"Retry-After": "1"}) from None
         except NoWorkerError as exc:
             raise ApiError(503, f"No worker available: {exc}", code="no_worker_available") from None
 
@@ -166,6 +196,8 @@ class RouterCore:
             "X-Request-Id": ctx.request_id,
             "Via": via_value(via, self.router_id),
         }
+        queue = self.queue if self.queue is not None and self.queue.enabled else None
+        ticket = ticket_for(ctx.principal, ctx.headers) if queue is not None else None
         tr = ctx.trace  # OpenTelemetry spans (tracing.py), None when tracing is off
         if self.prepare is not None and self.scheduler.profile_for(ctx.model).needs_tokens:
             if tr is None:
@@ -173,20 +205,24 @@ class RouterCore:
             else:
                 await traced_prepare(self.prepare, ctx, tr)
         for attempt in range(attempts):
-            try:
-                ep = (
-                    self.schedule(ctx, tried)
-                    if tr is None
-                    else traced_schedule(self.schedule, ctx, tried, tr)
-                )
-            except ApiError:
-                if last is not None:
-                    raise last from None
-                raise
+            if attempt == 0 and queue is not None and ticket is not None:
+                pick = queue.acquire(ctx, ticket)  # its slot taken: in_flight counted
+                ep = await (pick if tr is None else traced_acquire(pick, ctx, tr))
+            else:
+                try:
+                    ep = (
+                        self.schedule(ctx, tried)
+                        if tr is None
+                        else traced_schedule(self.schedule, ctx, tried, tr)
+                    )
+                except ApiError:
+                    if last is not None:
+                        raise last from None
+                    raise
+                ep.in_flight += 1
             if attempt == 0 and ctx.principal is not None:
                 self.salting.routed(ctx, ep)  # its prediction now: once served, the worker holds it
             self.breakers.picked(ep)
-            ep.in_flight += 1
             rank = self.scheduler.dp.choose(ep, ctx) if ep.record.dp_size > 1 else None
             sent = headers if rank is None else {**headers, DP_RANK_HEADER: str(rank)}
             if tr is not None:  # the engine continues the trace under this upstream call's span
@@ -306,6 +342,7 @@ class RouterCore:
             if self.breakers.opened != opened:
                 self.metrics.breaker_opened.inc()
         self.scheduler.finished(ctx, ep, False)
+        self._freed(ctx)
 
     def _abandoned(self, ctx: RequestContext, ep: Endpoint) -> None:
         """The attempt on ``ep`` ended without an answer and without the worker's fault."""
@@ -313,6 +350,7 @@ class RouterCore:
         if ctx.trace is not None:
             ctx.trace.end_upstream(False)
         self.scheduler.finished(ctx, ep, False)
+        self._freed(ctx)
 
     def release(self, ctx: RequestContext, ep: Endpoint, ok: bool) -> None:
         ep.in_flight -= 1
@@ -320,8 +358,20 @@ class RouterCore:
             ctx.trace.end_upstream(ok)
         if self.pd is not None and ctx.role is not Role.MIXED:
             self.pd.finished(ctx, ep, ok)
-            return
-        self.scheduler.finished(ctx, ep, ok)
+        else:
+            self.scheduler.finished(ctx, ep, ok)
+        self._freed(ctx)
+
+    def _freed(self, ctx: RequestContext) -> None:
+        """A slot freed: the queue dispatches its next waiter at once."""
+        queue = self.queue
+        if queue is not None:
+            queue.freed(ctx)
+
+    def unqueued(self, ctx: RequestContext, ep: Endpoint) -> None:
+        """A slot the queue took for a waiter whose client left before using it."""
+        ep.in_flight -= 1
+        self.scheduler.finished(ctx, ep, False)
 
 
 def _uncancel() -> int:

@@ -32,6 +32,7 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.requests import HTTPConnection
 
+from infera_core.scheduling.fairqueue import tier_label
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.auth import ADMIN_STATE, CLIENT_STATE, AdminGate, ClientAuth, require_admin
 from infera_core.server.core import RouterCore
@@ -86,7 +87,10 @@ class EngineScraper:
                     text = r.text
                 except (httpx.HTTPError, ValueError):
                     return  # a busy or gone worker keeps its last numbers until the next round
-            self._update(ep.worker_id, parse_metrics(text, ENGINE_SERIES))
+            out = self._update(ep.worker_id, parse_metrics(text, ENGINE_SERIES))
+            gauges: dict[str, float] = {k: out[k] for k in ("running", "waiting", "kv_usage") if k in out}
+            if gauges:  # the saturation signal of the router queue (--queue-engine-*)
+                ep.stats = gauges
 
         try:
             async with httpx.AsyncClient(timeout=self.timeout) as client:
@@ -96,7 +100,7 @@ class EngineScraper:
         for gone in set(self.latest) - {ep.worker_id for ep in eps}:
             del self.latest[gone]
 
-    def _update(self, worker_id: str, values: dict[str, float]) -> None:
+    def _update(self, worker_id: str, values: dict[str, float]) -> dict[str, float]:
         prev = self.latest.get(worker_id, {})
         hits, queries = values.get(HITS), values.get(QUERIES)
         out: dict[str, float] = {
@@ -116,12 +120,22 @@ class EngineScraper:
             elif queries > 0:
                 out["hit_rate"] = hits / queries
         self.latest[worker_id] = out
+        return out
+
+    async def watch(self) -> None:
+        """Refresh every ``interval`` for good (the router queue's engine saturation signal)."""
+        while True:
+            self.poke()
+            await asyncio.sleep(self.interval)
 
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+
+_EMPTY_WAIT = {"bounds": [], "labels": ["model", "tier"], "series": {}}
 
 
 def _histogram(h: LeanHistogram) -> dict[str, Any]:
@@ -156,6 +170,7 @@ def stats(
             row["kv_stale"] = bool(view.get("stale")) or bool(view.get("silent"))
         workers.append(row)
     m = core.metrics
+    qm = core.queue.metrics if core.queue is not None else None
     pd = core.pd.metrics if core.pd is not None else None
     return {
         "object": "stats",
@@ -180,7 +195,17 @@ def stats(
             "e2e": _histogram(m.e2e),
             "decision": _histogram(m.decision),
             "resume": _histogram(m.resume),
+            "queue_wait": _histogram(qm.wait) if qm is not None else _EMPTY_WAIT,
         },
+        "queue_depth": [
+            {"model": model, "tier": tier_label(tier), "count": n}
+            for model, q in (core.queue.queues.items() if core.queue is not None else ())
+            for tier, n in q.depth().items()
+        ],
+        "queue_shed": [
+            {"model": model, "tier": tier, "reason": reason, "count": c.value}
+            for (model, tier, reason), c in (qm.shed.children.items() if qm is not None else ())
+        ],
         "usage": auth.usage()["keys"] if auth is not None else None,
         "last_decisions": core.decisions.recent()[:20] if core.decisions is not None else [],
     }

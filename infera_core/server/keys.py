@@ -8,6 +8,10 @@ The file (YAML or JSON)::
         models: [qwen]               # optional allow-list
         requests_per_minute: 600     # optional
         tokens_per_day: 2000000      # optional, prompt + completion
+        priority: standard           # critical | standard | sheddable | an integer (higher first)
+        weight: 1                    # its share against the other keys of its tier
+        allow_priority_header: false # may X-Infera-Priority lower (never raise) its tier
+        ttft_deadline_ms: 2000       # optional default time-to-first-token deadline
         team: research               # optional: the tenant under cache_isolation: team
     cache_isolation: key             # none (default) | key | team: tenants never share KV
     cache_salt_secret: <random>      # optional HMAC key of the tenants' cache salts
@@ -32,10 +36,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from infera_core.config.settings import read_data_file
 from infera_core.errors import ConfigError
+from infera_core.scheduling.fairqueue import tier_of
 from infera_core.server.budgets import SharedBudgets
 from infera_core.server.errors import ApiError
 from infera_core.server.reserve import Charge
@@ -60,8 +73,23 @@ class KeySpec(BaseModel):
     models: list[str] | None = Field(None, description="Models this key may use (absent: all).")
     requests_per_minute: int | None = Field(None, gt=0)
     tokens_per_day: int | None = Field(None, gt=0, description="Prompt + completion tokens per UTC day.")
+    priority: int | str = Field(
+        "standard", description="Queue tier: critical, standard, sheddable or an integer (higher first)."
+    )
+    weight: float = Field(1.0, gt=0, description="Weighted fair share against the other keys of its tier.")
+    allow_priority_header: bool = Field(
+        False, description="X-Infera-Priority may set the request's tier, capped at the key's own."
+    )
+    ttft_deadline_ms: float | None = Field(
+        None, gt=0, description="Default time-to-first-token deadline of its requests (milliseconds)."
+    )
     team: str | None = Field(None, min_length=1, description="The key's tenant under cache_isolation: team.")
     explain: bool = Field(False, description="May ask for routing explanations (X-Infera-Explain).")
+
+    @field_validator("priority")
+    @classmethod
+    def _tier(cls, value: int | str) -> int:
+        return tier_of(value)
 
     @model_validator(mode="after")
     def _one_secret(self) -> KeySpec:
@@ -128,16 +156,20 @@ class ApiKey:
     """A key's limits and its running budgets (kept across reloads, by name)."""
 
     __slots__ = (
+        "allow_priority_header",
         "allowed",
         "bucket",
         "day",
         "day_tokens",
         "explain",
         "name",
+        "priority",
         "refilled",
         "rpm",
         "slot",
         "tpd",
+        "ttft_deadline_ms",
+        "weight",
     )
 
     def __init__(self, name: str) -> None:
@@ -152,6 +184,10 @@ class ApiKey:
         self.day_tokens = 0
         self.slot: int | None = None
         """Its slot in the processes' shared budgets (None: the budgets above, this process's)."""
+        self.priority = 0
+        self.weight = 1.0
+        self.allow_priority_header = False
+        self.ttft_deadline_ms: float | None = None
 
     def configure(self, spec: KeySpec, now: float) -> None:
         self.allowed = frozenset(spec.models) if spec.models is not None else None
@@ -160,6 +196,10 @@ class ApiKey:
             self.bucket = float(self.rpm or 0)
             self.refilled = now
         self.tpd = spec.tokens_per_day
+        self.priority = tier_of(spec.priority)
+        self.weight = spec.weight
+        self.allow_priority_header = spec.allow_priority_header
+        self.ttft_deadline_ms = spec.ttft_deadline_ms
         self.explain = spec.explain
 
 

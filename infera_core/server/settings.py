@@ -13,6 +13,7 @@ from infera_core.server.auth_settings import AuthSettings
 from infera_core.server.fault_settings import FaultSettings
 from infera_core.server.limits import LimitSettings
 from infera_core.server.observe_settings import ObserveSettings
+from infera_core.server.queue_settings import QueueSettings
 
 
 def router_host(description: str) -> Any:
@@ -35,7 +36,9 @@ def router_port(description: str) -> Any:
     )
 
 
-class ServeSettings(InferaSettings, KvSettings, AuthSettings, LimitSettings, FaultSettings, ObserveSettings):
+class ServeSettings(
+    InferaSettings, KvSettings, AuthSettings, LimitSettings, FaultSettings, ObserveSettings, QueueSettings
+):
     """Everything the server reads at start-up (KV-routing fields from :class:`KvSettings`,
     connection and request limits from :class:`LimitSettings`)."""
 
@@ -95,7 +98,10 @@ class ServeSettings(InferaSettings, KvSettings, AuthSettings, LimitSettings, Fau
         300.0, gt=0, description="Seconds without a byte from a worker before a response is abandoned."
     )
     max_inflight_per_worker: int = Field(
-        0, ge=0, description="Admission cap per worker (0: none); beyond it → 429 with Retry-After."
+        0,
+        ge=0,
+        description="Admission cap per worker (0: none); beyond it requests wait in the router queue"
+        " (--queue-max; 0: → 429 with Retry-After).",
     )
     breaker_failures: int = Field(
         3, ge=1, description="Consecutive failures (connect error, 5xx) that open a worker's breaker."

@@ -164,6 +164,25 @@ def traced_schedule(
         span.set_attribute("infera.error", bounded(str(exc)))
         span.end()
         raise
+    _route_done(span, ctx, ep)
+    return ep
+
+
+async def traced_acquire(acquire: Awaitable[Any], ctx: Any, tr: RequestTrace) -> Any:
+    """The router queue's ``acquire`` (a decision, after a wait when every worker is busy)
+    inside an ``infera.route`` span, as :func:`traced_schedule`."""
+    span = tr.child("infera.route")
+    try:
+        ep = await acquire
+    except BaseException as exc:
+        span.set_attribute("infera.error", bounded(str(exc)))
+        span.end()
+        raise
+    _route_done(span, ctx, ep)
+    return ep
+
+
+def _route_done(span: Any, ctx: Any, ep: Any) -> None:
     decision = ctx.explain
     if decision is not None and decision.attempt:
         span.set_attribute("infera.policy", decision.policy)
@@ -171,7 +190,6 @@ def traced_schedule(
         span.set_attribute("infera.decision", bounded(compact(decision, _MAX_ATTR).decode()))
     span.set_attribute("infera.worker", ep.worker_id)
     span.end()
-    return ep
 
 
 def end_request(tr: RequestTrace, ctx: Any, model: str, status: int) -> None:

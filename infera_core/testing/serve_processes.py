@@ -94,7 +94,10 @@ def serve_processes(
             if proc.poll() is not None:
                 raise AssertionError(f"serve exited: {proc.stdout.read() if proc.stdout else ''}")
             try:
-                serve.processes_seen = len(serve.processes())
+                if processes == 1:  # no supervisor, no /v1/admin/processes: up once it knows its workers
+                    serve.processes_seen = int(serve.http.get("/health", headers=CLOSE).status_code == 200)
+                else:
+                    serve.processes_seen = len(serve.processes())
             except (httpx.HTTPError, AssertionError):
                 return False
             return serve.processes_seen == processes

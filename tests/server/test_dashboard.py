@@ -393,3 +393,21 @@ async def test_dashboard_in_chromium_shows_streams_continued_elsewhere(browser: 
         )
         text = browser.find_element("id", "migrations").text
         assert "resume fake-model p50 / p99" in text
+
+
+async def test_dashboard_in_chromium_shows_the_router_queue(sims: list[SimHandle], browser: Any) -> None:
+    """Requests that waited in the router queue show as a row per model and tier."""
+    async with (
+        stack(sims, max_inflight_per_worker=1) as srv,
+        httpx.AsyncClient(base_url=srv.url, timeout=20) as c,
+    ):
+        await asyncio.to_thread(browser.get, srv.url + "/dashboard")
+        await in_browser(browser, lambda d: "nothing has queued" in d.find_element("id", "queue").text)
+        body = {"model": MODEL, "prompt": "queued", "max_tokens": 4}
+        results = await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(8)))
+        assert [r.status_code for r in results] == [200] * 8
+        stats = (await c.get("/v1/admin/stats")).json()
+        assert "|".join((MODEL, "standard")) in stats["histograms"]["queue_wait"]["series"]
+        await in_browser(browser, lambda d: "standard" in d.find_element("id", "queue").text)
+        row = browser.find_element("css selector", f'tr[data-queue="{MODEL}|standard"]')
+        assert row.find_element("css selector", "td.depth").text == "0"

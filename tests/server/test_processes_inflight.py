@@ -103,7 +103,8 @@ class Router:
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
     worker = HoldingWorker()
     threading.Thread(target=worker.serve_forever, daemon=True).start()
-    args = ("--router-policy", "round-robin", "--max-inflight-per-worker", "1")
+    # --queue-max 0: refused at once (the router queue has its own tests, test_queue_live.py)
+    args = ("--router-policy", "round-robin", "--max-inflight-per-worker", "1", "--queue-max", "0")
     try:
         with serve_processes(
             [{"worker_id": "w0", "url": worker.url, "model": MODEL}],

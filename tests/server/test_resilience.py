@@ -119,7 +119,10 @@ async def test_all_workers_failing_returns_last_error_not_500(ups: list[FakeUpst
 
 
 async def test_admission_cap_answers_429_with_retry_after(ups: list[FakeUpstream]) -> None:
-    async with Stack(ups, max_inflight_per_worker=1) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+    async with (
+        Stack(ups, max_inflight_per_worker=1, queue_max=0) as srv,
+        httpx.AsyncClient(base_url=srv.url) as c,
+    ):
         for u in ups:
             u.delay = 0.5
         results = await asyncio.gather(*[c.post("/v1/chat/completions", json=CHAT) for _ in range(3)])

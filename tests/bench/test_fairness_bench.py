@@ -1,0 +1,62 @@
+"""bench/fleet/fairness.py: the router queue on a saturated fleet of real SimEngines, virtual time.
+
+A small fleet and a short replay (seconds): the flooded light key is never refused with the
+queue (it is without), two over-demanding keys split the tokens by their weights, and every
+deadline refusal is answered before its deadline; the report prints."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from bench.fleet import fairness as fb
+
+
+@pytest.fixture(scope="module")
+def args() -> argparse.Namespace:
+    return argparse.Namespace(
+        sims=2, cap=8, duration=6.0, load=2.0, prompt=128, max_tokens=32, prefill_rate=20000.0,
+        itl_base_ms=5.0, itl_slope_ms=0.05, blocks=65536, queue_max=256, queue_timeout=30.0,
+        headroom=2, output_cap=1024, deadline_ms=300.0, seed=1, critical_share=0.05,
+    )  # fmt: skip
+
+
+def test_a_flood_refuses_the_light_key_without_the_queue_and_never_with_it(args: argparse.Namespace) -> None:
+    cap = fb.capacity(args)
+    flows = [fb.Flow("A", args.load * cap), fb.Flow("B", args.load * cap / 10)]
+    with_queue = fb.summary(fb.replay(args, flows, True), "B", 1.0, args.duration)
+    without = fb.summary(fb.replay(args, flows, False), "B", 1.0, args.duration)
+    assert with_queue["n"] > 10 and with_queue["refused"] == 0
+    assert without["refused"] > with_queue["n"] / 4
+
+
+@pytest.mark.parametrize("weight", [1.0, 2.0])
+def test_over_demanding_keys_split_the_tokens_by_weight(args: argparse.Namespace, weight: float) -> None:
+    cap = fb.capacity(args)
+    jobs = fb.replay(
+        args, [fb.Flow("A", args.load * cap, weight=weight), fb.Flow("B", args.load * cap)], True
+    )
+    a, b = (fb.summary(jobs, k, 1.0, args.duration)["tokens"] for k in "AB")
+    assert a / (a + b) == pytest.approx(weight / (weight + 1.0), abs=0.05)
+
+
+def test_every_deadline_refusal_is_answered_before_the_deadline(args: argparse.Namespace) -> None:
+    flows = [fb.Flow("A", args.load * fb.capacity(args), deadline_ms=args.deadline_ms)]
+    jobs = fb.replay(args, flows, True)
+    shed = [j for j in jobs if j.outcome == "deadline"]
+    assert shed and all(j.answered is not None and j.answered - j.t < args.deadline_ms / 1000.0 for j in shed)
+
+
+def test_the_report_runs() -> None:
+    argv = ["--sims", "2", "--cap", "4", "--duration", "2", "--scenarios", "share,deadline"]
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.fleet.fairness", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    assert "share     queue" in out and "deadline  no queue" in out
