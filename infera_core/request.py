@@ -18,11 +18,13 @@ class RequestContext:
 
     __slots__ = (
         "_block_hashes",
+        "base_model",
         "body",
         "budget",
         "client_request_id",
         "headers",
         "kv_root",
+        "lora",
         "model",
         "principal",
         "request_id",
@@ -59,6 +61,10 @@ class RequestContext:
         """Who sent it (the server's API-key principal), None without ``--api-key-file``."""
         self.budget: Any = None
         """The server's reservation of the principal's tokens for this request (its ``Charge``)."""
+        self.lora: str | None = None
+        """The LoRA adapter the request names as its ``model`` (None: a base model)."""
+        self.base_model = model
+        """The model whose tokenizer and card serve the request: ``model``, or the adapter's base."""
         self.kv_root: int | None = None
         """The root its block hashes chain from when the engine hashes more than its tokens (its
         ``cache_salt``, a LoRA adapter: ``infera_core.kv.hashing.namespace_root``); None: the base."""

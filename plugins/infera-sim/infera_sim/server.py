@@ -207,9 +207,10 @@ class SimServer:
             engine.add(r)
         created = int(time.time())
         rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
+        model = parsed.lora[0] if parsed.lora is not None else self.cfg.model  # vLLM echoes the adapter
         try:
             if parsed.stream:
-                resp = await stream(request, reqs, parsed, rid_out, created, self.cfg.model, chat, wake)
+                resp = await stream(request, reqs, parsed, rid_out, created, model, chat, wake)
                 if all(r.done for r in reqs):
                     self.pd.finish(reqs)  # a streamed prefill leg (SGLang bootstrap) still hands its KV over
                 return resp
@@ -217,9 +218,9 @@ class SimServer:
                 await wake.wait()
                 wake.clear()
             if chat:
-                out = chat_body(rid_out, created, self.cfg.model, reqs[0], parsed.tool_call)
+                out = chat_body(rid_out, created, model, reqs[0], parsed.tool_call)
             else:
-                out = completion_body(rid_out, created, self.cfg.model, reqs)
+                out = completion_body(rid_out, created, model, reqs)
             if parsed.prompt_logprobs is not None:
                 self._prompt_logprobs(out, reqs, chat)
             out["kv_transfer_params"] = self.pd.finish(reqs)
@@ -252,7 +253,12 @@ class SimServer:
             "max_model_len": self.cfg.max_model_len,
             "permission": [],
         }
-        return json_response({"object": "list", "data": [card]})
+        # each LoRA adapter as vLLM lists it: its path as root, the served model as parent
+        lora = [
+            {**card, "id": name, "root": path, "parent": m, "max_model_len": None}
+            for name, path in self.cfg.lora_modules.items()
+        ]
+        return json_response({"object": "list", "data": [card, *lora]})
 
     async def tokenize(self, request: web.Request) -> web.Response:
         try:
