@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _lora_modules(specs: Sequence[str]) -> dict[str, str]:
+def lora_modules(specs: Sequence[str]) -> dict[str, str]:
     """vLLM's ``--lora-modules`` values as name → path; ValueError naming a bad one."""
     out: dict[str, str] = {}
     for spec in specs:
@@ -247,7 +247,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     parser = build_parser()
     ns = parser.parse_args(argv)
     try:
-        ns.lora_modules = lora = _lora_modules(ns.lora_modules)
+        ns.lora_modules = lora = lora_modules(ns.lora_modules)
     except ValueError as exc:
         parser.error(str(exc))
     cfg = SimConfig(**{f.name: getattr(ns, f.name) for f in fields(SimConfig) if hasattr(ns, f.name)})
