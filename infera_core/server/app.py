@@ -301,6 +301,7 @@ def _control_routes(
                     "dp_rank": rec.dp_rank,
                     "dp_size": rec.dp_size,
                     "labels": rec.labels,
+                    "lora_adapters": rec.lora_adapters,
                     "in_flight": ep.in_flight,
                     "picks": ep.picks,
                     "breaker": core.breakers.state(ep),

@@ -75,6 +75,9 @@ async def test_adapter_requests_route_to_the_workers_serving_them(sims: list[Any
         client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
         listed = {m.id: getattr(m, "parent", None) for m in (await client.models.list()).data}
         assert listed == {MODEL: None, "sql-lora": MODEL, "chat-lora": MODEL}
+        async with httpx.AsyncClient(base_url=srv.url, timeout=5) as http:
+            shown = (await http.get("/v1/workers")).json()["data"]
+        assert [w["lora_adapters"] for w in shown] == [["chat-lora", "sql-lora"], ["sql-lora"]]
         for _ in range(4):  # only sim-0 serves chat-lora
             raw = await client.chat.completions.with_raw_response.create(
                 model="chat-lora", messages=[{"role": "user", "content": "hi"}], max_tokens=2
