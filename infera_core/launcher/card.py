@@ -69,7 +69,7 @@ def model_dir(name: str, revision: str | None = None) -> Path | None:
     return snap if snap.is_dir() else None
 
 
-async def _served_models(client: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
+async def served_models(client: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
     try:
         r = await client.get(f"{url}/v1/models")
         data = r.json().get("data") if r.status_code == 200 else None
@@ -107,7 +107,7 @@ async def build_card(
         )
         return None
     if served is None:
-        served = await _served_models(client, ctx.url)
+        served = await served_models(client, ctx.url)
     names = [str(m["id"]) for m in served if m.get("id") and not m.get("parent")] or [ctx.model]
     lora = lora_adapters(served)
     max_len = next((m.get("max_model_len") for m in served if str(m.get("id")) == ctx.model), None)
@@ -165,7 +165,7 @@ class CardPublisher:
         discovery: Discovery,
     ) -> WorkerRecord:
         card = None
-        served = await _served_models(client, ctx.url)
+        served = await served_models(client, ctx.url)
         adapters = lora_adapters(served)
         if adapters:
             log.info("worker %s: serves LoRA adapters %s", ctx.worker_id, ", ".join(adapters))

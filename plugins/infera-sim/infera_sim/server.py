@@ -306,6 +306,31 @@ class SimServer:
             text = self.engine.metrics.render(running, waiting, usage)
         return web.Response(text=text, content_type="text/plain")
 
+    async def load_lora(self, request: web.Request) -> web.Response:
+        """vLLM's ``/v1/load_lora_adapter`` (``lora_name``, ``lora_path``; the path is not read)."""
+        try:
+            body = await self._body(request)
+            name, path = body.get("lora_name"), body.get("lora_path")
+            if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+                raise ApiError("Both 'lora_name' and 'lora_path' must be provided.", "lora_name")
+            if name in self.cfg.lora_modules or name == self.cfg.model:
+                raise ApiError(f"The lora adapter '{name}' has already been loaded.", "lora_name")
+        except ApiError as err:
+            return api_error(err)
+        self.cfg.lora_modules[name] = path
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload_lora(self, request: web.Request) -> web.Response:
+        """vLLM's ``/v1/unload_lora_adapter`` (``lora_name``)."""
+        try:
+            name = (await self._body(request)).get("lora_name")
+            if not isinstance(name, str) or name not in self.cfg.lora_modules:
+                raise ApiError(f"The lora adapter '{name}' cannot be found.", "lora_name", 404)
+        except ApiError as err:
+            return api_error(err)
+        del self.cfg.lora_modules[name]
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         ok = all([e.reset_prefix_cache() for e in self.engines])
         if not ok:
@@ -387,6 +412,9 @@ def create_app(cfg: SimConfig) -> web.Application:
     r.add_get("/version", sim.version)
     r.add_get("/metrics", sim.metrics)
     r.add_post("/reset_prefix_cache", sim.reset_prefix_cache)
+    if os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"):  # as vLLM
+        r.add_post("/v1/load_lora_adapter", sim.load_lora)
+        r.add_post("/v1/unload_lora_adapter", sim.unload_lora)
     r.add_get("/sim/info", sim.sim_info)
     r.add_get("/sim/cache", sim.sim_cache)
     return app
