@@ -19,12 +19,14 @@ class RequestContext:
     __slots__ = (
         "_block_hashes",
         "access",
+        "base_model",
         "body",
         "budget",
         "client_request_id",
         "explain",
         "headers",
         "kv_root",
+        "lora",
         "model",
         "principal",
         "request_id",
@@ -62,6 +64,10 @@ class RequestContext:
         """Who sent it (the server's API-key principal), None without ``--api-key-file``."""
         self.budget: Any = None
         """The server's reservation of the principal's tokens for this request (its ``Charge``)."""
+        self.lora: str | None = None
+        """The LoRA adapter the request names as its ``model`` (None: a base model)."""
+        self.base_model = model
+        """The model whose tokenizer and card serve the request: ``model``, or the adapter's base."""
         self.kv_root: int | None = None
         """The root its block hashes chain from when the engine hashes more than its tokens (its
         ``cache_salt``, a LoRA adapter: ``infera_core.kv.hashing.namespace_root``); None: the base."""
@@ -72,6 +78,16 @@ class RequestContext:
         """The server's access-log record of this request (``--access-log``), None when not logged."""
         self.trace: Any = None
         """The request's OpenTelemetry spans (``--otlp-traces-endpoint``), None when tracing is off."""
+
+    def continued(self, request_id: str, body: dict[str, Any]) -> RequestContext:
+        """A fresh context for another leg of this request (a migration's continuation, a whole
+        retry): same model, route, headers, session, LoRA adapter and KV root; new id and body,
+        not yet tokenized."""
+        leg = RequestContext(request_id, self.model, self.route, body, self.headers)
+        leg.client_request_id = self.client_request_id
+        leg.session_key = self.session_key
+        leg.lora, leg.base_model, leg.kv_root = self.lora, self.base_model, self.kv_root
+        return leg
 
     @property
     def log_id(self) -> str:

@@ -131,6 +131,10 @@ class WorkerRecord(BaseModel):
     """Parameters of the KV-event transport (e.g. a JetStream subject); empty for ``zmq``."""
     model_card: ModelCardRef | None = None
     """The model card the launcher published (tokenizer files, block size…); None when none."""
+    lora_adapters: list[str] = Field(default_factory=list)
+    """LoRA adapters the engine serves besides ``model`` (vLLM's ``--lora-modules`` names, its
+    ``/v1/models`` entries with a ``parent``): requests naming one are routed here, hashed from
+    the adapter's own KV root (:func:`infera_core.kv.hashing.namespace_root`)."""
 
     @property
     def routable(self) -> bool:

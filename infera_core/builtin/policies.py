@@ -25,14 +25,15 @@ from infera_core.worker import Role, Status
 
 
 class ModelFilter(Filter):
-    """Keeps endpoints serving ``ctx.model`` (the server already groups by model)."""
+    """Keeps endpoints serving ``ctx.model`` — as their model or one of their LoRA adapters
+    (the server already groups by model)."""
 
     name = "model"
     __slots__ = ()
 
     def filter(self, ctx: RequestContext, candidates: list[Endpoint]) -> list[Endpoint]:
         model = ctx.model
-        return [ep for ep in candidates if ep.record.model == model]
+        return [ep for ep in candidates if ep.record.model == model or model in ep.record.lora_adapters]
 
 
 class HealthFilter(Filter):

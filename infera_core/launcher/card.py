@@ -69,7 +69,7 @@ def model_dir(name: str, revision: str | None = None) -> Path | None:
     return snap if snap.is_dir() else None
 
 
-async def _served_models(client: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
+async def served_models(client: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
     try:
         r = await client.get(f"{url}/v1/models")
         data = r.json().get("data") if r.status_code == 200 else None
@@ -78,10 +78,21 @@ async def _served_models(client: httpx.AsyncClient, url: str) -> list[dict[str, 
     return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
 
 
+def lora_adapters(served: list[dict[str, Any]]) -> list[str]:
+    """The LoRA adapters among an engine's ``/v1/models`` entries (vLLM lists each
+    ``--lora-modules`` name with a ``parent``: its base model)."""
+    return sorted({str(m["id"]) for m in served if m.get("id") and m.get("parent")})
+
+
 async def build_card(
-    engine: str, ctx: LaunchContext, record: WorkerRecord, client: httpx.AsyncClient
+    engine: str,
+    ctx: LaunchContext,
+    record: WorkerRecord,
+    client: httpx.AsyncClient,
+    served: list[dict[str, Any]] | None = None,
 ) -> ModelCard | None:
-    """The card of the model ``ctx`` started (see the module docstring); None without files."""
+    """The card of the model ``ctx`` started (see the module docstring); None without files.
+    ``served``: the engine's ``/v1/models`` entries when already fetched."""
     args = ctx.engine_args
     tok = _flag(args, "--tokenizer", "--tokenizer-path")
     revision = _flag(args, "--tokenizer-revision") if tok else _flag(args, "--revision")
@@ -95,9 +106,10 @@ async def build_card(
             tok or ctx.served_path,
         )
         return None
-    served = await _served_models(client, ctx.url)
+    if served is None:
+        served = await served_models(client, ctx.url)
     names = [str(m["id"]) for m in served if m.get("id") and not m.get("parent")] or [ctx.model]
-    lora = sorted(str(m["id"]) for m in served if m.get("id") and m.get("parent"))
+    lora = lora_adapters(served)
     max_len = next((m.get("max_model_len") for m in served if str(m.get("id")) == ctx.model), None)
     if not isinstance(max_len, int):
         given = _flag(args, "--max-model-len", "--context-length")
@@ -153,8 +165,13 @@ class CardPublisher:
         discovery: Discovery,
     ) -> WorkerRecord:
         card = None
+        served = await served_models(client, ctx.url)
+        adapters = lora_adapters(served)
+        if adapters:
+            log.info("worker %s: serves LoRA adapters %s", ctx.worker_id, ", ".join(adapters))
+            record = record.model_copy(update={"lora_adapters": adapters})
         try:
-            card = await build_card(engine, ctx, record, client)
+            card = await build_card(engine, ctx, record, client, served)
         except (OSError, UnicodeDecodeError) as exc:
             log.warning(
                 "worker %s: cannot read the model's tokenizer files (%s): no model card", ctx.worker_id, exc

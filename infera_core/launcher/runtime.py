@@ -47,6 +47,7 @@ from infera_core.launcher.flags import launch_options
 from infera_core.launcher.health import GenerationWatch, checks_generation, health_generate, serves_inference
 from infera_core.launcher.kv_poll import PolledKvPublisher, polled_kv_events
 from infera_core.launcher.learned import with_served_block_size
+from infera_core.launcher.lora import LoraRefresh
 from infera_core.launcher.process import EngineProcess
 from infera_core.launcher.record import launch_record
 from infera_core.launcher.restart import RestartBudget, WorkerState
@@ -92,6 +93,7 @@ class WorkerLauncher:
         self._budget = RestartBudget(settings)
         self._package_hint = ""
         self.card = CardPublisher()
+        self.lora_refresh = LoraRefresh()
         self.state = WorkerState.STARTING
         self.restarts = 0
         """Engine restarts so far (``--restart-engine on-failure``)."""
@@ -365,6 +367,7 @@ class WorkerLauncher:
                     return None
                 if await quietly(adapter.is_ready(RunningEngine(ctx, client)), default=False):
                     failures = 0
+                    await self._refresh_lora(client, ctx)
                     continue
                 failures += 1
                 log.warning(
@@ -386,6 +389,13 @@ class WorkerLauncher:
                 watch.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watch
+
+    async def _refresh_lora(self, client: httpx.AsyncClient, ctx: LaunchContext) -> None:
+        """Republish the record when the engine's LoRA adapters changed (:mod:`.lora`)."""
+        adapters = await self.lora_refresh.changed(client, ctx.url, self.record)
+        if adapters is not None and self.record is not None and self.registration is not None:
+            self.record = self.record.model_copy(update={"lora_adapters": adapters})
+            await quietly(self.registration.update(self.record), default=None)
 
     def _start_generation_watch(
         self, adapter: EngineAdapter, client: httpx.AsyncClient, ctx: LaunchContext

@@ -121,6 +121,11 @@ class Scheduler:
     def profile_for(self, model: str) -> Profile:
         return self.per_model.get(model, self.default)
 
+    def profile_of(self, ctx: RequestContext) -> Profile:
+        """The request's profile: its model's, else (a LoRA adapter) its base model's, else the default."""
+        profile = self.per_model.get(ctx.model)
+        return profile if profile is not None else self.per_model.get(ctx.base_model, self.default)
+
     def schedule(
         self, ctx: RequestContext, exclude: Collection[str] = (), cap: int | None = None
     ) -> Endpoint:
@@ -133,7 +138,7 @@ class Scheduler:
             if models:
                 raise UnknownModelError(ctx.model, models)
             raise NoWorkerError("no workers registered")
-        profile = self.per_model.get(ctx.model, self.default)
+        profile = self.profile_of(ctx)
         rec = ctx.explain  # a Decision only when an explanation was asked for (explain.py)
         if rec is not None:
             rec.begin(ctx, profile.name)
@@ -200,7 +205,7 @@ class Scheduler:
         return None
 
     def finished(self, ctx: RequestContext, endpoint: Endpoint, ok: bool) -> None:
-        self.per_model.get(ctx.model, self.default).finished(ctx, endpoint, ok)
+        self.profile_of(ctx).finished(ctx, endpoint, ok)
 
 
 def build_scheduler(

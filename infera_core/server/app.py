@@ -324,7 +324,11 @@ def _control_routes(
                 continue
             eps = table.candidates(model)
             created = int(min((ep.record.started_at for ep in eps), default=0))
-            data.append({"id": model, "object": "model", "created": created, "owned_by": "infera"})
+            entry: dict[str, Any] = {"id": model, "object": "model", "created": created, "owned_by": "infera"}
+            base = table.lora_base.get(model)
+            if base is not None:  # a LoRA adapter, listed as vLLM lists it
+                entry["parent"] = base
+            data.append(entry)
         return {"object": "list", "data": data}
 
     @app.get("/health")
@@ -353,6 +357,7 @@ def _control_routes(
                     "dp_rank": rec.dp_rank,
                     "dp_size": rec.dp_size,
                     "labels": rec.labels,
+                    "lora_adapters": rec.lora_adapters,
                     "in_flight": ep.in_flight,
                     "picks": ep.picks,
                     "breaker": core.breakers.state(ep),

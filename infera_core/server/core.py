@@ -199,7 +199,7 @@ class RouterCore:
         queue = self.queue if self.queue is not None and self.queue.enabled else None
         ticket = ticket_for(ctx.principal, ctx.headers) if queue is not None else None
         tr = ctx.trace  # OpenTelemetry spans (tracing.py), None when tracing is off
-        if self.prepare is not None and self.scheduler.profile_for(ctx.model).needs_tokens:
+        if self.prepare is not None and self.scheduler.profile_of(ctx).needs_tokens:
             if tr is None:
                 await self.prepare(ctx)
             else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from infera_core.kv.hashing import namespace_root
 from infera_core.request import RequestContext
 from infera_core.scheduling.explain import Decision
 from infera_core.scheduling.scheduler import DIRECT_HEADER
@@ -135,6 +136,9 @@ class ProxyEndpoint:
             if auth is not None and principal is not None:
                 ctx.principal = principal
                 ctx.budget = auth.admit(principal, model, ctx.body, ctx.token_ids)
+            base = core.table.lora_base.get(model)
+            if base is not None:  # a LoRA adapter: its base's tokenizer, its own KV root
+                ctx.lora, ctx.base_model, ctx.kv_root = model, base, namespace_root(model)
             engines = (ep.record.engine for ep in core.table.candidates(model))
             upstream_body = core.salting.apply(ctx, upstream_body, engines)
             decisions = self.decisions

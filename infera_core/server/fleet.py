@@ -5,6 +5,11 @@ accounting (in-flight, picks, breaker). An updated record keeps its endpoint (an
 its accounting); lists per model are rebuilt on change and never mutated in place,
 so the hot path can iterate them without copying.
 
+A worker's LoRA adapters (``record.lora_adapters``) are models too: ``candidates(adapter)``
+is the workers serving it and ``lora_base[adapter]`` its base model (the routing tokenizer's
+and the card's). An adapter named like a base model, or served on two different bases, is
+reported once and not mixed in: the base model (or the first base) keeps the name.
+
 Listeners (``on_added(record)`` / ``on_removed(record)``) see every change: the
 plugin notifications and the optional KV component (the seam KV routing uses).
 
@@ -35,12 +40,15 @@ UpstreamFor = Callable[[WorkerRecord], Any]
 class EndpointTable:
     """worker_id → Endpoint, and model → endpoints serving it."""
 
-    __slots__ = ("_added", "_removed", "_shared", "by_id", "by_model", "upstream_for")
+    __slots__ = ("_added", "_removed", "_shared", "_warned", "by_id", "by_model", "lora_base", "upstream_for")
 
     def __init__(self, upstream_for: UpstreamFor | None = None) -> None:
         self.upstream_for = upstream_for
         self.by_id: dict[str, Endpoint] = {}
         self.by_model: dict[str, list[Endpoint]] = {}
+        self.lora_base: dict[str, str] = {}
+        """LoRA adapter → its base model (the adapters' names are keys of ``by_model`` too)."""
+        self._warned: set[tuple[str, str]] = set()
         self._added: list[Listener] = []
         self._removed: list[Listener] = []
         self._shared: SharedLoad | None = None
@@ -135,11 +143,43 @@ class EndpointTable:
         elif change.kind is ChangeKind.DELETE:
             self.remove(change.worker_id)
 
+    def base_of(self, model: str) -> str:
+        """The base model of LoRA adapter ``model``; ``model`` itself otherwise."""
+        return self.lora_base.get(model, model)
+
     def _rebuild(self) -> None:
         by_model: dict[str, list[Endpoint]] = {}
         for ep in self.by_id.values():
             by_model.setdefault(ep.record.model, []).append(ep)
+        lora_base: dict[str, str] = {}
+        adapters: dict[str, list[Endpoint]] = {}
+        for ep in sorted(self.by_id.values(), key=lambda e: e.worker_id):
+            base = ep.record.model
+            for name in ep.record.lora_adapters:
+                if name in by_model:
+                    self._warn_once(
+                        (name, "\0model"),
+                        f"worker {ep.worker_id}: LoRA adapter {name!r} has the name of a base model;"
+                        f" requests for {name!r} go to that model's workers, not to the adapter",
+                    )
+                    continue
+                known = lora_base.setdefault(name, base)
+                if known != base:
+                    self._warn_once(
+                        (name, base),
+                        f"worker {ep.worker_id}: LoRA adapter {name!r} is served on base model"
+                        f" {base!r} here and on {known!r} elsewhere; routed to the {known!r} workers only",
+                    )
+                    continue
+                adapters.setdefault(name, []).append(ep)
+        by_model.update(adapters)
         self.by_model = by_model
+        self.lora_base = lora_base
+
+    def _warn_once(self, key: tuple[str, str], message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("%s", message)
 
     @staticmethod
     def _notify(listeners: list[Listener], record: WorkerRecord) -> None:

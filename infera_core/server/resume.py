@@ -275,9 +275,7 @@ class Migrator:
             path = COMPLETIONS_PATH
         live.left -= 1
         self.done(live)
-        leg_ctx = RequestContext(self.core.request_id(), ctx.model, ctx.route, body, ctx.headers)
-        leg_ctx.client_request_id = ctx.client_request_id
-        leg_ctx.session_key = ctx.session_key
+        leg_ctx = ctx.continued(self.core.request_id(), body)
         try:
             ep, resp = await self.core.dispatch(leg_ctx, path, json.dumps(body).encode(), exclude=failed)
         except ApiError as err:
@@ -316,9 +314,7 @@ class Migrator:
         """A non-streamed request whose answer broke, sent again to another worker (the client
         has received nothing yet, so any answer will do)."""
         started = time.perf_counter()
-        again = RequestContext(self.core.request_id(), ctx.model, ctx.route, ctx.body, ctx.headers)
-        again.client_request_id = ctx.client_request_id
-        again.session_key = ctx.session_key
+        again = ctx.continued(self.core.request_id(), ctx.body)
         try:
             ep, resp = await self.core.dispatch(again, path, json.dumps(ctx.body).encode(), exclude=failed)
         except ApiError as err:

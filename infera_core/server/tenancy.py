@@ -154,10 +154,10 @@ class CacheSalting:
             return raw
         client_salt = _client_salt(ctx.body)  # checked where it would be used
         if tenant is None:
-            ctx.kv_root = namespace_root(None, client_salt)
+            ctx.kv_root = namespace_root(ctx.lora, client_salt)
             return raw
         salt = combined_salt(tenant, client_salt)
-        ctx.kv_root = namespace_root(None, salt)
+        ctx.kv_root = namespace_root(ctx.lora, salt)
         out = with_cache_salt(raw, ctx.body, salt)
         ctx.body["cache_salt"] = salt
         return out

@@ -89,6 +89,18 @@ class DiscoveryContract:
             await launcher.close()
             await router.close()
 
+    async def test_the_record_round_trips(self) -> None:
+        launcher, router = await self._pair()
+        try:
+            record = contract_record("c1", lora_adapters=["sql-lora", "chat-lora"], labels={"zone": "a"})
+            reg = await launcher.register(record)
+            (seen,) = await router.list_workers()
+            assert seen.lora_adapters == ["sql-lora", "chat-lora"] and seen.labels == {"zone": "a"}
+            await reg.deregister()
+        finally:
+            await launcher.close()
+            await router.close()
+
     async def test_duplicate_worker_id_is_an_error(self) -> None:
         launcher, other = await self._pair()
         try:

@@ -56,7 +56,7 @@ class EngineTokenize:
     async def tokenize(self, ctx: RequestContext) -> list[int]:
         """The engine's token ids for ``ctx`` (tries each worker of the model once)."""
         body = ctx.body
-        req: dict[str, Any] = {"model": ctx.model}
+        req: dict[str, Any] = {"model": ctx.base_model}
         if isinstance(body.get("messages"), list):
             req["messages"] = body["messages"]
             req.update({k: body[k] for k in CHAT_FIELDS if k in body})
@@ -69,7 +69,7 @@ class EngineTokenize:
             req["prompt"] = prompt
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self.timeout_s, trust_env=False)
-        urls = list(self.urls.get(ctx.model, {}).values())
+        urls = list(self.urls.get(ctx.base_model, {}).values())
         start = next(self._turn)
         error = "no worker"
         for i in range(len(urls)):

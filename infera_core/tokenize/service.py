@@ -251,18 +251,19 @@ class RoutingTokenizers:
         """Set ``ctx.token_ids`` once (or ``ctx.tokenize_failed``)."""
         if ctx.token_ids is not None or ctx.tokenize_failed:
             return
+        model = ctx.base_model  # a LoRA adapter's prompt is tokenized by its base model
         given = given_tokens(ctx.body)
         if given is not None:
             ctx.token_ids = given
-            self._count(ctx.model, "given")
+            self._count(model, "given")
             return
-        tok = self.tokenizer_for(ctx.model)
-        engine = tok is None and self.engine.serves(ctx.model)
+        tok = self.tokenizer_for(model)
+        engine = tok is None and self.engine.serves(model)
         if tok is None and not engine:
-            if ctx.model not in self.served:  # unknown model: it gets its 404, nothing to say here
+            if model not in self.served:  # unknown model: it gets its 404, nothing to say here
                 ctx.tokenize_failed = True
                 return
-            card = self.cards.models.get(ctx.model)
+            card = self.cards.models.get(model)
             if card is not None:
                 self._failed(ctx, f"model card {card.status}")
             else:
@@ -271,12 +272,12 @@ class RoutingTokenizers:
         size = prompt_size(ctx.body)
         key = None
         if self.cache_size and self.cache_bytes and size <= self.max_chars:
-            key = (ctx.model, self._digest(ctx))
+            key = (model, self._digest(ctx))
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 ctx.token_ids = hit[0]
-                self._count(ctx.model, "cache")
+                self._count(model, "cache")
                 return
         try:
             if tok is None:
@@ -290,7 +291,7 @@ class RoutingTokenizers:
             self._failed(ctx, f"{type(exc).__name__}: {exc}")
             return
         ctx.token_ids = ids
-        self._count(ctx.model, source)
+        self._count(model, source)
         if whole and key is not None:
             self._remember(key, ids)
 

@@ -178,3 +178,35 @@ def test_endpoint_table_keeps_accounting_across_record_updates() -> None:
     assert table.by_id["a"] is ep and ep.in_flight == 3 and ep.record.status is Status.DRAINING
     table.remove("a")
     assert table.candidates("m") == [] and table.models() == []
+
+
+def test_a_lora_adapter_is_routed_with_its_base_models_profile(hooks: InferaHooks, tmp_path: Path) -> None:
+    """``models: {base: …}`` in the router config also routes the base model's LoRA adapters."""
+    path = tmp_path / "router.yaml"
+    path.write_text("scorers: [{name: least-load}]\nmodels:\n  rr-model: {preset: round-robin}\n")
+    table = _table(("x", "rr-model"), ("y", "rr-model"), lora_adapters=["rr-lora"])
+    s = _sched(hooks, table, load_router_config(path))
+    table.by_id["x"].in_flight = 5  # least-load would always pick y; round robin ignores load
+
+    def adapter_ctx() -> RequestContext:
+        ctx = _ctx("rr-lora")
+        ctx.lora, ctx.base_model = "rr-lora", table.base_of("rr-lora")
+        return ctx
+
+    assert [s.schedule(adapter_ctx()).worker_id for _ in range(2)] == ["x", "y"]
+
+
+def test_a_continued_leg_keeps_the_adapter_and_the_kv_root() -> None:
+    """A migration's or retry's new leg is hashed from the same root as the request it continues."""
+    ctx = _ctx("rr-lora")
+    ctx.lora, ctx.base_model, ctx.kv_root = "rr-lora", "rr-model", 1234
+    ctx.session_key, ctx.client_request_id, ctx.token_ids = "s1", "c1", [1, 2, 3]
+    leg = ctx.continued("r2", {"prompt": [1, 2, 3, 4]})
+    assert (leg.request_id, leg.body, leg.token_ids) == ("r2", {"prompt": [1, 2, 3, 4]}, None)
+    assert (leg.lora, leg.base_model, leg.kv_root) == ("rr-lora", "rr-model", 1234)
+    assert (leg.model, leg.route, leg.session_key, leg.client_request_id) == (
+        "rr-lora",
+        ctx.route,
+        "s1",
+        "c1",
+    )

@@ -10,7 +10,7 @@ from infera_core.engines.support import bracket_host, free_ports
 from infera_core.errors import EngineError
 from infera_core.worker import KvEventsInfo, PdInfo
 from infera_sim import __version__
-from infera_sim.config import KV_LAYOUTS, PD_PROTOCOLS, SimConfig, build_parser
+from infera_sim.config import KV_LAYOUTS, PD_PROTOCOLS, SimConfig, build_parser, lora_modules
 from infera_sim.metrics import parse_gauges
 from infera_sim.tokenizer import make_tokenizer
 
@@ -129,6 +129,10 @@ class SimAdapter:
             raise EngineError(
                 f"sim: unknown engine arguments: {' '.join(unknown)} (see python -m infera_sim.server --help)"
             )
+        try:
+            ns.lora_modules = lora_modules(ns.lora_modules)
+        except ValueError as exc:
+            raise EngineError(f"sim: {exc}") from None
         cfg = SimConfig()
         for key, value in vars(ns).items():
             if hasattr(cfg, key):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 ROLES = ("mixed", "prefill", "decode")
 PD_PROTOCOLS = ("vllm-nixl", "vllm-mooncake", "sglang-bootstrap", "vllm-moriio", "vllm-moriio-read")
@@ -50,6 +51,8 @@ class SimConfig:
     """External-LB DP size (vLLM ``--data-parallel-size`` with ``--dp-rank``): this sim is one rank."""
     num_experts: int | None = None
     """The model's expert count as vLLM reads it from ``config.json`` (0: dense; None: not modelled)."""
+    lora_modules: dict[str, str] = field(default_factory=dict)
+    """LoRA adapters served besides ``model`` (vLLM ``--lora-modules name=path``): name → path."""
     # timing
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
@@ -209,14 +212,47 @@ def build_parser() -> argparse.ArgumentParser:
     a("--fault-kv-drop-rate", type=_rate, default=0.0, help="fraction of KV event batches not sent")
     a("--fault-kv-duplicate-rate", type=_rate, default=0.0, help="fraction of KV event batches sent twice")
     a("--fault-kv-reorder", action="store_true", help="swap consecutive KV event batches")
+    a("--enable-lora", action="store_true", help="accepted for vLLM compatibility (adapters need no weights)")
+    a(
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        metavar="NAME=PATH",
+        help="LoRA adapters to serve, as vLLM takes them (name=path or JSON with name and path);"
+        " requests naming one get its own prefix cache, and its KV events carry lora_name",
+    )
     return p
+
+
+def lora_modules(specs: Sequence[str]) -> dict[str, str]:
+    """vLLM's ``--lora-modules`` values as name → path; ValueError naming a bad one."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        if spec.lstrip().startswith("{"):
+            try:
+                item = json.loads(spec)
+                name, path = str(item["name"]), str(item["path"])
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(f"--lora-modules {spec!r}: JSON needs 'name' and 'path'") from None
+        else:
+            name, sep, path = spec.partition("=")
+            if not sep or not name or not path:
+                raise ValueError(f"--lora-modules {spec!r}: expected name=path")
+        out[name] = path
+    return out
 
 
 def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     """Parse flags into a :class:`SimConfig`; exits with a one-line usage error on bad input."""
     parser = build_parser()
     ns = parser.parse_args(argv)
+    try:
+        ns.lora_modules = lora = lora_modules(ns.lora_modules)
+    except ValueError as exc:
+        parser.error(str(exc))
     cfg = SimConfig(**{f.name: getattr(ns, f.name) for f in fields(SimConfig) if hasattr(ns, f.name)})
+    if cfg.model in lora:
+        parser.error(f"--lora-modules {cfg.model!r}: an adapter cannot have the served model's name")
     for name, value in (("--block-size", cfg.block_size), ("--cache-blocks", cfg.cache_blocks)):
         if value <= 0:
             parser.error(f"{name} must be > 0")

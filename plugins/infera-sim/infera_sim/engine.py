@@ -154,7 +154,7 @@ class SimEngine:
         bs = cache.block_size
         resumed = r.num_generated > 0
         tokens = r.all_tokens() if resumed else r.prompt
-        hashes = block_hashes(tokens, bs, parent=salt_root(r.cache_salt))
+        hashes = block_hashes(tokens, bs, parent=salt_root(r.cache_salt, r.lora))
         limit = (len(tokens) - 1) // bs
         hits = cache.match(hashes, limit)
         offloaded = cache.cpu_prefix(hashes, len(hits), limit)
@@ -165,7 +165,7 @@ class SimEngine:
         if cache.available(hits) < need_now:
             return False
         cache.acquire(hits)
-        loaded = cache.load(offloaded, hashes[len(hits) - 1] if hits else None, r.cache_salt)
+        loaded = cache.load(offloaded, hashes[len(hits) - 1] if hits else None, r.cache_salt, r.lora)
         r.blocks = hits + loaded + cache.allocate(need_now - len(loaded))
         r.hashes = hashes
         r.committed = cached
@@ -196,11 +196,11 @@ class SimEngine:
         hashes = r.hashes
         while len(hashes) < full:
             i = len(hashes)
-            prev = hashes[-1] if hashes else salt_root(r.cache_salt)
+            prev = hashes[-1] if hashes else salt_root(r.cache_salt, r.lora)
             hashes.append(chain_hash(prev, tokens[i * bs : (i + 1) * bs]))
         parent = hashes[start - 1] if start else None
         self.cache.commit(
-            r.blocks, start, hashes[start:full], parent, tokens[start * bs : full * bs], r.cache_salt
+            r.blocks, start, hashes[start:full], parent, tokens[start * bs : full * bs], r.cache_salt, r.lora
         )
         r.committed = full
 

@@ -32,11 +32,19 @@ def chain_hash(parent: int | None, token_ids: Sequence[int]) -> int:
     return int.from_bytes(_blake2b(data, digest_size=8).digest(), "little")
 
 
-def salt_root(salt: str | None) -> int | None:
-    """The parent hash a salted prompt's first block chains from (None: unsalted)."""
-    if salt is None:
+Lora = tuple[str, int]
+"""A LoRA adapter: its name and vLLM's ``lora_int_id``."""
+
+
+def salt_root(salt: str | None, lora: Lora | None = None) -> int | None:
+    """The parent hash a salted or LoRA prompt's first block chains from (None: neither), so
+    that an adapter's blocks are its own (vLLM puts the adapter's name in every block's keys)."""
+    if salt is None and lora is None:
         return None
-    return int.from_bytes(_blake2b(b"cache_salt\0" + salt.encode(), digest_size=8).digest(), "little")
+    data = b"cache_salt\0" + salt.encode() if salt is not None else b""
+    if lora is not None:
+        data += b"\0lora\0" + lora[0].encode()
+    return int.from_bytes(_blake2b(data, digest_size=8).digest(), "little")
 
 
 def block_hashes(
@@ -160,12 +168,14 @@ class KvCache:
         parent: int | None,
         token_ids: Sequence[int],
         salt: str | None = None,
+        lora: Lora | None = None,
     ) -> None:
         """Cache ``blocks[start : start + len(hashes)]``, now full: one ``BlockStored`` per run.
 
         ``token_ids`` are the tokens of exactly those blocks; ``parent`` is the hash of the
         block before the first one (None at the start of a sequence, whose first block's
-        ``extra_keys`` then carry ``salt``, as vLLM's events do). A block whose hash
+        ``extra_keys`` then carry ``salt``, as vLLM's events do; with ``lora`` every block's keys
+        start with the adapter's name and the event names it). A block whose hash
         is already cached (computed twice concurrently) is swapped for the cached copy,
         which the request then holds, so its chain of cached parents stays intact.
         """
@@ -177,7 +187,9 @@ class KvCache:
         for i, h in enumerate(hashes):
             existing = self.cached.get(h)
             if existing is not None:
-                self._flush(run, run_parent, token_ids[run_start * bs : (run_start + len(run)) * bs], salt)
+                self._flush(
+                    run, run_parent, token_ids[run_start * bs : (run_start + len(run)) * bs], salt, lora
+                )
                 run = []
                 own = blocks[start + i]
                 if existing is not own:
@@ -196,9 +208,11 @@ class KvCache:
             self.cached[h] = block
             run.append(h)
             prev = h
-        self._flush(run, run_parent, token_ids[run_start * bs : (run_start + len(run)) * bs], salt)
+        self._flush(run, run_parent, token_ids[run_start * bs : (run_start + len(run)) * bs], salt, lora)
 
-    def load(self, hashes: Sequence[int], parent: int | None, salt: str | None = None) -> list[Block]:
+    def load(
+        self, hashes: Sequence[int], parent: int | None, salt: str | None = None, lora: Lora | None = None
+    ) -> list[Block]:
         """Load blocks held on the CPU tier (a run following ``parent``) into new GPU blocks.
 
         They leave the CPU tier first, so the GPU evictions this allocation causes cannot
@@ -219,17 +233,27 @@ class KvCache:
             self.cached[h] = block
             tokens.extend(entry.tokens)
             prev = h
-        self._flush(list(hashes), parent, tokens, salt)
+        self._flush(list(hashes), parent, tokens, salt, lora)
         return blocks
 
     def _flush(
-        self, run: list[BlockHash], parent: int | None, token_ids: Sequence[int], salt: str | None = None
+        self,
+        run: list[BlockHash],
+        parent: int | None,
+        token_ids: Sequence[int],
+        salt: str | None = None,
+        lora: Lora | None = None,
     ) -> None:
-        if run:
-            event = BlockStored(run, parent, list(token_ids), self.block_size, None, self.medium)
-            if salt is not None and parent is None:
-                event.extra_keys = [[salt]] + [None] * (len(run) - 1)
-            self.events.append(event)
+        if not run:
+            return
+        event = BlockStored(run, parent, list(token_ids), self.block_size, None, self.medium)
+        head = [salt] if salt is not None and parent is None else []
+        if lora is not None:  # vLLM 0.32: the adapter's name leads every block's keys
+            event.lora_id, event.lora_name = lora[1], lora[0]
+            event.extra_keys = [[lora[0], *head]] + [[lora[0]] for _ in run[1:]]
+        elif head:
+            event.extra_keys = [head] + [None] * (len(run) - 1)
+        self.events.append(event)
 
     def release(self, blocks: Sequence[Block]) -> None:
         """Drop one reference of each block, tail first; unreferenced ones become evictable."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,8 @@ class Parsed:
     cache_salt: str | None = None
     """vLLM's ``cache_salt``: folded into the first block's hash, so only requests with the same
     salt share cached blocks (the KV events carry it in ``extra_keys``, as vLLM's do)."""
+    lora: tuple[str, int] | None = None
+    """The LoRA adapter the request names (its name and vLLM's ``lora_int_id``); None: the base."""
     return_token_ids: bool = False
     """vLLM's ``return_token_ids``: streamed chunks carry ``token_ids`` (and the first one the
     ``prompt_token_ids``)."""
@@ -69,6 +71,7 @@ class Parsed:
                 stop=self.stop,
                 stop_token_ids=self.stop_token_ids,
                 cache_salt=self.cache_salt,
+                lora=self.lora,
             )
             for i, prompt in enumerate(self.prompts)
         ]
@@ -85,10 +88,15 @@ def _int(body: dict[str, Any], name: str, default: int | None, low: int) -> int 
     return value
 
 
-def check_model(body: dict[str, Any], served: str) -> None:
+def check_model(body: dict[str, Any], served: str, lora: Sequence[str] = ()) -> tuple[str, int] | None:
+    """The LoRA adapter ``body`` names (name, vLLM's 1-based ``lora_int_id``), None for the
+    served model; a 404 for any other name."""
     model = body.get("model")
-    if model is not None and model != served:
-        raise ApiError(f"The model `{model}` does not exist.", "model", 404)
+    if model is None or model == served:
+        return None
+    if isinstance(model, str) and model in lora:
+        return model, list(lora).index(model) + 1
+    raise ApiError(f"The model `{model}` does not exist.", "model", 404)
 
 
 def _prompts(body: dict[str, Any], tok: EngineTokenizer) -> list[list[int]]:
@@ -145,7 +153,7 @@ def _tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
 
 def parse(body: dict[str, Any], tok: EngineTokenizer, cfg: SimConfig, chat: bool) -> Parsed:
     """Validate ``body`` and tokenize its prompt(s); raises :class:`ApiError`."""
-    check_model(body, cfg.model)
+    lora = check_model(body, cfg.model, list(cfg.lora_modules))
     prompts = _messages(body, tok) if chat else _prompts(body, tok)
     longest = max(len(p) for p in prompts)
     param = "messages" if chat else "prompt"
@@ -199,6 +207,7 @@ def parse(body: dict[str, Any], tok: EngineTokenizer, cfg: SimConfig, chat: bool
         tool_call=_tool_call(body) if chat else None,
         prompt_logprobs=prompt_logprobs,
         cache_salt=_cache_salt(body),
+        lora=lora,
         return_token_ids=bool(body.get("return_token_ids")),
     )
 

@@ -62,6 +62,7 @@ class SimRequest:
         "hashes",
         "ignore_eos",
         "last_token_at",
+        "lora",
         "max_tokens",
         "min_tokens",
         "num_cached",
@@ -90,10 +91,13 @@ class SimRequest:
         stop: list[str] | None = None,
         stop_token_ids: list[int] | None = None,
         cache_salt: str | None = None,
+        lora: tuple[str, int] | None = None,
     ) -> None:
         self.request_id = request_id
         self.cache_salt = cache_salt
         """Folded into the first block's hash (vLLM's ``cache_salt``)."""
+        self.lora = lora
+        """The LoRA adapter (name, id) it runs with: its blocks are the adapter's own."""
         self.prompt = prompt
         self.max_tokens = max_tokens
         self.min_tokens = min_tokens

@@ -207,9 +207,10 @@ class SimServer:
             engine.add(r)
         created = int(time.time())
         rid_out = ("chatcmpl-" if chat else "cmpl-") + rid
+        model = parsed.lora[0] if parsed.lora is not None else self.cfg.model  # vLLM echoes the adapter
         try:
             if parsed.stream:
-                resp = await stream(request, reqs, parsed, rid_out, created, self.cfg.model, chat, wake)
+                resp = await stream(request, reqs, parsed, rid_out, created, model, chat, wake)
                 if all(r.done for r in reqs):
                     self.pd.finish(reqs)  # a streamed prefill leg (SGLang bootstrap) still hands its KV over
                 return resp
@@ -217,9 +218,9 @@ class SimServer:
                 await wake.wait()
                 wake.clear()
             if chat:
-                out = chat_body(rid_out, created, self.cfg.model, reqs[0], parsed.tool_call)
+                out = chat_body(rid_out, created, model, reqs[0], parsed.tool_call)
             else:
-                out = completion_body(rid_out, created, self.cfg.model, reqs)
+                out = completion_body(rid_out, created, model, reqs)
             if parsed.prompt_logprobs is not None:
                 self._prompt_logprobs(out, reqs, chat)
             out["kv_transfer_params"] = self.pd.finish(reqs)
@@ -252,7 +253,12 @@ class SimServer:
             "max_model_len": self.cfg.max_model_len,
             "permission": [],
         }
-        return json_response({"object": "list", "data": [card]})
+        # each LoRA adapter as vLLM lists it: its path as root, the served model as parent
+        lora = [
+            {**card, "id": name, "root": path, "parent": m, "max_model_len": None}
+            for name, path in self.cfg.lora_modules.items()
+        ]
+        return json_response({"object": "list", "data": [card, *lora]})
 
     async def tokenize(self, request: web.Request) -> web.Response:
         try:
@@ -299,6 +305,31 @@ class SimServer:
             running, waiting = sum(e.num_running for e in engines), sum(e.num_waiting for e in engines)
             text = self.engine.metrics.render(running, waiting, usage)
         return web.Response(text=text, content_type="text/plain")
+
+    async def load_lora(self, request: web.Request) -> web.Response:
+        """vLLM's ``/v1/load_lora_adapter`` (``lora_name``, ``lora_path``; the path is not read)."""
+        try:
+            body = await self._body(request)
+            name, path = body.get("lora_name"), body.get("lora_path")
+            if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+                raise ApiError("Both 'lora_name' and 'lora_path' must be provided.", "lora_name")
+            if name in self.cfg.lora_modules or name == self.cfg.model:
+                raise ApiError(f"The lora adapter '{name}' has already been loaded.", "lora_name")
+        except ApiError as err:
+            return api_error(err)
+        self.cfg.lora_modules[name] = path
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload_lora(self, request: web.Request) -> web.Response:
+        """vLLM's ``/v1/unload_lora_adapter`` (``lora_name``)."""
+        try:
+            name = (await self._body(request)).get("lora_name")
+            if not isinstance(name, str) or name not in self.cfg.lora_modules:
+                raise ApiError(f"The lora adapter '{name}' cannot be found.", "lora_name", 404)
+        except ApiError as err:
+            return api_error(err)
+        del self.cfg.lora_modules[name]
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         ok = all([e.reset_prefix_cache() for e in self.engines])
@@ -381,6 +412,9 @@ def create_app(cfg: SimConfig) -> web.Application:
     r.add_get("/version", sim.version)
     r.add_get("/metrics", sim.metrics)
     r.add_post("/reset_prefix_cache", sim.reset_prefix_cache)
+    if os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"):  # as vLLM
+        r.add_post("/v1/load_lora_adapter", sim.load_lora)
+        r.add_post("/v1/unload_lora_adapter", sim.unload_lora)
     r.add_get("/sim/info", sim.sim_info)
     r.add_get("/sim/cache", sim.sim_cache)
     return app

@@ -90,7 +90,10 @@ def sim_argv(port: int | None = None, **flags: Any) -> list[str]:
         if value is None or value is False:
             continue
         flag = "--" + name.replace("_", "-")
-        argv += [flag] if value is True else [flag, str(value)]
+        if isinstance(value, list | tuple):  # a flag of many values (--lora-modules a=x b=y)
+            argv += [flag, *map(str, value)]
+        else:
+            argv += [flag] if value is True else [flag, str(value)]
     return argv
 
 
