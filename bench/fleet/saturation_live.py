@@ -47,7 +47,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -67,7 +66,7 @@ from infera_sim.tokenizer import SimTokenizer
 from bench.fleet.saturation import SGLANG, Arrival, load_trace, pooled_bound, registry, run
 from bench.router.proxy_overhead import cpu_seconds, process
 from bench.traces import MOONCAKE_TRACE
-from infera_core.util.net import free_port
+from infera_core.util.net import free_port, stop_groups
 from infera_core.worker import KvEventsInfo, WorkerRecord
 
 MODEL = "m"
@@ -138,15 +137,7 @@ def sims(args: argparse.Namespace, logs: Path) -> Iterator[list[Sim]]:
                 time.sleep(0.1)
         yield out
     finally:
-        for proc, _ in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc, _ in started:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_groups([proc for proc, _ in started], grace=15)
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
