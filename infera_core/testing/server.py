@@ -25,7 +25,10 @@ from infera_core.server.core import RouterCore
 from infera_core.server.kv import KvComponent
 from infera_core.server.run import uvicorn_config
 from infera_core.server.settings import ServeSettings
+from infera_core.testing.fixtures import make_hooks
+from infera_core.testing.upstream import ScriptedUpstream
 from infera_core.util.net import free_port
+from infera_core.worker import WorkerRecord
 
 
 def settings_for(**overrides: Any) -> ServeSettings:
@@ -111,3 +114,19 @@ async def serving(
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(task, 10)
+
+
+@contextlib.asynccontextmanager
+async def serving_one_scripted(
+    reply: bytes,
+) -> AsyncIterator[tuple[ScriptedUpstream, RunningServer, httpx.AsyncClient]]:
+    """A router (default settings, no plugins) with one worker ``w0`` of ``fake-model``: a
+    :class:`ScriptedUpstream` answering every request with ``reply``; and a client of the router."""
+    async with (
+        ScriptedUpstream(lambda conn, req: reply) as engine,
+        serving(settings_for(), make_hooks()) as srv,
+        httpx.AsyncClient(base_url=srv.url) as client,
+    ):
+        srv.store.put(WorkerRecord(worker_id="w0", url=engine.url, model="fake-model", engine="fake"))
+        await srv.wait_workers(1)
+        yield engine, srv, client
