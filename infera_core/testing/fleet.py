@@ -28,6 +28,7 @@ import pytest
 
 from infera_core.discovery.view import FleetView
 from infera_core.testing.etcd import EtcdServer
+from infera_core.util import net
 
 DIST_NAME = "infera_standin_testplugin-0.0.0"
 
@@ -50,14 +51,7 @@ def stopped_with_sigint(proc: subprocess.Popen[str], within: float = 60.0) -> It
 def stop_process(proc: subprocess.Popen[str], sig: int = signal.SIGINT, within: float = 10.0) -> None:
     """Stop ``proc`` with ``sig`` (Ctrl-C by default) unless it has exited; killed when it has
     not exited ``within`` seconds later. For ``finally`` blocks: nothing is asserted."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(sig)
-    try:
-        proc.wait(within)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
+    net.stop_process(proc, grace=within, sig=sig)
 
 
 def standin_dist_dir(base: Path) -> Path:
