@@ -18,7 +18,7 @@ from infera_core.request import RequestContext
 from infera_core.testing.attack import big_prompt
 from infera_core.testing.tiny_tokenizer import make_tiny_model_dir
 from infera_core.tokenize.hf import HfTokenizer
-from infera_core.tokenize.prompt import ids_bytes
+from infera_core.tokenize.prompt import completion_prompt, ids_bytes
 from infera_core.tokenize.service import CUT_MARGIN, RoutingTokenizers
 from infera_core.tokenize.specs import parse_model_specs
 
@@ -147,3 +147,18 @@ def test_serve_and_up_take_the_bounds_as_flags_and_env(monkeypatch: pytest.Monke
     settings = UpSettings(workers=0, tokenize_max_chars=1000, routing_max_tokens=50)
     served = Stack(settings, make_hooks())._serve_settings()
     assert (served.tokenize_cache_mb, served.tokenize_max_chars, served.routing_max_tokens) == (8.0, 1000, 50)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "text"), [("hi", "hi"), (["first", "second"], "first"), ([], ""), (None, None), ([1, 2], None)]
+)
+def test_the_routing_and_engine_tokenizers_read_the_same_completion_prompt(
+    prompt: Any, text: str | None
+) -> None:
+    """Both tokenize the first prompt of a list; a body with no text prompt is refused alike."""
+    body = {"model": "m"} if prompt is None else {"model": "m", "prompt": prompt}
+    if text is None:
+        with pytest.raises(ValueError, match="no prompt or messages to tokenize"):
+            completion_prompt(body)
+    else:
+        assert completion_prompt(body) == text
