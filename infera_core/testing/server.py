@@ -88,6 +88,12 @@ class RunningServer:
         """Wait until the server's table holds ``n`` workers."""
         await until(lambda: len(self.core.table.by_id) == n, within)
 
+    async def add_workers(self, *records: WorkerRecord, within: float = 5.0) -> None:
+        """Put ``records`` in the memory fleet and wait until the server's table holds them."""
+        for record in records:
+            self.store.put(record)
+        await until(lambda: all(r.worker_id in self.core.table.by_id for r in records), within)
+
 
 @contextlib.asynccontextmanager
 async def serving(

@@ -25,6 +25,8 @@ from infera_core.worker import PdInfo, Role, WorkerRecord
 
 MODEL = "fake-model"
 ENGINES = {"vllm": "vllm-nixl", "sglang": "sglang-bootstrap", "atom": "atom-mooncake"}
+NIXL, SGLANG = PdInfo(protocol="vllm-nixl"), PdInfo(protocol="sglang-bootstrap")
+SGLANG_AT_9 = PdInfo(protocol="sglang-bootstrap", params={"bootstrap_host": "127.0.0.1", "bootstrap_port": 9})
 
 
 def rec(
@@ -181,9 +183,10 @@ async def ups() -> AsyncIterator[dict[str, FakeUpstream]]:
 async def test_mismatched_fleet_answers_503_then_mixed_worker_serves(ups: dict[str, FakeUpstream]) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
     async with serving(settings_for(), make_hooks()) as srv, httpx.AsyncClient(base_url=srv.url) as c:
-        srv.store.put(fake(ups["p"], engine="vllm", role="prefill", pd=PdInfo(protocol="vllm-nixl")))
-        srv.store.put(fake(ups["d"], engine="sglang", role="decode", pd=PdInfo(protocol="sglang-bootstrap")))
-        await srv.wait_workers(2)
+        await srv.add_workers(
+            fake(ups["p"], engine="vllm", role="prefill", pd=NIXL),
+            fake(ups["d"], engine="sglang", role="decode", pd=SGLANG),
+        )
         r = await c.post("/v1/chat/completions", json=body)
         assert r.status_code == 503
         err = r.json()["error"]
@@ -191,8 +194,7 @@ async def test_mismatched_fleet_answers_503_then_mixed_worker_serves(ups: dict[s
             err["code"] == "no_pd_pair" and "prefill p runs vllm but decode d runs sglang" in err["message"]
         )
         assert ups["p"].requests == 0 and ups["d"].requests == 0
-        srv.store.put(record_for(ups["m"]))
-        await srv.wait_workers(3)
+        await srv.add_workers(record_for(ups["m"]))
         r = await c.post("/v1/chat/completions", json=body)
         assert r.status_code == 200 and r.json()["worker"] == "m"
         assert ups["p"].requests == 0 and ups["d"].requests == 0
@@ -203,10 +205,11 @@ async def test_router_config_file_forces_mixed(ups: dict[str, FakeUpstream], tmp
     cfg.write_text(f"preset: round-robin\npd:\n  models:\n    {MODEL}: {{mode: mixed}}\n")
     body = {"model": MODEL, "prompt": "hi"}
     async with serving(settings_for(router_config=cfg), make_hooks()) as srv:
-        srv.store.put(fake(ups["p"], engine="sglang", role="prefill", pd=PdInfo(protocol="sglang-bootstrap")))
-        srv.store.put(fake(ups["d"], engine="sglang", role="decode", pd=PdInfo(protocol="sglang-bootstrap")))
-        srv.store.put(record_for(ups["m"]))
-        await srv.wait_workers(3)
+        await srv.add_workers(
+            fake(ups["p"], engine="sglang", role="prefill", pd=SGLANG),
+            fake(ups["d"], engine="sglang", role="decode", pd=SGLANG),
+            record_for(ups["m"]),
+        )
         async with httpx.AsyncClient(base_url=srv.url) as c:
             r = await c.post("/v1/completions", json=body)
         assert r.status_code == 200 and r.json()["worker"] == "m"
@@ -215,11 +218,11 @@ async def test_router_config_file_forces_mixed(ups: dict[str, FakeUpstream], tmp
 
 async def test_sglang_bootstrap_room_steers_the_dp_rank(ups: dict[str, FakeUpstream]) -> None:
     body = {"model": MODEL, "prompt": "hi"}
-    pd = PdInfo(protocol="sglang-bootstrap", params={"bootstrap_host": "127.0.0.1", "bootstrap_port": 9})
     async with serving(settings_for(), make_hooks()) as srv, httpx.AsyncClient(base_url=srv.url) as c:
-        srv.store.put(fake(ups["p"], engine="sglang", role="prefill", pd=pd, dp_size=4))
-        srv.store.put(fake(ups["d"], engine="sglang", role="decode", pd=PdInfo(protocol="sglang-bootstrap")))
-        await srv.wait_workers(2)
+        await srv.add_workers(
+            fake(ups["p"], engine="sglang", role="prefill", pd=SGLANG_AT_9, dp_size=4),
+            fake(ups["d"], engine="sglang", role="decode", pd=SGLANG),
+        )
         rooms = []
         for _ in range(4):
             r = await c.post("/v1/completions", json=body)
@@ -232,12 +235,12 @@ async def test_sglang_bootstrap_room_steers_the_dp_rank(ups: dict[str, FakeUpstr
 
 
 async def test_anthropic_messages_go_through_a_pair(ups: dict[str, FakeUpstream]) -> None:
-    pd = PdInfo(protocol="sglang-bootstrap", params={"bootstrap_host": "127.0.0.1", "bootstrap_port": 9})
     body = {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
     async with serving(settings_for(), make_hooks()) as srv, httpx.AsyncClient(base_url=srv.url) as c:
-        srv.store.put(fake(ups["p"], engine="sglang", role="prefill", pd=pd))
-        srv.store.put(fake(ups["d"], engine="sglang", role="decode", pd=PdInfo(protocol="sglang-bootstrap")))
-        await srv.wait_workers(2)
+        await srv.add_workers(
+            fake(ups["p"], engine="sglang", role="prefill", pd=SGLANG_AT_9),
+            fake(ups["d"], engine="sglang", role="decode", pd=SGLANG),
+        )
         r = await c.post("/v1/messages", json=body)
         assert r.status_code == 200, r.text
         assert r.json()["type"] == "message"
@@ -249,9 +252,10 @@ async def test_anthropic_messages_go_through_a_pair(ups: dict[str, FakeUpstream]
 async def test_serial_prefill_without_transfer_params_is_a_clear_502(ups: dict[str, FakeUpstream]) -> None:
     body = {"model": MODEL, "prompt": "hi"}
     async with serving(settings_for(), make_hooks()) as srv, httpx.AsyncClient(base_url=srv.url) as c:
-        srv.store.put(fake(ups["p"], engine="vllm", role="prefill", pd=PdInfo(protocol="vllm-nixl")))
-        srv.store.put(fake(ups["d"], engine="vllm", role="decode", pd=PdInfo(protocol="vllm-nixl")))
-        await srv.wait_workers(2)
+        await srv.add_workers(
+            fake(ups["p"], engine="vllm", role="prefill", pd=NIXL),
+            fake(ups["d"], engine="vllm", role="decode", pd=NIXL),
+        )
         r = await c.post("/v1/completions", json=body)
         assert r.status_code == 502
         assert "returned no kv_transfer_params" in r.json()["error"]["message"]
