@@ -123,16 +123,26 @@ async def serving(
 
 
 @contextlib.asynccontextmanager
+async def serving_fleet(
+    *records: WorkerRecord, settings: ServeSettings | None = None
+) -> AsyncIterator[tuple[RunningServer, httpx.AsyncClient]]:
+    """A router (``settings``, default ones if None; the installed plugins) serving ``records``
+    once they are all in its table; and a client of the router."""
+    async with (
+        serving(settings or settings_for(), make_hooks()) as srv,
+        httpx.AsyncClient(base_url=srv.url) as client,
+    ):
+        await srv.add_workers(*records)
+        yield srv, client
+
+
+@contextlib.asynccontextmanager
 async def serving_one_scripted(
     reply: bytes,
 ) -> AsyncIterator[tuple[ScriptedUpstream, RunningServer, httpx.AsyncClient]]:
     """A router (default settings, no plugins) with one worker ``w0`` of ``fake-model``: a
     :class:`ScriptedUpstream` answering every request with ``reply``; and a client of the router."""
-    async with (
-        ScriptedUpstream(lambda conn, req: reply) as engine,
-        serving(settings_for(), make_hooks()) as srv,
-        httpx.AsyncClient(base_url=srv.url) as client,
-    ):
-        srv.store.put(WorkerRecord(worker_id="w0", url=engine.url, model="fake-model", engine="fake"))
-        await srv.wait_workers(1)
-        yield engine, srv, client
+    async with ScriptedUpstream(lambda conn, req: reply) as engine:
+        w0 = WorkerRecord(worker_id="w0", url=engine.url, model="fake-model", engine="fake")
+        async with serving_fleet(w0) as (srv, client):
+            yield engine, srv, client

@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from infera_core.engines.pd import check_pair
@@ -19,7 +18,7 @@ from infera_core.scheduling.scheduler import NoWorkerError
 from infera_core.scheduling.types import SchedulerDeps
 from infera_core.server.fleet import EndpointTable
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import serving, settings_for
+from infera_core.testing.server import serving_fleet, settings_for
 from infera_core.testing.upstream import FakeUpstream, record_for
 from infera_core.worker import PdInfo, Role, WorkerRecord
 
@@ -182,11 +181,10 @@ async def ups() -> AsyncIterator[dict[str, FakeUpstream]]:
 
 async def test_mismatched_fleet_answers_503_then_mixed_worker_serves(ups: dict[str, FakeUpstream]) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
-    async with serving(settings_for(), make_hooks()) as srv, httpx.AsyncClient(base_url=srv.url) as c:
-        await srv.add_workers(
-            fake(ups["p"], engine="vllm", role="prefill", pd=NIXL),
-            fake(ups["d"], engine="sglang", role="decode", pd=SGLANG),
-        )
+    async with serving_fleet(
+        fake(ups["p"], engine="vllm", role="prefill", pd=NIXL),
+        fake(ups["d"], engine="sglang", role="decode", pd=SGLANG),
+    ) as (srv, c):
         r = await c.post("/v1/chat/completions", json=body)
         assert r.status_code == 503
         err = r.json()["error"]
@@ -204,25 +202,20 @@ async def test_router_config_file_forces_mixed(ups: dict[str, FakeUpstream], tmp
     cfg = tmp_path / "router.yaml"
     cfg.write_text(f"preset: round-robin\npd:\n  models:\n    {MODEL}: {{mode: mixed}}\n")
     body = {"model": MODEL, "prompt": "hi"}
-    async with serving(settings_for(router_config=cfg), make_hooks()) as srv:
-        await srv.add_workers(
-            fake(ups["p"], engine="sglang", role="prefill", pd=SGLANG),
-            fake(ups["d"], engine="sglang", role="decode", pd=SGLANG),
-            record_for(ups["m"]),
-        )
-        async with httpx.AsyncClient(base_url=srv.url) as c:
-            r = await c.post("/v1/completions", json=body)
+    p = fake(ups["p"], engine="sglang", role="prefill", pd=SGLANG)
+    d = fake(ups["d"], engine="sglang", role="decode", pd=SGLANG)
+    async with serving_fleet(p, d, record_for(ups["m"]), settings=settings_for(router_config=cfg)) as (_, c):
+        r = await c.post("/v1/completions", json=body)
         assert r.status_code == 200 and r.json()["worker"] == "m"
         assert ups["p"].requests == 0
 
 
 async def test_sglang_bootstrap_room_steers_the_dp_rank(ups: dict[str, FakeUpstream]) -> None:
     body = {"model": MODEL, "prompt": "hi"}
-    async with serving(settings_for(), make_hooks()) as srv, httpx.AsyncClient(base_url=srv.url) as c:
-        await srv.add_workers(
-            fake(ups["p"], engine="sglang", role="prefill", pd=SGLANG_AT_9, dp_size=4),
-            fake(ups["d"], engine="sglang", role="decode", pd=SGLANG),
-        )
+    async with serving_fleet(
+        fake(ups["p"], engine="sglang", role="prefill", pd=SGLANG_AT_9, dp_size=4),
+        fake(ups["d"], engine="sglang", role="decode", pd=SGLANG),
+    ) as (_, c):
         rooms = []
         for _ in range(4):
             r = await c.post("/v1/completions", json=body)
@@ -236,11 +229,10 @@ async def test_sglang_bootstrap_room_steers_the_dp_rank(ups: dict[str, FakeUpstr
 
 async def test_anthropic_messages_go_through_a_pair(ups: dict[str, FakeUpstream]) -> None:
     body = {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
-    async with serving(settings_for(), make_hooks()) as srv, httpx.AsyncClient(base_url=srv.url) as c:
-        await srv.add_workers(
-            fake(ups["p"], engine="sglang", role="prefill", pd=SGLANG_AT_9),
-            fake(ups["d"], engine="sglang", role="decode", pd=SGLANG),
-        )
+    async with serving_fleet(
+        fake(ups["p"], engine="sglang", role="prefill", pd=SGLANG_AT_9),
+        fake(ups["d"], engine="sglang", role="decode", pd=SGLANG),
+    ) as (_, c):
         r = await c.post("/v1/messages", json=body)
         assert r.status_code == 200, r.text
         assert r.json()["type"] == "message"
@@ -251,11 +243,10 @@ async def test_anthropic_messages_go_through_a_pair(ups: dict[str, FakeUpstream]
 
 async def test_serial_prefill_without_transfer_params_is_a_clear_502(ups: dict[str, FakeUpstream]) -> None:
     body = {"model": MODEL, "prompt": "hi"}
-    async with serving(settings_for(), make_hooks()) as srv, httpx.AsyncClient(base_url=srv.url) as c:
-        await srv.add_workers(
-            fake(ups["p"], engine="vllm", role="prefill", pd=NIXL),
-            fake(ups["d"], engine="vllm", role="decode", pd=NIXL),
-        )
+    async with serving_fleet(
+        fake(ups["p"], engine="vllm", role="prefill", pd=NIXL),
+        fake(ups["d"], engine="vllm", role="decode", pd=NIXL),
+    ) as (_, c):
         r = await c.post("/v1/completions", json=body)
         assert r.status_code == 502
         assert "returned no kv_transfer_params" in r.json()["error"]["message"]
