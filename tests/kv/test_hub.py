@@ -65,6 +65,20 @@ async def _complete(client: httpx.AsyncClient, url: str, text: str) -> None:
     assert r.status_code == 200, r.text
 
 
+def _bare(
+    worker_id: str,
+    port: int = 9,
+    fmt: str = "vllm",
+    engine: str = "vllm",
+    block_size: int = BS,
+    dp_size: int = 1,
+) -> WorkerRecord:
+    """A worker whose engine is not there (port 9): only its KV events (``fmt`` on ``port``) matter."""
+    kv = KvEventsInfo(endpoint=f"tcp://127.0.0.1:{port}", format=fmt, block_size=block_size)
+    url = "http://127.0.0.1:9"
+    return WorkerRecord(worker_id=worker_id, url=url, model="m", engine=engine, dp_size=dp_size, kv_events=kv)
+
+
 def _hub(settings: KvSettings | None = None) -> tuple[KvHub, CollectorRegistry]:
     registry = CollectorRegistry()
     return KvHub(InferaHooks.load().catalog(), registry, settings), registry
@@ -153,14 +167,10 @@ async def test_gap_older_than_the_replay_buffer_clears_the_view_and_marks_it_sta
 
 
 async def test_silent_worker_is_reported() -> None:
-    record = WorkerRecord(
-        worker_id="mute",
-        url="http://127.0.0.1:9",
-        model="m",
-        engine="vllm",
-        kv_events=KvEventsInfo(endpoint="tcp://127.0.0.1:9", format="vllm", block_size=32),
-    )
-    async with _following(record, settings=KvSettings(kv_silence_s=0.05)) as (hub, registry):
+    async with _following(_bare("mute", block_size=32), settings=KvSettings(kv_silence_s=0.05)) as (
+        hub,
+        registry,
+    ):
         await asyncio.sleep(0.2)
         assert hub.silent_workers() == []  # idle: publishing nothing is fine
         hub.index.routed_at["mute"] = time.time()  # a request went there
@@ -170,14 +180,7 @@ async def test_silent_worker_is_reported() -> None:
 
 
 async def test_unknown_decoder_format_is_logged_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
-    odd = WorkerRecord(
-        worker_id="odd",
-        url="http://127.0.0.1:9",
-        model="m",
-        engine="x",
-        kv_events=KvEventsInfo(endpoint="tcp://127.0.0.1:9", format="nope", block_size=16),
-    )
-    async with _following(odd) as (hub, _):
+    async with _following(_bare("odd", fmt="nope", engine="x")) as (hub, _):
         assert "unknown KV event decoder 'nope'" in caplog.text
         assert hub.cache_view("odd")["publishers"] == []
 
@@ -239,14 +242,7 @@ async def _raw_publisher(
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)
     pub.bind(f"tcp://127.0.0.1:{port}")
-    record = WorkerRecord(
-        worker_id=worker_id,
-        url="http://127.0.0.1:9",
-        model="m",
-        engine="vllm",
-        dp_size=dp_size,
-        kv_events=KvEventsInfo(endpoint=f"tcp://127.0.0.1:{port}", format="vllm", block_size=BS),
-    )
+    record = _bare(worker_id, port=port, dp_size=dp_size)
 
     def send(frames: list[bytes]) -> None:
         for seq, payload in enumerate(frames):
