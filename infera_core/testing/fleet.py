@@ -28,9 +28,8 @@ import pytest
 
 from infera_core.discovery.view import FleetView
 from infera_core.testing.etcd import EtcdServer
+from infera_core.testing.plugins import write_distribution
 from infera_core.util import net
-
-DIST_NAME = "infera_standin_testplugin-0.0.0"
 
 
 @contextmanager
@@ -56,11 +55,8 @@ def stop_process(proc: subprocess.Popen[str], sig: int = signal.SIGINT, within: 
 
 def standin_dist_dir(base: Path) -> Path:
     """Create ``base/<dist>.dist-info`` registering the ``standin`` plugin; returns ``base``."""
-    info = base / f"{DIST_NAME}.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: infera-standin-testplugin\nVersion: 0.0.0\n")
-    (info / "entry_points.txt").write_text("[infera]\nstandin = infera_core.testing.standin_plugin\n")
-    return base
+    entry_points = {"standin": "infera_core.testing.standin_plugin"}
+    return write_distribution(base, "infera-standin-testplugin", "0.0.0", entry_points)
 
 
 def standin_environ(dist_dir: Path, **extra: str) -> dict[str, str]:
@@ -180,26 +176,29 @@ class CliResult:
     stderr: str
 
 
-@pytest.fixture
-def infera_cli(
-    standin_pythonpath: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def in_process_cli(
+    site: Path, plugins: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> Callable[..., CliResult]:
-    """``infera_cli("workers", "--json")`` runs ``infera-run`` in this process (fast) with the
-    ``standin`` engine installed and no inherited ``INFERA_*`` settings; ``env=`` adds some."""
+    """A runner of ``infera-run`` in this process (fast) with the distributions in ``site``
+    importable, only ``plugins`` (``INFERA_LOAD_PLUGINS``) loaded and no inherited ``INFERA_*``
+    settings: ``run(*args, env=None, entry=None)``, ``env`` adding variables for that run and
+    ``entry`` another ``main(argv)`` (a flat ``python -m infera.engine.<name>``'s)."""
     from infera_core.cli import main
 
-    monkeypatch.syspath_prepend(str(standin_pythonpath))
+    monkeypatch.syspath_prepend(str(site))
     for key in [k for k in os.environ if k.startswith("INFERA_")]:
         monkeypatch.delenv(key)
-    monkeypatch.setenv("INFERA_LOAD_PLUGINS", "standin")
+    monkeypatch.setenv("INFERA_LOAD_PLUGINS", plugins)
 
-    def run(*args: str, env: dict[str, str] | None = None) -> CliResult:
+    def run(
+        *args: str, env: dict[str, str] | None = None, entry: Callable[[list[str]], None] | None = None
+    ) -> CliResult:
         with monkeypatch.context() as patch:
             for key, value in (env or {}).items():
                 patch.setenv(key, value)
             capsys.readouterr()
             try:
-                main(list(args))
+                (entry or main)(list(args))
                 code = 0
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -207,6 +206,15 @@ def infera_cli(
         return CliResult(code, out.out, out.err)
 
     return run
+
+
+@pytest.fixture
+def infera_cli(
+    standin_pythonpath: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., CliResult]:
+    """``infera_cli("workers", "--json")`` runs ``infera-run`` in this process (fast) with the
+    ``standin`` engine installed and no inherited ``INFERA_*`` settings; ``env=`` adds some."""
+    return in_process_cli(standin_pythonpath, "standin", monkeypatch, capsys)
 
 
 @pytest.fixture
