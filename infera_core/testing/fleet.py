@@ -4,6 +4,7 @@
   is :mod:`infera_core.testing.standin_plugin`; put it on ``PYTHONPATH`` and every
   ``infera-run`` subprocess has the ``standin`` engine.
 * :func:`stop_process` — stop a subprocess with a signal, killing it if it lingers.
+* :func:`read_until` — a subprocess's output up to the line a pattern matches (``up``'s ready line).
 * :class:`LauncherProcess` — ``python -m infera_core worker …`` as a subprocess, its output
   collected, with ``signal``/``wait``/``output``.
 * fixtures: ``standin_env`` (environment for such subprocesses) and ``launch_worker``
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,6 +53,23 @@ def stop_process(proc: subprocess.Popen[str], sig: int = signal.SIGINT, within: 
     """Stop ``proc`` with ``sig`` (Ctrl-C by default) unless it has exited; killed when it has
     not exited ``within`` seconds later. For ``finally`` blocks: nothing is asserted."""
     net.stop_process(proc, grace=within, sig=sig)
+
+
+def read_until(proc: subprocess.Popen[str], pattern: re.Pattern[str], within: float) -> re.Match[str]:
+    """Read ``proc``'s stdout (text) up to the first line matching ``pattern`` and return the
+    match; AssertionError with the last lines read at EOF or after ``within`` seconds (checked
+    between lines: a silent process is bounded by the test's timeout)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + within
+    lines: list[str] = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if found := pattern.search(line):
+            return found
+    raise AssertionError(f"no line matching {pattern.pattern!r} in the output:\n" + "".join(lines[-60:]))
 
 
 def standin_dist_dir(base: Path) -> Path:

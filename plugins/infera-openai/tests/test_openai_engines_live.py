@@ -23,7 +23,7 @@ from infera_core.engines.base import LaunchContext, RunningEngine
 from infera_core.testing.contracts import EngineAdapterContract, sample_launch_context
 from infera_core.testing.engine_contract import StandinEndpoints, closed_port
 from infera_core.testing.engine_env import clean_environ
-from infera_core.testing.fleet import stopped_with_sigint
+from infera_core.testing.fleet import read_until, stopped_with_sigint
 
 # -- readiness and in-flight over real HTTP ------------------------------------------------
 
@@ -263,16 +263,7 @@ def test_up_runs_any_openai_server_from_its_command() -> None:
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_environ()
     )
     with stopped_with_sigint(proc):
-        assert proc.stdout is not None
-        lines: list[str] = []
-        found = None
-        while found is None:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            found = READY_LINE.search(line)
-        assert found is not None, "up never printed its ready line:\n" + "".join(lines[-40:])
+        found = read_until(proc, READY_LINE, 180)
         url, workers, policy = found.group(1), found.group(2), found.group(3)
         assert (workers, policy) == ("2", "approximate-prefix")
         reply = httpx.post(
