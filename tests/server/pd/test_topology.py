@@ -169,6 +169,17 @@ def fake(up: FakeUpstream, **fields: Any) -> WorkerRecord:
     return WorkerRecord.model_validate({**record.model_dump(), **fields})
 
 
+def pd_pair(
+    ups: dict[str, FakeUpstream],
+    prefill: tuple[str, PdInfo],
+    decode: tuple[str, PdInfo],
+    **prefill_fields: Any,
+) -> tuple[WorkerRecord, WorkerRecord]:
+    """Upstream ``p`` as a prefill worker and ``d`` as a decode worker, each an (engine, PdInfo)."""
+    p = fake(ups["p"], engine=prefill[0], role="prefill", pd=prefill[1], **prefill_fields)
+    return p, fake(ups["d"], engine=decode[0], role="decode", pd=decode[1])
+
+
 @pytest.fixture
 async def ups() -> AsyncIterator[dict[str, FakeUpstream]]:
     out = {name: FakeUpstream(name) for name in ("p", "d", "m")}
@@ -181,10 +192,7 @@ async def ups() -> AsyncIterator[dict[str, FakeUpstream]]:
 
 async def test_mismatched_fleet_answers_503_then_mixed_worker_serves(ups: dict[str, FakeUpstream]) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
-    async with serving_fleet(
-        fake(ups["p"], engine="vllm", role="prefill", pd=NIXL),
-        fake(ups["d"], engine="sglang", role="decode", pd=SGLANG),
-    ) as (srv, c):
+    async with serving_fleet(*pd_pair(ups, ("vllm", NIXL), ("sglang", SGLANG))) as (srv, c):
         r = await c.post("/v1/chat/completions", json=body)
         assert r.status_code == 503
         err = r.json()["error"]
@@ -202,8 +210,7 @@ async def test_router_config_file_forces_mixed(ups: dict[str, FakeUpstream], tmp
     cfg = tmp_path / "router.yaml"
     cfg.write_text(f"preset: round-robin\npd:\n  models:\n    {MODEL}: {{mode: mixed}}\n")
     body = {"model": MODEL, "prompt": "hi"}
-    p = fake(ups["p"], engine="sglang", role="prefill", pd=SGLANG)
-    d = fake(ups["d"], engine="sglang", role="decode", pd=SGLANG)
+    p, d = pd_pair(ups, ("sglang", SGLANG), ("sglang", SGLANG))
     async with serving_fleet(p, d, record_for(ups["m"]), settings=settings_for(router_config=cfg)) as (_, c):
         r = await c.post("/v1/completions", json=body)
         assert r.status_code == 200 and r.json()["worker"] == "m"
@@ -212,10 +219,7 @@ async def test_router_config_file_forces_mixed(ups: dict[str, FakeUpstream], tmp
 
 async def test_sglang_bootstrap_room_steers_the_dp_rank(ups: dict[str, FakeUpstream]) -> None:
     body = {"model": MODEL, "prompt": "hi"}
-    async with serving_fleet(
-        fake(ups["p"], engine="sglang", role="prefill", pd=SGLANG_AT_9, dp_size=4),
-        fake(ups["d"], engine="sglang", role="decode", pd=SGLANG),
-    ) as (_, c):
+    async with serving_fleet(*pd_pair(ups, ("sglang", SGLANG_AT_9), ("sglang", SGLANG), dp_size=4)) as (_, c):
         rooms = []
         for _ in range(4):
             r = await c.post("/v1/completions", json=body)
@@ -229,10 +233,7 @@ async def test_sglang_bootstrap_room_steers_the_dp_rank(ups: dict[str, FakeUpstr
 
 async def test_anthropic_messages_go_through_a_pair(ups: dict[str, FakeUpstream]) -> None:
     body = {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
-    async with serving_fleet(
-        fake(ups["p"], engine="sglang", role="prefill", pd=SGLANG_AT_9),
-        fake(ups["d"], engine="sglang", role="decode", pd=SGLANG),
-    ) as (_, c):
+    async with serving_fleet(*pd_pair(ups, ("sglang", SGLANG_AT_9), ("sglang", SGLANG))) as (_, c):
         r = await c.post("/v1/messages", json=body)
         assert r.status_code == 200, r.text
         assert r.json()["type"] == "message"
@@ -243,10 +244,7 @@ async def test_anthropic_messages_go_through_a_pair(ups: dict[str, FakeUpstream]
 
 async def test_serial_prefill_without_transfer_params_is_a_clear_502(ups: dict[str, FakeUpstream]) -> None:
     body = {"model": MODEL, "prompt": "hi"}
-    async with serving_fleet(
-        fake(ups["p"], engine="vllm", role="prefill", pd=NIXL),
-        fake(ups["d"], engine="vllm", role="decode", pd=NIXL),
-    ) as (_, c):
+    async with serving_fleet(*pd_pair(ups, ("vllm", NIXL), ("vllm", NIXL))) as (_, c):
         r = await c.post("/v1/completions", json=body)
         assert r.status_code == 502
         assert "returned no kv_transfer_params" in r.json()["error"]["message"]
