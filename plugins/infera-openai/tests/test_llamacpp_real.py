@@ -22,14 +22,14 @@ from infera_openai.llamacpp import LlamaCppAdapter
 from infera_core.engines.base import RunningEngine
 from infera_core.testing.contracts import sample_launch_context
 from infera_core.testing.engine_env import clean_environ
-from infera_core.testing.fleet import read_until, stop_process
+from infera_core.testing.fleet import stop_process
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
 VENV = REPO / ".venv-llamacpp"
 MODEL = VENV / "tiny" / "tiny.gguf"
-READY = re.compile(r"Infera ready: (http://127\.0\.0\.1:\d+/v1)\s+\((\d+) llamacpp workers, policy ([^;)\s]+)[;)]")
+READY = re.compile(r"Infera ready: (http://127\.0\.0\.1:\d+/v1)\s+\((\d+) llamacpp workers, policy (\S+)\)")
 START_TIMEOUT = 180.0
 """llama-server loads the tiny model in well under a second; the rest is Python start-up on a busy machine."""
 
@@ -88,8 +88,18 @@ def up_llamacpp() -> Iterator[tuple[subprocess.Popen[str], str, str]]:
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_environ()
     )
+    lines: list[str] = []
     try:
-        found = read_until(proc, READY, START_TIMEOUT + 30)
+        assert proc.stdout is not None
+        deadline = time.monotonic() + START_TIMEOUT + 30
+        found = None
+        while found is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            found = READY.search(line)
+        assert found is not None, "up never printed its ready line:\n" + "".join(lines[-60:])
         assert found.group(2) == "2"
         yield proc, found.group(1), found.group(3)
     finally:
