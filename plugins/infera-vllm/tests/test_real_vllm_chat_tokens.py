@@ -29,7 +29,7 @@ from infera_core.testing.chat_corpus import MESSAGES, chat_corpus
 from infera_core.testing.tiny_chat import write_templates
 from infera_core.tokenize.service import RoutingTokenizers
 from infera_core.tokenize.specs import parse_model_specs
-from infera_core.util.net import free_port, stop_process
+from infera_core.util.net import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "additional_chat_templates")
@@ -72,7 +72,12 @@ def vllm_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
             time.sleep(0.5)
         yield url
     finally:
-        stop_process(proc, grace=30)
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _engine_ids(url: str, body: dict[str, Any]) -> list[int]:
