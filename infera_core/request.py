@@ -18,10 +18,13 @@ class RequestContext:
 
     __slots__ = (
         "_block_hashes",
+        "access",
         "body",
         "budget",
         "client_request_id",
+        "explain",
         "headers",
+        "kv_root",
         "model",
         "principal",
         "request_id",
@@ -30,6 +33,7 @@ class RequestContext:
         "session_key",
         "token_ids",
         "tokenize_failed",
+        "trace",
     )
 
     def __init__(
@@ -58,6 +62,16 @@ class RequestContext:
         """Who sent it (the server's API-key principal), None without ``--api-key-file``."""
         self.budget: Any = None
         """The server's reservation of the principal's tokens for this request (its ``Charge``)."""
+        self.kv_root: int | None = None
+        """The root its block hashes chain from when the engine hashes more than its tokens (its
+        ``cache_salt``, a LoRA adapter: ``infera_core.kv.hashing.namespace_root``); None: the base."""
+        self.explain: Any = None
+        """A :class:`~infera_core.scheduling.explain.Decision` the scheduler records its decision
+        in, when an explanation was asked for (``X-Infera-Explain``) or sampled; None: nothing kept."""
+        self.access: Any = None
+        """The server's access-log record of this request (``--access-log``), None when not logged."""
+        self.trace: Any = None
+        """The request's OpenTelemetry spans (``--otlp-traces-endpoint``), None when tracing is off."""
 
     @property
     def log_id(self) -> str:
@@ -66,12 +80,16 @@ class RequestContext:
             return self.request_id
         return f"{self.request_id} (client id {self.client_request_id[:128]!r})"
 
-    def cached_block_hashes(
-        self, block_size: int, compute: Callable[[list[int], int], list[int]]
-    ) -> list[int]:
-        """Block hashes of ``token_ids`` at ``block_size``, computed once per size."""
+    def cached_block_hashes(self, block_size: int, compute: Callable[..., list[int]]) -> list[int]:
+        """Block hashes of ``token_ids`` at ``block_size``, computed once per size:
+        ``compute(token_ids, block_size)``, or with ``kv_root`` as a third argument when set."""
         hashes = self._block_hashes.get(block_size)
         if hashes is None:
-            hashes = compute(self.token_ids or [], block_size) if self.token_ids else []
+            if not self.token_ids:
+                hashes = []
+            elif self.kv_root is None:
+                hashes = compute(self.token_ids, block_size)
+            else:
+                hashes = compute(self.token_ids, block_size, self.kv_root)
             self._block_hashes[block_size] = hashes
         return hashes

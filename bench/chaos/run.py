@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.chaos import clients, faults, prompts  # noqa: F401 - registers their scenarios
+from bench.chaos import clients, faults, nats_plane, prompts, streams  # noqa: F401 - registers their scenarios
 from bench.chaos.stack import SCENARIOS, ChaosStack, Row, codes_text
 
 OK_BURST = 8

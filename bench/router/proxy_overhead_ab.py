@@ -8,7 +8,7 @@ the fake upstreams once and three routers next to each other:
   a change, with its own ``.venv``), no API keys;
 * ``off`` — this tree, no API keys;
 * ``on`` — this tree with ``--api-key-file`` (one key, budgets that never bite) and the
-  key sent with every request;
+  key sent with every request, or with ``--on-args`` instead (e.g. tracing on);
 
 each as one server process (``--processes 1`` where the tree has it), then runs
 ``--rounds`` rounds; each round measures every router (order rotated per
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import statistics
 import subprocess
 import sys
@@ -61,6 +62,10 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--router-nice", type=int, default=0, help="run every router under `nice -n N`")
     ap.add_argument("--base-keys", action="store_true", help="base with --api-key-file and the key too")
+    ap.add_argument(
+        "--on-args",
+        help="serve flags of 'on' instead of the API key, e.g. '--otlp-traces-endpoint http://127.0.0.1:4318'",
+    )
     args = ap.parse_args()
     base_run = args.baseline_venv / "bin" / "infera-run"
     if not base_run.exists():
@@ -86,9 +91,9 @@ def main() -> None:
         variants = {
             "base": (base_run, keys if args.base_keys else []),
             "off": (here_run, []),
-            "on": (here_run, keys),
+            "on": (here_run, shlex.split(args.on_args) if args.on_args else keys),
         }
-        keyed = {"base", "on"} if args.base_keys else {"on"}
+        keyed = ({"base"} if args.base_keys else set()) | (set() if args.on_args else {"on"})
         routers: dict[str, tuple[str, int]] = {}
         for name, (exe, extra) in variants.items():
             port = free_port()

@@ -23,6 +23,7 @@ from infera_core.kv.hub import KvHub
 from infera_core.kv.index import KvIndex
 from infera_core.kv.settings import KvSettings
 from infera_core.request import RequestContext
+from infera_core.tokenize.base import Tokenizer
 from infera_core.tokenize.cards import ModelCards
 from infera_core.tokenize.service import RoutingTokenizers
 from infera_core.tokenize.specs import parse_model_specs
@@ -123,6 +124,10 @@ class KvRouting:
     def tokenizer_missing(self, model: str) -> str | None:
         """Why ``model`` has no routing tokenizer (None: it has one)."""
         return self.tokens.missing(model)
+
+    def tokenizer(self, model: str) -> Tokenizer | None:
+        """``model``'s routing tokenizer (configured or from its model card), None without one."""
+        return self.tokens.tokenizer_for(model, quiet=True)
 
     def worker_fields(self, worker_id: str) -> dict[str, Any]:
         """Extra ``/v1/workers`` fields for one worker."""

@@ -12,8 +12,13 @@ For the index, :meth:`MsgpackEventDecoder.decode_raw` leaves each stored block's
 them natively; :func:`tokens_from_packed` is the tolerant way back to a list.
 
 Anything the fast path rejects goes through a tolerant slow path that also
-normalizes signed int64 hashes to u64, takes the first id of EAGLE bigram token
-pairs, and ignores extra fields (``cache_salt``, ``session_id``, ``lora_name``…).
+normalizes signed int64 hashes to u64 and takes the first id of EAGLE bigram token
+pairs. Both keep the fields that change what a block hash means: ``lora_name``,
+``extra_keys`` (vLLM: per block, the LoRA name, ``(mm hash, offset)`` pairs, the
+``cache_salt``, prompt-embedding digests), SGLang's ``cache_salt`` — as its
+``BlockStoredWithMetadata``'s ``metadata`` map (map layout, or the array's 8th item in
+SGLang releases before the positional tail, its 15th after), or as a flat field — and
+ignore the rest (``session_id``, ``locality``…).
 """
 
 from __future__ import annotations
@@ -80,6 +85,14 @@ def _opt_str(v: Any) -> str | None:
     return v if isinstance(v, str) else None
 
 
+def _opt_list(v: Any) -> list[Any] | None:
+    return v if isinstance(v, list) else None
+
+
+def _opt_map(v: Any) -> dict[str, Any] | None:
+    return v if isinstance(v, dict) else None
+
+
 def _from_map(ev: dict[str, Any]) -> KvEvent | None:
     kind = ev.get("type")
     if kind == "BlockStored":
@@ -96,6 +109,10 @@ def _from_map(ev: dict[str, Any]) -> KvEvent | None:
             _opt_str(ev.get("medium")),
             _opt_str(ev.get("kv_cache_spec_kind")),
             _opt_int(ev.get("group_idx")),
+            _opt_str(ev.get("lora_name")),
+            _opt_list(ev.get("extra_keys")),
+            _opt_str(ev.get("cache_salt")),
+            _opt_map(ev.get("metadata")),
         )
     if kind == "BlockRemoved":
         return BlockRemoved(
@@ -112,13 +129,22 @@ def _from_array(ev: list[Any]) -> KvEvent | None:
         if len(ev) < 5 or not isinstance(ev[4], int):
             raise KvDecodeError("array BlockStored needs [tag, hashes, parent, token_ids, block_size, …]")
         parent = ev[2]
+        # vLLM's positional tail: lora_name, extra_keys, … (SGLang; the native parser reads the
+        # same items); SGLang's metadata map is the 8th item before that tail, the 15th after it
+        at = [ev[i] if len(ev) > i else None for i in range(15)]
         return BlockStored(
             _norm_hashes(ev[1]),
             None if parent is None else _norm_hash(parent),
             _norm_tokens(ev[3]),
             ev[4],
-            _opt_int(ev[5]) if len(ev) > 5 else None,
-            _opt_str(ev[6]) if len(ev) > 6 else None,
+            _opt_int(at[5]),
+            _opt_str(at[6]),
+            None,
+            None,
+            _opt_str(at[7]),
+            _opt_list(at[8]),
+            None,
+            _opt_map(at[7]) or _opt_map(at[14]),
         )
     if kind == "BlockRemoved":
         if len(ev) < 2:

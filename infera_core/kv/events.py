@@ -7,14 +7,18 @@ router never needs to reproduce an engine's hash function because it re-hashes
 ``token_ids`` itself.
 
 The event types are ``msgspec.Struct`` classes tagged by class name in the field
-``type``, so the vLLM ≥0.24 map layout decodes straight into them (unknown fields
-such as ``lora_name`` or ``extra_keys`` are ignored) with no per-event conversion.
+``type``, so the vLLM ≥0.24 map layout decodes straight into them (unknown fields are
+ignored) with no per-event conversion. The fields that change what a block's hash means are
+kept: ``lora_name``, ``extra_keys`` (vLLM: per block, the LoRA name, multimodal items, the
+``cache_salt``…) and SGLang's ``cache_salt`` (``BlockStoredWithMetadata``'s ``metadata``);
+the index gives salted, LoRA and multimodal blocks their own chains
+(:mod:`infera_core.kv.hashing`).
 They construct like the dataclasses they replaced (same field order and defaults).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
@@ -33,6 +37,14 @@ class BlockStored(msgspec.Struct, tag=True, tag_field="type", gc=False):
     kv_cache_spec_kind: str | None = None
     """Attention kind of the KV group (``full_attention``, ``mamba``…); None = full."""
     group_idx: int | None = None
+    lora_name: str | None = None
+    """The LoRA adapter's name (vLLM; SGLang): the chain's namespace, with the salt."""
+    extra_keys: list[Any] | None = None
+    """Per block, what the engine hashed besides the tokens (vLLM's untagged ``extra_keys``)."""
+    cache_salt: str | None = None
+    """The request's ``cache_salt`` when the engine sends it as a field of its own."""
+    metadata: dict[str, Any] | None = None
+    """SGLang's ``BlockStoredWithMetadata.metadata`` (``{"cache_salt": …}``)."""
 
 
 class BlockStoredRaw(msgspec.Struct, tag="BlockStored", tag_field="type", gc=False):
@@ -47,6 +59,30 @@ class BlockStoredRaw(msgspec.Struct, tag="BlockStored", tag_field="type", gc=Fal
     medium: str | None = None
     kv_cache_spec_kind: str | None = None
     group_idx: int | None = None
+    lora_name: str | None = None
+    extra_keys: list[Any] | None = None
+    cache_salt: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+def plain(ev: BlockStored | BlockStoredRaw) -> bool:
+    """True when nothing but the token ids (and ``lora_id``) went into the block hashes."""
+    extra = ev.extra_keys
+    return (
+        ev.lora_name is None
+        and ev.cache_salt is None
+        and ev.metadata is None
+        and (extra is None or not any(k is not None for k in extra))
+    )
+
+
+def event_salt(ev: BlockStored | BlockStoredRaw) -> str | None:
+    """The event's own cache salt (SGLang: a field, or ``metadata``), when it names one."""
+    if ev.cache_salt is not None:
+        return ev.cache_salt
+    md = ev.metadata
+    salt = md.get("cache_salt") if md is not None else None
+    return salt if isinstance(salt, str) else None
 
 
 class BlockRemoved(msgspec.Struct, tag=True, tag_field="type", gc=False):

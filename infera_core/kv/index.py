@@ -30,58 +30,22 @@ from infera_core.kv.events import (
     BlockStored,
     BlockStoredRaw,
     IndexBatch,
+    plain,
 )
-from infera_core.kv.hashing import root_hash
+from infera_core.kv.hashing import event_root, keyed_chain, root_hash
 from infera_core.kv.store import BlockStore
+from infera_core.kv.tiers import TIER_CPU as TIER_CPU  # re-exported: index was their home
+from infera_core.kv.tiers import TIER_DISK as TIER_DISK
+from infera_core.kv.tiers import TIER_GPU as TIER_GPU
+from infera_core.kv.tiers import TIER_NAMES, indexed_kind, medium_tier
+from infera_core.kv.tiers import TIERS as TIERS
 from infera_core.scheduling.types import KvView
 
 log = logging.getLogger("infera.kv.index")
 
-TIER_GPU, TIER_CPU, TIER_DISK = 0, 1, 2
-TIERS = (TIER_GPU, TIER_CPU, TIER_DISK)
-TIER_NAMES = ("gpu", "cpu", "disk")
-_MEDIUM_TIER = {
-    None: 0,
-    "GPU": 0,
-    "HBM": 0,
-    "CPU": 1,
-    "CPU_PINNED": 1,
-    "CPU_TIER1": 1,
-    "DISK": 2,
-    "STORAGE": 2,
-    "EXTERNAL": 2,
-    "CPU_TIER2": 2,
-    "REMOTE": 2,
-}
-"""The ``medium`` names engines really emit, by tier (any case; anything else counts as disk):
-
-* vLLM 0.32: ``GPU`` (block pool), ``CPU`` / ``STORAGE`` (``vllm.distributed.kv_events``
-  ``MEDIUM_*``; the offloading connector's ``kv_offload.base.Medium``);
-* SGLang: ``GPU`` (L1), ``CPU_PINNED`` (HiCache L2 host pool), ``DISK`` (L3 SSD), ``EXTERNAL``
-  (L3/L4 shared pool such as Mooncake) — ``StorageMedium`` in
-  ``python/sglang/srt/disaggregation/kv_events.py`` since sgl-project/sglang#22894; the releases
-  between #18205 and it named the host tier ``CPU_TIER1`` and storage ``CPU_TIER2``;
-* ATOM: ``GPU``, ``CPU``, ``DISK``, ``REMOTE`` (blocks a PD decode received;
-  ``atom/distributed/kv_events.py``);
-* LMCache (vLLM ``LMCacheConnectorV1``): ``"cpu"`` (``LMCacheEngine.store``).
-"""
 ViewKey = tuple[str, int | None]
 ApplyPayload = Callable[[int, bytes, int, set[int]], tuple[int, int, int, int, int, int] | None]
 """A store's native batch ingestion (``infera_kv_native.Index.apply_payload``)."""
-
-
-def medium_tier(medium: str | None) -> int:
-    """GPU (or unspecified) → 0, CPU → 1, disk/external/unknown → 2."""
-    tier = _MEDIUM_TIER.get(medium)
-    if tier is None:
-        up = medium.upper() if medium else None
-        tier = _MEDIUM_TIER.get(up, 2)
-    return tier
-
-
-def indexed_kind(kind: str | None) -> bool:
-    """Only full-attention and MLA groups share prefixes the way prompts do."""
-    return kind is None or kind == "full_attention" or kind.startswith("mla")
 
 
 class WorkerView:
@@ -390,15 +354,13 @@ class KvIndex:
         if ev.block_size != view.block_size:
             self._bad_block_size(view, ev.block_size)
             return
+        if not plain(ev):
+            self._store_keyed(view, ev)
+            return
         parent = ev.parent_block_hash
-        if parent is None:
-            ph = root_hash(ev.lora_id)
-        else:
-            found = self._blocks.lookup(view.slot, parent)
-            if found is None:
-                view.unknown_parent += 1
-                return
-            ph = found
+        ph = root_hash(ev.lora_id) if parent is None else self._parent(view, parent)
+        if ph is None:
+            return
         ops = accel.ops
         toks = ev.token_ids
         if isinstance(toks, list):
@@ -408,6 +370,23 @@ class KvIndex:
                 hashes = ops.chain_hashes_msgpack(toks, ev.block_size, ph)
             except ValueError:  # not plain ints (e.g. EAGLE bigram pairs): the tolerant way
                 hashes = ops.chain_hashes(tokens_from_packed(toks), ev.block_size, ph)
+        self._blocks.store(view.slot, medium_tier(ev.medium), ev.block_hashes, hashes)
+
+    def _parent(self, view: WorkerView, parent: BlockHash) -> int | None:
+        """The router hash of a stored run's parent; None, counted, when the view lacks it."""
+        found = self._blocks.lookup(view.slot, parent)
+        if found is None:
+            view.unknown_parent += 1
+        return found
+
+    def _store_keyed(self, view: WorkerView, ev: BlockStored | BlockStoredRaw) -> None:
+        """A stored run whose hashes fold in more than its tokens (LoRA, cache salt, multimodal)."""
+        parent = ev.parent_block_hash
+        ph = event_root(ev) if parent is None else self._parent(view, parent)
+        if ph is None:
+            return
+        toks = ev.token_ids if isinstance(ev.token_ids, list) else tokens_from_packed(ev.token_ids)
+        hashes = keyed_chain(toks, ev.block_size, len(ev.block_hashes), ph, ev, parent is None)
         self._blocks.store(view.slot, medium_tier(ev.medium), ev.block_hashes, hashes)
 
     def _drop(self, view: WorkerView, block_hashes: list[BlockHash], medium: str | None) -> None:
@@ -436,9 +415,10 @@ class KvIndex:
 
     # -- scoring ------------------------------------------------------------------
     @staticmethod
-    def hash_prompt(token_ids: list[int], block_size: int) -> list[int]:
-        """Router hashes of a prompt's full blocks (base model)."""
-        return accel.ops.chain_hashes(token_ids, block_size, root_hash())
+    def hash_prompt(token_ids: list[int], block_size: int, root: int | None = None) -> list[int]:
+        """Router hashes of a prompt's full blocks, chained from ``root`` (None: the base
+        model's unsalted root; else :func:`~infera_core.kv.hashing.namespace_root`)."""
+        return accel.ops.chain_hashes(token_ids, block_size, root_hash() if root is None else root)
 
     def match(
         self,

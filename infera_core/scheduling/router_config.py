@@ -11,6 +11,7 @@
       small-model:
         filters: [{name: health}]
         picker: {name: round-robin}
+      long-model: {migration_limit: 3}   # its streams may move 3 times (--migration-limit)
 """
 
 from __future__ import annotations
@@ -62,10 +63,26 @@ class ProfileChoice(BaseModel):
         return "custom", profile
 
 
+class ModelChoice(ProfileChoice):
+    """One model's overrides: its profile, and how often its streams may migrate."""
+
+    migration_limit: int | None = Field(None, ge=0)
+    """``--migration-limit`` for this model (None: the flag's)."""
+
+    @property
+    def has_profile(self) -> bool:
+        return (
+            self.preset is not None
+            or self.filters is not None
+            or self.scorers is not None
+            or (self.picker is not None)
+        )
+
+
 class RouterConfig(ProfileChoice):
     """The whole routing configuration."""
 
-    models: dict[str, ProfileChoice] = Field(default_factory=dict)
+    models: dict[str, ModelChoice] = Field(default_factory=dict)
     pd: dict[str, Any] | None = None
     """Prefill/decode disaggregation (``mode``, ``prefill``, ``decode``, ``models``…), parsed by
     :mod:`infera_core.scheduling.pd`."""

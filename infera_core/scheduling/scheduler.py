@@ -16,6 +16,7 @@ from infera_core.request import RequestContext
 from infera_core.scheduling.arrays import ARRAY_MIN, state
 from infera_core.scheduling.candidates import Candidates
 from infera_core.scheduling.dp import DpRanks
+from infera_core.scheduling.explain import explained_filter, explained_pick
 from infera_core.scheduling.profile import Profile, build_profile
 from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.router_config import RouterConfig
@@ -122,21 +123,37 @@ class Scheduler:
             if models:
                 raise UnknownModelError(ctx.model, models)
             raise NoWorkerError("no workers registered")
-        if exclude:
-            candidates = [ep for ep in candidates if ep.worker_id not in exclude]
         profile = self.per_model.get(ctx.model, self.default)
-        candidates = profile.filter(ctx, candidates)
+        rec = ctx.explain  # a Decision only when an explanation was asked for (explain.py)
+        if rec is not None:
+            rec.begin(ctx, profile.name)
+        if exclude:
+            before = candidates
+            candidates = [ep for ep in candidates if ep.worker_id not in exclude]
+            if rec is not None:
+                rec.removed(before, candidates, "retry")
+        candidates = (
+            profile.filter(ctx, candidates) if rec is None else explained_filter(profile, ctx, candidates)
+        )
         if not candidates:
             raise NoWorkerError(f"no routable worker for model {ctx.model!r}")
         cap = self.max_inflight
         if cap > 0:
+            before = candidates
             candidates = under_cap(candidates, cap)
+            if rec is not None:
+                rec.removed(before, candidates, "in-flight-cap")
             if not candidates:
                 raise OverloadedError(f"every worker for model {ctx.model!r} is at its in-flight cap ({cap})")
         # direct mode picks among the healthy workers under their cap, like the policy does
         chosen = self._direct(ctx, candidates) if self.direct else None
         if chosen is None:
-            chosen = profile.pick(ctx, candidates)
+            chosen = (
+                profile.pick(ctx, candidates) if rec is None else explained_pick(profile, ctx, candidates)
+            )
+        elif rec is not None:
+            rec.picked = chosen.worker_id
+            rec.policy = "direct"
         chosen.picks += 1
         elapsed = time.perf_counter() - t0
         if self._observe is not None:
@@ -176,6 +193,8 @@ def build_scheduler(
     default = build_profile(label, profile_cfg, registry, deps)
     per_model: dict[str, Profile] = {}
     for model, choice in config.models.items():
+        if not choice.has_profile:
+            continue  # only other settings (migration_limit): the default profile
         mlabel, mcfg = choice.resolve(registry, f"router models.{model}")
         per_model[model] = build_profile(mlabel, mcfg, registry, deps, f"router models.{model}")
     return Scheduler(

@@ -197,6 +197,13 @@ class Scorer:
     def score(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
         raise NotImplementedError
 
+    def explain(
+        self, ctx: RequestContext, candidates: Sequence[Endpoint], scores: Sequence[float]
+    ) -> list[dict[str, Any]] | None:
+        """Per candidate, the inputs behind its score (e.g. ``overlap_blocks``) for a routing
+        explanation; called only when one was asked for. None: the score says it all."""
+        return None
+
     def on_routed(self, ctx: RequestContext, endpoint: Endpoint) -> None:
         """Called after the pick (e.g. to remember decisions). Must be cheap."""
 
@@ -261,8 +268,8 @@ class KvIndexView(Protocol):
         """worker_id → wall time a KV-scored request was last routed there (scorers write it)."""
         ...
 
-    def hash_prompt(self, token_ids: list[int], block_size: int) -> list[int]:
-        """Router hashes of a prompt's full blocks."""
+    def hash_prompt(self, token_ids: list[int], block_size: int, root: int | None = None) -> list[int]:
+        """Router hashes of a prompt's full blocks, chained from ``root`` (None: the base root)."""
         ...
 
     def match(
@@ -278,6 +285,18 @@ class KvIndexView(Protocol):
         ...
 
 
+DEFAULT_SESSION_HEADERS = (
+    "x-session-id",
+    "session_id",
+    "session-id",
+    "x-session-affinity",
+    "x-claude-code-session-id",
+    "conversation_id",
+)
+"""Request headers naming a conversation, first present wins: the generic ones and those agent
+clients send (Codex: ``session_id`` / ``conversation_id``; Claude Code: ``X-Claude-Code-Session-Id``)."""
+
+
 @dataclass(slots=True)
 class SchedulerDeps:
     """Shared state handed to policy factories (never I/O handles)."""
@@ -285,6 +304,8 @@ class SchedulerDeps:
     kv_index: KvIndexView | None = None
     """The router's KV index (``infera_core.kv.index``), or None when KV routing is off."""
     clock: Callable[[], float] | None = None
+    session_headers: tuple[str, ...] = DEFAULT_SESSION_HEADERS
+    """Request headers naming a conversation (``--session-header``), for session affinity."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -152,6 +152,11 @@ def merge_stats(snapshots: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for k, v in s["pd_failures"].items():
             pd[k] = pd.get(k, 0.0) + v
     out["pd_failures"] = pd
+    moved: dict[str, float] = {}
+    for s in snapshots:
+        for k, v in s.get("migrations", {}).items():
+            moved[k] = moved.get(k, 0.0) + v
+    out["migrations"] = moved
     out["histograms"] = {
         name: _sum_histogram([s["histograms"][name] for s in snapshots]) for name in out["histograms"]
     }

@@ -179,7 +179,7 @@ def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
                 f"'{where}.role' must be 'user' or 'assistant'.", f"{where}.role", "invalid_value"
             )
     chat: dict[str, Any] = {"model": body["model"], "messages": messages, "max_tokens": body["max_tokens"]}
-    for key in ("temperature", "top_p", "top_k"):
+    for key in ("temperature", "top_p", "top_k", "cache_salt"):  # cache_salt: vLLM's, on both APIs
         if key in body:
             chat[key] = body[key]
     if body.get("stop_sequences"):

@@ -35,7 +35,8 @@ from infera_core.discovery.view import FleetView
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.scheduling.router_config import RouterConfig, default_policy, load_router_config
 from infera_core.scheduling.scheduler import build_scheduler
-from infera_core.scheduling.types import SchedulerDeps
+from infera_core.scheduling.types import Endpoint, SchedulerDeps
+from infera_core.server.access_log import AccessLog
 from infera_core.server.auth import (
     ADMIN_STATE,
     CLIENT_STATE,
@@ -46,7 +47,9 @@ from infera_core.server.auth import (
 )
 from infera_core.server.breaker import Breakers
 from infera_core.server.core import RouterCore
+from infera_core.server.count_tokens import add_count_tokens_route, anthropic_error
 from infera_core.server.dashboard import add_dashboard_routes
+from infera_core.server.decisions import DecisionLog
 from infera_core.server.errors import ApiError
 from infera_core.server.fleet import EndpointTable
 from infera_core.server.hangs import HangDetector
@@ -58,17 +61,22 @@ from infera_core.server.metrics import ServerMetrics
 from infera_core.server.openapi import add_openapi_route
 from infera_core.server.pd import build_pd
 from infera_core.server.proxy import OpenAIProxy
+from infera_core.server.resume import Migrator
 from infera_core.server.routing_mode import RoutingModes
 from infera_core.server.security_headers import ADMIN_PREFIXES, WithHeaders, security_headers
 from infera_core.server.series import LeanCollector
 from infera_core.server.settings import ServeSettings
 from infera_core.server.tokenize_routes import add_tokenize_routes
+from infera_core.server.tracing import Tracing, traces_endpoint
 from infera_core.server.usage import UsageLedger
 from infera_core.server.validate import BodyLimits, check_chat, check_completion
 from infera_core.transports.base import ClientContext
 from infera_core.transports.clients import Upstreams
 from infera_core.util.redact import redact_url
 from infera_core.worker import WorkerRecord
+
+ANTHROPIC_PREFIX = "/v1/messages"
+"""Routes whose errors are Anthropic-shaped (``{"type": "error", "error": {...}}``)."""
 
 
 class InferaApp(FastAPI):
@@ -97,8 +105,12 @@ def make_discovery(settings: ServeSettings, hooks: InferaHooks) -> Discovery:
     return factory.create(DiscoverySettings.of(settings))
 
 
-def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
-    return JSONResponse(ApiError(status, message, code=code).payload(), status_code=status)
+def _error(status: int, message: str, code: str | None = None, path: str = "") -> Response:
+    """An error answer: Anthropic's shape on ``/v1/messages*``, OpenAI's elsewhere."""
+    err = ApiError(status, message, code=code)
+    if path.startswith(ANTHROPIC_PREFIX):
+        return anthropic_error(err)
+    return JSONResponse(err.payload(), status_code=status)
 
 
 def create_app(
@@ -123,7 +135,11 @@ def create_app(
     )
     table = EndpointTable()
     metrics = ServerMetrics()
-    deps = SchedulerDeps(kv_index=kv.index if kv is not None else None, clock=time.monotonic)
+    deps = SchedulerDeps(
+        kv_index=kv.index if kv is not None else None,
+        clock=time.monotonic,
+        session_headers=tuple(h.lower() for h in settings.session_header),
+    )
     scheduler = build_scheduler(
         table,
         config,
@@ -160,6 +176,8 @@ def create_app(
         probe=progress,
     )
     core.pd = build_pd(core, config.pd, catalog, deps, settings.max_inflight_per_worker)
+    core.salting.index = deps.kv_index
+    metrics.registry.register(LeanCollector([core.salting.tokens]))
     owns_discovery = discovery is None if start_discovery is None else start_discovery
     disc = discovery if discovery is not None else make_discovery(settings, hooks)
     if kv is not None:
@@ -196,6 +214,8 @@ def create_app(
             await view.start(wait_synced=settings.connect_timeout)
             stack.push_async_callback(view.stop)
             stack.push_async_callback(app.state.dashboard.close)
+            if app.state.tracing is not None:
+                stack.callback(app.state.tracing.shutdown)  # the spans still buffered are sent
             yield
 
     app = InferaApp(title="Infera", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -211,12 +231,33 @@ def create_app(
     auth = _client_auth(settings, admin, metrics)
     setattr(app.state, ADMIN_STATE, admin)
     setattr(app.state, CLIENT_STATE, auth)
+    migrator = Migrator(
+        core,
+        settings.migration_limit,
+        {m: c.migration_limit for m, c in config.models.items() if c.migration_limit is not None},
+        settings.drain_grace,
+    )
+    table.add_listener(migrator.on_worker_changed, migrator.on_worker_removed)
+
+    def tripped(ep: Endpoint) -> None:  # a hung worker: out of rotation, its streams moved
+        metrics.breaker_opened.inc()
+        migrator.on_hung(ep)
+
+    hangs.on_trip = tripped
+    access = (
+        AccessLog(settings.access_log, settings.access_log_sample) if settings.access_log != "off" else None
+    )
+    decisions = core.decisions = DecisionLog(settings.decisions_kept, settings.decisions_sample)
+    otlp = traces_endpoint(settings.otlp_traces_endpoint)
+    tracing = app.state.tracing = Tracing(otlp, settings.otlp_traces_sample) if otlp else None
     for endpoint in app.hot_routes.values():
-        endpoint.auth, endpoint.admin = auth, admin
+        endpoint.auth, endpoint.admin, endpoint.migrator = auth, admin, migrator
+        endpoint.access_log, endpoint.decisions, endpoint.tracing = access, decisions, tracing
     # the same endpoints through the ordinary router too (405 for other methods)
     app.router.routes.extend(Route(path, ep, methods=["POST"]) for path, ep in app.hot_routes.items())
     _control_routes(app, core, kv, auth, settings.public_metrics)
     add_tokenize_routes(app, core, limit)
+    add_count_tokens_route(app, core, kv, limit)
     add_openapi_route(app)
     app.state.dashboard = add_dashboard_routes(app, core, kv)
     _error_handlers(app)
@@ -291,13 +332,18 @@ def _control_routes(
         return {"object": "list", "data": out}
 
     @app.get("/v1/admin/usage", dependencies=admin_only)
-    async def usage() -> JSONResponse:
+    async def usage() -> Response:
         if auth is None:
             return _error(404, "Usage per API key needs --api-key-file.", "api_keys_disabled")
         return JSONResponse(auth.usage())
 
+    @app.get("/v1/admin/decisions", dependencies=admin_only)
+    async def decisions() -> dict[str, Any]:
+        log = core.decisions
+        return {"object": "list", "data": log.recent() if log is not None else []}
+
     @app.get("/v1/admin/cache-view/{worker_id}", dependencies=admin_only)
-    async def cache_view(worker_id: str) -> JSONResponse:
+    async def cache_view(worker_id: str) -> Response:
         if kv is None:
             return _error(404, "KV routing is not enabled on this server.", "kv_routing_disabled")
         if table.get(worker_id) is None:
@@ -311,21 +357,24 @@ def _control_routes(
 
 def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+    async def api_error(request: Request, exc: ApiError) -> Response:
+        if request.url.path.startswith(ANTHROPIC_PREFIX):
+            return anthropic_error(exc)
         return JSONResponse(exc.payload(), status_code=exc.status, headers=exc.headers or None)
 
     @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        path = request.url.path
         if exc.status_code == 404:
-            return _error(404, f"Unknown route {request.method} {request.url.path}.", "unknown_route")
+            return _error(404, f"Unknown route {request.method} {path}.", "unknown_route", path)
         if exc.status_code == 405:
             resp = _error(
-                405, f"Method {request.method} is not allowed on {request.url.path}.", "method_not_allowed"
+                405, f"Method {request.method} is not allowed on {path}.", "method_not_allowed", path
             )
             resp.headers.update(exc.headers or {})  # Allow: the route's methods
             return resp
-        return _error(exc.status_code, str(exc.detail))
+        return _error(exc.status_code, str(exc.detail), path=path)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(400, f"Invalid request: {exc.errors()[:1]}")
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return _error(400, f"Invalid request: {exc.errors()[:1]}", path=request.url.path)

@@ -43,7 +43,8 @@ async def read_body(
     """The whole request body; 413 when it is (or announces to be) over ``limit`` bytes or,
     with ``max_items``, holds more JSON items (counted per chunk as it arrives, so such a
     body is refused after its first megabyte or so: what the client still sends is read
-    and dropped by the server, never stored). A body of 1 MiB or more is the ``bytearray``
+    and dropped by the server, never stored; a caller passing ``max_items`` need not count
+    again). A body of 1 MiB or more is the ``bytearray``
     it was read into (bytes-like everywhere it goes; not hashable, not to be mutated).
     ``length``: the request's first ``content-length`` header value (None: it has none)
     when the caller already looked; by default the headers are searched for it."""
@@ -62,6 +63,8 @@ async def read_body(
     if not msg.get("more_body"):
         if len(body) > limit:
             raise too_large(limit)
+        if max_items and len(body) > max_items and json_items(body) > max_items:
+            raise too_many_items(max_items)
         return body
     buf = bytearray(body)
     items = json_items(body) if max_items else 0

@@ -26,6 +26,7 @@ from infera_core.scheduling.scheduler import (
 )
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.breaker import Breakers
+from infera_core.server.decisions import DecisionLog
 from infera_core.server.errors import ApiError
 from infera_core.server.fleet import EndpointTable
 from infera_core.server.hangs import HangDetector
@@ -33,6 +34,8 @@ from infera_core.server.loops import LOOP_HEADER, LOOP_STATUS, loop_error, via_v
 from infera_core.server.metrics import ServerMetrics
 from infera_core.server.not_found import EngineAnswer, engine_error, not_an_engine
 from infera_core.server.routing_mode import RoutingModes
+from infera_core.server.tenancy import CacheSalting
+from infera_core.server.tracing import traced_prepare, traced_schedule
 from infera_core.transports.upstreams import (
     READ_ERRORS,
     PoolTimeoutError,
@@ -114,6 +117,10 @@ class RouterCore:
         """Each model's routing mode (tokens / text / load), said once per model."""
         self.pd: PdDispatcher | None = None
         """The PD path (``infera_core.server.pd``): models served by prefill/decode pairs."""
+        self.salting = CacheSalting()
+        """Request ``cache_salt`` → the KV hashes' root; the key file's cache isolation."""
+        self.decisions: DecisionLog | None = None
+        """The last routing decisions explained or sampled (``/v1/admin/decisions``)."""
 
     def request_id(self) -> str:
         """A new id for the engine, the scorers' bookkeeping and PD transfers. Never the
@@ -144,12 +151,14 @@ class RouterCore:
         body: bytes,
         task: asyncio.Task[object] | None = None,
         via: bytes | None = None,
+        exclude: list[str] | None = None,
     ) -> tuple[Endpoint, UpstreamResponse]:
         """``task``: the request's task when the caller has it (the hang detector cancels it);
-        ``via``: the request's own ``Via`` header, kept in front of this router's stamp."""
+        ``via``: the request's own ``Via`` header, kept in front of this router's stamp;
+        ``exclude``: workers not to use (a migrated stream's failed ones)."""
         if self.pd is not None and self.pd.applies(ctx):
-            return await self.pd.dispatch(ctx, path, body)
-        tried: list[str] = []
+            return await self.pd.dispatch(ctx, path, body, exclude or ())
+        tried: list[str] = list(exclude) if exclude else []
         last: ApiError | None = None
         attempts = 1 + self.max_retries
         headers = {
@@ -157,19 +166,31 @@ class RouterCore:
             "X-Request-Id": ctx.request_id,
             "Via": via_value(via, self.router_id),
         }
+        tr = ctx.trace  # OpenTelemetry spans (tracing.py), None when tracing is off
         if self.prepare is not None and self.scheduler.profile_for(ctx.model).needs_tokens:
-            await self.prepare(ctx)
+            if tr is None:
+                await self.prepare(ctx)
+            else:
+                await traced_prepare(self.prepare, ctx, tr)
         for attempt in range(attempts):
             try:
-                ep = self.schedule(ctx, tried)
+                ep = (
+                    self.schedule(ctx, tried)
+                    if tr is None
+                    else traced_schedule(self.schedule, ctx, tried, tr)
+                )
             except ApiError:
                 if last is not None:
                     raise last from None
                 raise
+            if attempt == 0 and ctx.principal is not None:
+                self.salting.routed(ctx, ep)  # its prediction now: once served, the worker holds it
             self.breakers.picked(ep)
             ep.in_flight += 1
             rank = self.scheduler.dp.choose(ep, ctx) if ep.record.dp_size > 1 else None
             sent = headers if rank is None else {**headers, DP_RANK_HEADER: str(rank)}
+            if tr is not None:  # the engine continues the trace under this upstream call's span
+                sent = {**sent, "traceparent": tr.open_upstream(ep.worker_id, attempt)}
             hangs = self.hangs
             wait = hangs.begin(ep, task) if hangs is not None else None
             try:
@@ -270,11 +291,15 @@ class RouterCore:
             tried.append(ep.worker_id)
             if attempt + 1 < attempts:
                 self.metrics.retried(ctx.model)
+                if ctx.access is not None:
+                    ctx.access.retries += 1
         assert last is not None
         raise last
 
     def _failed(self, ctx: RequestContext, ep: Endpoint, worker_fault: bool) -> None:
         ep.in_flight -= 1
+        if ctx.trace is not None:
+            ctx.trace.end_upstream(False)
         if worker_fault:
             opened = self.breakers.opened
             self.breakers.failure(ep)
@@ -285,10 +310,14 @@ class RouterCore:
     def _abandoned(self, ctx: RequestContext, ep: Endpoint) -> None:
         """The attempt on ``ep`` ended without an answer and without the worker's fault."""
         ep.in_flight -= 1
+        if ctx.trace is not None:
+            ctx.trace.end_upstream(False)
         self.scheduler.finished(ctx, ep, False)
 
     def release(self, ctx: RequestContext, ep: Endpoint, ok: bool) -> None:
         ep.in_flight -= 1
+        if ctx.trace is not None:
+            ctx.trace.end_upstream(ok)
         if self.pd is not None and ctx.role is not Role.MIXED:
             self.pd.finished(ctx, ep, ok)
             return

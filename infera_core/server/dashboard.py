@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterable
 from importlib.resources import files
 from typing import Any
 
@@ -171,15 +172,27 @@ def stats(
         ],
         "retries": sum(c.value for c in m.retries.children.values()),
         "breakers_opened": core.breakers.opened,
+        "migrations": _migrations(m.migrations.children.items()),
         "pd_failures": {r: c.value for (r,), c in pd.failures.children.items()} if pd is not None else {},
         "histograms": {
             "ttft": _histogram(m.ttft),
             "itl": _histogram(m.itl),
             "e2e": _histogram(m.e2e),
             "decision": _histogram(m.decision),
+            "resume": _histogram(m.resume),
         },
         "usage": auth.usage()["keys"] if auth is not None else None,
+        "last_decisions": core.decisions.recent()[:20] if core.decisions is not None else [],
     }
+
+
+def _migrations(children: Iterable[tuple[tuple[str, ...], Any]]) -> dict[str, float]:
+    """``infera_migrations_total`` summed over models: ``"<reason> <result>" → count``."""
+    out: dict[str, float] = {}
+    for (_, reason, result), c in children:
+        key = f"{reason} {result}"
+        out[key] = out.get(key, 0.0) + c.value
+    return out
 
 
 def _page_allowed(conn: HTTPConnection) -> None:

@@ -13,8 +13,10 @@ import asyncio
 import time
 
 from infera_core.request import RequestContext
+from infera_core.scheduling.explain import Decision
 from infera_core.scheduling.scheduler import DIRECT_HEADER
 from infera_core.scheduling.types import Endpoint
+from infera_core.server.access_log import AccessLog, AccessRecord, fields
 from infera_core.server.asgi import (
     CLIENT_CLOSING,
     ON_DISCONNECT,
@@ -29,9 +31,12 @@ from infera_core.server.asgi import (
 )
 from infera_core.server.auth import AdminGate, ClientAuth
 from infera_core.server.core import RouterCore, watch_disconnect
+from infera_core.server.decisions import EXPLAIN_HEADER, DecisionLog, ExplainSend, asked, may_explain
 from infera_core.server.errors import ApiError
 from infera_core.server.loops import came_back, stamped
+from infera_core.server.resume import Migrator
 from infera_core.server.surrogates import LoneSurrogates
+from infera_core.server.tracing import Tracing, end_request
 from infera_core.server.validate import BodyLimits, parse_body, parse_short_body
 from infera_core.transports.upstreams import UpstreamResponse
 
@@ -47,6 +52,14 @@ class ProxyEndpoint:
     """API keys (``--api-key-file``); None: requests need no key."""
     admin: AdminGate = AdminGate(None)
     """Who may use direct mode (``x-worker-instance-id``)."""
+    migrator: Migrator | None = None
+    """Continues streams that break mid-way on another worker (``--migration-limit``)."""
+    access_log: AccessLog | None = None
+    """``--access-log``: one line per (sampled) request; None: off."""
+    decisions: DecisionLog | None = None
+    """Routing explanations (``X-Infera-Explain``) and the decisions kept for the admin."""
+    tracing: Tracing | None = None
+    """OpenTelemetry (``--otlp-traces-endpoint``); None: off."""
 
     def __init__(self, core: RouterCore, route: str, limits: BodyLimits) -> None:
         self.core = core
@@ -74,6 +87,7 @@ class ProxyEndpoint:
         client_rid: str | None = None
         length: bytes | None = None
         via: bytes | None = None
+        explain: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"content-length":
                 if length is None:
@@ -82,9 +96,16 @@ class ProxyEndpoint:
                 client_rid = value.decode("latin-1")
             elif name == b"via":
                 via = value if via is None else via + b", " + value
+            elif name == EXPLAIN_HEADER:
+                explain = value
         if client_rid is not None:
             send = EchoHeader(send, b"x-request-id", client_rid.encode("latin-1"))
         ctx: RequestContext | None = None
+        access = self.access_log
+        logged = access.start() if access is not None else None
+        kept: Decision | None = None
+        tracing = self.tracing
+        trace = tracing.start(scope, self.route) if tracing is not None else None
         try:
             auth = self.auth
             principal = auth.authenticate(scope) if auth is not None else None
@@ -100,25 +121,46 @@ class ProxyEndpoint:
             try:
                 if len(raw) <= limits.max_items:
                     body = parse_short_body(raw, limits)
-                else:
-                    body = await parse_body(raw, limits)
+                else:  # read_body counted its items
+                    body = await parse_body(raw, limits, counted=True)
             except LoneSurrogates as lone:  # forwarded with U+FFFD in their place (surrogates.py)
                 raw = lone.repaired
-                body = await parse_body(raw, limits)
+                body = await parse_body(raw, limits, counted=True)
             if len(raw) > _YIELD_AFTER:
                 await _left_meanwhile(scope)
             ctx, path, upstream_body = self.prepare(scope, raw, body)
             ctx.client_request_id = client_rid
+            ctx.access = logged
             model = ctx.model
             if auth is not None and principal is not None:
                 ctx.principal = principal
                 ctx.budget = auth.admit(principal, model, ctx.body, ctx.token_ids)
+            engines = (ep.record.engine for ep in core.table.candidates(model))
+            upstream_body = core.salting.apply(ctx, upstream_body, engines)
+            decisions = self.decisions
+            if decisions is not None:
+                if explain is not None and asked(explain) and may_explain(principal, self.admin, scope):
+                    ctx.explain = Decision()
+                    send = ExplainSend(send, ctx.explain)
+                elif decisions.sample and decisions.sampled():
+                    ctx.explain = Decision()
+            kept = ctx.explain  # asked for or sampled: kept for /v1/admin/decisions
+            if trace is not None:  # the span's figures come from the same record, its terms from a Decision
+                ctx.trace = trace
+                if logged is None:
+                    ctx.access = AccessRecord()
+                if ctx.explain is None:
+                    ctx.explain = Decision()
             if core.scheduler.direct and raw_header(scope, DIRECT_HEADER.encode()) is not None:
                 self.admin.check(scope, "Direct routing (x-worker-instance-id)")
             if not hooked:
                 watcher = asyncio.ensure_future(watch_disconnect(receive, task, gone))
             ep, resp = await core.dispatch(ctx, path, upstream_body, task, via)
             status = resp.status
+            rec = ctx.access
+            if rec is not None:
+                rec.worker = ep.worker_id
+                rec.ttft = time.perf_counter() - t0  # the answer's headers (a stream: its first event)
             ok = False
             try:
                 ok = await self.relay(send, resp, ctx, ep, t0)
@@ -145,13 +187,23 @@ class ProxyEndpoint:
             scope[ON_DISCONNECT] = None
             if ctx is not None and ctx.budget is not None and auth is not None:
                 auth.release(ctx.principal, ctx.budget)  # nothing relayed: the reservation is returned
-            core.metrics.request_done(self.route, model, status, time.perf_counter() - t0)
+            elapsed = time.perf_counter() - t0
+            core.metrics.request_done(self.route, model, status, elapsed)
+            if logged is not None and access is not None:
+                access.write(fields(logged, ctx, self.route, model, status, elapsed))
+            if kept is not None and self.decisions is not None:
+                self.decisions.add(kept, status)
+            if trace is not None:
+                end_request(trace, ctx, model, status)
 
     def count_usage(self, ctx: RequestContext, prompt: int, completion: int) -> None:
         """Tokens of one answered request (the engine's usage report): per model, and per API
         key when keys are on. A report of nothing (no usage in the answer) charges the key the
         request's whole reservation."""
         self.core.metrics.usage(ctx.model, prompt, completion)
+        logged = ctx.access
+        if logged is not None:
+            logged.prompt, logged.completion = prompt, completion
         if self.auth is not None and ctx.principal is not None:
             charge = ctx.budget
             if not (prompt or completion) and charge is not None:

@@ -28,6 +28,19 @@ class FaultSettings(BaseModel):
         gt=0,
         description="The hang threshold also grows to this many times the fleet's typical first-byte latency.",
     )
+    migration_limit: int = Field(
+        1,
+        ge=0,
+        description="Times a stream that breaks after its first byte (worker killed, closed, hung,"
+        " drained) is continued on another worker of its model (0: never; per model: the router"
+        " config's models.<name>.migration_limit). See docs/how-to/migration.md.",
+    )
+    drain_grace: float = Field(
+        5.0,
+        ge=0,
+        description="Seconds a draining worker keeps its streams before the router moves them to"
+        " another worker of its model (0: it keeps them until they end or its --drain-timeout cuts them).",
+    )
 
     def faults_of(self) -> dict[str, Any]:
         """These fields as keyword arguments (``up`` hands them to its server's settings)."""

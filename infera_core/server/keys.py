@@ -8,6 +8,10 @@ The file (YAML or JSON)::
         models: [qwen]               # optional allow-list
         requests_per_minute: 600     # optional
         tokens_per_day: 2000000      # optional, prompt + completion
+        team: research               # optional: the tenant under cache_isolation: team
+    cache_isolation: key             # none (default) | key | team: tenants never share KV
+    cache_salt_secret: <random>      # optional HMAC key of the tenants' cache salts
+        explain: true                # optional: may ask for routing explanations
 
 Per request the check is one ``sha256`` of the presented key and one dict lookup;
 the file's ``mtime`` is looked at most once a second and the file re-read only when
@@ -35,6 +39,7 @@ from infera_core.errors import ConfigError
 from infera_core.server.budgets import SharedBudgets
 from infera_core.server.errors import ApiError
 from infera_core.server.reserve import Charge
+from infera_core.server.tenancy import CacheIsolation, default_secret, tenant_salt
 
 log = logging.getLogger("infera.server.keys")
 
@@ -55,6 +60,8 @@ class KeySpec(BaseModel):
     models: list[str] | None = Field(None, description="Models this key may use (absent: all).")
     requests_per_minute: int | None = Field(None, gt=0)
     tokens_per_day: int | None = Field(None, gt=0, description="Prompt + completion tokens per UTC day.")
+    team: str | None = Field(None, min_length=1, description="The key's tenant under cache_isolation: team.")
+    explain: bool = Field(False, description="May ask for routing explanations (X-Infera-Explain).")
 
     @model_validator(mode="after")
     def _one_secret(self) -> KeySpec:
@@ -73,6 +80,19 @@ class KeyFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     keys: list[KeySpec] = Field(default_factory=list)
+    cache_isolation: CacheIsolation = Field(
+        CacheIsolation.NONE, description="Whose requests may share cached prefixes: none, key or team."
+    )
+    cache_salt_secret: SecretStr | None = Field(
+        None,
+        min_length=16,
+        description="HMAC key of the tenants' cache salts (default: derived from the keys).",
+    )
+
+    def salt_secret(self) -> bytes:
+        if self.cache_salt_secret is not None:
+            return self.cache_salt_secret.get_secret_value().encode()
+        return default_secret(spec.digest() for spec in self.keys)
 
     @model_validator(mode="after")
     def _unique(self) -> KeyFile:
@@ -107,13 +127,25 @@ _SEEN_MAX = 4096
 class ApiKey:
     """A key's limits and its running budgets (kept across reloads, by name)."""
 
-    __slots__ = ("allowed", "bucket", "day", "day_tokens", "name", "refilled", "rpm", "slot", "tpd")
+    __slots__ = (
+        "allowed",
+        "bucket",
+        "day",
+        "day_tokens",
+        "explain",
+        "name",
+        "refilled",
+        "rpm",
+        "slot",
+        "tpd",
+    )
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.allowed: frozenset[str] | None = None
         self.rpm: int | None = None
         self.tpd: int | None = None
+        self.explain = False
         self.bucket = 0.0
         self.refilled = 0.0
         self.day = -1
@@ -128,16 +160,19 @@ class ApiKey:
             self.bucket = float(self.rpm or 0)
             self.refilled = now
         self.tpd = spec.tokens_per_day
+        self.explain = spec.explain
 
 
 class Principal:
     """Who a request runs as: a key, or the admin (admin token as the key: no limits)."""
 
-    __slots__ = ("key", "name")
+    __slots__ = ("cache_salt", "key", "name")
 
-    def __init__(self, name: str, key: ApiKey | None) -> None:
+    def __init__(self, name: str, key: ApiKey | None, cache_salt: str | None = None) -> None:
         self.name = name
         self.key = key
+        self.cache_salt = cache_salt
+        """The tenant's ``cache_salt`` under ``cache_isolation`` (:mod:`infera_core.server.tenancy`)."""
 
 
 ADMIN = Principal("admin", None)
@@ -176,13 +211,15 @@ class KeyRing:
         now = self._clock()
         by_digest: dict[bytes, Principal] = {}
         by_name: dict[str, ApiKey] = {}
+        secret = spec.salt_secret() if spec.cache_isolation is not CacheIsolation.NONE else b""
         for s in spec.keys:
             key = self._by_name.get(s.name) or ApiKey(s.name)
             key.configure(s, now)
             if self._shared is not None:
                 self._bind(key, self._shared)
             by_name[s.name] = key
-            by_digest[s.digest()] = Principal(s.name, key)
+            salt = tenant_salt(secret, spec.cache_isolation, s.name, s.team)
+            by_digest[s.digest()] = Principal(s.name, key, salt)
         self._by_digest, self._by_name, self._stamp = by_digest, by_name, stamp
         self._seen = {}
 

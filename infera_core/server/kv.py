@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from infera_core.kv.index import KvIndex
 from infera_core.request import RequestContext
+from infera_core.tokenize.base import Tokenizer
 from infera_core.worker import WorkerRecord
 
 
@@ -52,6 +53,10 @@ class KvComponent(Protocol):
 
     def tokenizer_missing(self, model: str) -> str | None:
         """Why ``model`` has no routing tokenizer (None: it has one)."""
+        ...
+
+    def tokenizer(self, model: str) -> Tokenizer | None:
+        """``model``'s routing tokenizer (configured or from its model card), None without one."""
         ...
 
     def worker_fields(self, worker_id: str) -> dict[str, Any]:

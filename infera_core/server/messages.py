@@ -20,11 +20,11 @@ from infera_core.server.asgi import (
 from infera_core.server.core import RouterCore
 from infera_core.server.endpoint import ProxyEndpoint
 from infera_core.server.errors import ApiError
+from infera_core.server.legs import Broken, read_whole, relay_legs
 from infera_core.server.validate import BodyLimits, check_messages
-from infera_core.transports.upstreams import READ_ERRORS, UpstreamResponse
+from infera_core.transports.upstreams import UpstreamResponse
 
 ROUTE = "/v1/messages"
-_BAD_REPLY: tuple[type[BaseException], ...] = (ValueError, *READ_ERRORS)
 CHAT_PATH = "/v1/chat/completions"
 
 
@@ -39,7 +39,10 @@ class MessagesProxy(ProxyEndpoint):
     def prepare(self, scope: Scope, raw: bytes, body: dict[str, Any]) -> tuple[RequestContext, str, bytes]:
         model = check_messages(body)
         chat = to_chat_request(body)
-        ctx = RequestContext(self.core.request_id(), model, ROUTE, chat, header_dict(scope))
+        headers = header_dict(scope)
+        if self.migrator is not None:  # token-exact migration where the engines stream their ids
+            _, chat = self.migrator.ask_ids(b"{}", chat, model, headers, True)
+        ctx = RequestContext(self.core.request_id(), model, ROUTE, chat, headers)
         return ctx, CHAT_PATH, json.dumps(chat).encode()
 
     async def relay(
@@ -62,10 +65,18 @@ class MessagesProxy(ProxyEndpoint):
             return False
         if not ctype.startswith("text/event-stream"):
             try:
-                chat = json.loads(await resp.read())
-            except _BAD_REPLY as exc:
+                whole = await read_whole(self.core, self.migrator, ctx, CHAT_PATH, resp, worker)
+                chat = json.loads(whole.data)
+            except (Broken, ValueError) as exc:
                 await send_error(
-                    send, ApiError(502, f"Worker {worker} sent a bad response: {exc}"), anthropic=True
+                    send,
+                    ApiError(
+                        502,
+                        exc.message
+                        if isinstance(exc, Broken)
+                        else f"Worker {worker} sent a bad response: {exc}",
+                    ),
+                    anthropic=True,
                 )
                 return False
             out = to_message_response(chat if isinstance(chat, dict) else {}, model, stops)
@@ -75,18 +86,26 @@ class MessagesProxy(ProxyEndpoint):
             return True
         await send({"type": "http.response.start", "status": 200, "headers": list(SSE_HEADERS)})
         stream = MessageStream(model, stops)
+        mig = self.migrator
+        live = mig.watch(ctx, worker, True) if mig is not None else None
+        kept: list[bytes] | None = [] if live is not None and live.refused is None else None
+
+        async def emit(chunk: bytes) -> None:
+            out_bytes = stream.feed(chunk)
+            if out_bytes:
+                await send({"type": "http.response.body", "body": out_bytes, "more_body": True})
+
         ended = False
         try:
-            async for chunk in resp:
-                out_bytes = stream.feed(chunk)
-                if out_bytes:
-                    await send({"type": "http.response.body", "body": out_bytes, "more_body": True})
+            await relay_legs(self.core, mig, live, ctx, CHAT_PATH, True, resp, worker, emit, kept)
             ended = True
-        except READ_ERRORS as exc:
-            tail = stream.error(f"Worker {worker} failed mid-stream: {exc!r}")
+        except Broken as exc:
+            tail = stream.error(exc.message)
             await send({"type": "http.response.body", "body": tail, "more_body": False})
             return False
         finally:
+            if mig is not None:
+                mig.done(live)
             if not ended or not (stream.input_tokens or stream.output_tokens):
                 self.count_relayed(ctx, stream.events - 1)  # no usage report: what passed
             else:

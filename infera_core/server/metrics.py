@@ -103,9 +103,31 @@ class ServerMetrics:
             ["policy"],
             DECISION_BUCKETS,
         )
+        self.migrations = LeanCounter(
+            "infera_migrations",
+            "Streams that broke after their first byte, by model, reason (upstream_closed, hung,"
+            " drain, worker_gone) and result (resumed, finished, refused, limit, failed)",
+            ["model", "reason", "result"],
+        )
+        self.resume = LeanHistogram(
+            "infera_migration_resume_seconds",
+            "From a stream breaking to its continuation's first bytes reaching the client",
+            ["model"],
+            LATENCY_BUCKETS,
+        )
         r.register(
             LeanCollector(
-                [self.requests, self.ttft, self.itl, self.e2e, self.tokens, self.retries, self.decision]
+                [
+                    self.requests,
+                    self.ttft,
+                    self.itl,
+                    self.e2e,
+                    self.tokens,
+                    self.retries,
+                    self.decision,
+                    self.migrations,
+                    self.resume,
+                ]
             )
         )
         self.breaker_opened = Counter("infera_breaker_opened", "Circuit breakers opened", registry=r)
@@ -132,6 +154,11 @@ class ServerMetrics:
 
     def retried(self, model: str) -> None:
         self.retries.child((model,)).value += 1.0
+
+    def migrated(self, model: str, reason: str, result: str, seconds: float | None) -> None:
+        self.migrations.child((model, reason, result)).value += 1.0
+        if seconds is not None:
+            self.resume.child((model,)).observe(seconds)
 
     def decided(self, policy: str, seconds: float) -> None:
         self.decision.child((policy,)).observe(seconds)

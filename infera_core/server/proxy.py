@@ -17,6 +17,7 @@ from typing import Any
 
 from infera_core.request import RequestContext
 from infera_core.scheduling.types import Endpoint
+from infera_core.server.access_log import cached_of
 from infera_core.server.asgi import (
     SSE_HEADERS,
     Scope,
@@ -27,6 +28,8 @@ from infera_core.server.asgi import (
 from infera_core.server.core import RouterCore, usage_of
 from infera_core.server.endpoint import ProxyEndpoint
 from infera_core.server.errors import ApiError
+from infera_core.server.legs import Broken, read_whole, relay_legs
+from infera_core.server.migrate import IdsAdded, strip_ids
 from infera_core.server.splice import StreamTally
 from infera_core.server.usage import (
     UsageStripper,
@@ -38,9 +41,11 @@ from infera_core.server.usage import (
 )
 from infera_core.server.validate import BodyLimits
 from infera_core.transports.http.http1 import Http1Response
-from infera_core.transports.upstreams import READ_ERRORS, UpstreamResponse
+from infera_core.transports.upstreams import UpstreamResponse
 
 log = logging.getLogger("infera.server.proxy")
+
+CHAT_ROUTE = "/v1/chat/completions"
 
 Checker = Callable[[dict[str, Any]], str]
 
@@ -58,7 +63,10 @@ class OpenAIProxy(ProxyEndpoint):
             # tokens per API key need the stream's usage: ask the engine (PD legs too), hide it after
             raw = with_stream_usage(raw, body)
             body = asking_usage(body)
-        ctx = RequestContext(self.core.request_id(), model, self.route, body, header_dict(scope))
+        headers = header_dict(scope)
+        if self.migrator is not None:  # token-exact migration where the engines stream their ids
+            raw, body = self.migrator.ask_ids(raw, body, model, headers, self.route == CHAT_ROUTE)
+        ctx = RequestContext(self.core.request_id(), model, self.route, body, headers)
         return ctx, self.route, raw
 
     async def relay(
@@ -72,21 +80,24 @@ class OpenAIProxy(ProxyEndpoint):
         ctype = resp.content_type or "application/json"
         if not ctype.startswith("text/event-stream"):
             try:
-                data = await resp.read()
-            except READ_ERRORS as exc:
-                await send_error(send, ApiError(502, f"Worker {worker} failed while responding: {exc!r}"))
+                whole = await read_whole(self.core, self.migrator, ctx, self.route, resp, worker)
+            except Broken as exc:
+                await send_error(send, ApiError(502, exc.message))
                 return False
+            data = whole.data
             headers = [
-                (b"content-type", ctype.encode("latin-1")),
+                (b"content-type", whole.content_type.encode("latin-1")),
                 (b"content-length", str(len(data)).encode()),
-                (b"x-infera-worker", worker.encode("latin-1")),
+                (b"x-infera-worker", whole.worker.encode("latin-1")),
             ]
-            if resp.status < 400:  # counted before it is sent: a client leaving now still pays
+            if whole.status < 400:  # counted before it is sent: a client leaving now still pays
                 p, c = answer_usage(data)
+                if ctx.access is not None:
+                    ctx.access.cached = cached_of(data)
                 self.count_usage(ctx, p, c)
-            await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+            await send({"type": "http.response.start", "status": whole.status, "headers": headers})
             await send({"type": "http.response.body", "body": data, "more_body": False})
-            return resp.status < 400
+            return whole.status < 400
         await send(
             {
                 "type": "http.response.start",
@@ -96,36 +107,49 @@ class OpenAIProxy(ProxyEndpoint):
         )
         tally = StreamTally()
         strip = UsageStripper() if router_added_usage(ctx.body) else None
+        mig = self.migrator
+        live = mig.watch(ctx, worker, self.route == CHAT_ROUTE) if mig is not None else None
+        kept: list[bytes] | None = [] if live is not None and live.refused is None else None
+        tally.kept = kept
         # the native transport hands chunks to the client's transport as they are parsed
         # (no task wake-up per chunk); what it declines comes through the loop below
-        sink = tally if strip is None and type(resp) is Http1Response and tally.attach(send) else None
+        ids = isinstance(ctx.body, IdsAdded)  # the router asked for token ids: not for the client
+        direct = strip is None and not ids and type(resp) is Http1Response
+        sink = tally if direct and tally.attach(send) else None
+
+        async def emit(chunk: bytes) -> None:
+            if ids:
+                chunk = strip_ids(chunk)
+            if strip is not None:
+                chunk = strip.feed(chunk)
+                if not chunk:
+                    return
+            tally.note(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
         ended = False
         try:
-            if sink is None:
-                async for chunk in resp:
-                    if strip is not None:
-                        chunk = strip.feed(chunk)
-                        if not chunk:
-                            continue
-                    tally.note(chunk)
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            else:
-                assert isinstance(resp, Http1Response)
-                resp.sink = sink
-                async for chunk in resp:
-                    resp.sink = None  # until this chunk is out: none may overtake it
-                    tally.note(chunk)
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    resp.sink = sink
+            await relay_legs(
+                self.core,
+                mig,
+                live,
+                ctx,
+                self.route,
+                self.route == CHAT_ROUTE,
+                resp,
+                worker,
+                emit,
+                kept,
+                sink,
+            )
             ended = True
-        except READ_ERRORS as exc:
-            log.warning("worker %s failed mid-stream: %r", worker, exc)
-            err = ApiError(502, f"Worker {worker} failed mid-stream: {exc!r}", code="upstream_stream_error")
+        except Broken as exc:
+            err = ApiError(502, exc.message, code="upstream_stream_error")
             await send({"type": "http.response.body", "body": err.sse_event(), "more_body": False})
             return False
         finally:
-            if sink is not None:
-                resp.sink = None  # type: ignore[attr-defined]
+            if mig is not None:
+                mig.done(live)
             if not ended:  # the client left or the worker failed: charge what passed
                 self._count_stream(ctx, tally, strip, None)
         rest = strip.flush() if strip is not None else b""
@@ -142,6 +166,10 @@ class OpenAIProxy(ProxyEndpoint):
         end = tally.prev + tally.tail
         if b"[DONE]" in end:
             events -= 1
+        if ctx.access is not None:
+            ctx.access.cached = cached_of(end[-1200:])
+            if first and t0 is not None:
+                ctx.access.ttft = first - t0
         if first and t0 is not None:
             self.core.metrics.stream_timing(
                 ctx.model, first - t0, (last - first) / (events - 1) if events > 1 else None

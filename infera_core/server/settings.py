@@ -12,6 +12,7 @@ from infera_core.kv.settings import KvSettings
 from infera_core.server.auth_settings import AuthSettings
 from infera_core.server.fault_settings import FaultSettings
 from infera_core.server.limits import LimitSettings
+from infera_core.server.observe_settings import ObserveSettings
 
 
 def router_host(description: str) -> Any:
@@ -34,7 +35,7 @@ def router_port(description: str) -> Any:
     )
 
 
-class ServeSettings(InferaSettings, KvSettings, AuthSettings, LimitSettings, FaultSettings):
+class ServeSettings(InferaSettings, KvSettings, AuthSettings, LimitSettings, FaultSettings, ObserveSettings):
     """Everything the server reads at start-up (KV-routing fields from :class:`KvSettings`,
     connection and request limits from :class:`LimitSettings`)."""
 

@@ -33,9 +33,12 @@ class StreamTally:
     """The relay's per-stream state; :meth:`note` for chunks the task relays, :meth:`__call__`
     (the sink) for chunks written straight from the read callback."""
 
-    __slots__ = ("_cycle", "_flow", "_out", "events", "first", "last", "prev", "tail")
+    __slots__ = ("_cycle", "_flow", "_out", "events", "first", "kept", "last", "prev", "tail")
 
     def __init__(self) -> None:
+        self.kept: list[bytes] | None = None
+        """A migratable stream's relayed bytes (:mod:`infera_core.server.resume`): the sink
+        then writes whole SSE events only and keeps them here."""
         self.first = self.last = 0.0
         self.events = 0
         self.prev = self.tail = b""
@@ -76,12 +79,17 @@ class StreamTally:
             return False
         if not chunk:  # framed, an empty chunk would be the terminating one ("0\r\n\r\n")
             return True
+        kept = self.kept
+        if kept is not None and not chunk.endswith(b"\n\n"):
+            return False  # part of an event: the relay holds it back until it is whole
         out = self._out
         assert out is not None
         try:
             out.write_body(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         except RuntimeError:  # the transport closed under us: the client is gone
             return False
+        if kept is not None:
+            kept.append(chunk)
         last = self.last = _clock()
         if not self.first:
             self.first = last

@@ -19,7 +19,7 @@ next one; none left is a 502, or a 501 when none of them has the route.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -29,6 +29,7 @@ from infera_core.server.asgi import ClientGone, read_body
 from infera_core.server.auth import CLIENT_STATE, ClientAuth
 from infera_core.server.core import RouterCore
 from infera_core.server.errors import ApiError, bad_request
+from infera_core.server.keys import Principal
 from infera_core.server.loops import LOOP_HEADER, LOOP_STATUS, came_back, stamped, via_of, via_value
 from infera_core.server.surrogates import LoneSurrogates
 from infera_core.server.validate import BodyLimits, parse_body
@@ -131,6 +132,33 @@ async def forward(core: RouterCore, model: str, path: str, raw: bytes, via: byte
     raise ApiError(502, f"No worker answered {path}: {'; '.join(failed + missing)}.", code="upstream_error")
 
 
+class ControlRequest(NamedTuple):
+    """A read JSON request of a control route: who sent it, its bytes, its ``Via``, its body."""
+
+    auth: ClientAuth | None
+    principal: Principal | None
+    raw: bytes
+    via: bytes | None
+    body: dict[str, Any]
+
+
+async def read_request(request: Request, core: RouterCore, limits: BodyLimits) -> ControlRequest:
+    """Authenticate, read and parse a JSON request as the hot routes do (lone surrogates
+    replaced, a request that came back to this router refused)."""
+    auth: ClientAuth | None = getattr(request.app.state, CLIENT_STATE, None)
+    principal = auth.authenticate(request.scope) if auth is not None else None
+    raw = await read_body(request.scope, request.receive, limits.max_bytes)
+    via = via_of(request.scope["headers"])
+    if stamped(via, core.router_id_bytes):
+        raise came_back(core.router_id)
+    try:
+        body = await parse_body(raw, limits)
+    except LoneSurrogates as lone:  # forwarded with U+FFFD in their place, as on /v1/*
+        raw = lone.repaired
+        body = await parse_body(raw, limits)
+    return ControlRequest(auth, principal, raw, via, body)
+
+
 def add_tokenize_routes(app: FastAPI, core: RouterCore, limits: BodyLimits) -> None:
     """Mount ``POST /tokenize`` and ``POST /detokenize`` on ``app``."""
     checks = {"/tokenize": check_tokenize, "/detokenize": check_detokenize}
@@ -140,17 +168,7 @@ def add_tokenize_routes(app: FastAPI, core: RouterCore, limits: BodyLimits) -> N
         t0 = time.perf_counter()
         model, status = "-", 500
         try:
-            auth: ClientAuth | None = getattr(request.app.state, CLIENT_STATE, None)
-            principal = auth.authenticate(request.scope) if auth is not None else None
-            raw = await read_body(request.scope, request.receive, limits.max_bytes)
-            via = via_of(request.scope["headers"])
-            if stamped(via, core.router_id_bytes):
-                raise came_back(core.router_id)
-            try:
-                body = await parse_body(raw, limits)
-            except LoneSurrogates as lone:  # forwarded with U+FFFD in their place, as on /v1/*
-                raw = lone.repaired
-                body = await parse_body(raw, limits)
+            auth, principal, raw, via, body = await read_request(request, core, limits)
             name = _model(body, core)
             checks[path](body)
             if name in core.table.by_model:  # never a metric label per unknown name

@@ -32,14 +32,43 @@ class BodyLimits:
         return cls(settings.max_body_bytes, settings.max_json_depth, settings.max_json_items)
 
 
+_DENSE = 64
+"""Occurrences of a byte found one by one before the rest of a span is counted instead."""
+
+
+def occurrences(data: bytes, byte: bytes, start: int = 0, end: int | None = None) -> int:
+    """How many times the one-byte ``byte`` occurs in ``data[start:end]`` (no copy).
+
+    ``bytes.count`` of one byte walks the span a byte at a time (~60 ms for 31 MB), while
+    ``find`` jumps with ``memchr`` (~10× faster): a body that is mostly long strings holds
+    few ``,`` ``{`` ``[`` bytes, so they are found; where they are dense (a body of many
+    small values) the rest of the span is counted.
+    """
+    if end is None:
+        end = len(data)
+    n = 0
+    i = data.find(byte, start, end)
+    while i >= 0:
+        n += 1
+        if n == _DENSE:
+            return n + data.count(byte, i + 1, end)
+        i = data.find(byte, i + 1, end)
+    return n
+
+
 def _count(raw: bytes, start: int, end: int) -> tuple[int, int]:
     """(``,`` count, ``{`` + ``[`` count) of ``raw[start:end]`` without copying it."""
-    containers = raw.count(b"{", start, end) + raw.count(b"[", start, end)
-    return raw.count(b",", start, end), containers
+    containers = occurrences(raw, b"{", start, end) + occurrences(raw, b"[", start, end)
+    return occurrences(raw, b",", start, end), containers
 
 
-async def parse_body(raw: bytes, limits: BodyLimits) -> dict[str, Any]:
+async def parse_body(raw: bytes, limits: BodyLimits, counted: bool = False) -> dict[str, Any]:
     """The body as a JSON object, within ``limits``; :class:`ApiError` (400/413) otherwise.
+
+    ``counted``: the body's items were already counted against ``max_items`` as it was read
+    (:func:`~infera_core.server.asgi.read_body` with ``max_items``): it is not counted again
+    (each count of a 31 MB body costs the event loop ~60 ms a byte value), only its depth
+    checked by walking what was parsed (at most ``max_items`` values).
 
     Before building any object the body's items are counted at C speed (``,``, ``{`` and
     ``[`` bytes, strings included: an upper bound), so a body of millions of tiny values is
@@ -51,6 +80,11 @@ async def parse_body(raw: bytes, limits: BodyLimits) -> dict[str, Any]:
     n = len(raw)
     if n <= limits.max_items:
         return parse_short_body(raw, limits)
+    if counted:
+        body = parse_object(raw, limits.max_depth)
+        if _too_deep(body, limits.max_depth):
+            raise too_deep(limits.max_depth)
+        return body
     commas = containers = 0
     for start in range(0, n, _CHUNK):
         c, k = _count(raw, start, start + _CHUNK)
@@ -92,7 +126,7 @@ def _too_deep(body: object, limit: int) -> bool:
 
 def json_items(chunk: bytes) -> int:
     """An upper bound of the JSON values that start in ``chunk`` (its ``,`` ``{`` ``[`` bytes)."""
-    return chunk.count(b",") + chunk.count(b"{") + chunk.count(b"[")
+    return occurrences(chunk, b",") + occurrences(chunk, b"{") + occurrences(chunk, b"[")
 
 
 def too_many_items(limit: int) -> ApiError:

@@ -3,7 +3,7 @@
 HTTP/1.1 with keep-alive; ``POST`` anything → a chat/completion JSON body, or with
 ``"stream": true`` in the request an SSE stream of ``chunks`` events then
 ``[DONE]``. Behaviour knobs (``status``, ``chunk_delay``, ``die_after_chunks``,
-``delay``, and the misbehaviours ``hang`` and ``trailing``) can be changed while it runs. It records the last raw request body and
+``delay``, and the misbehaviours ``hang``, ``break_body`` and ``trailing``) can be changed while it runs. It records the last raw request body and
 the number of requests it answered.
 """
 
@@ -76,6 +76,9 @@ class FakeUpstream:
         """Misbehaviour: bytes written right after each complete JSON response (a desynced worker)."""
         self.hang = False
         """Misbehaviour: accept requests and never answer them (like the sim's ``--fault-hang``)."""
+        self.break_body = False
+        """Misbehaviour: send a JSON answer's headers and half its body, then close (a worker
+        dying while it answers a non-streamed request)."""
         self.requests = 0
         self.last_body = b""
         self.last_path = ""
@@ -127,6 +130,12 @@ class FakeUpstream:
             transport.write(_head(self.status, b"application/json", len(err)) + err)
             return
         if b'"stream":true' not in body.replace(b" ", b""):
+            if self.break_body:
+                head = _head(200, b"application/json", len(self._json))
+                transport.write(head + self._json[: len(self._json) // 2])
+                await asyncio.sleep(0)
+                transport.abort()
+                return
             transport.write(_head(200, b"application/json", len(self._json)) + self._json + self.trailing)
             return
         transport.write(

@@ -20,6 +20,10 @@ from infera_core.errors import ConfigError
 from infera_core.tokenize.chat import render_chat
 from infera_core.tokenize.chat_templates import ChatTemplates
 
+_OFFSETS_AT_ONCE = 8192
+"""Encodings up to this many tokens give their offsets in one call (a few ms at most)."""
+_NO_SPAN = (0, 0)
+
 
 class HfTokenizer:
     """A ``tokenizer.json`` (and optional ``tokenizer_config.json``) from a model directory."""
@@ -78,7 +82,14 @@ class HfTokenizer:
     def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
         """Ids and start character offsets of ``text``'s tokens, no special tokens added."""
         enc = self._encode(text, False)
-        return list(enc.ids), [start for start, _ in enc.offsets]
+        ids = list(enc.ids)
+        if len(ids) <= _OFFSETS_AT_ONCE:
+            return ids, [start for start, _ in enc.offsets]
+        # ``enc.offsets`` builds its list of tuples holding the GIL (~100 ms for 250k tokens:
+        # the event loop stalls though this runs in a thread); one token at a time, the
+        # interpreter hands the GIL back between calls, and it is no slower.
+        span = enc.token_to_chars
+        return ids, [(span(i) or _NO_SPAN)[0] for i in range(len(ids))]
 
 
 class HfTokenizerFactory:

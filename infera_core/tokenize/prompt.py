@@ -80,6 +80,45 @@ def prompt_size(body: dict[str, Any]) -> int:
         n = 0
         for m in messages:
             c = m.get("content") if isinstance(m, dict) else None
-            n += len(c) if isinstance(c, str) else len(str(c))
+            if isinstance(c, str):
+                n += len(c)
+            elif isinstance(c, list):  # text parts by their length, not str() of the whole list
+                n += sum(len(t) if isinstance(t, str) else len(str(t)) for t in _part_texts(c))
+            elif c is not None:
+                n += len(str(c))
         return n
     return 0
+
+
+def _part_texts(parts: list[Any]) -> list[Any]:
+    """Each part's text (a string), or the part itself where it has none (an image: what
+    it holds counts too, so a body of big images is still a big prompt)."""
+    return [p["text"] if isinstance(p, dict) and isinstance(p.get("text"), str) else p for p in parts]
+
+
+def cut_contents(messages: list[Any], limit: int) -> list[Any]:
+    """``messages`` whose text (string contents and text parts, in order) holds at most
+    ``limit`` characters: the text past that is dropped, every message and part kept (the
+    template sees the same roles, turns and tools). A template that renders contents in
+    order renders the same first ``limit`` characters as for the whole messages, for a
+    bounded cost whatever the body's size."""
+    out: list[Any] = []
+    left = limit
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            if len(content) > left:
+                m = {**m, "content": content[:left]}
+            left -= len(m["content"])
+        elif isinstance(content, list):
+            parts: list[Any] = []
+            for part in content:
+                text = part.get("text") if isinstance(part, dict) else None
+                if isinstance(text, str):
+                    if len(text) > left:
+                        part = {**part, "text": text[:left]}
+                    left -= len(part["text"])
+                parts.append(part)
+            m = {**m, "content": parts}
+        out.append(m)
+    return out

@@ -59,6 +59,7 @@ from infera_core.tokenize.engine import EngineTokenize
 from infera_core.tokenize.incremental import PrefixTokenCache
 from infera_core.tokenize.prompt import (
     completion_prompt,
+    cut_contents,
     cut_messages,
     given_tokens,
     ids_bytes,
@@ -336,8 +337,11 @@ class RoutingTokenizers:
             # /v1/messages requests arrive here already mapped to the chat request the
             # engine receives (server/anthropic.py), so both render the same way.
             if isinstance(tok, PrefixTokenizer) and not body.get("add_special_tokens"):
+                cut = prompt_size(body) > limit
+                if cut:  # what is rendered is bounded too, not only what is tokenized
+                    messages = cut_contents(messages, limit)
                 text = tok.render_chat(messages, body)
-                cut = len(text) > limit
+                cut = cut or len(text) > limit
                 scope = f"{ctx.model}\0{tok.fingerprint}"
                 ids = self.prefixes.encode(
                     scope, text[:limit] if cut else text, tok.encode_offsets, on_prefix

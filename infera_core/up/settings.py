@@ -11,11 +11,14 @@ from infera_core.engines.settings import RestartPolicy
 from infera_core.server.auth_settings import AuthSettings
 from infera_core.server.fault_settings import FaultSettings
 from infera_core.server.limits import LimitSettings
+from infera_core.server.observe_settings import ObserveSettings
 from infera_core.server.settings import router_host, router_port
 from infera_core.tokenize.settings import TokenizeSettings
 
 
-class UpSettings(InferaSettings, LimitSettings, AuthSettings, FaultSettings, TokenizeSettings):
+class UpSettings(
+    InferaSettings, LimitSettings, AuthSettings, FaultSettings, TokenizeSettings, ObserveSettings
+):
     """The embedded single-machine stack (its server's connection and request limits from
     :class:`LimitSettings`, its routing tokenizer's bounds from :class:`TokenizeSettings`)."""
 

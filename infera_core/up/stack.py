@@ -195,6 +195,7 @@ class Stack:
             **s.limits_of(),
             **s.auth_of(),
             **s.faults_of(),
+            **s.observe_of(),
             **s.tokenize_of(),
         )
 

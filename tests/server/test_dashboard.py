@@ -21,7 +21,8 @@ import infera_core.server
 from infera_core.kv.component import KvRouting
 from infera_core.kv.settings import KvSettings
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import RunningServer, serving, settings_for
+from infera_core.testing.server import RunningServer, serving, settings_for, sse_data
+from infera_core.testing.upstream import fake_upstreams, record_for
 from infera_core.util.net import free_port
 from infera_core.worker import Status
 
@@ -291,6 +292,25 @@ async def test_dashboard_in_chromium_shows_the_fleet_and_a_drain(
         assert await asyncio.to_thread(browser.save_screenshot, str(shot))
 
 
+async def test_dashboard_in_chromium_shows_the_last_routing_decisions(
+    sims: list[SimHandle], browser: Any
+) -> None:
+    """A request sent with X-Infera-Explain: its decision (policy, pick, score) is on the page."""
+    async with stack(sims) as srv, httpx.AsyncClient(base_url=srv.url, timeout=20) as c:
+        await asyncio.to_thread(browser.get, srv.url + "/dashboard")
+        await in_browser(browser, lambda d: "nothing yet" in d.find_element("id", "last-decisions").text)
+        body = {"model": MODEL, "prompt": "explain this pick", "max_tokens": 2}
+        r = await c.post("/v1/completions", json=body, headers={"X-Infera-Explain": "1"})
+        picked = r.headers["x-infera-worker"]
+        kept = (await c.get("/v1/admin/stats")).json()["last_decisions"]
+        assert kept[0]["picked"] == picked and kept[0]["status"] == 200
+        text = await in_browser(
+            browser,
+            lambda d: (t := d.find_element("id", "last-decisions-table").text) and picked in t and t,
+        )
+        assert "kv-aware" in text and MODEL in text
+
+
 async def test_dashboard_in_chromium_shows_each_models_routing_mode(
     sims: list[SimHandle], browser: Any
 ) -> None:
@@ -354,3 +374,22 @@ def test_up_prints_the_dashboard_url_and_the_page_sees_its_workers() -> None:
         assert sorted(w["status"] for w in stats["workers"]) == ["active", "active"]
     finally:
         stop_process(proc, within=60)
+
+
+async def test_dashboard_in_chromium_shows_streams_continued_elsewhere(browser: Any) -> None:
+    async with fake_upstreams(2) as ups, serving(settings_for(), make_hooks()) as srv:
+        for u in ups:
+            srv.store.put(record_for(u))
+        await srv.wait_workers(2)
+        await asyncio.to_thread(browser.get, srv.url + "/dashboard")
+        await in_browser(browser, lambda d: "no stream broke" in d.find_element("id", "migrations").text)
+        ups[0].die_after_chunks = 3  # w0's streams break mid-way: each continues on w1
+        async with httpx.AsyncClient(base_url=srv.url, timeout=20) as c:
+            body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+            for _ in range(2):  # round-robin: one of them starts on w0
+                assert (await sse_data(c, "/v1/chat/completions", body))[-1] == "data: [DONE]"
+        await in_browser(
+            browser, lambda d: "upstream_closed resumed" in d.find_element("id", "migrations").text
+        )
+        text = browser.find_element("id", "migrations").text
+        assert "resume fake-model p50 / p99" in text

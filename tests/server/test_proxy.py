@@ -82,17 +82,19 @@ async def test_stream_passes_every_chunk_without_nagle_stalls(
     assert t_routed < t_direct + 1.0, (t_routed, t_direct)
 
 
-async def test_midstream_failure_ends_with_sse_error_event(
-    srv: RunningServer, ups: list[FakeUpstream]
-) -> None:
-    for u in ups:
-        u.die_after_chunks = 3
-    async with httpx.AsyncClient(base_url=srv.url, timeout=5) as c:
-        lines = await sse_data(c, "/v1/chat/completions", {**CHAT, "stream": True})
-    assert len(lines) == 4
-    err = json.loads(lines[-1][6:])
-    assert err["error"]["code"] == "upstream_stream_error"
-    assert sum(u.requests for u in ups) == 1  # never retried mid-stream
+async def test_midstream_failure_without_migration_ends_with_sse_error_event(ups: list[FakeUpstream]) -> None:
+    cm, srv = await _serve_with(ups, migration_limit=0)  # --migration-limit 0: never continued
+    try:
+        for u in ups:
+            u.die_after_chunks = 3
+        async with httpx.AsyncClient(base_url=srv.url, timeout=5) as c:
+            lines = await sse_data(c, "/v1/chat/completions", {**CHAT, "stream": True})
+        assert len(lines) == 4
+        err = json.loads(lines[-1][6:])
+        assert err["error"]["code"] == "upstream_stream_error"
+        assert sum(u.requests for u in ups) == 1  # never retried mid-stream
+    finally:
+        await cm.__aexit__(None, None, None)
 
 
 async def test_client_disconnect_cancels_upstream(

@@ -70,16 +70,17 @@ async def test_a_worker_dying_before_the_first_byte_is_retried_elsewhere(
     assert _idle(srv)
 
 
-async def test_midstream_death_ends_the_stream_with_an_error_and_is_not_retried(
+async def test_midstream_death_is_continued_once_then_ends_the_stream_with_an_error(
     srv: RunningServer, ups: list[FakeUpstream]
 ) -> None:
     for u in ups:
-        u.die_after_chunks = 5
+        u.die_after_chunks = 5  # the continuation's worker dies too: --migration-limit 1 is spent
     async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
         lines = await sse_data(c, "/v1/chat/completions", {**CHAT, "stream": True})
-    assert len(lines) == 6
-    assert json.loads(lines[-1][6:])["error"]["code"] == "upstream_stream_error"
-    assert sum(u.requests for u in ups) == 1
+    assert len(lines) == 11  # 5 chunks from each worker, then the error event
+    err = json.loads(lines[-1][6:])["error"]
+    assert err["code"] == "upstream_stream_error" and "migration limit (1) is spent" in err["message"]
+    assert [u.requests for u in ups] == [1, 1]
     await until(lambda: _idle(srv))
 
 

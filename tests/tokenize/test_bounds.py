@@ -149,6 +149,60 @@ def test_serve_and_up_take_the_bounds_as_flags_and_env(monkeypatch: pytest.Monke
     assert (served.tokenize_cache_mb, served.tokenize_max_chars, served.routing_max_tokens) == (8.0, 1000, 50)
 
 
+class RenderSizes(Rendered):
+    """:class:`Rendered` that also records the characters of the messages it renders."""
+
+    def __init__(self, tok: Any) -> None:
+        super().__init__(tok)
+        self.rendered: list[int] = []
+
+    def render_chat(self, messages: list[dict[str, Any]], body: dict[str, Any]) -> str:
+        self.rendered.append(sum(len(t) for t in _texts(messages)))
+        return super().render_chat(messages, body)
+
+
+def _texts(messages: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for m in messages:
+        c = m.get("content")
+        out += [c] if isinstance(c, str) else [p["text"] for p in c or [] if "text" in p]
+    return out
+
+
+async def test_only_what_can_be_tokenized_of_a_huge_chat_is_rendered(tiny_dir: Path) -> None:
+    """A 4 MB chat costs the template what a 3,000-character one does (the template used to
+    render all of it, holding the interpreter, before the text was cut), and its ids are
+    still the prefix of the whole chat's."""
+    tokens = service(tiny_dir, max_chars=3000, max_tokens=0, offload_chars=100)
+    tok = tokens.tokenizer_for("tiny")
+    assert isinstance(tok, HfTokenizer)
+    spy = tokens._models["tiny"].tokenizer = RenderSizes(tok)  # type: ignore[assignment]
+    parts = [{"type": "text", "text": big_prompt(1000, 1)}, {"type": "text", "text": big_prompt(2 << 20, 2)}]
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": parts},
+        {"role": "assistant", "content": big_prompt(2 << 20, 3)},
+        {"role": "user", "content": "and then?"},
+    ]
+    c = ctx({"messages": messages}, "/v1/chat/completions")
+    await tokens.fill(c)
+    assert spy.rendered == [3000] and spy.seen == [3000]  # was 4 MB rendered, then cut
+    whole = tok.encode_chat(messages, {})
+    assert c.token_ids and c.token_ids == whole[: len(c.token_ids)]
+    assert len(c.token_ids) >= len(tok.encode_chat(messages[:1], {})) and tokens.cut == {"tiny": 1}
+
+
+def test_offsets_of_a_long_text_are_the_encodings_offsets(tiny_dir: Path) -> None:
+    """Past 8,192 tokens the offsets are read one token at a time (no long hold of the
+    interpreter): the same starts as ``Encoding.offsets`` gives, special tokens included."""
+    tok = HfTokenizer(tiny_dir)
+    text = tok.render_chat([{"role": "user", "content": big_prompt(40_000)}], {}) + " é😀 x"
+    ids, starts = tok.encode_offsets(text)
+    enc = tok._encode(text, False)
+    assert len(ids) > 8192
+    assert ids == list(enc.ids) and starts == [s for s, _ in enc.offsets]
+
+
 @pytest.mark.parametrize(
     ("prompt", "text"), [("hi", "hi"), (["first", "second"], "first"), ([], ""), (None, None), ([1, 2], None)]
 )

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Collection
 from typing import Any
 
 from infera_core.engines.pd import (
@@ -109,7 +110,11 @@ class PdDispatcher:
             self.metrics.failed("decode_incomplete")
         self.scheduler.finished(ctx, ep, ok)
 
-    async def dispatch(self, ctx: RequestContext, path: str, body: bytes) -> Routed:
+    async def dispatch(
+        self, ctx: RequestContext, path: str, body: bytes, exclude: Collection[str] = ()
+    ) -> Routed:
+        """``exclude``: decode workers not to use (a migrated stream's failed ones: the
+        continuation gets a fresh prefill and another decode worker)."""
         client_body: dict[str, Any] = ctx.body if path == ctx.route else json.loads(body)
         prepare = getattr(self.core, "prepare", None)
         if prepare is not None and ctx.token_ids is None and self.scheduler.needs_tokens(ctx.model):
@@ -118,7 +123,7 @@ class PdDispatcher:
         last: ApiError | None = None
         for attempt in range(1 + self.config.max_pair_retries):
             try:
-                pair = self.scheduler.pick_pair(ctx, tried_prefill)
+                pair = self.scheduler.pick_pair(ctx, tried_prefill, exclude)
             except SchedulingError as exc:
                 raise (last or _api_error(exc)) from None
             p = pair.prefill

@@ -34,10 +34,10 @@ typedef struct {
     int64_t block_size, group, lora;
 } evdesc;
 
-/* A str field as a storage tier, as infera_core.kv.index.medium_tier does; -1 to give up. */
+/* A str field as a storage tier, as infera_core.kv.tiers.medium_tier does; -1 to give up. */
 static int tier_of_medium(const mpitem *it)
 {
-    /* infera_core.kv.index._MEDIUM_TIER: vLLM, SGLang (HiCache), ATOM and LMCache names */
+    /* infera_core.kv.tiers._MEDIUM_TIER: vLLM, SGLang (HiCache), ATOM and LMCache names */
     static const char *names[] = {"GPU",  "HBM",     "CPU",      "CPU_PINNED", "CPU_TIER1", "DISK",
                                   "STORAGE", "EXTERNAL", "CPU_TIER2", "REMOTE"};
     static const int tiers[] = {0, 0, 1, 1, 1, 2, 2, 2, 2, 2};
@@ -82,7 +82,32 @@ static int int_field(const unsigned char *at, const unsigned char *end, int allo
     return 0;
 }
 
-enum { F_TYPE, F_HASHES, F_PARENT, F_TOKENS, F_BS, F_LORA, F_MEDIUM, F_KIND, F_GROUP, NFIELDS, F_OTHER = NFIELDS };
+enum { F_TYPE, F_HASHES, F_PARENT, F_TOKENS, F_BS, F_LORA, F_MEDIUM, F_KIND, F_GROUP, NFIELDS, F_OTHER = NFIELDS,
+       F_KEYED_STR, F_KEYED_LIST, F_KEYED_MAP };
+
+/* A field that changes what a block hash means, at r, stepped over: -1 when it says something
+ * (infera_core.kv.index._store_keyed's business), 0 when the Python decoder ignores it too —
+ * F_KEYED_STR (lora_name, cache_salt) says something as a str, F_KEYED_MAP (SGLang's metadata)
+ * as a map, F_KEYED_LIST (extra_keys) as an array with an item that is not nil. */
+static int plain_keys(reader *r, int kind)
+{
+    const unsigned char *at = r->p;
+    mpitem it;
+    if (mp_read(r, &it) < 0)
+        return -1;
+    if ((kind == F_KEYED_STR && it.type == MP_STR) || (kind == F_KEYED_MAP && it.type == MP_MAP))
+        return -1;
+    if (kind == F_KEYED_LIST && it.type == MP_ARRAY) {
+        for (uint64_t i = 0; i < it.u; i++) {
+            mpitem x;
+            if (mp_read(r, &x) < 0 || x.type != MP_NIL)
+                return -1;
+        }
+        return 0;
+    }
+    r->p = at;
+    return mp_skip(r, 0);
+}
 
 /* Which field a map key names (switching on its length first: the keys of every event). */
 static int field_of(const mpitem *key)
@@ -92,8 +117,10 @@ static int field_of(const mpitem *key)
     case 4: return IS("type") ? F_TYPE : F_OTHER;
     case 12: return IS("block_hashes") ? F_HASHES : F_OTHER;
     case 17: return IS("parent_block_hash") ? F_PARENT : F_OTHER;
-    case 9: return IS("token_ids") ? F_TOKENS : IS("group_idx") ? F_GROUP : F_OTHER;
-    case 10: return IS("block_size") ? F_BS : F_OTHER;
+    case 9: return IS("token_ids") ? F_TOKENS : IS("group_idx") ? F_GROUP : IS("lora_name") ? F_KEYED_STR : F_OTHER;
+    case 10: return IS("block_size") ? F_BS : IS("extra_keys") ? F_KEYED_LIST : IS("cache_salt") ? F_KEYED_STR
+                                                                                                   : F_OTHER;
+    case 8: return IS("metadata") ? F_KEYED_MAP : F_OTHER;
     case 7: return IS("lora_id") ? F_LORA : F_OTHER;
     case 6: return IS("medium") ? F_MEDIUM : F_OTHER;
     case 18: return IS("kv_cache_spec_kind") ? F_KIND : F_OTHER;
@@ -199,9 +226,24 @@ static int parse_array_event(reader *r, uint64_t n, evdesc *ev)
     } else {
         return -1; /* an unknown tag: the Python decoder counts it */
     }
-    for (; i < n; i++)
-        if (mp_skip(r, 0) < 0)
+    for (; i < n; i++) {
+        const unsigned char *item = r->p;
+        /* vLLM's positional tail: 7 lora_name, 8 extra_keys (ATOM, SGLang); SGLang's metadata
+         * map is the 8th item before that tail and the 15th after it */
+        int rc;
+        if (ev->kind != EV_STORED || (i > 8 && i < 14))
+            rc = mp_skip(r, 0);
+        else if (i == 7) { /* lora_name (a str), or SGLang's metadata before the tail (a map) */
+            rc = plain_keys(r, F_KEYED_STR);
+            if (rc == 0) {
+                r->p = item;
+                rc = plain_keys(r, F_KEYED_MAP);
+            }
+        } else
+            rc = plain_keys(r, i == 8 ? F_KEYED_LIST : F_KEYED_MAP);
+        if (rc < 0)
             return -1;
+    }
     ev->end = r->p;
     return 0;
 }
@@ -223,6 +265,11 @@ static int parse_event(reader *r, evdesc *ev)
         if (mp_read(r, &key) < 0 || key.type != MP_STR)
             return -1;
         int f = field_of(&key);
+        if (f > F_OTHER) {
+            if (plain_keys(r, f) < 0)
+                return -1;
+            continue;
+        }
         if (f != F_OTHER) {
             if (at[f] != NULL)
                 return -1; /* a repeated field */

@@ -115,6 +115,8 @@ def wire_event(ev: Any) -> KvEvent | None:
             _at(ev, 6, str) or "GPU",
             _at(ev, 10, str),
             _at(ev, 9, int),
+            _at(ev, 7, str),
+            _at(ev, 8, list),
         )
     if tag == "BlockRemoved":
         if len(ev) < 2:

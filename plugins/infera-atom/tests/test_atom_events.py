@@ -202,7 +202,7 @@ def test_decoder_reads_frames_encoded_as_atoms_publisher_does() -> None:
 
 def test_decoder_reads_hand_built_arrays_with_every_field_and_a_dp_rank() -> None:
     tokens = _tokens(1)
-    full = ["BlockStored", [11], 10, tokens, BS, 3, "CPU", "lora-a", None, 0, "full_attention", None]
+    full = ["BlockStored", [11], 10, tokens, BS, 3, "CPU", "lora-a", [["lora-a"]], 0, "full_attention", None]
     payload = msgspec.msgpack.encode(
         [2.0, [full, ["BlockRemoved", [11], "CPU", 0], ["SomethingNew", 1], ["AllBlocksCleared", "GPU"]], 1]
     )
@@ -217,6 +217,7 @@ def test_decoder_reads_hand_built_arrays_with_every_field_and_a_dp_rank() -> Non
         0,
         "full_attention",
     )
+    assert (stored.lora_name, stored.extra_keys) == ("lora-a", [["lora-a"]])  # its chain's namespace
     assert isinstance(removed, BlockRemoved) and removed.medium == "CPU"
     assert isinstance(cleared, AllBlocksCleared)
     assert decoder.unknown_events == 1

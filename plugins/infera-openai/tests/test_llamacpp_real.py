@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -22,14 +23,18 @@ from infera_openai.llamacpp import LlamaCppAdapter
 from infera_core.engines.base import RunningEngine
 from infera_core.testing.contracts import sample_launch_context
 from infera_core.testing.engine_env import clean_environ
-from infera_core.testing.fleet import stop_process
+from infera_core.testing.fleet import LauncherProcess
+from infera_core.testing.threaded import report_line
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
 VENV = REPO / ".venv-llamacpp"
 MODEL = VENV / "tiny" / "tiny.gguf"
-READY = re.compile(r"Infera ready: (http://127\.0\.0\.1:\d+/v1)\s+\((\d+) llamacpp workers, policy (\S+)\)")
+READY = re.compile(
+    r"Infera ready: (http://127\.0\.0\.1:\d+/v1)\s+\((\d+) llamacpp workers, policy ([^;)\s]+)(?:; ([^)]*))?\)"
+)
+"""The ready line; its optional tail after ``;`` says how each model is routed (``tiny by text prefix``)."""
 START_TIMEOUT = 180.0
 """llama-server loads the tiny model in well under a second; the rest is Python start-up on a busy machine."""
 
@@ -51,14 +56,12 @@ def llama_server() -> str:
     return out.stdout.strip()
 
 
-@pytest.fixture
-def up_llamacpp() -> Iterator[tuple[subprocess.Popen[str], str, str]]:
-    """``infera-run up --engine llamacpp --workers 2``: (process, router /v1 URL, policy)."""
+@contextmanager
+def running_up(*infera_args: str, slot_ctx: int = 65536) -> Iterator[tuple[LauncherProcess, str, str, str]]:
+    """``infera-run up --engine llamacpp --workers 2 [infera_args]`` over the real llama-server:
+    (process, router /v1 URL, policy, how the ready line says each model is routed)."""
     server = llama_server()
-    cmd = [
-        sys.executable,
-        "-m",
-        "infera_core",
+    args = [
         "up",
         "--engine",
         "llamacpp",
@@ -75,35 +78,33 @@ def up_llamacpp() -> Iterator[tuple[subprocess.Popen[str], str, str]]:
         "5",
         "--ready-timeout",
         str(START_TIMEOUT),
+        *infera_args,
         "--",
         "--llama-server",
         server,
         "-np",
         "2",
         "-c",
-        "65536",  # 32k tokens per slot: a long generation outlives the in-flight check below
+        str(slot_ctx),
         "-t",
         "1",
     ]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_environ()
-    )
-    lines: list[str] = []
+    proc = LauncherProcess(args, clean_environ())
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + START_TIMEOUT + 30
-        found = None
-        while found is None and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            found = READY.search(line)
-        assert found is not None, "up never printed its ready line:\n" + "".join(lines[-60:])
+        proc.wait_output("Infera ready", within=START_TIMEOUT + 30)
+        found = READY.search(proc.output())
+        assert found is not None, "the ready line does not read as expected:\n" + proc.output()[-3000:]
         assert found.group(2) == "2"
-        yield proc, found.group(1), found.group(3)
+        yield proc, found.group(1), found.group(3), found.group(4) or ""
     finally:
-        stop_process(proc, within=30)
+        proc.kill()
+
+
+@pytest.fixture
+def up_llamacpp() -> Iterator[tuple[LauncherProcess, str, str, str]]:
+    """2 llama-server workers, 32k tokens per slot: a long generation outlives the in-flight check."""
+    with running_up() as running:
+        yield running
 
 
 async def worker_load(workers: list[dict[str, object]]) -> int:
@@ -118,11 +119,12 @@ async def worker_load(workers: list[dict[str, object]]) -> int:
     return sum(c or 0 for c in counts)
 
 
-def test_up_llamacpp_serves_the_openai_client(up_llamacpp: tuple[subprocess.Popen[str], str, str]) -> None:
+def test_up_llamacpp_serves_the_openai_client(up_llamacpp: tuple[LauncherProcess, str, str, str]) -> None:
     from openai import OpenAI
 
-    proc, url, policy = up_llamacpp
+    proc, url, policy, routing = up_llamacpp
     assert policy == "approximate-prefix"  # no KV events: the engine's routing default
+    assert routing == "tiny by text prefix"  # no tokenizer for a GGUF: the text fallback, said once
     client = OpenAI(base_url=url, api_key="unused", timeout=60, max_retries=0)
 
     chat = client.chat.completions.create(
@@ -179,12 +181,69 @@ def test_up_llamacpp_serves_the_openai_client(up_llamacpp: tuple[subprocess.Pope
         time.sleep(0.1)
 
     # Ctrl-C drains and stops every llama-server
-    proc.send_signal(signal.SIGINT)
+    proc.signal(signal.SIGINT)
     code = proc.wait(60)
-    assert code == 0, f"up exited {code}:\n" + (proc.stdout.read() if proc.stdout else "")[-3000:]
+    assert code == 0, f"up exited {code}:\n" + proc.output()[-3000:]
     for w in workers:
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{w['url']}/health", timeout=2)
+
+
+def prefix_groups(groups: int, chars: int) -> list[str]:
+    """``groups`` distinct long prompt prefixes (seeded words: the same on every run)."""
+    rng = random.Random(27)
+    words = ["cache", "route", "token", "prefix", "worker", "engine", "slot", "fleet", "block", "queue"]
+    out = []
+    for g in range(groups):
+        text = f"conversation {g}:"
+        while len(text) < chars:
+            text += " " + rng.choice(words)
+        out.append(text)
+    return out
+
+
+def cached_share(url: str, prefixes: list[str], repeats: int) -> float:
+    """Send each prefix ``repeats`` times in a row with a fresh tail (the first half of the groups
+    over completions, the rest over chat) and return llama-server's own prompt-cache reuse:
+    cached prompt tokens / prompt tokens, from each answer's ``usage.prompt_tokens_details``."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=url, api_key="unused", timeout=120, max_retries=0)
+    cached = prompt = 0
+    for g, prefix in enumerate(prefixes):
+        for r in range(repeats):
+            tail = f" question {r}: what comes next?"
+            if g < len(prefixes) // 2:
+                usage = client.completions.create(model="tiny", prompt=prefix + tail, max_tokens=2).usage
+            else:
+                messages = [{"role": "system", "content": prefix}, {"role": "user", "content": tail}]
+                usage = client.chat.completions.create(model="tiny", messages=messages, max_tokens=2).usage  # type: ignore[arg-type]
+            assert usage is not None and usage.prompt_tokens_details is not None
+            cached += usage.prompt_tokens_details.cached_tokens or 0
+            prompt += usage.prompt_tokens
+    return cached / prompt
+
+
+def test_kv_aware_text_fallback_reuses_llama_cpp_prompt_cache_more_than_round_robin(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Issue #27: llama.cpp publishes no KV events and a GGUF gives the router no tokenizer, so
+    kv-aware routes by the text prefix; a conversation's repeats then reach the llama-server
+    that holds its prompt, and llama.cpp's own cache reuse beats round-robin's on the same
+    workload (chat and completions)."""
+    prefixes = prefix_groups(8, 1500)
+    shares = {}
+    for policy in ("kv-aware", "round-robin"):
+        with running_up("--router-policy", policy, slot_ctx=8192) as (_, url, shown, routing):
+            assert shown == policy
+            assert routing == ("tiny by text prefix" if policy == "kv-aware" else "")
+            shares[policy] = cached_share(url, prefixes, repeats=3)
+    report_line(
+        request, "llama.cpp prompt-cache reuse: " + ", ".join(f"{k} {v:.3f}" for k, v in shares.items())
+    )
+    # kv-aware: every repeat hits (2 of 3); round-robin: one repeat in two lands where its prompt is
+    assert shares["kv-aware"] > 0.5, shares
+    assert shares["kv-aware"] > 1.4 * shares["round-robin"], shares
 
 
 def test_every_flag_the_adapter_emits_is_in_llama_servers_help() -> None:

@@ -9,7 +9,7 @@ option turns it on (``--enable-hierarchical-cache``). Flag names and values foll
 
 The router credits what the KV events say: a page event with ``medium`` CPU_PINNED (HiCache's
 host pool; ``CPU_TIER1`` in older builds) at the CPU tier weight, DISK/EXTERNAL (``CPU_TIER2``
-in older builds) at the disk weight (``infera_core.kv.index.medium_tier``).
+in older builds) at the disk weight (``infera_core.kv.tiers.medium_tier``).
 """
 
 from __future__ import annotations

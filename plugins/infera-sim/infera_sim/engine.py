@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from infera_core.kv.events import KvEvent
 from infera_sim.config import SimConfig
-from infera_sim.kvcache import KvCache, block_hashes, chain_hash
+from infera_sim.kvcache import KvCache, block_hashes, chain_hash, salt_root
 from infera_sim.metrics import SimMetrics
 from infera_sim.request import SimRequest
 from infera_sim.tokenizer import EOS_ID, EngineTokenizer
@@ -154,7 +154,7 @@ class SimEngine:
         bs = cache.block_size
         resumed = r.num_generated > 0
         tokens = r.all_tokens() if resumed else r.prompt
-        hashes = block_hashes(tokens, bs)
+        hashes = block_hashes(tokens, bs, parent=salt_root(r.cache_salt))
         limit = (len(tokens) - 1) // bs
         hits = cache.match(hashes, limit)
         offloaded = cache.cpu_prefix(hashes, len(hits), limit)
@@ -165,7 +165,7 @@ class SimEngine:
         if cache.available(hits) < need_now:
             return False
         cache.acquire(hits)
-        loaded = cache.load(offloaded, hashes[len(hits) - 1] if hits else None)
+        loaded = cache.load(offloaded, hashes[len(hits) - 1] if hits else None, r.cache_salt)
         r.blocks = hits + loaded + cache.allocate(need_now - len(loaded))
         r.hashes = hashes
         r.committed = cached
@@ -196,9 +196,12 @@ class SimEngine:
         hashes = r.hashes
         while len(hashes) < full:
             i = len(hashes)
-            hashes.append(chain_hash(hashes[-1] if hashes else None, tokens[i * bs : (i + 1) * bs]))
+            prev = hashes[-1] if hashes else salt_root(r.cache_salt)
+            hashes.append(chain_hash(prev, tokens[i * bs : (i + 1) * bs]))
         parent = hashes[start - 1] if start else None
-        self.cache.commit(r.blocks, start, hashes[start:full], parent, tokens[start * bs : full * bs])
+        self.cache.commit(
+            r.blocks, start, hashes[start:full], parent, tokens[start * bs : full * bs], r.cache_salt
+        )
         r.committed = full
 
     def _execute(self, plan: list[tuple[SimRequest, int]], now: float) -> None:
@@ -252,7 +255,7 @@ class SimEngine:
                 tok = EOS_ID
             else:
                 tok = vocab[(x >> 16) % nv]
-            ch.tokens.append(tok)
+            ch.push(tok)
             self.metrics.generation_tokens += 1
             if tok == EOS_ID or (tok in r.stop_token_ids and len(ch.tokens) >= r.min_tokens):
                 ch.finish_reason = "stop"

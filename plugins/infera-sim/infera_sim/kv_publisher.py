@@ -96,8 +96,8 @@ def wire_event(event: KvEvent, layout: str) -> msgspec.Struct:
             event.block_size,
             event.lora_id,
             event.medium,
-            None,
-            [None] * len(hashes),
+            event.lora_name,
+            event.extra_keys or [None] * len(hashes),
             0,
             "full_attention",
         )

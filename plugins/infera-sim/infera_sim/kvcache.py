@@ -32,6 +32,13 @@ def chain_hash(parent: int | None, token_ids: Sequence[int]) -> int:
     return int.from_bytes(_blake2b(data, digest_size=8).digest(), "little")
 
 
+def salt_root(salt: str | None) -> int | None:
+    """The parent hash a salted prompt's first block chains from (None: unsalted)."""
+    if salt is None:
+        return None
+    return int.from_bytes(_blake2b(b"cache_salt\0" + salt.encode(), digest_size=8).digest(), "little")
+
+
 def block_hashes(
     token_ids: Sequence[int], block_size: int, start: int = 0, parent: int | None = None
 ) -> list[int]:
@@ -152,11 +159,13 @@ class KvCache:
         hashes: Sequence[int],
         parent: int | None,
         token_ids: Sequence[int],
+        salt: str | None = None,
     ) -> None:
         """Cache ``blocks[start : start + len(hashes)]``, now full: one ``BlockStored`` per run.
 
         ``token_ids`` are the tokens of exactly those blocks; ``parent`` is the hash of the
-        block before the first one (None at the start of a sequence). A block whose hash
+        block before the first one (None at the start of a sequence, whose first block's
+        ``extra_keys`` then carry ``salt``, as vLLM's events do). A block whose hash
         is already cached (computed twice concurrently) is swapped for the cached copy,
         which the request then holds, so its chain of cached parents stays intact.
         """
@@ -168,7 +177,7 @@ class KvCache:
         for i, h in enumerate(hashes):
             existing = self.cached.get(h)
             if existing is not None:
-                self._flush(run, run_parent, token_ids[run_start * bs : (run_start + len(run)) * bs])
+                self._flush(run, run_parent, token_ids[run_start * bs : (run_start + len(run)) * bs], salt)
                 run = []
                 own = blocks[start + i]
                 if existing is not own:
@@ -187,9 +196,9 @@ class KvCache:
             self.cached[h] = block
             run.append(h)
             prev = h
-        self._flush(run, run_parent, token_ids[run_start * bs : (run_start + len(run)) * bs])
+        self._flush(run, run_parent, token_ids[run_start * bs : (run_start + len(run)) * bs], salt)
 
-    def load(self, hashes: Sequence[int], parent: int | None) -> list[Block]:
+    def load(self, hashes: Sequence[int], parent: int | None, salt: str | None = None) -> list[Block]:
         """Load blocks held on the CPU tier (a run following ``parent``) into new GPU blocks.
 
         They leave the CPU tier first, so the GPU evictions this allocation causes cannot
@@ -210,12 +219,17 @@ class KvCache:
             self.cached[h] = block
             tokens.extend(entry.tokens)
             prev = h
-        self.events.append(BlockStored(list(hashes), parent, tokens, self.block_size, None, self.medium))
+        self._flush(list(hashes), parent, tokens, salt)
         return blocks
 
-    def _flush(self, run: list[BlockHash], parent: int | None, token_ids: Sequence[int]) -> None:
+    def _flush(
+        self, run: list[BlockHash], parent: int | None, token_ids: Sequence[int], salt: str | None = None
+    ) -> None:
         if run:
-            self.events.append(BlockStored(run, parent, list(token_ids), self.block_size, None, self.medium))
+            event = BlockStored(run, parent, list(token_ids), self.block_size, None, self.medium)
+            if salt is not None and parent is None:
+                event.extra_keys = [[salt]] + [None] * (len(run) - 1)
+            self.events.append(event)
 
     def release(self, blocks: Sequence[Block]) -> None:
         """Drop one reference of each block, tail first; unreferenced ones become evictable."""

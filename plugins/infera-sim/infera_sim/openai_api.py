@@ -46,6 +46,12 @@ class Parsed:
     seed: int = 0
     tool_call: dict[str, Any] | None = None
     """The function a forced ``tool_choice`` makes the sim call (name and parameters)."""
+    cache_salt: str | None = None
+    """vLLM's ``cache_salt``: folded into the first block's hash, so only requests with the same
+    salt share cached blocks (the KV events carry it in ``extra_keys``, as vLLM's do)."""
+    return_token_ids: bool = False
+    """vLLM's ``return_token_ids``: streamed chunks carry ``token_ids`` (and the first one the
+    ``prompt_token_ids``)."""
     prompt_logprobs: int | None = None
     """vLLM's ``prompt_logprobs``: per prompt token, this many alternatives (the answer grows by
     one entry per prompt token, placed where vLLM places it)."""
@@ -62,6 +68,7 @@ class Parsed:
                 ignore_eos=self.ignore_eos,
                 stop=self.stop,
                 stop_token_ids=self.stop_token_ids,
+                cache_salt=self.cache_salt,
             )
             for i, prompt in enumerate(self.prompts)
         ]
@@ -109,6 +116,11 @@ def _messages(body: dict[str, Any], tok: EngineTokenizer) -> list[list[int]]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ApiError(f"messages[{i}] must be an object with a 'role'", "messages")
+    if body.get("continue_final_message") and body.get("add_generation_prompt", True):
+        raise ApiError(  # vLLM's own check
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            "continue_final_message",
+        )
     return [tok.encode_chat(messages, body)]
 
 
@@ -186,7 +198,25 @@ def parse(body: dict[str, Any], tok: EngineTokenizer, cfg: SimConfig, chat: bool
         seed=seed,
         tool_call=_tool_call(body) if chat else None,
         prompt_logprobs=prompt_logprobs,
+        cache_salt=_cache_salt(body),
+        return_token_ids=bool(body.get("return_token_ids")),
     )
+
+
+def _cache_salt(body: dict[str, Any]) -> str | None:
+    """vLLM's ``validate_cache_salt``: a non-empty string of at most 128 characters without
+    ``@``, ``/``, ``\\`` or NUL."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise ApiError("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
+    if len(salt) > 128 or any(c in salt for c in "@/\\\0"):
+        raise ApiError(
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL.",
+            "cache_salt",
+        )
+    return salt
 
 
 def usage(reqs: list[SimRequest]) -> dict[str, Any]:

@@ -12,20 +12,40 @@ _LCG_C = 1442695040888963407
 _MASK64 = (1 << 64) - 1
 
 
+WINDOW = 8
+"""How many of the latest tokens (prompt, then output) decide the next one."""
+
+
 class Choice:
-    """One output sequence (``n`` of them per request) with a deterministic generator."""
+    """One output sequence (``n`` of them per request) with a deterministic generator.
 
-    __slots__ = ("finish_reason", "state", "text", "tokens")
+    The next token is a function of the seed, the choice's index and the last
+    :data:`WINDOW` tokens of prompt + output only (like a greedy engine, whose next token
+    depends on the context, not on how the context was sent): a request whose prompt is
+    another's prompt + the first k tokens of its output continues that output exactly.
+    """
 
-    def __init__(self, state: int) -> None:
-        self.state = state
+    __slots__ = ("finish_reason", "salt", "text", "tokens", "window")
+
+    def __init__(self, salt: int, context: list[int]) -> None:
+        self.salt = salt
+        self.window = context[-WINDOW:]
         self.tokens: list[int] = []
         self.text = ""
         self.finish_reason: str | None = None
 
     def next_random(self) -> int:
-        self.state = (self.state * _LCG_A + _LCG_C) & _MASK64
-        return self.state >> 11
+        state = ((hash(tuple(self.window)) ^ self.salt) * _LCG_A + _LCG_C) & _MASK64
+        state = ((state ^ (state >> 29)) * _LCG_A + _LCG_C) & _MASK64
+        return state >> 11
+
+    def push(self, token: int) -> None:
+        """``token`` was generated: it joins the output and the context window."""
+        self.tokens.append(token)
+        window = self.window
+        window.append(token)
+        if len(window) > WINDOW:
+            del window[0]
 
 
 class SimRequest:
@@ -34,6 +54,7 @@ class SimRequest:
     __slots__ = (
         "arrival",
         "blocks",
+        "cache_salt",
         "choices",
         "committed",
         "done",
@@ -68,16 +89,19 @@ class SimRequest:
         ignore_eos: bool = False,
         stop: list[str] | None = None,
         stop_token_ids: list[int] | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id
+        self.cache_salt = cache_salt
+        """Folded into the first block's hash (vLLM's ``cache_salt``)."""
         self.prompt = prompt
         self.max_tokens = max_tokens
         self.min_tokens = min_tokens
         self.ignore_eos = ignore_eos
         self.stop = stop or []
         self.stop_token_ids = set(stop_token_ids or ())
-        base = (seed * 0x9E3779B97F4A7C15 + len(prompt) * 131 + (prompt[-1] if prompt else 0)) & _MASK64
-        self.choices = [Choice((base + 0x632BE59BD9B4E019 * (i + 1)) & _MASK64) for i in range(n)]
+        base = (seed * 0x9E3779B97F4A7C15) & _MASK64
+        self.choices = [Choice((base + 0x632BE59BD9B4E019 * (i + 1)) & _MASK64, prompt) for i in range(n)]
         self.blocks: list[Block] = []
         self.hashes: list[int] = []
         """Hashes of the full blocks committed so far (prompt, then choice 0's output)."""

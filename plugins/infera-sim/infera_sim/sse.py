@@ -39,6 +39,8 @@ async def stream(
     def chunk(choices: list[dict[str, Any]]) -> bytes:
         return sse({"id": rid, "object": obj, "created": created, "model": model, "choices": choices})
 
+    ids = parsed.return_token_ids
+    opened: set[int] = set()
     if chat:
         first = [
             {
@@ -49,14 +51,28 @@ async def stream(
             }
             for ci in range(n)
         ]
-        await resp.write(chunk(first))
+        if ids:  # vLLM: the prompt's ids ride on the first chunk
+            await resp.write(
+                sse(
+                    {
+                        "id": rid,
+                        "object": obj,
+                        "created": created,
+                        "model": model,
+                        "choices": first,
+                        "prompt_token_ids": reqs[0].prompt,
+                    }
+                )
+            )
+        else:
+            await resp.write(chunk(first))
     while True:
         await wake.wait()
         wake.clear()
         out: list[bytes] = []
         for pi, r in enumerate(reqs):
             output, r.output = r.output, []
-            for ci, _tok, piece, finish in output:
+            for ci, tok, piece, finish in output:
                 if chat:
                     if tool is not None:
                         if finish is None:
@@ -83,6 +99,11 @@ async def stream(
                         "finish_reason": finish,
                         "stop_reason": None,
                     }
+                    if ids and pi * n + ci not in opened:
+                        opened.add(pi * n + ci)
+                        choice["prompt_token_ids"] = r.prompt
+                if ids:
+                    choice["token_ids"] = [tok]
                 out.append(chunk([choice]))
         if out:
             await resp.write(b"".join(out))

@@ -121,6 +121,13 @@ class SimTokenizer:
         return [BOS_ID, *self._encode_with_specials(text)]
 
     def encode_chat(self, messages: list[dict[str, Any]], body: dict[str, Any]) -> list[int]:
+        if body.get("continue_final_message") and messages:
+            # vLLM's continue_final_message: the last message is left open (no ``</s>``, no
+            # generation prompt) for the model to go on; its text is encoded on its own, so
+            # an assistant's partial answer gives back the very ids that produced it
+            *head, last = messages
+            opened = render_chat(head, False) + f"<s>{last.get('role', 'user')}\n"
+            return self._encode_with_specials(opened) + self._pieces(content_text(last.get("content")))
         add = bool(body.get("add_generation_prompt", True))
         return self._encode_with_specials(render_chat(messages, add))
 
@@ -183,6 +190,12 @@ class HfTokenizer:
         return list(self._tok.encode(text).ids)
 
     def encode_chat(self, messages: list[dict[str, Any]], body: dict[str, Any]) -> list[int]:
+        if body.get("continue_final_message") and messages:
+            *head, last = messages
+            opened = self.encode_chat(head, {"add_generation_prompt": True})
+            return opened + list(
+                self._tok.encode(content_text(last.get("content")), add_special_tokens=False).ids
+            )
         add = bool(body.get("add_generation_prompt", True))
         if self._template is not None:
             text = self._template.render(messages=messages, add_generation_prompt=add)

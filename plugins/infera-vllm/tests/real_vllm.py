@@ -89,11 +89,12 @@ def engine_env(cache_root: Path) -> dict[str, str]:
 
 @pytest.fixture
 def vllm_worker(tmp_path: Path, etcd_server: EtcdServer) -> Iterator[Callable[..., LauncherProcess]]:
-    """``vllm_worker("w1")`` → ``infera-run worker vllm`` running real vLLM, registered in etcd."""
+    """``vllm_worker("w1")`` → ``infera-run worker vllm`` running real vLLM, registered in etcd
+    (``engine_args=(…)``: more vLLM flags after ``ENGINE_ARGS``)."""
     python, model = vllm_python()
     started: list[LauncherProcess] = []
 
-    def launch(worker_id: str, *extra: str) -> LauncherProcess:
+    def launch(worker_id: str, *extra: str, engine_args: tuple[str, ...] = ()) -> LauncherProcess:
         args = [
             "worker",
             "vllm",
@@ -116,6 +117,7 @@ def vllm_worker(tmp_path: Path, etcd_server: EtcdServer) -> Iterator[Callable[..
             *extra,
             "--",
             *ENGINE_ARGS,
+            *engine_args,
         ]
         proc = LauncherProcess(args, engine_env(tmp_path / f"vllm-cache-{worker_id}"))
         started.append(proc)
@@ -234,3 +236,54 @@ def long_prompt(seed: str, words: int = 300) -> str:
     """A prompt of a few hundred tokens for the tiny model's tokenizer (distinct per seed)."""
     vocab = ["kalomi", "raturu", "senovi", "peda", "the", "of", "to", "and", "zefo", "giha"]
     return seed + " " + " ".join(vocab[(i * 7 + len(seed)) % len(vocab)] for i in range(words))
+
+
+@contextlib.contextmanager
+def vllm_server(
+    tmp: Path, *extra: str, env: dict[str, str] | None = None, model: Path | None = None
+) -> Iterator[str]:
+    """Real vLLM (``vllm.entrypoints.openai.api_server``) serving the tiny model (or ``model``) as
+    ``tiny`` on a free port until the block exits; yields its URL (``tmp``: its log and cache)."""
+    python, tiny = vllm_python()
+    port = free_port()
+    logs = tmp / "vllm.log"
+    argv = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model or tiny),
+        "--served-model-name",
+        "tiny",
+    ]
+    argv += ["--host", "127.0.0.1", "--port", str(port), *ENGINE_ARGS, *extra]
+    with logs.open("wb") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**engine_env(tmp / "cache"), **(env or {})},
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM exited ({proc.returncode}) before serving:\n{logs.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vLLM did not serve within 600 s:\n{logs.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

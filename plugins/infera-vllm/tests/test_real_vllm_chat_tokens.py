@@ -12,15 +12,13 @@ every one. ``/v1/messages`` bodies are first mapped as the server maps them.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from real_vllm import ENGINE_ARGS, engine_env, vllm_python
+from real_vllm import vllm_python, vllm_server
 
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.request import RequestContext
@@ -29,7 +27,6 @@ from infera_core.testing.chat_corpus import MESSAGES, chat_corpus
 from infera_core.testing.tiny_chat import write_templates
 from infera_core.tokenize.service import RoutingTokenizers
 from infera_core.tokenize.specs import parse_model_specs
-from infera_core.util.net import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "additional_chat_templates")
@@ -48,36 +45,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def vllm_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One real vLLM server for the whole module."""
-    python, _ = vllm_python()
-    port = free_port()
-    logs = tmp_path_factory.mktemp("vllm-chat-log") / "vllm.log"
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
-    argv += ["--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), *ENGINE_ARGS]
-    with logs.open("wb") as log:
-        env = engine_env(tmp_path_factory.mktemp("vllm-chat-cache"))
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM exited ({proc.returncode}) before serving:\n{logs.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM did not serve within 600 s:\n{logs.read_text()[-3000:]}")
-            time.sleep(0.5)
+    with vllm_server(tmp_path_factory.mktemp("vllm-chat"), model=model_dir) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _engine_ids(url: str, body: dict[str, Any]) -> list[int]:

@@ -20,7 +20,15 @@ from infera_core.scheduling.arrays import Floats, state
 from infera_core.scheduling.candidates import rows_of
 from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
 from infera_core.scheduling.registry import PolicyRegistry
-from infera_core.scheduling.types import Endpoint, Picker, PolicyFactory, SchedulerDeps, Scorer
+from infera_core.scheduling.types import (
+    DEFAULT_SESSION_HEADERS,
+    Endpoint,
+    Picker,
+    PolicyFactory,
+    SchedulerDeps,
+    Scorer,
+)
+from infera_policies.session import session_of
 
 BASE_FILTERS = [PluginRef(name="health"), PluginRef(name="role")]
 
@@ -93,8 +101,9 @@ class PowerOfTwoPicker(_SeededPicker):
 class AffinityParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    header: str = "x-session-id"
-    """Request header carrying the session key (falls back to the body's ``user``)."""
+    header: str | None = None
+    """Request header carrying the session key (default: the server's ``--session-header``
+    list); without one the body's ``prompt_cache_key``, ``user`` or ``metadata.user_id``."""
     load_factor: float = Field(1.25, ge=1.0)
     """Bounded load: a worker takes a session only while its in-flight count is at most
     ``ceil(load_factor * (total in-flight + 1) / workers)``; otherwise the ring moves on."""
@@ -110,10 +119,10 @@ class SessionAffinityPicker(Picker):
     """Consistent hashing of the session key with bounded load; no key → fewest in-flight."""
 
     name = "session-affinity"
-    __slots__ = ("_header", "_load_factor", "_next", "_ring", "_ring_ids", "_vnodes")
+    __slots__ = ("_headers", "_load_factor", "_next", "_ring", "_ring_ids", "_vnodes")
 
-    def __init__(self, params: AffinityParams) -> None:
-        self._header = params.header.lower()
+    def __init__(self, params: AffinityParams, headers: Sequence[str] = DEFAULT_SESSION_HEADERS) -> None:
+        self._headers = (params.header.lower(),) if params.header else tuple(h.lower() for h in headers)
         self._load_factor = params.load_factor
         self._vnodes = params.vnodes
         self._ring_ids: tuple[str, ...] = ()
@@ -121,13 +130,7 @@ class SessionAffinityPicker(Picker):
         self._next = 0
 
     def session_key(self, ctx: RequestContext) -> str | None:
-        if ctx.session_key is None:
-            key = ctx.headers.get(self._header)
-            if not key:
-                user = ctx.body.get("user")
-                key = user if isinstance(user, str) and user else None
-            ctx.session_key = key
-        return ctx.session_key
+        return session_of(ctx, self._headers)
 
     def _ring_for(self, candidates: Sequence[Endpoint]) -> tuple[list[int], list[str]]:
         ids = tuple(sorted(ep.worker_id for ep in candidates))
@@ -169,7 +172,8 @@ def _seed(params: object) -> int | None:
 
 
 def _affinity(params: object, deps: SchedulerDeps) -> Picker:
-    return SessionAffinityPicker(params if isinstance(params, AffinityParams) else AffinityParams())
+    p = params if isinstance(params, AffinityParams) else AffinityParams()
+    return SessionAffinityPicker(p, deps.session_headers)
 
 
 def register_basic(registry: PolicyRegistry) -> None:
@@ -220,5 +224,6 @@ def register_basic(registry: PolicyRegistry) -> None:
     registry.add_preset(
         "session-affinity",
         ProfileConfig(filters=list(BASE_FILTERS), picker=PluginRef(name="session-affinity")),
-        "Same session (x-session-id header or body 'user') → same worker, with bounded load.",
+        "Same session (--session-header headers, or the body's prompt_cache_key / user) → same worker,"
+        " with bounded load.",
     )

@@ -8,6 +8,7 @@ The ``kv-aware`` preset combines them. For each candidate worker *w* (after the
 
     score(w) = 1.0 · overlap(w) + 0.1 · (1 − load(w) / max load)
              + 0.1 · (1 − fill(w) / max fill) + 0.02 · (1 − recent(w) / max recent)
+             + 0.3 · session(w)
 
 * ``overlap(w)`` — tier-weighted fraction of the prompt's full blocks cached on *w*
   (longest prefix, from the KV index; a block on CPU counts 0.5, on disk 0.25), or
@@ -22,6 +23,9 @@ The ``kv-aware`` preset combines them. For each candidate worker *w* (after the
   its oldest blocks, as one cache the fleet's size would), which also spreads prefill;
 * ``recent(w)`` — dispatches to *w*, decayed by half every 32 dispatches of this
   server (so paced traffic, which never builds up in-flight load, still spreads);
+* ``session(w)`` — 1 for the worker the request's conversation (session header,
+  ``prompt_cache_key``, ``user``) was last routed to (:mod:`infera_policies.session`): worth
+  more than the load terms together, less than a clearly longer cached prefix elsewhere;
 * the **imbalance guard** first drops workers whose pressure
   ``in_flight + recent`` exceeds ``1.2 × mean + 4``, or the least pressured worker's
   pressure ``+ 16`` (so no worker idles while others share a hot prefix) — never all,
@@ -66,6 +70,7 @@ from infera_policies.load import (
     dispatch_clock,
     estimate_tokens,
 )
+from infera_policies.session import register_session
 
 BASE_FILTERS = [PluginRef(name="health"), PluginRef(name="role")]
 FILL_CLOCK_KEY = "infera_policies.fill_clock"
@@ -125,6 +130,21 @@ class KvOverlapScorer(Scorer):
             if depth:
                 out = [max(o, depth.get(ep.row, 0.0)) for o, ep in zip(out, candidates, strict=True)]
         self.in_flight.last = (ctx.request_id, [ep.row for ep in candidates], out)
+        return out
+
+    def explain(
+        self, ctx: RequestContext, candidates: Sequence[Endpoint], scores: Sequence[float]
+    ) -> list[dict[str, Any]]:
+        """Per candidate: the prompt's full blocks and how many of them count as cached there."""
+        index = self.index
+        get = index.views_by_key.get if index is not None else None
+        out: list[dict[str, Any]] = []
+        for ep, s in zip(candidates, scores, strict=True):
+            view = get((ep.worker_id, ep.dp_rank)) if get is not None else None
+            blocks = 0
+            if view is not None and index is not None and ctx.token_ids:
+                blocks = len(ctx.cached_block_hashes(view.block_size, index.hash_prompt))
+            out.append({"overlap_blocks": round(s * blocks, 2), "prompt_blocks": blocks})
         return out
 
     def _prefix_scores(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
@@ -290,7 +310,13 @@ class CacheFillScorer(Scorer):
 
 
 def kv_profile(
-    overlap: float, load: float, recent: float, factor: float, gap: float = 8.0, fill: float = 0.0
+    overlap: float,
+    load: float,
+    recent: float,
+    factor: float,
+    gap: float = 8.0,
+    fill: float = 0.0,
+    session: float = 0.0,
 ) -> ProfileConfig:
     guard: dict[str, float] = {"factor": factor} if gap == 8.0 else {"factor": factor, "gap": gap}
     scorers = [
@@ -302,6 +328,8 @@ def kv_profile(
     ]
     if fill:
         scorers.append(ScorerRef(name="cache-fill", weight=fill))
+    if session:  # infera_policies.session: a conversation stays where it ran (the guard still moves it)
+        scorers.append(ScorerRef(name="session-affinity", weight=session))
     return ProfileConfig(
         filters=[*BASE_FILTERS, PluginRef(name="imbalance-guard", params=guard)],
         scorers=scorers,
@@ -350,9 +378,10 @@ def register_kv(registry: PolicyRegistry) -> None:
     registry.add(PolicyFactory("imbalance-guard", "filter", guard, GuardParams, ImbalanceGuard.__doc__ or ""))
     registry.add(PolicyFactory("cache-fill", "scorer", fill, FillParams, CacheFillScorer.__doc__ or ""))
     register_approx_prefix_scorer(registry)  # the presets' text fallback
+    register_session(registry)  # the presets' session term
     registry.add_preset(
         "kv-aware",
-        kv_profile(1.0, 0.1, 0.02, 1.2, 16.0, fill=0.1),
+        kv_profile(1.0, 0.1, 0.02, 1.2, 16.0, fill=0.1, session=0.3),
         "Cache-aware: longest cached prefix (KV events) traded against load, with an imbalance guard.",
     )
     registry.add_preset(

@@ -117,6 +117,19 @@ class LoadScorer(Scorer):
             )
         return _relative_inverse([ep.in_flight + ep.in_flight_prompt_tokens / unit for ep in candidates])
 
+    def explain(
+        self, ctx: RequestContext, candidates: Sequence[Endpoint], scores: Sequence[float]
+    ) -> list[dict[str, Any]]:
+        """The load terms: requests and prompt tokens in flight, the engine's queue."""
+        return [
+            {
+                "in_flight": ep.in_flight,
+                "in_flight_prompt_tokens": ep.in_flight_prompt_tokens,
+                "waiting": ep.stats.get("waiting", 0.0) if self.engine_stats and ep.stats else 0.0,
+            }
+            for ep in candidates
+        ]
+
     def score_rows(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> Floats:
         """:meth:`score` over the arrays."""
         st, rows = state(), rows_of(candidates)
