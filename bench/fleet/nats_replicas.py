@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ import time
 import httpx
 
 from infera_core.util.nats_server import NatsServer
-from infera_core.util.net import free_port
+from infera_core.util.net import free_port, stop_groups
 
 
 def start(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -116,14 +115,7 @@ def main() -> None:
             procs.append(start(["serve", "--port", str(port), "--router-policy", "kv-aware"], env))
         asyncio.run(run(args, [f"http://127.0.0.1:{p}" for p in ports]))
     finally:
-        for p in procs:
-            os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        stop_groups(procs, grace=20)
         nats.close()
 
 

@@ -22,6 +22,8 @@ import sys
 import threading
 import time
 
+from infera_core.util.net import stop_process
+
 READY = re.compile(r"Infera ready: (http://\S+/v1)")
 
 
@@ -57,13 +59,7 @@ class Up:
         return self.url
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, grace=30, sig=signal.SIGINT)
 
 
 def main() -> None:

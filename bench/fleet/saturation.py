@@ -342,13 +342,20 @@ def main() -> None:
         print(
             f"{'(one pooled sim)':<18} {r['ttft_p50']:9.3f} {r['ttft_p90']:8.3f} {r['ttft_p99']:8.3f} {r['hit']:6.3f}"
         )
+    print_ratios(rows)
+
+
+def print_ratios(rows: dict[str, dict[str, float]], sglang_label: str = SGLANG) -> None:
+    """kv-aware's TTFT p90 against round-robin's, and its TTFT p90 and hit rate against the
+    SGLang router's row (printed as ``sglang_label``), for the rows present."""
     if "kv-aware" in rows and "round-robin" in rows:
         ratio = rows["kv-aware"]["ttft_p90"] / rows["round-robin"]["ttft_p90"]
         print(f"kv-aware TTFT p90 / round-robin's: {ratio:.2f}")
     if "kv-aware" in rows and SGLANG in rows:
         kv, sg = rows["kv-aware"], rows[SGLANG]
         print(
-            f"kv-aware / {SGLANG}: TTFT p90 {kv['ttft_p90'] / sg['ttft_p90']:.2f}, hit {kv['hit'] / sg['hit']:.2f}"
+            f"kv-aware / {sglang_label}: TTFT p90 {kv['ttft_p90'] / sg['ttft_p90']:.2f}, "
+            f"hit {kv['hit'] / sg['hit']:.2f}"
         )
 
 

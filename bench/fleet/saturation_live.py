@@ -47,7 +47,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -64,10 +63,10 @@ import psutil
 import yaml
 from infera_sim.tokenizer import SimTokenizer
 
-from bench.fleet.saturation import SGLANG, Arrival, load_trace, pooled_bound, registry, run
+from bench.fleet.saturation import SGLANG, Arrival, load_trace, pooled_bound, print_ratios, registry, run
 from bench.router.proxy_overhead import cpu_seconds, process
 from bench.traces import MOONCAKE_TRACE
-from infera_core.util.net import free_port
+from infera_core.util.net import free_port, stop_groups
 from infera_core.worker import KvEventsInfo, WorkerRecord
 
 MODEL = "m"
@@ -138,15 +137,7 @@ def sims(args: argparse.Namespace, logs: Path) -> Iterator[list[Sim]]:
                 time.sleep(0.1)
         yield out
     finally:
-        for proc, _ in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc, _ in started:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_groups([proc for proc, _ in started], grace=15)
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
@@ -385,15 +376,7 @@ def main() -> None:
                 f"{v['hit']:6.3f} {v['hit'] / bound:7.3f} {v['preemptions']:7.0f}",
                 flush=True,
             )
-    if "kv-aware" in rows and "round-robin" in rows:
-        print(
-            f"kv-aware TTFT p90 / round-robin's: {rows['kv-aware']['ttft_p90'] / rows['round-robin']['ttft_p90']:.2f}"
-        )
-    if "kv-aware" in rows and SGLANG in rows:
-        kv, sg = rows["kv-aware"], rows[SGLANG]
-        print(
-            f"kv-aware / sglang-router: TTFT p90 {kv['ttft_p90'] / sg['ttft_p90']:.2f}, hit {kv['hit'] / sg['hit']:.2f}"
-        )
+    print_ratios(rows, sglang_label="sglang-router")
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ import psutil
 import yaml
 
 from bench.router.proxy_report import Result, Row, table
-from infera_core.util.net import free_port
+from infera_core.util.net import free_port, stop_groups
 
 MODULE = "bench.router.proxy_overhead"  # this script, as its child processes run it: python -m MODULE
 
@@ -212,14 +212,7 @@ def process(
             sys.stderr.write(proc.stderr.read().decode(errors="replace")[-3000:])
         raise
     finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_groups([proc], grace=10, sig=signal.SIGINT)
 
 
 # -- the load generator ----------------------------------------------------------------

@@ -27,6 +27,8 @@ def flat_main_for(engine: str) -> Callable[..., None]:
 
     Infera's flags are taken, the engine's spellings of what Infera manages are translated,
     everything else is passed to the engine (see :func:`infera_core.cli.worker.flat_worker_args`).
+    The engine plugins' ``infera/engine/<engine>.py`` modules call it; ``infera`` and
+    ``infera.engine`` are namespace packages (PEP 420) they share: no ``__init__.py``.
     """
 
     def main(argv: Sequence[str] | None = None) -> None:

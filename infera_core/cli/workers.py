@@ -18,12 +18,17 @@ from infera_core.config.settings import (
     config_option,
     resolve,
 )
-from infera_core.discovery.base import DiscoverySettings
+from infera_core.discovery.base import (
+    DiscoverySettings,
+    discovery_prefix_field,
+    discovery_timeout_field,
+    etcd_endpoint_field,
+)
 from infera_core.errors import ConfigError
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.plugin.settings import SettingsCommand, command_settings
 from infera_core.util.redact import redact_url
-from infera_core.worker import DEFAULT_PREFIX, WorkerRecord
+from infera_core.worker import WorkerRecord
 
 
 class WorkersSettings(InferaSettings):
@@ -32,23 +37,12 @@ class WorkersSettings(InferaSettings):
         description="Discovery backend: etcd, nats, static… [default: etcd when --etcd-endpoint is set].",
         json_schema_extra={"flag": "--discovery-backend", "aliases": ["--discovery"]},
     )
-    etcd_endpoint: str | None = Field(
-        None, description="etcd endpoint(s): host:port, http://host:port, or a comma list."
-    )
-    discovery_prefix: str = Field(
-        DEFAULT_PREFIX,
-        description="Key prefix of worker records (the same as serve's).",
-        json_schema_extra={"aliases": ["--etcd-prefix"], "old_env": ["INFERA_ETCD_PREFIX"]},
-    )
+    etcd_endpoint: str | None = etcd_endpoint_field()
+    discovery_prefix: str = discovery_prefix_field()
     static_file: str | None = Field(
         None, description="Worker list file (YAML/JSON) of --discovery-backend static."
     )
-    discovery_timeout: float = Field(
-        5.0,
-        gt=0,
-        description="Seconds to wait for the discovery backend.",
-        json_schema_extra={"old_env": ["INFERA_CONNECT_TIMEOUT"]},
-    )
+    discovery_timeout: float = discovery_timeout_field("Seconds to wait for the discovery backend.")
 
 
 async def list_fleet(hooks: InferaHooks, settings: WorkersSettings) -> list[WorkerRecord]:

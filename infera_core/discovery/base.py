@@ -7,9 +7,33 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
+from pydantic import Field
+
 from infera_core.config.backends import BackendOptions
 from infera_core.registry import Registry
 from infera_core.worker import DEFAULT_PREFIX, WorkerRecord
+
+
+def etcd_endpoint_field() -> Any:
+    """``--etcd-endpoint`` of the commands that reach discovery by one flag (``worker``,
+    ``workers``): a comma list, read by :meth:`DiscoverySettings.of`."""
+    return Field(None, description="etcd endpoint(s): host:port, http://host:port, or a comma list.")
+
+
+def discovery_prefix_field() -> Any:
+    """``--discovery-prefix`` (alias ``--etcd-prefix``) of ``worker`` and ``workers``."""
+    return Field(
+        DEFAULT_PREFIX,
+        description="Key prefix of worker records (the same as serve's).",
+        json_schema_extra={"aliases": ["--etcd-prefix"], "old_env": ["INFERA_ETCD_PREFIX"]},
+    )
+
+
+def discovery_timeout_field(description: str) -> Any:
+    """``--discovery-timeout`` of ``worker`` and ``workers`` (once ``--connect-timeout``)."""
+    return Field(
+        5.0, gt=0, description=description, json_schema_extra={"old_env": ["INFERA_CONNECT_TIMEOUT"]}
+    )
 
 
 class ChangeKind(StrEnum):

@@ -7,9 +7,14 @@ from enum import StrEnum
 from pydantic import Field
 
 from infera_core.config.settings import InferaSettings
-from infera_core.discovery.base import DiscoverySettings
+from infera_core.discovery.base import (
+    DiscoverySettings,
+    discovery_prefix_field,
+    discovery_timeout_field,
+    etcd_endpoint_field,
+)
 from infera_core.errors import ConfigError
-from infera_core.worker import DEFAULT_PREFIX, Role
+from infera_core.worker import Role
 
 
 class RestartPolicy(StrEnum):
@@ -61,24 +66,14 @@ class WorkerSettings(InferaSettings):
         description="How routers get this worker's KV events: zmq (the engine's publisher) or an "
         "installed transport such as nats (the launcher relays the events).",
     )
-    etcd_endpoint: str | None = Field(
-        None, description="etcd endpoint(s): host:port, http://host:port, or a comma list."
-    )
-    discovery_prefix: str = Field(
-        DEFAULT_PREFIX,
-        description="Key prefix of worker records (the same as serve's).",
-        json_schema_extra={"aliases": ["--etcd-prefix"], "old_env": ["INFERA_ETCD_PREFIX"]},
-    )
+    etcd_endpoint: str | None = etcd_endpoint_field()
+    discovery_prefix: str = discovery_prefix_field()
     static_file: str | None = Field(None, description="Worker list file of --discovery static.")
     lease_ttl: float = Field(
         10.0, gt=0, description="Registration lease TTL in seconds (heartbeat every TTL/3)."
     )
-    discovery_timeout: float = Field(
-        5.0,
-        gt=0,
-        description="Seconds to wait for the discovery backend at start-up (serve's"
-        " --connect-timeout is to a worker).",
-        json_schema_extra={"old_env": ["INFERA_CONNECT_TIMEOUT"]},
+    discovery_timeout: float = discovery_timeout_field(
+        "Seconds to wait for the discovery backend at start-up (serve's --connect-timeout is to a worker)."
     )
     ready_timeout: float = Field(600.0, gt=0, description="Seconds to wait for the engine to serve.")
     drain_timeout: float = Field(30.0, ge=0, description="Seconds to wait for in-flight requests on SIGTERM.")

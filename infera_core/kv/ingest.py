@@ -40,6 +40,13 @@ class Ingest:
     def sink(self, sub: Subscription) -> PublisherSink:
         return PublisherSink(self, sub)
 
+    def _lost(self, sub: Subscription, message: str, seq: int, exc: Exception) -> None:
+        """A batch whose events are lost: counted as undecodable, logged (``message`` formats
+        the worker id, ``seq`` and ``exc``), the worker's views cleared and stale until refilled."""
+        sub.undecodable += 1
+        log.warning(message, sub.record.worker_id, seq, exc)
+        self.clear(sub, stale=True)
+
     async def on_batch(self, sub: Subscription, seq: int, payload: bytes) -> None:
         if seq < 0:
             self.bad_seq(sub, f"negative seq {seq}")
@@ -49,14 +56,12 @@ class Ingest:
         except Exception as exc:
             # whatever one batch does, the subscription goes on; its events are lost, so the
             # views are cleared and not credited until refilled
-            sub.undecodable += 1
-            log.warning(
+            self._lost(
+                sub,
                 "worker %s: KV batch seq %d not applied (%r): view cleared, stale until refilled",
-                sub.record.worker_id,
                 seq,
                 exc,
             )
-            self.clear(sub, stale=True)
 
     def bad_seq(self, sub: Subscription, what: str) -> None:
         """A frame whose seq cannot be trusted: counted and skipped (a real gap shows at the next one)."""
@@ -136,14 +141,12 @@ class Ingest:
                 log.warning("worker %s: KV batch seq %d decoded to no events", sub.record.worker_id, seq)
                 return
         except KvDecodeError as exc:
-            sub.undecodable += 1
-            log.warning(
+            self._lost(
+                sub,
                 "worker %s: undecodable KV batch seq %d: %s (view cleared, stale until refilled)",
-                sub.record.worker_id,
                 seq,
                 exc,
             )
-            self.clear(sub, stale=True)
             return
         now = time.time()
         sub.last_event_at = now

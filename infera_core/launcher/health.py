@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import KW_ONLY, dataclass, field
 
 from infera_core.engines.base import EngineAdapter, HealthGenerate, RunningEngine
 from infera_core.util.api_errors import engine_error
@@ -91,32 +92,25 @@ async def health_generate(adapter: EngineAdapter, engine: RunningEngine, within:
         return False
 
 
+@dataclass(eq=False)
 class GenerationWatch:
     """Runs generation checks until cancelled; ``on_change(healthy)`` when the verdict flips."""
 
-    def __init__(
-        self,
-        check: Callable[[], Awaitable[bool]],
-        on_change: Callable[[bool], Awaitable[None]],
-        *,
-        worker_id: str,
-        interval: float,
-        failures: int,
-    ) -> None:
-        self._check = check
-        self._on_change = on_change
-        self.worker_id = worker_id
-        self.interval = interval
-        self.failures = failures
-        self.healthy = True
-        self.failed = 0
+    check: Callable[[], Awaitable[bool]]
+    on_change: Callable[[bool], Awaitable[None]]
+    _: KW_ONLY
+    worker_id: str
+    interval: float
+    failures: int
+    healthy: bool = field(default=True, init=False)
+    failed: int = field(default=0, init=False)
 
     async def run(self) -> None:
         retry_now = False
         while True:
             if not retry_now:
                 await asyncio.sleep(self.interval)
-            ok = await self._check()
+            ok = await self.check()
             retry_now = await self._record(ok)
 
     async def _record(self, ok: bool) -> bool:
@@ -126,7 +120,7 @@ class GenerationWatch:
             if not self.healthy:
                 self.healthy = True
                 log.warning("worker %s: generation check passed again; back in rotation", self.worker_id)
-                await self._on_change(True)
+                await self.on_change(True)
             return False
         self.failed += 1
         if not self.healthy:
@@ -138,6 +132,6 @@ class GenerationWatch:
                 "worker %s: engine accepts requests but does not answer; out of rotation until it does",
                 self.worker_id,
             )
-            await self._on_change(False)
+            await self.on_change(False)
             return False
         return True

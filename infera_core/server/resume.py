@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from infera_core.request import RequestContext
@@ -67,26 +68,16 @@ class LiveStream:
         self.cut: str | None = None
 
 
+@dataclass(slots=True, eq=False)
 class Leg:
     """A continuation under way: its context, endpoint, response and chunk rewriter."""
 
-    __slots__ = ("ctx", "ep", "reason", "resp", "resumed", "started")
-
-    def __init__(
-        self,
-        ctx: RequestContext,
-        ep: Endpoint,
-        resp: UpstreamResponse,
-        resumed: Resumed,
-        started: float,
-        reason: str,
-    ) -> None:
-        self.reason = reason
-        self.ctx = ctx
-        self.ep = ep
-        self.resp = resp
-        self.resumed = resumed
-        self.started = started
+    ctx: RequestContext
+    ep: Endpoint
+    resp: UpstreamResponse
+    resumed: Resumed
+    started: float
+    reason: str
 
 
 class Migrator:

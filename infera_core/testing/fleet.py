@@ -4,6 +4,7 @@
   is :mod:`infera_core.testing.standin_plugin`; put it on ``PYTHONPATH`` and every
   ``infera-run`` subprocess has the ``standin`` engine.
 * :func:`stop_process` — stop a subprocess with a signal, killing it if it lingers.
+* :func:`read_until` — a subprocess's output up to the line a pattern matches (``up``'s ready line).
 * :class:`LauncherProcess` — ``python -m infera_core worker …`` as a subprocess, its output
   collected, with ``signal``/``wait``/``output``.
 * fixtures: ``standin_env`` (environment for such subprocesses) and ``launch_worker``
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,8 +30,8 @@ import pytest
 
 from infera_core.discovery.view import FleetView
 from infera_core.testing.etcd import EtcdServer
-
-DIST_NAME = "infera_standin_testplugin-0.0.0"
+from infera_core.testing.plugins import write_distribution
+from infera_core.util import net
 
 
 @contextmanager
@@ -50,23 +52,30 @@ def stopped_with_sigint(proc: subprocess.Popen[str], within: float = 60.0) -> It
 def stop_process(proc: subprocess.Popen[str], sig: int = signal.SIGINT, within: float = 10.0) -> None:
     """Stop ``proc`` with ``sig`` (Ctrl-C by default) unless it has exited; killed when it has
     not exited ``within`` seconds later. For ``finally`` blocks: nothing is asserted."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(sig)
-    try:
-        proc.wait(within)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
+    net.stop_process(proc, grace=within, sig=sig)
+
+
+def read_until(proc: subprocess.Popen[str], pattern: re.Pattern[str], within: float) -> re.Match[str]:
+    """Read ``proc``'s stdout (text) up to the first line matching ``pattern`` and return the
+    match; AssertionError with the last lines read at EOF or after ``within`` seconds (checked
+    between lines: a silent process is bounded by the test's timeout)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + within
+    lines: list[str] = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if found := pattern.search(line):
+            return found
+    raise AssertionError(f"no line matching {pattern.pattern!r} in the output:\n" + "".join(lines[-60:]))
 
 
 def standin_dist_dir(base: Path) -> Path:
     """Create ``base/<dist>.dist-info`` registering the ``standin`` plugin; returns ``base``."""
-    info = base / f"{DIST_NAME}.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: infera-standin-testplugin\nVersion: 0.0.0\n")
-    (info / "entry_points.txt").write_text("[infera]\nstandin = infera_core.testing.standin_plugin\n")
-    return base
+    entry_points = {"standin": "infera_core.testing.standin_plugin"}
+    return write_distribution(base, "infera-standin-testplugin", "0.0.0", entry_points)
 
 
 def standin_environ(dist_dir: Path, **extra: str) -> dict[str, str]:
@@ -186,26 +195,29 @@ class CliResult:
     stderr: str
 
 
-@pytest.fixture
-def infera_cli(
-    standin_pythonpath: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def in_process_cli(
+    site: Path, plugins: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> Callable[..., CliResult]:
-    """``infera_cli("workers", "--json")`` runs ``infera-run`` in this process (fast) with the
-    ``standin`` engine installed and no inherited ``INFERA_*`` settings; ``env=`` adds some."""
+    """A runner of ``infera-run`` in this process (fast) with the distributions in ``site``
+    importable, only ``plugins`` (``INFERA_LOAD_PLUGINS``) loaded and no inherited ``INFERA_*``
+    settings: ``run(*args, env=None, entry=None)``, ``env`` adding variables for that run and
+    ``entry`` another ``main(argv)`` (a flat ``python -m infera.engine.<name>``'s)."""
     from infera_core.cli import main
 
-    monkeypatch.syspath_prepend(str(standin_pythonpath))
+    monkeypatch.syspath_prepend(str(site))
     for key in [k for k in os.environ if k.startswith("INFERA_")]:
         monkeypatch.delenv(key)
-    monkeypatch.setenv("INFERA_LOAD_PLUGINS", "standin")
+    monkeypatch.setenv("INFERA_LOAD_PLUGINS", plugins)
 
-    def run(*args: str, env: dict[str, str] | None = None) -> CliResult:
+    def run(
+        *args: str, env: dict[str, str] | None = None, entry: Callable[[list[str]], None] | None = None
+    ) -> CliResult:
         with monkeypatch.context() as patch:
             for key, value in (env or {}).items():
                 patch.setenv(key, value)
             capsys.readouterr()
             try:
-                main(list(args))
+                (entry or main)(list(args))
                 code = 0
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -213,6 +225,15 @@ def infera_cli(
         return CliResult(code, out.out, out.err)
 
     return run
+
+
+@pytest.fixture
+def infera_cli(
+    standin_pythonpath: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., CliResult]:
+    """``infera_cli("workers", "--json")`` runs ``infera-run`` in this process (fast) with the
+    ``standin`` engine installed and no inherited ``INFERA_*`` settings; ``env=`` adds some."""
+    return in_process_cli(standin_pythonpath, "standin", monkeypatch, capsys)
 
 
 @pytest.fixture

@@ -25,7 +25,10 @@ from infera_core.server.core import RouterCore
 from infera_core.server.kv import KvComponent
 from infera_core.server.run import uvicorn_config
 from infera_core.server.settings import ServeSettings
+from infera_core.testing.fixtures import make_hooks
+from infera_core.testing.upstream import ScriptedUpstream
 from infera_core.util.net import free_port
+from infera_core.worker import WorkerRecord
 
 
 def settings_for(**overrides: Any) -> ServeSettings:
@@ -85,6 +88,12 @@ class RunningServer:
         """Wait until the server's table holds ``n`` workers."""
         await until(lambda: len(self.core.table.by_id) == n, within)
 
+    async def add_workers(self, *records: WorkerRecord, within: float = 5.0) -> None:
+        """Put ``records`` in the memory fleet and wait until the server's table holds them."""
+        for record in records:
+            self.store.put(record)
+        await until(lambda: all(r.worker_id in self.core.table.by_id for r in records), within)
+
 
 @contextlib.asynccontextmanager
 async def serving(
@@ -111,3 +120,29 @@ async def serving(
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(task, 10)
+
+
+@contextlib.asynccontextmanager
+async def serving_fleet(
+    *records: WorkerRecord, settings: ServeSettings | None = None
+) -> AsyncIterator[tuple[RunningServer, httpx.AsyncClient]]:
+    """A router (``settings``, default ones if None; the installed plugins) serving ``records``
+    once they are all in its table; and a client of the router."""
+    async with (
+        serving(settings or settings_for(), make_hooks()) as srv,
+        httpx.AsyncClient(base_url=srv.url) as client,
+    ):
+        await srv.add_workers(*records)
+        yield srv, client
+
+
+@contextlib.asynccontextmanager
+async def serving_one_scripted(
+    reply: bytes,
+) -> AsyncIterator[tuple[ScriptedUpstream, RunningServer, httpx.AsyncClient]]:
+    """A router (default settings, no plugins) with one worker ``w0`` of ``fake-model``: a
+    :class:`ScriptedUpstream` answering every request with ``reply``; and a client of the router."""
+    async with ScriptedUpstream(lambda conn, req: reply) as engine:
+        w0 = WorkerRecord(worker_id="w0", url=engine.url, model="fake-model", engine="fake")
+        async with serving_fleet(w0) as (srv, client):
+            yield engine, srv, client

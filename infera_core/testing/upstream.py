@@ -15,6 +15,9 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Self, cast
 
+from infera_core.transports.http import make_upstream
+from infera_core.transports.http.native import NativeUpstream
+
 _DATA = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok "}}]}\n\n'
 
 
@@ -274,3 +277,29 @@ class ScriptedUpstream(LoopbackStreamServer):
     async def __aexit__(self, *exc: object) -> None:
         await super().__aexit__(*exc)
         await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def native_upstream(
+    *,
+    connect_timeout: float = 2.0,
+    first_byte_timeout: float = 5.0,
+    idle_timeout: float = 5.0,
+    max_connections: int = 64,
+    pool_timeout: float = 10.0,
+) -> AsyncIterator[NativeUpstream]:
+    """The router's native HTTP upstream client, started, with short test timeouts; closed after."""
+    up = make_upstream(
+        "native",
+        connect_timeout=connect_timeout,
+        first_byte_timeout=first_byte_timeout,
+        idle_timeout=idle_timeout,
+        max_connections=max_connections,
+        pool_timeout=pool_timeout,
+    )
+    assert isinstance(up, NativeUpstream)
+    await up.start()
+    try:
+        yield up
+    finally:
+        await up.close()

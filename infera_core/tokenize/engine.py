@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from infera_core.request import RequestContext
+from infera_core.tokenize.prompt import completion_prompt
 from infera_core.worker import WorkerRecord
 
 TIMEOUT_S = 5.0
@@ -61,12 +62,7 @@ class EngineTokenize:
             req["messages"] = body["messages"]
             req.update({k: body[k] for k in CHAT_FIELDS if k in body})
         else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list):
-                prompt = prompt[0] if prompt else ""
-            if not isinstance(prompt, str):
-                raise ValueError("no prompt or messages to tokenize")
-            req["prompt"] = prompt
+            req["prompt"] = completion_prompt(body)
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self.timeout_s, trust_env=False)
         urls = list(self.urls.get(ctx.base_model, {}).values())

@@ -51,6 +51,17 @@ def given_tokens(body: dict[str, Any]) -> list[int] | None:
     return None
 
 
+def completion_prompt(body: dict[str, Any]) -> str:
+    """The text prompt of a completions body (of a list of prompts, the first: the one routing
+    looks at); ``ValueError`` when there is no text prompt to tokenize."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        prompt = prompt[0] if prompt else ""
+    if not isinstance(prompt, str):
+        raise ValueError("no prompt or messages to tokenize")
+    return prompt
+
+
 def _text(content: Any) -> str:
     """A message's content as one string (text parts joined): what the cut measures."""
     if isinstance(content, str):

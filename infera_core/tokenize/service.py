@@ -58,6 +58,7 @@ from infera_core.tokenize.cards import ModelCards
 from infera_core.tokenize.engine import EngineTokenize
 from infera_core.tokenize.incremental import PrefixTokenCache
 from infera_core.tokenize.prompt import (
+    completion_prompt,
     cut_contents,
     cut_messages,
     given_tokens,
@@ -352,11 +353,7 @@ class RoutingTokenizers:
                 if cut:  # the template's closing follows the cut: keep what a shorter cut shares
                     ids = ids[: shared_prefix(ids, tok.encode_chat(cut_messages(messages, limit - 64), body))]
         else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list):
-                prompt = prompt[0] if prompt else ""
-            if not isinstance(prompt, str):
-                raise ValueError("no prompt or messages to tokenize")
+            prompt = completion_prompt(body)
             cut = len(prompt) > limit
             ids = tok.encode(prompt[:limit] if cut else prompt)
         if cut:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -38,16 +40,32 @@ def wait_port(host: str, port: int, timeout: float = 10.0) -> None:
             time.sleep(0.02)
 
 
-def stop_process(proc: subprocess.Popen[Any] | None, grace: float = 5.0) -> None:
-    """SIGTERM ``proc`` (if it still runs), SIGKILL it after ``grace`` seconds, and reap it."""
+def stop_process(proc: subprocess.Popen[Any] | None, grace: float = 5.0, sig: int = signal.SIGTERM) -> None:
+    """Send ``sig`` to ``proc`` (if it still runs), SIGKILL it after ``grace`` seconds, and reap it."""
     if proc is None or proc.poll() is not None:
         return
-    proc.terminate()
+    proc.send_signal(sig)
     try:
         proc.wait(grace)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def stop_groups(procs: list[subprocess.Popen[Any]], grace: float = 5.0, sig: int = signal.SIGTERM) -> None:
+    """Send ``sig`` to the process group of each of ``procs`` (started with
+    ``start_new_session=True``), then wait up to ``grace`` seconds for each; the groups whose
+    leader has not exited by then are SIGKILLed. Every leader is reaped."""
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+    for proc in procs:
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 class LoopbackServer:

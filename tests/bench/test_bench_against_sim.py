@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from bench_cli import bench_cli
 
 from infera_core.bench.runner import BenchConfig, run_bench
 from infera_core.bench.trace import trace_workload
@@ -29,45 +30,14 @@ def sim() -> Iterator[str]:
 
 @pytest.mark.slow
 def test_cli_shared_prefix_writes_json_and_report(sim: str, tmp_path: Path) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "infera_core",
-            "bench",
-            "--url",
-            f"{sim}/v1",
-            "--metrics-url",
-            f"{sim}/metrics",
-            "--workload",
-            "shared-prefix",
-            "--groups",
-            "3",
-            "--questions-per-group",
-            "4",
-            "--prefix-len",
-            "160",
-            "--question-len",
-            "16",
-            "--output-len",
-            "8",
-            "--concurrency",
-            "2",
-            "--slo",
-            "ttft=30s",
-            "--json",
-            str(tmp_path / "r.json"),
-            "--report",
-            str(tmp_path / "rep"),
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    workload = (
+        "--workload shared-prefix --groups 3 --questions-per-group 4 --prefix-len 160 --question-len 16"
     )
-    assert out.returncode == 0, out.stderr
-    assert "prefix-cache hit rate" in out.stdout
-    data = json.loads((tmp_path / "r.json").read_text())
+    args = (
+        f"--url {sim}/v1 --metrics-url {sim}/metrics {workload} --output-len 8 --concurrency 2 --slo ttft=30s"
+    )
+    stdout, data = bench_cli(tmp_path, *args.split(), timeout=120)
+    assert "prefix-cache hit rate" in stdout
     run = data["runs"][0]
     s = run["summary"]
     assert s["completed"] == s["requests"] == 12

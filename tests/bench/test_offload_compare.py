@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from bench_cli import bench_cli
 
 from infera_core.bench.variants import parse_variant
 from infera_core.errors import ConfigError
@@ -16,7 +14,6 @@ from infera_core.testing.fixtures import make_hooks
 
 pytest.importorskip("infera_sim")
 
-REPO = Path(__file__).resolve().parents[2]
 NO_CREDIT = "kv-aware:kv-overlap.cpu=0:kv-overlap.disk=0"
 
 
@@ -62,50 +59,19 @@ def test_plain_presets_yaml_files_and_bad_entries(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_compare_reports_the_offloaded_tier_hit_rate(tmp_path: Path) -> None:
     """Two sims whose GPU cannot hold two prefixes: the CPU tier holds what the GPU evicts."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "infera_core",
-            "bench",
-            "--compare",
-            "--policies",
-            f"kv-aware,{NO_CREDIT}",
-            "--workers",
-            "2",
-            "--engine-args",
-            "--cache-blocks 16 --cpu-blocks 128 --speedup 20",
-            "--workload",
-            "shared-prefix",
-            "--groups",
-            "4",
-            "--prefix-len",
-            "160",
-            "--questions-per-group",
-            "4",
-            "--question-len",
-            "8",
-            "--output-len",
-            "4",
-            "--concurrency",
-            "2",
-            "--json",
-            str(tmp_path / "r.json"),
-            "--report",
-            str(tmp_path / "rep"),
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
+    workload = "--workload shared-prefix --groups 4 --prefix-len 160 --questions-per-group 4 --question-len 8"
+    stdout, data = bench_cli(
+        tmp_path,
+        *f"--compare --policies kv-aware,{NO_CREDIT} --workers 2".split(),
+        *["--engine-args", "--cache-blocks 16 --cpu-blocks 128 --speedup 20"],
+        *f"{workload} --output-len 4 --concurrency 2".split(),
         timeout=240,
-        cwd=REPO,
     )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "offloaded-tier hit rate" in out.stdout
+    assert "offloaded-tier hit rate" in stdout
     report = (tmp_path / "rep" / "report.md").read_text()
     assert "| offloaded-tier hit rate |" in report  # the summary row
     assert "| hit rate | offloaded-tier hit rate |" in report  # and the per-worker tables
-    runs = json.loads((tmp_path / "r.json").read_text())["runs"]
+    runs = data["runs"]
     assert [r["label"] for r in runs] == ["kv-aware", NO_CREDIT]
     for run in runs:
         s = run["summary"]

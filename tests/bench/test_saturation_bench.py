@@ -32,6 +32,8 @@ def test_kv_aware_caches_more_and_answers_sooner_than_round_robin_near_capacity(
     assert 0.0 < kv[4] <= 1.0 + 1e-9, proc.stdout
     # and at least as well as sglang-router's cache_aware (virtual time: the run is deterministic)
     assert kv[3] >= sg[3] and kv[1] <= sg[1], proc.stdout
+    assert re.search(r"^kv-aware TTFT p90 / round-robin's: [0-9.]+$", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^kv-aware / sglang-cache-aware: TTFT p90 [0-9.]+, hit [0-9.]+$", proc.stdout, re.M)
 
 
 def test_kv_aware_keeps_its_hits_when_kv_events_lag() -> None:

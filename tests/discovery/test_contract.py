@@ -30,8 +30,20 @@ class TestMemoryBackend(DiscoveryContract):
         return MemoryDiscovery(self.store)
 
 
+class _ServerBackend(DiscoveryContract):
+    """A backend whose server process the contract stops and starts (its outage checks)."""
+
+    server: EtcdServer | NatsServer
+
+    def stop_backend(self) -> None:
+        self.server.stop()
+
+    def start_backend(self) -> None:
+        self.server.start()
+
+
 @pytest.mark.etcd
-class TestEtcdBackend(DiscoveryContract):
+class TestEtcdBackend(_ServerBackend):
     lease_ttl = 3.0
 
     @pytest.fixture(autouse=True)
@@ -42,15 +54,9 @@ class TestEtcdBackend(DiscoveryContract):
     async def make_discovery(self) -> Discovery:
         return EtcdDiscovery(self.settings)
 
-    def stop_backend(self) -> None:
-        self.server.stop()
-
-    def start_backend(self) -> None:
-        self.server.start()
-
 
 @pytest.mark.skipif(NatsDiscovery is None, reason="infera-nats is not installed")
-class TestNatsBackend(DiscoveryContract):
+class TestNatsBackend(_ServerBackend):
     """JetStream key-value discovery (the ``infera-nats`` plugin) against a real nats-server."""
 
     lease_ttl = 2.0
@@ -63,12 +69,6 @@ class TestNatsBackend(DiscoveryContract):
 
     async def make_discovery(self) -> Discovery:
         return NatsDiscovery(self.settings)
-
-    def stop_backend(self) -> None:
-        self.server.stop()
-
-    def start_backend(self) -> None:
-        self.server.start()
 
 
 class TestStandinAdapter(EngineAdapterContract):

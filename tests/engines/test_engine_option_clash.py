@@ -8,20 +8,20 @@ point on the path), and every command that builds an engine's flags says the sam
 
 from __future__ import annotations
 
-import os
 import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
-from infera_core.cli import main
 from infera_core.cli.alias import flat_main_for
 from infera_core.engines.base import EngineOption, EngineRegistry
 from infera_core.errors import PluginError
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.plugin.spec import hookimpl
 from infera_core.testing.fixtures import make_hooks
+from infera_core.testing.fleet import CliResult, in_process_cli
+from infera_core.testing.plugins import write_distribution
 from infera_core.testing.standin_plugin import StandinAdapter
 
 PLUGIN = textwrap.dedent(
@@ -53,29 +53,13 @@ EXPECTED = (
 @pytest.fixture
 def run_cli(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> Callable[..., tuple[int, str]]:
+) -> Callable[..., CliResult]:
     """Runs ``infera-run`` (or a flat ``main``) in this process with the clashing plugin installed."""
-    (tmp_path / "infera_clash_testplugin.py").write_text(PLUGIN)
-    info = tmp_path / "infera_clash_engine-0.0.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: infera-clash-engine\nVersion: 0.0.0\n")
-    (info / "entry_points.txt").write_text("[infera]\nclash = infera_clash_testplugin\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    for key in [k for k in os.environ if k.startswith("INFERA_")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("INFERA_LOAD_PLUGINS", "clash")
-
-    def run(*args: str, entry: Callable[[list[str]], None] = main) -> tuple[int, str]:
-        capsys.readouterr()
-        try:
-            entry(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        out = capsys.readouterr()
-        return code, out.out + out.err
-
-    return run
+    entry_points = {"clash": "infera_clash_testplugin"}
+    site = write_distribution(
+        tmp_path, "infera-clash-engine", "0.0.0", entry_points, {"infera_clash_testplugin": PLUGIN}
+    )
+    return in_process_cli(site, "clash", monkeypatch, capsys)
 
 
 @pytest.mark.parametrize(
@@ -90,19 +74,21 @@ def run_cli(
     ids=lambda a: " ".join(a[:2]),
 )
 def test_each_command_refuses_the_plugin_in_one_line(
-    run_cli: Callable[..., tuple[int, str]], args: list[str]
+    run_cli: Callable[..., CliResult], args: list[str]
 ) -> None:
-    code, output = run_cli(*args)
-    assert code != 0
+    r = run_cli(*args)
+    output = r.stdout + r.stderr
+    assert r.code != 0
     lines = output.strip().splitlines()
     assert len(lines) == 1, output
     assert lines[0].startswith("infera-run: error: ") and EXPECTED in lines[0]
     assert "ctx.port" in lines[0] and "Traceback" not in output
 
 
-def test_the_flat_form_refuses_it_too(run_cli: Callable[..., tuple[int, str]]) -> None:
-    code, output = run_cli("--model", "m", "--port", "30000", entry=flat_main_for("clashy"))
-    assert code != 0
+def test_the_flat_form_refuses_it_too(run_cli: Callable[..., CliResult]) -> None:
+    r = run_cli("--model", "m", "--port", "30000", entry=flat_main_for("clashy"))
+    output = r.stdout + r.stderr
+    assert r.code != 0
     assert output.strip().splitlines() == [output.strip()], output
     assert output.startswith("infera.engine.clashy: error: ") and EXPECTED in output
 

@@ -7,8 +7,11 @@ run verbatim against a stand-in engine and a real etcd.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
 from infera_core.testing.published import wait_registered
 from infera_core.util.net import free_port
+from infera_core.worker import WorkerRecord
 
 ETCD = "etcd.local:2379"
 
@@ -190,6 +194,20 @@ def test_flat_conflict_exits_with_one_line() -> None:
     ]
 
 
+@contextmanager
+def seed_worker(
+    engine: str, args: list[str], etcd: EtcdServer, worker_id: str
+) -> Iterator[tuple[LauncherProcess, WorkerRecord]]:
+    """``python -m infera.engine.<engine> ARGS`` once registered in ``etcd`` as ``worker_id``,
+    and its record; stopped (SIGTERM) when the block ends."""
+    proc = LauncherProcess(args, clean_environ(), module=f"infera.engine.{engine}")
+    try:
+        yield proc, wait_registered(etcd, proc, worker_id)
+    finally:
+        proc.signal(signal.SIGTERM)
+        proc.wait(60)
+
+
 @pytest.mark.slow
 def test_seed_sglang_command_runs_verbatim(tmp_path: Path, etcd_server: EtcdServer) -> None:
     """The seed's SGLang command (plus the stand-in's interpreter) registers in a real etcd."""
@@ -200,15 +218,10 @@ def test_seed_sglang_command_runs_verbatim(tmp_path: Path, etcd_server: EtcdServ
         f"--tp-size 1 --enable-kv-events --page-size 32 --disaggregation-mode null "
         f"--worker-id seed-1 --engine-python {env.python} --drain-timeout 1 --mem-fraction-static 0.8"
     ).split()
-    proc = LauncherProcess(args, clean_environ(), module="infera.engine.sglang")
-    try:
-        record = wait_registered(etcd_server, proc, "seed-1")
+    with seed_worker("sglang", args, etcd_server, "seed-1") as (proc, record):
         assert record.model == "qwen" and record.url == f"http://127.0.0.1:{port}"
         assert record.kv_events is not None and record.kv_events.block_size == 32
         assert "--page-size 32" in proc.output() and "--mem-fraction-static 0.8" in proc.output()
-    finally:
-        proc.signal(15)
-        proc.wait(60)
 
 
 def test_up_help_lists_each_engines_options() -> None:
@@ -243,11 +256,6 @@ def test_seed_atom_command_runs_verbatim(tmp_path: Path, etcd_server: EtcdServer
         f"--model ds --server-port {port} --host 127.0.0.1 -tp 1 --etcd-endpoint {etcd_server.endpoint} "
         f"--worker-id seed-atom --engine-python {env.python} --drain-timeout 1 --kv-cache-dtype fp8"
     ).split()
-    proc = LauncherProcess(args, clean_environ(), module="infera.engine.atom")
-    try:
-        record = wait_registered(etcd_server, proc, "seed-atom")
+    with seed_worker("atom", args, etcd_server, "seed-atom") as (proc, record):
         assert record.engine == "atom" and record.url == f"http://127.0.0.1:{port}"
         assert f"--server-port {port}" in proc.output() and "--kv-cache-dtype fp8" in proc.output()
-    finally:
-        proc.signal(15)
-        proc.wait(60)

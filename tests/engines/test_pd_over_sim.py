@@ -12,7 +12,7 @@ from infera_sglang.pd import SglangBootstrapTransport
 from infera_sim.testing import start_sim
 from infera_vllm.pd import VllmMoriioReadTransport, VllmMoriioTransport, VllmNixlTransport
 
-from infera_core.engines.pd import PdContext, PdOrder
+from infera_core.engines.pd import PdContext, PdOrder, PdProtocol
 from infera_core.worker import PdInfo, Role, WorkerRecord
 
 pytestmark = pytest.mark.slow
@@ -31,29 +31,56 @@ def record(wid: str, url: str, role: Role, protocol: str, **params: Any) -> Work
     )
 
 
+def serial_flow(t: PdProtocol, p: WorkerRecord, d: WorkerRecord, request_id: str) -> dict[str, Any]:
+    """The prefill leg, then the decode leg with its answer, both to the sims; the prefill
+    leg's answer is returned."""
+    ctx = PdContext(request_id=request_id, route="/v1/completions")
+    assert t.order is PdOrder.SERIAL
+    t.prepare(ctx, p, d)
+    pre = t.prefill_request(BODY, ctx, p, d)
+    first = httpx.post(p.url + ctx.route, json=pre.body, headers=pre.headers, timeout=30)
+    assert first.status_code == 200, first.text
+    dec = t.decode_request(BODY, ctx, p, d, first.json())
+    final = httpx.post(d.url + ctx.route, json=dec.body, headers=dec.headers, timeout=30)
+    assert final.status_code == 200, final.text
+    assert final.json()["usage"]["completion_tokens"] == BODY["max_tokens"]
+    answer: dict[str, Any] = first.json()
+    return answer
+
+
+def concurrent_flow(t: PdProtocol, p: WorkerRecord, d: WorkerRecord, request_id: str) -> None:
+    """Both legs at once, the decode leg sent first: it waits for the KV the prefill leg makes."""
+    ctx = PdContext(request_id=request_id, route="/v1/completions")
+    assert t.order is PdOrder.CONCURRENT
+    t.prepare(ctx, p, d)
+    pre = t.prefill_request(BODY, ctx, p, d)
+    dec = t.decode_request(BODY, ctx, p, d, None)
+
+    async def both() -> tuple[httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            return await asyncio.gather(
+                client.post(d.url + ctx.route, json=dec.body, headers=dec.headers),
+                client.post(p.url + ctx.route, json=pre.body, headers=pre.headers),
+            )
+
+    final, first = asyncio.run(both())
+    assert first.status_code == 200, first.text
+    assert final.status_code == 200, final.text
+    assert final.json()["usage"]["completion_tokens"] == BODY["max_tokens"]
+
+
 def test_vllm_nixl_serial_flow_against_sims() -> None:
-    t = VllmNixlTransport()
     with (
         start_sim(role="prefill", pd_protocol="vllm-nixl", speedup=50) as p_sim,
         start_sim(role="decode", pd_protocol="vllm-nixl", speedup=50) as d_sim,
     ):
         p = record("p", p_sim.url, Role.PREFILL, "vllm-nixl")
         d = record("d", d_sim.url, Role.DECODE, "vllm-nixl")
-        ctx = PdContext(request_id="req-nixl-1", route="/v1/completions")
-        assert t.order is PdOrder.SERIAL
-        t.prepare(ctx, p, d)
-        pre = t.prefill_request(BODY, ctx, p, d)
-        first = httpx.post(p.url + ctx.route, json=pre.body, headers=pre.headers, timeout=30)
-        assert first.status_code == 200, first.text
-        assert first.json()["usage"]["completion_tokens"] == 1
-        dec = t.decode_request(BODY, ctx, p, d, first.json())
-        final = httpx.post(d.url + ctx.route, json=dec.body, headers=dec.headers, timeout=30)
-        assert final.status_code == 200, final.text
-        assert final.json()["usage"]["completion_tokens"] == BODY["max_tokens"]
+        first = serial_flow(VllmNixlTransport(), p, d, "req-nixl-1")
+        assert first["usage"]["completion_tokens"] == 1
 
 
 def test_sglang_bootstrap_concurrent_flow_against_sims() -> None:
-    t = SglangBootstrapTransport()
     with (
         start_sim(role="prefill", pd_protocol="sglang-bootstrap", bootstrap_port=0, speedup=50) as p_sim,
         start_sim(role="decode", pd_protocol="sglang-bootstrap", speedup=50) as d_sim,
@@ -68,23 +95,7 @@ def test_sglang_bootstrap_concurrent_flow_against_sims() -> None:
             bootstrap_port=p_sim.bootstrap_port,
         )
         d = record("d", d_sim.url, Role.DECODE, "sglang-bootstrap")
-        ctx = PdContext(request_id="req-sgl-1", route="/v1/completions")
-        assert t.order is PdOrder.CONCURRENT
-        t.prepare(ctx, p, d)
-        pre = t.prefill_request(BODY, ctx, p, d)
-        dec = t.decode_request(BODY, ctx, p, d, None)
-
-        async def both() -> tuple[httpx.Response, httpx.Response]:
-            async with httpx.AsyncClient(timeout=30) as client:
-                return await asyncio.gather(
-                    client.post(d.url + ctx.route, json=dec.body, headers=dec.headers),
-                    client.post(p.url + ctx.route, json=pre.body, headers=pre.headers),
-                )
-
-        final, first = asyncio.run(both())
-        assert first.status_code == 200, first.text
-        assert final.status_code == 200, final.text
-        assert final.json()["usage"]["completion_tokens"] == BODY["max_tokens"]
+        concurrent_flow(SglangBootstrapTransport(), p, d, "req-sgl-1")
 
 
 def moriio_record(wid: str, url: str, role: Role, protocol: str, port: int | None) -> WorkerRecord:
@@ -104,49 +115,21 @@ def moriio_record(wid: str, url: str, role: Role, protocol: str, port: int | Non
 def test_vllm_moriio_write_mode_concurrent_flow_against_sims() -> None:
     """Both legs at once, the decode first: it finds the prefill by the address in its
     kv_transfer_params and waits for the transfer the router named."""
-    t = VllmMoriioTransport()
     with (
         start_sim(role="prefill", pd_protocol="vllm-moriio", speedup=50) as p_sim,
         start_sim(role="decode", pd_protocol="vllm-moriio", speedup=50) as d_sim,
     ):
         p = moriio_record("p", p_sim.url, Role.PREFILL, "vllm-moriio", p_sim.bootstrap_port)
         d = moriio_record("d", d_sim.url, Role.DECODE, "vllm-moriio", d_sim.bootstrap_port)
-        ctx = PdContext(request_id="req-mori-1", route="/v1/completions")
-        assert t.order is PdOrder.CONCURRENT
-        t.prepare(ctx, p, d)
-        pre = t.prefill_request(BODY, ctx, p, d)
-        dec = t.decode_request(BODY, ctx, p, d, None)
-
-        async def both() -> list[httpx.Response]:
-            async with httpx.AsyncClient(timeout=30) as client:
-                decode = asyncio.create_task(
-                    client.post(d.url + ctx.route, json=dec.body, headers=dec.headers)
-                )
-                await asyncio.sleep(0)  # the decode leg goes out first and waits for the KV
-                prefill = await client.post(p.url + ctx.route, json=pre.body, headers=pre.headers)
-                return [prefill, await decode]
-
-        first, final = asyncio.run(both())
-        assert first.status_code == 200, first.text
-        assert final.status_code == 200, final.text
-        assert final.json()["usage"]["completion_tokens"] == BODY["max_tokens"]
+        concurrent_flow(VllmMoriioTransport(), p, d, "req-mori-1")
 
 
 def test_vllm_moriio_read_mode_serial_flow_against_sims() -> None:
-    t = VllmMoriioReadTransport()
     with (
         start_sim(role="prefill", pd_protocol="vllm-moriio-read", speedup=50) as p_sim,
         start_sim(role="decode", pd_protocol="vllm-moriio-read", speedup=50) as d_sim,
     ):
         p = moriio_record("p", p_sim.url, Role.PREFILL, "vllm-moriio-read", p_sim.bootstrap_port)
         d = moriio_record("d", d_sim.url, Role.DECODE, "vllm-moriio-read", d_sim.bootstrap_port)
-        ctx = PdContext(request_id="req-mori-2", route="/v1/completions")
-        t.prepare(ctx, p, d)
-        pre = t.prefill_request(BODY, ctx, p, d)
-        first = httpx.post(p.url + ctx.route, json=pre.body, headers=pre.headers, timeout=30)
-        assert first.status_code == 200, first.text
-        assert first.json()["kv_transfer_params"]["transfer_id"] == "xfer-req-mori-2"
-        dec = t.decode_request(BODY, ctx, p, d, first.json())
-        final = httpx.post(d.url + ctx.route, json=dec.body, headers=dec.headers, timeout=30)
-        assert final.status_code == 200, final.text
-        assert final.json()["usage"]["completion_tokens"] == BODY["max_tokens"]
+        first = serial_flow(VllmMoriioReadTransport(), p, d, "req-mori-2")
+        assert first["kv_transfer_params"]["transfer_id"] == "xfer-req-mori-2"

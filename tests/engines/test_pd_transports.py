@@ -10,7 +10,7 @@ from infera_atom.pd import AtomMooncakeTransport
 from infera_sglang.pd import ROOM_LIMIT, SglangBootstrapTransport, steer_room
 from infera_vllm.pd import VllmMooncakeTransport, VllmNixlTransport
 
-from infera_core.engines.pd import PdContext, PdLegError, PdOrder, PdUnsupported
+from infera_core.engines.pd import LegRequest, PdContext, PdLegError, PdOrder, PdProtocol, PdUnsupported
 from infera_core.testing.fixtures import make_hooks
 from infera_core.worker import PdInfo, Role, WorkerRecord
 
@@ -46,6 +46,25 @@ def prefill_body(body: dict[str, Any], **kv_transfer_params: Any) -> dict[str, A
     return kept | one_token | {"kv_transfer_params": kv_transfer_params}
 
 
+DECODE_ELSEWHERE = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+}
+"""A NIXL-style prefill leg's ``kv_transfer_params`` (vLLM NixlConnector, ATOM Mooncake): decode
+elsewhere, no remote blocks yet; each protocol adds where the decode worker is."""
+
+
+def prefill_leg(
+    t: PdProtocol, order: PdOrder, body: dict[str, Any], ctx: PdContext, p: WorkerRecord, d: WorkerRecord
+) -> LegRequest:
+    """The protocol runs its legs in ``order``; ``ctx`` prepared, the prefill leg of ``body``."""
+    assert t.order is order
+    t.prepare(ctx, p, d)
+    return t.prefill_request(body, ctx, p, d)
+
+
 def test_all_transports_are_registered_by_the_installed_plugins() -> None:
     names = make_hooks().catalog().pd_transports.names()
     assert {"vllm-nixl", "vllm-mooncake", "sglang-bootstrap", "atom-mooncake"} <= set(names)
@@ -57,18 +76,8 @@ def test_vllm_nixl_serial_legs() -> None:
     d = worker("d", Role.DECODE, "vllm-nixl", "http://10.0.0.2:8000", engine_id="d")
     body = copy.deepcopy(CHAT)
     ctx = PdContext(request_id="req-1", route="/v1/chat/completions")
-    assert t.order is PdOrder.SERIAL
-    t.prepare(ctx, p, d)
-    pre = t.prefill_request(body, ctx, p, d)
-    assert pre.body == prefill_body(
-        CHAT,
-        do_remote_decode=True,
-        do_remote_prefill=False,
-        remote_engine_id=None,
-        remote_block_ids=None,
-        remote_host=None,
-        remote_port=None,
-    )
+    pre = prefill_leg(t, PdOrder.SERIAL, body, ctx, p, d)
+    assert pre.body == prefill_body(CHAT, **DECODE_ELSEWHERE, remote_host=None, remote_port=None)
     assert pre.headers == {"X-Request-Id": "req-1"}
     reply_params = {
         "do_remote_prefill": True,
@@ -99,10 +108,8 @@ def test_vllm_mooncake_concurrent_legs_share_the_transfer_id() -> None:
     d = worker("d", Role.DECODE, "vllm-mooncake", "http://10.0.0.2:8000", engine_id="d")
     body = {"model": "m", "prompt": "hello", "max_tokens": 5, "stream": True}
     ctx = PdContext(request_id="abc", route="/v1/completions")
-    assert t.order is PdOrder.CONCURRENT
-    t.prepare(ctx, p, d)
+    pre = prefill_leg(t, PdOrder.CONCURRENT, body, ctx, p, d)
     assert ctx.transfer_id == "xfer-abc"
-    pre = t.prefill_request(body, ctx, p, d)
     assert pre.body == prefill_body(
         body, do_remote_decode=True, do_remote_prefill=False, transfer_id="xfer-abc"
     )
@@ -137,11 +144,9 @@ def test_sglang_bootstrap_legs_carry_the_same_room() -> None:
     d = worker("d", Role.DECODE, "sglang-bootstrap", "http://10.0.0.2:30000")
     body = copy.deepcopy(CHAT)
     ctx = PdContext(request_id="r9", route="/v1/chat/completions")
-    assert t.order is PdOrder.CONCURRENT
-    t.prepare(ctx, p, d)
+    pre = prefill_leg(t, PdOrder.CONCURRENT, body, ctx, p, d)
     assert ctx.bootstrap_room is not None and 0 <= ctx.bootstrap_room < ROOM_LIMIT
     extra = {"bootstrap_host": "[fd00::7]", "bootstrap_port": 8999, "bootstrap_room": ctx.bootstrap_room}
-    pre = t.prefill_request(body, ctx, p, d)
     dec = t.decode_request(body, ctx, p, d, None)
     assert pre.body == dec.body == CHAT | extra
     assert "X-Data-Parallel-Rank" not in pre.headers
@@ -175,15 +180,10 @@ def test_atom_mooncake_serial_on_completions() -> None:
     )
     body = {"model": "m", "prompt": "1 2 3", "max_tokens": 10, "stream": True}
     ctx = PdContext(request_id="q", route="/v1/completions")
-    assert t.order is PdOrder.SERIAL
-    t.prepare(ctx, p, d)
-    pre = t.prefill_request(body, ctx, p, d)
+    pre = prefill_leg(t, PdOrder.SERIAL, body, ctx, p, d)
     assert pre.body == prefill_body(
         body,
-        do_remote_decode=True,
-        do_remote_prefill=False,
-        remote_engine_id=None,
-        remote_block_ids=None,
+        **DECODE_ELSEWHERE,
         remote_handshake_port=6401,
         remote_host="10.0.0.2",
         remote_port=8889,

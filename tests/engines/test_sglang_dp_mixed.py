@@ -19,6 +19,8 @@ import httpx
 import pytest
 
 from infera_core.kv.component import KvRouting
+from infera_core.kv.events import BlockStored, KvEventBatch
+from infera_core.kv.index import KvIndex
 from infera_core.kv.settings import KvSettings
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import serving, settings_for
@@ -113,25 +115,30 @@ async def test_prefix_cached_on_rank_1_routes_there_with_the_rank_header(sims: t
             assert (await client.get(plain.url + "/sim/info")).json()["dp_requests"] == [0]
 
 
+def _prefix_on_rank_1(worker_id: str) -> tuple[KvIndex, list[int]]:
+    """A KV index mirroring a two-rank DP server ``worker_id`` whose rank 1 holds the 4 blocks
+    of 16 of the returned 64 tokens."""
+    index = KvIndex()
+    tokens = list(range(1, 65))
+    for rank in range(2):
+        index.add_view(worker_id, rank, BS)
+    rank1 = index.view(worker_id, 1)
+    assert rank1 is not None
+    stored = BlockStored(block_hashes=[1, 2, 3, 4], parent_block_hash=None, token_ids=tokens, block_size=BS)
+    index.apply(rank1, KvEventBatch(ts=0.0, events=[stored], dp_rank=1))
+    return index, tokens
+
+
 @pytest.mark.parametrize("others", [1, 60])  # 61 candidates: the scorer's array path (score_rows)
 def test_kv_overlap_credits_a_dp_server_with_its_best_rank(others: int) -> None:
     from infera_policies.kv import KvOverlapScorer
 
-    from infera_core.kv.events import BlockStored, KvEventBatch
-    from infera_core.kv.index import KvIndex
     from infera_core.request import RequestContext
     from infera_core.scheduling.arrays import ARRAY_MIN
     from infera_core.scheduling.dp import DpRanks
     from infera_core.scheduling.types import Endpoint
 
-    index = KvIndex()
-    tokens = list(range(1, 65))  # 4 blocks of 16
-    for rank in range(2):
-        index.add_view("dp", rank, BS)
-    rank1 = index.view("dp", 1)
-    assert rank1 is not None
-    stored = BlockStored(block_hashes=[1, 2, 3, 4], parent_block_hash=None, token_ids=tokens, block_size=BS)
-    index.apply(rank1, KvEventBatch(ts=0.0, events=[stored], dp_rank=1))
+    index, tokens = _prefix_on_rank_1("dp")
     dp = Endpoint(WorkerRecord(worker_id="dp", url="http://x", model=MODEL, engine="sglang", dp_size=2))
     plain = [
         Endpoint(WorkerRecord(worker_id=f"w{i}", url="http://y", model=MODEL, engine="sim"))
@@ -185,22 +192,13 @@ def test_sim_adapter_launches_a_dp_attention_sim_as_sglang_registers_one() -> No
 def test_pd_decode_rank_follows_the_decode_rank_holding_the_prefix() -> None:
     """SGLang decode workers keep a radix cache (and publish KV events): the decode leg's
     X-Data-Parallel-Rank goes to the decode rank that holds the prompt's prefix."""
-    from infera_core.kv.events import BlockStored, KvEventBatch
-    from infera_core.kv.index import KvIndex
     from infera_core.request import RequestContext
     from infera_core.scheduling.pd import build_pd_scheduler
     from infera_core.scheduling.types import SchedulerDeps
     from infera_core.server.fleet import EndpointTable
     from infera_core.worker import PdInfo, Role
 
-    index = KvIndex()
-    tokens = list(range(1, 65))
-    for rank in range(2):
-        index.add_view("d", rank, BS)
-    rank1 = index.view("d", 1)
-    assert rank1 is not None
-    stored = BlockStored(block_hashes=[1, 2, 3, 4], parent_block_hash=None, token_ids=tokens, block_size=BS)
-    index.apply(rank1, KvEventBatch(ts=0.0, events=[stored], dp_rank=1))
+    index, tokens = _prefix_on_rank_1("d")
     table = EndpointTable()
     pd = PdInfo(protocol="sglang-bootstrap", params={"bootstrap_port": 8998})
     table.put(

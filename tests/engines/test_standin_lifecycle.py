@@ -8,6 +8,8 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -20,6 +22,7 @@ from infera_core.testing.engine_env import FakeEngineEnv, clean_environ, make_en
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
 from infera_core.testing.published import KvSubscriber, etcd_workers, wait_registered
+from infera_core.worker import WorkerRecord
 
 pytestmark = pytest.mark.slow
 
@@ -40,6 +43,23 @@ def launch(engine: str, *args: str) -> LauncherProcess:
     )
 
 
+@contextmanager
+def registered(
+    engine: str, env: FakeEngineEnv, etcd: EtcdServer, model: str, worker_id: str
+) -> Iterator[tuple[LauncherProcess, WorkerRecord]]:
+    """A launcher of ``engine`` registered in ``etcd`` as ``worker_id``; when the block ends
+    without an error, SIGTERM must stop it cleanly and deregister it. It is killed at the end."""
+    where = ["--engine-python", env.python, "--etcd-endpoint", etcd.endpoint]
+    proc = launch(engine, "--model", model, "--worker-id", worker_id, *where)
+    try:
+        yield proc, wait_registered(etcd, proc, worker_id)
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, proc.output()
+        assert etcd_workers(etcd) == {}
+    finally:
+        proc.kill()
+
+
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "infera_core", *args],
@@ -53,19 +73,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_sglang_worker_with_stand_in(tmp_path: Path, etcd_server: EtcdServer) -> None:
     env = sglang_env(tmp_path)
-    proc = launch(
-        "sglang",
-        "--model",
-        "qwen",
-        "--worker-id",
-        "sglang-1",
-        "--engine-python",
-        env.python,
-        "--etcd-endpoint",
-        etcd_server.endpoint,
-    )
-    try:
-        record = wait_registered(etcd_server, proc, "sglang-1")
+    with registered("sglang", env, etcd_server, "qwen", "sglang-1") as (proc, record):
         assert record.engine == "sglang" and record.model == "qwen"
         assert record.kv_events is not None
         assert record.kv_events.format == "sglang" and record.kv_events.block_size == 16
@@ -79,28 +87,11 @@ def test_sglang_worker_with_stand_in(tmp_path: Path, etcd_server: EtcdServer) ->
             assert stored and all(e.block_size == 16 for e in stored)
         finally:
             sub.close()
-        proc.signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, proc.output()
-        assert etcd_workers(etcd_server) == {}
-    finally:
-        proc.kill()
 
 
 def test_atom_worker_with_stand_in(tmp_path: Path, etcd_server: EtcdServer) -> None:
     env = atom_env(tmp_path)
-    proc = launch(
-        "atom",
-        "--model",
-        "ds",
-        "--worker-id",
-        "atom-1",
-        "--engine-python",
-        env.python,
-        "--etcd-endpoint",
-        etcd_server.endpoint,
-    )
-    try:
-        record = wait_registered(etcd_server, proc, "atom-1")
+    with registered("atom", env, etcd_server, "ds", "atom-1") as (proc, record):
         assert record.engine == "atom"
         kv = record.kv_events  # ATOM's own publisher (ATOM_KV_EVENTS_*), no seq frame
         assert kv is not None and kv.format == "atom" and kv.seq_frames is False
@@ -108,11 +99,6 @@ def test_atom_worker_with_stand_in(tmp_path: Path, etcd_server: EtcdServer) -> N
         assert "--server-port" in proc.output()
         body = {"model": "ds", "prompt": "hello there", "max_tokens": 2}
         assert httpx.post(f"{record.url}/v1/completions", json=body, timeout=10).status_code == 200
-        proc.signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, proc.output()
-        assert etcd_workers(etcd_server) == {}
-    finally:
-        proc.kill()
 
 
 def test_atom_refuses_discovery_other_than_etcd(tmp_path: Path) -> None:

@@ -65,9 +65,38 @@ async def _complete(client: httpx.AsyncClient, url: str, text: str) -> None:
     assert r.status_code == 200, r.text
 
 
+def _bare(
+    worker_id: str,
+    port: int = 9,
+    fmt: str = "vllm",
+    engine: str = "vllm",
+    block_size: int = BS,
+    dp_size: int = 1,
+) -> WorkerRecord:
+    """A worker whose engine is not there (port 9): only its KV events (``fmt`` on ``port``) matter."""
+    kv = KvEventsInfo(endpoint=f"tcp://127.0.0.1:{port}", format=fmt, block_size=block_size)
+    url = "http://127.0.0.1:9"
+    return WorkerRecord(worker_id=worker_id, url=url, model="m", engine=engine, dp_size=dp_size, kv_events=kv)
+
+
 def _hub(settings: KvSettings | None = None) -> tuple[KvHub, CollectorRegistry]:
     registry = CollectorRegistry()
     return KvHub(InferaHooks.load().catalog(), registry, settings), registry
+
+
+@contextlib.asynccontextmanager
+async def _following(
+    *records: WorkerRecord, settings: KvSettings | None = None
+) -> AsyncIterator[tuple[KvHub, CollectorRegistry]]:
+    """A started hub following ``records`` (added once it runs), closed at the end."""
+    hub, registry = _hub(settings)
+    await hub.start()
+    try:
+        for record in records:
+            hub.worker_added(record)
+        yield hub, registry
+    finally:
+        await hub.close()
 
 
 @pytest.mark.parametrize(("layout", "store"), [("map", "native"), ("array", "native"), ("map", "python")])
@@ -104,10 +133,7 @@ async def test_hub_mirrors_a_sim_and_drops_it_when_it_leaves(
 
 async def test_dropped_event_batches_are_recovered_through_replay() -> None:
     with sim_testing.start_sim(speedup="inf", block_size=BS, fault_kv_drop_rate=0.3) as sim:
-        hub, registry = _hub()
-        await hub.start()
-        hub.worker_added(_record(sim))
-        try:
+        async with _following(_record(sim)) as (hub, registry):
             async with httpx.AsyncClient() as client:
                 for i in range(20):
                     await _complete(client, sim.url, _prompt(i))
@@ -122,8 +148,6 @@ async def test_dropped_event_batches_are_recovered_through_replay() -> None:
             assert pubs["gaps"] > 0 and pubs["replays"] > 0 and pubs["replays_failed"] == 0
             assert registry.get_sample_value("infera_kv_gaps_total", {"worker": "sim-0"}) == pubs["gaps"]
             assert hub.cache_view("sim-0")["stale"] is False
-        finally:
-            await hub.close()
 
 
 async def test_gap_older_than_the_replay_buffer_clears_the_view_and_marks_it_stale() -> None:
@@ -131,10 +155,7 @@ async def test_gap_older_than_the_replay_buffer_clears_the_view_and_marks_it_sta
     with sim_testing.start_sim(
         speedup="inf", block_size=BS, fault_kv_drop_rate=0.5, kv_replay_buffer=1
     ) as sim:
-        hub, registry = _hub(settings)
-        await hub.start()
-        hub.worker_added(_record(sim))
-        try:
+        async with _following(_record(sim), settings=settings) as (hub, registry):
             async with httpx.AsyncClient() as client:
                 for i in range(40):
                     await _complete(client, sim.url, _prompt(i))
@@ -143,49 +164,25 @@ async def test_gap_older_than_the_replay_buffer_clears_the_view_and_marks_it_sta
             assert await eventually(lambda: hub.cache_view("sim-0")["stale"] is True)
             assert hub.cache_view("sim-0")["publishers"][0]["replays_failed"] > 0
             assert registry.get_sample_value("infera_kv_stale_workers") == 1
-        finally:
-            await hub.close()
 
 
 async def test_silent_worker_is_reported() -> None:
-    hub, registry = _hub(KvSettings(kv_silence_s=0.05))
-    record = WorkerRecord(
-        worker_id="mute",
-        url="http://127.0.0.1:9",
-        model="m",
-        engine="vllm",
-        kv_events=KvEventsInfo(endpoint="tcp://127.0.0.1:9", format="vllm", block_size=32),
-    )
-    await hub.start()
-    hub.worker_added(record)
-    try:
+    async with _following(_bare("mute", block_size=32), settings=KvSettings(kv_silence_s=0.05)) as (
+        hub,
+        registry,
+    ):
         await asyncio.sleep(0.2)
         assert hub.silent_workers() == []  # idle: publishing nothing is fine
         hub.index.routed_at["mute"] = time.time()  # a request went there
         assert await eventually(lambda: hub.silent_workers() == ["mute"], within=2)
         assert registry.get_sample_value("infera_kv_silent_workers") == 1
         assert hub.cache_view("mute")["silent"] is True
-    finally:
-        await hub.close()
 
 
 async def test_unknown_decoder_format_is_logged_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
-    hub, _ = _hub()
-    await hub.start()
-    try:
-        hub.worker_added(
-            WorkerRecord(
-                worker_id="odd",
-                url="http://127.0.0.1:9",
-                model="m",
-                engine="x",
-                kv_events=KvEventsInfo(endpoint="tcp://127.0.0.1:9", format="nope", block_size=16),
-            )
-        )
+    async with _following(_bare("odd", fmt="nope", engine="x")) as (hub, _):
         assert "unknown KV event decoder 'nope'" in caplog.text
         assert hub.cache_view("odd")["publishers"] == []
-    finally:
-        await hub.close()
 
 
 def _port_pair() -> int:
@@ -224,10 +221,7 @@ async def test_one_view_per_dp_rank_with_a_publisher_per_rank() -> None:
                 port_per_dp_rank=True,
             ),
         )
-        hub, _ = _hub()
-        await hub.start()
-        hub.worker_added(record)
-        try:
+        async with _following(record) as (hub, _):
             async with httpx.AsyncClient() as client:
                 await _complete(client, rank1.url, _prompt(7))
             assert await eventually(
@@ -236,8 +230,6 @@ async def test_one_view_per_dp_rank_with_a_publisher_per_rank() -> None:
             view0 = hub.index.view("dp", 0)
             assert view0 is None or view0.block_count() == 0
             assert [p["rank"] for p in hub.cache_view("dp")["publishers"]] == [0, 1]
-        finally:
-            await hub.close()
 
 
 @contextlib.asynccontextmanager
@@ -250,26 +242,16 @@ async def _raw_publisher(
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)
     pub.bind(f"tcp://127.0.0.1:{port}")
-    record = WorkerRecord(
-        worker_id=worker_id,
-        url="http://127.0.0.1:9",
-        model="m",
-        engine="vllm",
-        dp_size=dp_size,
-        kv_events=KvEventsInfo(endpoint=f"tcp://127.0.0.1:{port}", format="vllm", block_size=BS),
-    )
-    hub, registry = _hub()
-    await hub.start()
-    hub.worker_added(record)
+    record = _bare(worker_id, port=port, dp_size=dp_size)
 
     def send(frames: list[bytes]) -> None:
         for seq, payload in enumerate(frames):
             pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), payload])
 
     try:
-        yield hub, registry, send
+        async with _following(record) as (hub, registry):
+            yield hub, registry, send
     finally:
-        await hub.close()
         pub.close(0)
         ctx.term()
 
@@ -321,15 +303,10 @@ async def test_a_quiet_worker_is_known_from_its_replay_buffer_when_the_router_jo
         async with httpx.AsyncClient() as client:
             for i in range(2):
                 await _complete(client, sim.url, _prompt(i))
-        hub, _ = _hub()
-        await hub.start()
-        hub.worker_added(_record(sim))
-        try:
+        async with _following(_record(sim)) as (hub, _):
             assert await eventually(lambda: all(_matched(hub, "sim-0", _prompt(i)) == 0 for i in range(2)))
             assert _matched(hub, "sim-0", _prompt(7)) < 0
             async with httpx.AsyncClient() as client:
                 await _complete(client, sim.url, _prompt(3))  # live events still follow the replayed ones
             assert await eventually(lambda: _matched(hub, "sim-0", _prompt(3)) == 0)
             assert hub.cache_view("sim-0")["publishers"][0]["gaps"] == 0
-        finally:
-            await hub.close()

@@ -190,25 +190,18 @@ async def test_mutation_hook_adjusts_the_launch_and_duplicate_ids_are_refused() 
     store = MemoryStore()
     hooks = make_hooks(("standin", "infera_core.testing.standin_plugin"), ("mutator", _AddsEngineFlag()))
     lines: list[str] = []
-    first = WorkerLauncher(
-        hooks,
-        "standin",
-        WorkerSettings(model="m", worker_id="dup"),
-        discovery=MemoryDiscovery(store),
-        echo=lines.append,
-    )
+
+    def launcher() -> WorkerLauncher:  # worker id "dup" in the one store
+        settings = WorkerSettings(model="m", worker_id="dup")
+        return WorkerLauncher(hooks, "standin", settings, discovery=MemoryDiscovery(store), echo=lines.append)
+
+    first = launcher()
     task = asyncio.create_task(first.run())
     await first.wait_registered(within=30)
     assert first.process is not None
     assert first.process.spec.argv[-2:] == ["--startup-delay", "0.2"]
     assert first.process.spec.env["STANDIN_MUTATED"] == "dup"
-    second = WorkerLauncher(
-        hooks,
-        "standin",
-        WorkerSettings(model="m", worker_id="dup"),
-        discovery=MemoryDiscovery(store),
-        echo=lines.append,
-    )
+    second = launcher()
     with pytest.raises(DiscoveryError, match="'dup' is already registered"):
         await second.run()
     assert second.process is not None and second.process.returncode is not None  # its engine was stopped

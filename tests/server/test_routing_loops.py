@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import serving, settings_for
-from infera_core.testing.upstream import ScriptedUpstream, fake_upstreams, http_reply, record_for
+from infera_core.testing.server import serving, serving_one_scripted, settings_for
+from infera_core.testing.upstream import fake_upstreams, http_reply, record_for
 from infera_core.worker import WorkerRecord
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
@@ -68,13 +68,7 @@ async def test_a_client_via_header_is_kept_and_stamped() -> None:
     a request stamped by another router passes (router → router is a legitimate tier)."""
     answer = b'{"choices":[]}'
     reply = http_reply(200, answer)
-    async with (
-        ScriptedUpstream(lambda conn, req: reply) as engine,
-        serving(settings_for(), make_hooks()) as srv,
-        httpx.AsyncClient(base_url=srv.url) as c,
-    ):
-        srv.store.put(WorkerRecord(worker_id="w0", url=engine.url, model="fake-model", engine="fake"))
-        await srv.wait_workers(1)
+    async with serving_one_scripted(reply) as (engine, srv, c):
         mine = srv.core.router_id
         assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200
         assert f"\r\nVia: 1.1 {mine}\r\n".encode() in engine.heads[-1]

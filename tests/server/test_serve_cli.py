@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from infera_core.cli import main
-from infera_core.util.net import free_port
+from infera_core.util.net import free_port, stop_process
 
 pytest.importorskip("infera_sim")
 from infera_sim.testing import SimHandle, start_sims
@@ -67,13 +67,7 @@ class Serve:
         raise TimeoutError("infera-run serve did not become healthy")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, grace=10, sig=signal.SIGINT)
 
 
 @pytest.fixture

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import msgspec
 
-from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import serving, settings_for
-from infera_core.testing.upstream import ScriptedUpstream, http_reply
-from infera_core.worker import WorkerRecord
+from infera_core.testing.server import serving_one_scripted
+from infera_core.testing.upstream import http_reply
 
 ANSWER = b'{"id":"x","object":"chat.completion","choices":[]}'
 REPLY = http_reply(200, ANSWER)
@@ -22,13 +19,7 @@ def _chat(content_json: str) -> bytes:
 
 
 async def test_lone_surrogates_are_forwarded_as_replacement_characters() -> None:
-    async with (
-        ScriptedUpstream(lambda conn, req: REPLY) as engine,
-        serving(settings_for(), make_hooks()) as srv,
-        httpx.AsyncClient(base_url=srv.url) as c,
-    ):
-        srv.store.put(WorkerRecord(worker_id="w0", url=engine.url, model="fake-model", engine="fake"))
-        await srv.wait_workers(1)
+    async with serving_one_scripted(REPLY) as (engine, _, c):
         headers = {"content-type": "application/json"}
         sent = {
             r"a\ud800b": "a\ufffdb",  # lone high
@@ -53,13 +44,7 @@ async def test_lone_surrogates_are_forwarded_as_replacement_characters() -> None
 
 async def test_tokenize_forwards_them_the_same_way() -> None:
     tokens = http_reply(200, b'{"tokens":[1,2,3],"count":3,"max_model_len":2048}')
-    async with (
-        ScriptedUpstream(lambda conn, req: tokens) as engine,
-        serving(settings_for(), make_hooks()) as srv,
-        httpx.AsyncClient(base_url=srv.url) as c,
-    ):
-        srv.store.put(WorkerRecord(worker_id="w0", url=engine.url, model="fake-model", engine="fake"))
-        await srv.wait_workers(1)
+    async with serving_one_scripted(tokens) as (engine, _, c):
         body = b'{"model":"fake-model","prompt":"a\\ud800b"}'
         r = await c.post("/tokenize", content=body, headers={"content-type": "application/json"})
         assert r.status_code == 200, r.text

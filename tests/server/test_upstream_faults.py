@@ -9,10 +9,9 @@ request waiting for a connection at ``--upstream-connections`` gives up after
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 
 import httpx
 import pytest
@@ -20,8 +19,7 @@ import pytest
 from infera_core.scheduling.types import Endpoint
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import serving, settings_for, until
-from infera_core.testing.upstream import ScriptedUpstream, fake_upstreams, record_for
-from infera_core.transports.http import make_upstream
+from infera_core.testing.upstream import ScriptedUpstream, fake_upstreams, native_upstream, record_for
 from infera_core.transports.http.native import NativeUpstream
 from infera_core.transports.upstreams import PoolTimeoutError
 from infera_core.worker import WorkerRecord
@@ -43,22 +41,12 @@ def endpoint(url: str, name: str = "w") -> Endpoint:
     return Endpoint(WorkerRecord(worker_id=name, url=url, model="fake-model", engine="fake"))
 
 
-@contextlib.asynccontextmanager
-async def native(max_connections: int = 64, pool_timeout: float = 10.0) -> AsyncIterator[NativeUpstream]:
-    up = make_upstream(
-        "native",
-        connect_timeout=2.0,
-        first_byte_timeout=30.0,
-        idle_timeout=30.0,
-        max_connections=max_connections,
-        pool_timeout=pool_timeout,
+def native(
+    max_connections: int = 64, pool_timeout: float = 10.0
+) -> AbstractAsyncContextManager[NativeUpstream]:
+    return native_upstream(
+        first_byte_timeout=30.0, idle_timeout=30.0, max_connections=max_connections, pool_timeout=pool_timeout
     )
-    assert isinstance(up, NativeUpstream)
-    await up.start()
-    try:
-        yield up
-    finally:
-        await up.close()
 
 
 @pytest.mark.parametrize("trailer", TRAILERS)

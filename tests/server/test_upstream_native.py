@@ -17,7 +17,7 @@ import pytest
 
 from infera_core.scheduling.types import Endpoint
 from infera_core.testing.upstream import FakeUpstream, ScriptedUpstream, fake_upstreams, record_for
-from infera_core.transports.http import make_upstream
+from infera_core.testing.upstream import native_upstream as native
 from infera_core.transports.http.native import NativeUpstream
 from infera_core.transports.upstreams import UpstreamError
 from infera_core.util.net import free_port
@@ -38,25 +38,6 @@ def ok(extra: bytes = b"") -> bytes:
 
 def endpoint(url: str, name: str = "w") -> Endpoint:
     return Endpoint(WorkerRecord(worker_id=name, url=url, model="fake-model", engine="fake"))
-
-
-@contextlib.asynccontextmanager
-async def native(**overrides: float) -> AsyncIterator[NativeUpstream]:
-    settings = {"connect_timeout": 2.0, "first_byte_timeout": 5.0, "idle_timeout": 5.0, "max_connections": 64}
-    settings.update(overrides)
-    up = make_upstream(
-        "native",
-        connect_timeout=settings["connect_timeout"],
-        first_byte_timeout=settings["first_byte_timeout"],
-        idle_timeout=settings["idle_timeout"],
-        max_connections=int(settings["max_connections"]),
-    )
-    assert isinstance(up, NativeUpstream)
-    await up.start()
-    try:
-        yield up
-    finally:
-        await up.close()
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from infera_core.request import RequestContext
 from infera_core.testing.attack import big_prompt
 from infera_core.testing.tiny_tokenizer import make_tiny_model_dir
 from infera_core.tokenize.hf import HfTokenizer
-from infera_core.tokenize.prompt import ids_bytes
+from infera_core.tokenize.prompt import completion_prompt, ids_bytes
 from infera_core.tokenize.service import CUT_MARGIN, RoutingTokenizers
 from infera_core.tokenize.specs import parse_model_specs
 
@@ -201,3 +201,18 @@ def test_offsets_of_a_long_text_are_the_encodings_offsets(tiny_dir: Path) -> Non
     enc = tok._encode(text, False)
     assert len(ids) > 8192
     assert ids == list(enc.ids) and starts == [s for s, _ in enc.offsets]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "text"), [("hi", "hi"), (["first", "second"], "first"), ([], ""), (None, None), ([1, 2], None)]
+)
+def test_the_routing_and_engine_tokenizers_read_the_same_completion_prompt(
+    prompt: Any, text: str | None
+) -> None:
+    """Both tokenize the first prompt of a list; a body with no text prompt is refused alike."""
+    body = {"model": "m"} if prompt is None else {"model": "m", "prompt": prompt}
+    if text is None:
+        with pytest.raises(ValueError, match="no prompt or messages to tokenize"):
+            completion_prompt(body)
+    else:
+        assert completion_prompt(body) == text

@@ -24,6 +24,7 @@ import contextlib
 import json
 import time
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 from infera_core.engines.pd import (
@@ -52,26 +53,16 @@ def _api_error(exc: SchedulingError) -> ApiError:
     return ApiError(503, f"No worker available: {exc}", code="no_worker_available")
 
 
+@dataclass(slots=True, eq=False)
 class _Request:
     """One PD attempt: the client's request, the pair and the transport."""
 
-    __slots__ = ("body", "ctx", "pair", "path", "pctx", "transport")
-
-    def __init__(
-        self,
-        ctx: RequestContext,
-        body: dict[str, Any],
-        pctx: PdContext,
-        transport: PdTransport,
-        pair: Pair,
-        path: str,
-    ) -> None:
-        self.ctx = ctx
-        self.body = body
-        self.pctx = pctx
-        self.transport = transport
-        self.pair = pair
-        self.path = path
+    ctx: RequestContext
+    body: dict[str, Any]
+    pctx: PdContext
+    transport: PdTransport
+    pair: Pair
+    path: str
 
 
 class PdDispatcher:

@@ -57,14 +57,19 @@ class _Running:
         await self.part.close()
 
 
-class NatsRequestTransport:
+class _NatsTransport:
+    """What both NATS transports share: their name, the NATS settings, and the servers
+    (None: ``--nats-url`` from the settings)."""
+
     name = NATS
-    description = "NATS request/reply to a responder the launcher runs next to the engine (--nats-url)."
+    settings_model = NatsSettings
 
     def __init__(self, servers: str | list[str] | None = None) -> None:
         self.servers = servers
 
-    settings_model = NatsSettings
+
+class NatsRequestTransport(_NatsTransport):
+    description = "NATS request/reply to a responder the launcher runs next to the engine (--nats-url)."
 
     def create_client(self, ctx: ClientContext) -> Upstream:
         from infera_nats.transport import NatsUpstream
@@ -94,14 +99,8 @@ class NatsRequestTransport:
         return _Running(responder, {"request_transport": NATS, "request_params": {"subject": subject}})
 
 
-class NatsKvEventTransport:
-    name = NATS
+class NatsKvEventTransport(_NatsTransport):
     description = "KV events relayed by the launcher into a JetStream stream every router replica reads."
-
-    def __init__(self, servers: str | list[str] | None = None) -> None:
-        self.servers = servers
-
-    settings_model = NatsSettings
 
     def create_source(self, ctx: KvSourceContext) -> KvEventSource:
         from infera_nats.kv_source import NatsKvSource

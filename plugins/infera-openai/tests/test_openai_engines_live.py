@@ -23,7 +23,7 @@ from infera_core.engines.base import LaunchContext, RunningEngine
 from infera_core.testing.contracts import EngineAdapterContract, sample_launch_context
 from infera_core.testing.engine_contract import StandinEndpoints, closed_port
 from infera_core.testing.engine_env import clean_environ
-from infera_core.testing.fleet import stopped_with_sigint
+from infera_core.testing.fleet import read_until, stopped_with_sigint
 
 # -- readiness and in-flight over real HTTP ------------------------------------------------
 
@@ -169,7 +169,15 @@ async def test_unreachable_engine_is_not_ready_and_unknown() -> None:
 
 
 class _Contract(EngineAdapterContract):
+    """A stand-in for the adapter's engine: while starting, ``health`` answers ``starting``
+    (nothing when None); once ready, ``healthy`` there and ``metrics % in_flight`` on ``metrics_path``."""
+
     options: ClassVar[dict[str, Any]] = {}
+    health = "/health"
+    starting: tuple[int, str] | None = None
+    healthy = ""
+    metrics_path = "/metrics"
+    metrics = ""
 
     def launch_context(self) -> LaunchContext:
         c = sample_launch_context(options={o.name: o.default for o in self.adapter.options()})
@@ -177,53 +185,46 @@ class _Contract(EngineAdapterContract):
         c.engine_python = "/bin/sh"
         return c
 
+    def standin_replies(self, *, ready: bool, in_flight: int) -> Mapping[str, tuple[int, str]]:
+        if not ready:
+            return {self.health: self.starting} if self.starting else {}
+        return {self.health: (200, self.healthy), self.metrics_path: (200, self.metrics % in_flight)}
+
 
 class TestLlamaCppContract(_Contract):
     adapter = LlamaCppAdapter()
     options: ClassVar[dict[str, Any]] = {"llama_server": "/bin/sh"}
-
-    def standin_replies(self, *, ready: bool, in_flight: int) -> Mapping[str, tuple[int, str]]:
-        if not ready:
-            return {"/health": (503, '{"error":{"code":503,"message":"Loading model"}}')}
-        metrics = f"llamacpp:requests_processing {in_flight}\nllamacpp:requests_deferred 0\n"
-        return {"/health": (200, '{"status":"ok"}'), "/metrics": (200, metrics)}
+    starting = (503, '{"error":{"code":503,"message":"Loading model"}}')
+    healthy = '{"status":"ok"}'
+    metrics = "llamacpp:requests_processing %d\nllamacpp:requests_deferred 0\n"
 
 
 class TestTgiContract(_Contract):
     adapter = TgiAdapter()
     options: ClassVar[dict[str, Any]] = {"tgi_launcher": "/bin/sh"}
-
-    def standin_replies(self, *, ready: bool, in_flight: int) -> Mapping[str, tuple[int, str]]:
-        if not ready:
-            return {"/health": (503, '{"error":"unhealthy","error_type":"healthcheck"}')}
-        metrics = f"tgi_batch_current_size {in_flight}\ntgi_queue_size 0\n"
-        return {"/health": (200, ""), "/metrics": (200, metrics)}
+    starting = (503, '{"error":"unhealthy","error_type":"healthcheck"}')
+    metrics = "tgi_batch_current_size %d\ntgi_queue_size 0\n"
 
 
 class TestTrtllmContract(_Contract):
     adapter = TrtllmAdapter()
     options: ClassVar[dict[str, Any]] = {"trtllm_serve": "/bin/sh"}
-
-    def standin_replies(self, *, ready: bool, in_flight: int) -> Mapping[str, tuple[int, str]]:
-        if not ready:
-            return {}
-        metrics = f'trtllm_num_requests_running{{model_name="m"}} {in_flight}\ntrtllm_num_requests_waiting{{model_name="m"}} 0\n'
-        return {"/health": (200, ""), "/prometheus/metrics": (200, metrics)}
+    metrics_path = "/prometheus/metrics"
+    metrics = (
+        'trtllm_num_requests_running{model_name="m"} %d\ntrtllm_num_requests_waiting{model_name="m"} 0\n'
+    )
 
 
 class TestTritonContract(_Contract):
     adapter = TritonAdapter()
     options: ClassVar[dict[str, Any]] = {"triton_frontend": __file__}
-
-    def standin_replies(self, *, ready: bool, in_flight: int) -> Mapping[str, tuple[int, str]]:
-        if not ready:
-            return {"/health/ready": (400, '{"detail":"not ready"}')}
-        metrics = (
-            f'nv_trt_llm_request_metrics{{model="tensorrt_llm",request_type="active",version="1"}} {in_flight}\n'
-            'nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="max",version="1"} 64\n'
-            'nv_inference_pending_request_count{model="tensorrt_llm",version="1"} 0\n'
-        )
-        return {"/health/ready": (200, ""), "/metrics": (200, metrics)}
+    health = "/health/ready"
+    starting = (400, '{"detail":"not ready"}')
+    metrics = (
+        'nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="active",version="1"} %d\n'
+        'nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="max",version="1"} 64\n'
+        'nv_inference_pending_request_count{model="tensorrt_llm",version="1"} 0\n'
+    )
 
 
 class TestGenericContract(_Contract):
@@ -233,12 +234,10 @@ class TestGenericContract(_Contract):
         "running_metric": "my_running",
         "waiting_metric": "my_waiting",
     }
-
-    def standin_replies(self, *, ready: bool, in_flight: int) -> Mapping[str, tuple[int, str]]:
-        if not ready:
-            return {"/v1/models": (503, "")}
-        metrics = f"my_running {in_flight}\nmy_waiting 0\n"
-        return {"/v1/models": (200, '{"object":"list","data":[]}'), "/metrics": (200, metrics)}
+    health = "/v1/models"
+    starting = (503, "")
+    healthy = '{"object":"list","data":[]}'
+    metrics = "my_running %d\nmy_waiting 0\n"
 
 
 # -- the generic engine end to end: infera-run up over an OpenAI server it knows only by command --
@@ -263,16 +262,7 @@ def test_up_runs_any_openai_server_from_its_command() -> None:
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_environ()
     )
     with stopped_with_sigint(proc):
-        assert proc.stdout is not None
-        lines: list[str] = []
-        found = None
-        while found is None:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            found = READY_LINE.search(line)
-        assert found is not None, "up never printed its ready line:\n" + "".join(lines[-40:])
+        found = read_until(proc, READY_LINE, 180)
         url, workers, policy = found.group(1), found.group(2), found.group(3)
         assert (workers, policy) == ("2", "approximate-prefix")
         reply = httpx.post(

@@ -91,28 +91,36 @@ class PdManager:
             return web.json_response({"error": "unknown or already transferred request id"}, status=404)
         return web.json_response(entry)
 
+    async def _handover(
+        self,
+        request: web.Request,
+        prefilled: asyncio.Future[list[int]],
+        what: str,
+        pending: OrderedDict[Any, asyncio.Future[list[int]]],
+        key: Any,
+    ) -> web.Response:
+        """The prompt's token ids once the prefill of ``what`` finished (waiting up to the
+        request's ``timeout``, default ``--pd-timeout-s``; 404 after it), then forgotten
+        (``key`` out of ``pending``)."""
+        timeout = float(request.query.get("timeout", self.cfg.pd_timeout_s))
+        try:
+            tokens = await asyncio.wait_for(asyncio.shield(prefilled), timeout)
+        except TimeoutError:
+            return web.json_response({"error": f"no prefill finished for {what}"}, status=404)
+        pending.pop(key, None)
+        return web.json_response({"token_ids": tokens, "engine_id": self.cfg.engine_id})
+
     async def _get_room(self, request: web.Request) -> web.Response:
         try:
             room = int(request.match_info["room"])
         except ValueError:
             return web.json_response({"error": "room must be an integer"}, status=400)
-        timeout = float(request.query.get("timeout", self.cfg.pd_timeout_s))
-        try:
-            tokens = await asyncio.wait_for(asyncio.shield(self._room(room)), timeout)
-        except TimeoutError:
-            return web.json_response({"error": f"no prefill finished for room {room}"}, status=404)
-        self.rooms.pop(room, None)
-        return web.json_response({"token_ids": tokens, "engine_id": self.cfg.engine_id})
+        return await self._handover(request, self._room(room), f"room {room}", self.rooms, room)
 
     async def _get_moriio(self, request: web.Request) -> web.Response:
         transfer_id = request.match_info["transfer_id"]
-        timeout = float(request.query.get("timeout", self.cfg.pd_timeout_s))
-        try:
-            tokens = await asyncio.wait_for(asyncio.shield(self._transfer(transfer_id)), timeout)
-        except TimeoutError:
-            return web.json_response({"error": f"no prefill finished for transfer {transfer_id}"}, status=404)
-        self.moriio.pop(transfer_id, None)
-        return web.json_response({"token_ids": tokens, "engine_id": self.cfg.engine_id})
+        prefilled = self._transfer(transfer_id)
+        return await self._handover(request, prefilled, f"transfer {transfer_id}", self.moriio, transfer_id)
 
     def _transfer(self, transfer_id: str) -> asyncio.Future[list[int]]:
         fut = self.moriio.get(transfer_id)

@@ -36,8 +36,10 @@ async def stream(
     obj = "chat.completion.chunk" if chat else "text_completion"
     tool = parsed.tool_call
 
-    def chunk(choices: list[dict[str, Any]]) -> bytes:
-        return sse({"id": rid, "object": obj, "created": created, "model": model, "choices": choices})
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        return sse(
+            {"id": rid, "object": obj, "created": created, "model": model, "choices": choices, **extra}
+        )
 
     ids = parsed.return_token_ids
     opened: set[int] = set()
@@ -51,21 +53,8 @@ async def stream(
             }
             for ci in range(n)
         ]
-        if ids:  # vLLM: the prompt's ids ride on the first chunk
-            await resp.write(
-                sse(
-                    {
-                        "id": rid,
-                        "object": obj,
-                        "created": created,
-                        "model": model,
-                        "choices": first,
-                        "prompt_token_ids": reqs[0].prompt,
-                    }
-                )
-            )
-        else:
-            await resp.write(chunk(first))
+        # vLLM: with return_token_ids the prompt's ids ride on the first chunk
+        await resp.write(chunk(first, prompt_token_ids=reqs[0].prompt) if ids else chunk(first))
     while True:
         await wake.wait()
         wake.clear()
@@ -110,18 +99,7 @@ async def stream(
         if all(r.done for r in reqs) and not any(r.output for r in reqs):
             break
     if parsed.include_usage:
-        await resp.write(
-            sse(
-                {
-                    "id": rid,
-                    "object": obj,
-                    "created": created,
-                    "model": model,
-                    "choices": [],
-                    "usage": usage(reqs),
-                }
-            )
-        )
+        await resp.write(chunk([], usage=usage(reqs)))
     await resp.write(DONE)
     await resp.write_eof()
     return resp

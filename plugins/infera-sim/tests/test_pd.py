@@ -172,3 +172,16 @@ def test_sglang_bootstrap_concurrent_transfer() -> None:
             assert decode_done >= prefill_done * 0.9
         blocks = httpx.get(decode.url + "/sim/cache").json()["block_hashes"]
         assert len(blocks) >= usage["prompt_tokens"] // 16
+
+
+def test_a_prefill_that_never_finished_is_a_404_naming_the_room_or_transfer() -> None:
+    """The transfer server answers a decode asking for a prefill that never ran with 404 once
+    the request's ``timeout`` passed, and a room that is not a number with 400."""
+    with start_sim(role="prefill", pd_protocol="sglang-bootstrap", bootstrap_port=0, speedup=50) as sim:
+        base = f"http://127.0.0.1:{sim.bootstrap_port}/sim"
+        room = httpx.get(f"{base}/bootstrap/123?timeout=0.05", timeout=10)
+        assert room.status_code == 404 and room.json()["error"] == "no prefill finished for room 123"
+        transfer = httpx.get(f"{base}/moriio/xfer-1?timeout=0.05", timeout=10)
+        assert transfer.status_code == 404
+        assert transfer.json()["error"] == "no prefill finished for transfer xfer-1"
+        assert httpx.get(f"{base}/bootstrap/abc", timeout=10).status_code == 400

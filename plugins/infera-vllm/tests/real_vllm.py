@@ -23,7 +23,7 @@ from infera_core.engines.support import metrics_sum
 from infera_core.testing.engine_env import clean_environ
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
-from infera_core.util.net import free_port, wait_port
+from infera_core.util.net import free_port, stop_process, wait_port
 
 REPO = Path(__file__).resolve().parents[3]
 VENV = REPO / ".venv-vllm"
@@ -204,13 +204,7 @@ class Server:
             time.sleep(0.2)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, grace=10)
         self.log.close()
 
 

@@ -11,7 +11,6 @@ conversation's second turn to the other worker. Needs ``.venv-vllm`` (skips visi
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from real_vllm import ENGINE_ARGS, engine_env, long_prompt, prefix_cache, stop_l
 from infera_core.engines.support import metrics_sum
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import LauncherProcess
-from infera_core.util.net import free_port, wait_port
+from infera_core.util.net import free_port, stop_groups, wait_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -149,13 +148,7 @@ def _up(tmp: Path, policy: str) -> Iterator[str]:
         wait_port("127.0.0.1", port, 600)
         yield f"http://127.0.0.1:{port}"
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_groups([proc], grace=60)
         log.close()
 
 

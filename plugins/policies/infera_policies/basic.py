@@ -40,14 +40,20 @@ class SeedParams(BaseModel):
     """Seed for reproducible choices (tests); default: from the OS."""
 
 
-class RandomPicker(Picker):
-    """Uniformly random among the candidates (ignores scores)."""
+class _SeededPicker(Picker):
+    """A picker drawing from its own random generator (``seed``: reproducible, for tests)."""
 
-    name = "random"
     __slots__ = ("_rng",)
 
     def __init__(self, seed: int | None = None) -> None:
         self._rng = random.Random(seed)
+
+
+class RandomPicker(_SeededPicker):
+    """Uniformly random among the candidates (ignores scores)."""
+
+    name = "random"
+    __slots__ = ()
 
     def pick(self, ctx: RequestContext, candidates: Sequence[Endpoint], scores: Sequence[float]) -> Endpoint:
         return candidates[self._rng.randrange(len(candidates))]
@@ -77,14 +83,11 @@ class LeastLoadScorer(Scorer):
         return 1.0 - (loads - low) / spread  # type: ignore[no-any-return]
 
 
-class PowerOfTwoPicker(Picker):
+class PowerOfTwoPicker(_SeededPicker):
     """Two random candidates, the one with fewer in-flight requests (p2c)."""
 
     name = "power-of-two"
-    __slots__ = ("_rng",)
-
-    def __init__(self, seed: int | None = None) -> None:
-        self._rng = random.Random(seed)
+    __slots__ = ()
 
     def pick(self, ctx: RequestContext, candidates: Sequence[Endpoint], scores: Sequence[float]) -> Endpoint:
         n = len(candidates)

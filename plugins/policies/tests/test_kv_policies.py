@@ -15,7 +15,7 @@ from infera_core.kv.index import KvIndex
 from infera_core.request import RequestContext
 from infera_core.scheduling.profile import Profile, build_profile
 from infera_core.scheduling.types import Endpoint, SchedulerDeps
-from infera_core.testing.contracts import FilterContract, ScorerContract
+from infera_core.testing.contracts import ScorerContract, policy_suites
 from infera_core.testing.policies import kv_worker_record, policy_registry
 from infera_core.worker import WorkerRecord
 
@@ -38,24 +38,16 @@ class TestKvOverlapContract(ScorerContract):
         return SchedulerDeps(kv_index=index, clock=lambda: 1000.0)
 
 
-class TestLoadContract(ScorerContract):
-    factory = REG.factory("scorer", "load")
-
-
-class TestRecentDispatchContract(ScorerContract):
-    factory = REG.factory("scorer", "recent-dispatch")
-
-
-class TestApproximatePrefixContract(ScorerContract):
-    factory = REG.factory("scorer", "approximate-prefix")
-
-
-class TestCacheFillContract(ScorerContract):
-    factory = REG.factory("scorer", "cache-fill")
-
-
-class TestImbalanceGuardContract(FilterContract):
-    factory = REG.factory("filter", "imbalance-guard")
+globals().update(
+    policy_suites(
+        REG,
+        "scorer:load",
+        "scorer:recent-dispatch",
+        "scorer:approximate-prefix",
+        "scorer:cache-fill",
+        "filter:imbalance-guard",
+    )
+)
 
 
 # -- a simulated fleet: the engine caches what it is sent; requests finish at once ----------

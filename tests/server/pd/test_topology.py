@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from infera_core.engines.pd import check_pair
@@ -19,12 +18,14 @@ from infera_core.scheduling.scheduler import NoWorkerError
 from infera_core.scheduling.types import SchedulerDeps
 from infera_core.server.fleet import EndpointTable
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import serving, settings_for
+from infera_core.testing.server import serving_fleet, settings_for
 from infera_core.testing.upstream import FakeUpstream, record_for
 from infera_core.worker import PdInfo, Role, WorkerRecord
 
 MODEL = "fake-model"
 ENGINES = {"vllm": "vllm-nixl", "sglang": "sglang-bootstrap", "atom": "atom-mooncake"}
+NIXL, SGLANG = PdInfo(protocol="vllm-nixl"), PdInfo(protocol="sglang-bootstrap")
+SGLANG_AT_9 = PdInfo(protocol="sglang-bootstrap", params={"bootstrap_host": "127.0.0.1", "bootstrap_port": 9})
 
 
 def rec(
@@ -168,6 +169,17 @@ def fake(up: FakeUpstream, **fields: Any) -> WorkerRecord:
     return WorkerRecord.model_validate({**record.model_dump(), **fields})
 
 
+def pd_pair(
+    ups: dict[str, FakeUpstream],
+    prefill: tuple[str, PdInfo],
+    decode: tuple[str, PdInfo],
+    **prefill_fields: Any,
+) -> tuple[WorkerRecord, WorkerRecord]:
+    """Upstream ``p`` as a prefill worker and ``d`` as a decode worker, each an (engine, PdInfo)."""
+    p = fake(ups["p"], engine=prefill[0], role="prefill", pd=prefill[1], **prefill_fields)
+    return p, fake(ups["d"], engine=decode[0], role="decode", pd=decode[1])
+
+
 @pytest.fixture
 async def ups() -> AsyncIterator[dict[str, FakeUpstream]]:
     out = {name: FakeUpstream(name) for name in ("p", "d", "m")}
@@ -180,10 +192,7 @@ async def ups() -> AsyncIterator[dict[str, FakeUpstream]]:
 
 async def test_mismatched_fleet_answers_503_then_mixed_worker_serves(ups: dict[str, FakeUpstream]) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
-    async with serving(settings_for(), make_hooks()) as srv, httpx.AsyncClient(base_url=srv.url) as c:
-        srv.store.put(fake(ups["p"], engine="vllm", role="prefill", pd=PdInfo(protocol="vllm-nixl")))
-        srv.store.put(fake(ups["d"], engine="sglang", role="decode", pd=PdInfo(protocol="sglang-bootstrap")))
-        await srv.wait_workers(2)
+    async with serving_fleet(*pd_pair(ups, ("vllm", NIXL), ("sglang", SGLANG))) as (srv, c):
         r = await c.post("/v1/chat/completions", json=body)
         assert r.status_code == 503
         err = r.json()["error"]
@@ -191,8 +200,7 @@ async def test_mismatched_fleet_answers_503_then_mixed_worker_serves(ups: dict[s
             err["code"] == "no_pd_pair" and "prefill p runs vllm but decode d runs sglang" in err["message"]
         )
         assert ups["p"].requests == 0 and ups["d"].requests == 0
-        srv.store.put(record_for(ups["m"]))
-        await srv.wait_workers(3)
+        await srv.add_workers(record_for(ups["m"]))
         r = await c.post("/v1/chat/completions", json=body)
         assert r.status_code == 200 and r.json()["worker"] == "m"
         assert ups["p"].requests == 0 and ups["d"].requests == 0
@@ -202,24 +210,16 @@ async def test_router_config_file_forces_mixed(ups: dict[str, FakeUpstream], tmp
     cfg = tmp_path / "router.yaml"
     cfg.write_text(f"preset: round-robin\npd:\n  models:\n    {MODEL}: {{mode: mixed}}\n")
     body = {"model": MODEL, "prompt": "hi"}
-    async with serving(settings_for(router_config=cfg), make_hooks()) as srv:
-        srv.store.put(fake(ups["p"], engine="sglang", role="prefill", pd=PdInfo(protocol="sglang-bootstrap")))
-        srv.store.put(fake(ups["d"], engine="sglang", role="decode", pd=PdInfo(protocol="sglang-bootstrap")))
-        srv.store.put(record_for(ups["m"]))
-        await srv.wait_workers(3)
-        async with httpx.AsyncClient(base_url=srv.url) as c:
-            r = await c.post("/v1/completions", json=body)
+    p, d = pd_pair(ups, ("sglang", SGLANG), ("sglang", SGLANG))
+    async with serving_fleet(p, d, record_for(ups["m"]), settings=settings_for(router_config=cfg)) as (_, c):
+        r = await c.post("/v1/completions", json=body)
         assert r.status_code == 200 and r.json()["worker"] == "m"
         assert ups["p"].requests == 0
 
 
 async def test_sglang_bootstrap_room_steers_the_dp_rank(ups: dict[str, FakeUpstream]) -> None:
     body = {"model": MODEL, "prompt": "hi"}
-    pd = PdInfo(protocol="sglang-bootstrap", params={"bootstrap_host": "127.0.0.1", "bootstrap_port": 9})
-    async with serving(settings_for(), make_hooks()) as srv, httpx.AsyncClient(base_url=srv.url) as c:
-        srv.store.put(fake(ups["p"], engine="sglang", role="prefill", pd=pd, dp_size=4))
-        srv.store.put(fake(ups["d"], engine="sglang", role="decode", pd=PdInfo(protocol="sglang-bootstrap")))
-        await srv.wait_workers(2)
+    async with serving_fleet(*pd_pair(ups, ("sglang", SGLANG_AT_9), ("sglang", SGLANG), dp_size=4)) as (_, c):
         rooms = []
         for _ in range(4):
             r = await c.post("/v1/completions", json=body)
@@ -232,12 +232,8 @@ async def test_sglang_bootstrap_room_steers_the_dp_rank(ups: dict[str, FakeUpstr
 
 
 async def test_anthropic_messages_go_through_a_pair(ups: dict[str, FakeUpstream]) -> None:
-    pd = PdInfo(protocol="sglang-bootstrap", params={"bootstrap_host": "127.0.0.1", "bootstrap_port": 9})
     body = {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
-    async with serving(settings_for(), make_hooks()) as srv, httpx.AsyncClient(base_url=srv.url) as c:
-        srv.store.put(fake(ups["p"], engine="sglang", role="prefill", pd=pd))
-        srv.store.put(fake(ups["d"], engine="sglang", role="decode", pd=PdInfo(protocol="sglang-bootstrap")))
-        await srv.wait_workers(2)
+    async with serving_fleet(*pd_pair(ups, ("sglang", SGLANG_AT_9), ("sglang", SGLANG))) as (_, c):
         r = await c.post("/v1/messages", json=body)
         assert r.status_code == 200, r.text
         assert r.json()["type"] == "message"
@@ -248,10 +244,7 @@ async def test_anthropic_messages_go_through_a_pair(ups: dict[str, FakeUpstream]
 
 async def test_serial_prefill_without_transfer_params_is_a_clear_502(ups: dict[str, FakeUpstream]) -> None:
     body = {"model": MODEL, "prompt": "hi"}
-    async with serving(settings_for(), make_hooks()) as srv, httpx.AsyncClient(base_url=srv.url) as c:
-        srv.store.put(fake(ups["p"], engine="vllm", role="prefill", pd=PdInfo(protocol="vllm-nixl")))
-        srv.store.put(fake(ups["d"], engine="vllm", role="decode", pd=PdInfo(protocol="vllm-nixl")))
-        await srv.wait_workers(2)
+    async with serving_fleet(*pd_pair(ups, ("vllm", NIXL), ("vllm", NIXL))) as (_, c):
         r = await c.post("/v1/completions", json=body)
         assert r.status_code == 502
         assert "returned no kv_transfer_params" in r.json()["error"]["message"]

@@ -1,10 +1,5 @@
-"""``python -m infera.engine.atom [flags]``: run atom as a fleet worker from one flat flag list.
-
-Infera's flags (``--model``, ``--host``, ``--port``, ``--etcd-endpoint``…) are taken, the
-engine's spellings of what Infera manages are translated (see the plugin README's table),
-everything else goes to the engine. ``infera`` and ``infera.engine`` are namespace packages
-(PEP 420) shared by the engine plugins: no ``__init__.py``.
-"""
+"""``python -m infera.engine.atom [flags]``: atom as a fleet worker from one flat flag list, as
+:func:`infera_core.cli.alias.flat_main_for` explains (the spellings it translates: the plugin README)."""
 
 from infera_core.cli.alias import flat_main_for
 

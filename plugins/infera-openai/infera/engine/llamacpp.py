@@ -1,9 +1,5 @@
-"""``python -m infera.engine.llamacpp [flags]``: run llamacpp as a fleet worker from one flat flag list.
-
-Infera's flags (``--model``, ``--host``, ``--port``, ``--etcd-endpoint``…) are taken, the
-engine's spellings of what Infera manages are translated (docs/reference/engines.md), everything else
-goes to the engine. ``infera`` and ``infera.engine`` are namespace packages (PEP 420).
-"""
+"""``python -m infera.engine.llamacpp [flags]``: llamacpp as a fleet worker from one flat flag list, as
+:func:`infera_core.cli.alias.flat_main_for` explains (the spellings it translates: docs/reference/engines.md)."""
 
 from infera_core.cli.alias import flat_main_for
 
