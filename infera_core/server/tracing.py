@@ -21,7 +21,8 @@ Configuration: ``--otlp-traces-endpoint URL`` (an OTLP/HTTP collector, e.g.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -157,13 +158,8 @@ def traced_schedule(
 ) -> Any:
     """``schedule(ctx, tried)`` inside an ``infera.route`` span carrying the decision's terms
     (recorded in ``ctx.explain``)."""
-    span = tr.child("infera.route")
-    try:
+    with _route_span(tr) as span:
         ep = schedule(ctx, tried)
-    except BaseException as exc:
-        span.set_attribute("infera.error", bounded(str(exc)))
-        span.end()
-        raise
     _route_done(span, ctx, ep)
     return ep
 
@@ -171,15 +167,23 @@ def traced_schedule(
 async def traced_acquire(acquire: Awaitable[Any], ctx: Any, tr: RequestTrace) -> Any:
     """The router queue's ``acquire`` (a decision, after a wait when every worker is busy)
     inside an ``infera.route`` span, as :func:`traced_schedule`."""
+    with _route_span(tr) as span:
+        ep = await acquire
+    _route_done(span, ctx, ep)
+    return ep
+
+
+@contextmanager
+def _route_span(tr: RequestTrace) -> Iterator[Any]:
+    """An ``infera.route`` span; ended here, with the error, when the decision raises (else by
+    :func:`_route_done`)."""
     span = tr.child("infera.route")
     try:
-        ep = await acquire
+        yield span
     except BaseException as exc:
         span.set_attribute("infera.error", bounded(str(exc)))
         span.end()
         raise
-    _route_done(span, ctx, ep)
-    return ep
 
 
 def _route_done(span: Any, ctx: Any, ep: Any) -> None:

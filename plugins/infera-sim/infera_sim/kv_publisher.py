@@ -35,22 +35,30 @@ def _log_invalid_replay(frames: int) -> None:
     log.warning("kv replay: invalid request with %d frames", frames)
 
 
-class MapBlockStored(msgspec.Struct, tag="BlockStored", tag_field="type"):
+class _Stored(msgspec.Struct):
+    """BlockStored's fields in both layouts (vLLM's array frames, the map form)."""
+
     block_hashes: list[int]
     parent_block_hash: int | None
     token_ids: list[int]
     block_size: int
     lora_id: int | None
     medium: str | None
+
+
+class _Removed(msgspec.Struct):
+    block_hashes: list[int]
+    medium: str | None
+
+
+class MapBlockStored(_Stored, tag="BlockStored", tag_field="type"):
     lora_name: str | None
     extra_keys: list[Any]
     group_idx: int
     kv_cache_spec_kind: str
 
 
-class MapBlockRemoved(msgspec.Struct, tag="BlockRemoved", tag_field="type"):
-    block_hashes: list[int]
-    medium: str | None
+class MapBlockRemoved(_Removed, tag="BlockRemoved", tag_field="type"):
     group_idx: int
 
 
@@ -58,18 +66,12 @@ class MapAllBlocksCleared(msgspec.Struct, tag="AllBlocksCleared", tag_field="typ
     pass
 
 
-class ArrayBlockStored(msgspec.Struct, tag="BlockStored", array_like=True):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
+class ArrayBlockStored(_Stored, tag="BlockStored", array_like=True):
+    pass
 
 
-class ArrayBlockRemoved(msgspec.Struct, tag="BlockRemoved", array_like=True):
-    block_hashes: list[int]
-    medium: str | None
+class ArrayBlockRemoved(_Removed, tag="BlockRemoved", array_like=True):
+    pass
 
 
 class ArrayAllBlocksCleared(msgspec.Struct, tag="AllBlocksCleared", array_like=True):
