@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import httpx
@@ -26,7 +26,7 @@ from infera_core.server.kv import KvComponent
 from infera_core.server.run import uvicorn_config
 from infera_core.server.settings import ServeSettings
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.upstream import ScriptedUpstream
+from infera_core.testing.upstream import FakeUpstream, ScriptedUpstream, record_for
 from infera_core.util.net import free_port
 from infera_core.worker import WorkerRecord
 
@@ -134,6 +134,19 @@ async def serving_fleet(
     ):
         await srv.add_workers(*records)
         yield srv, client
+
+
+@contextlib.asynccontextmanager
+async def serving_upstreams(
+    ups: Sequence[FakeUpstream] = (), **settings: Any
+) -> AsyncIterator[RunningServer]:
+    """A router (``settings_for(**settings)``, the installed plugins) serving the fake upstreams
+    ``ups`` once its table holds them all."""
+    async with serving(settings_for(**settings), make_hooks()) as srv:
+        for u in ups:
+            srv.store.put(record_for(u))
+        await srv.wait_workers(len(ups))
+        yield srv
 
 
 @contextlib.asynccontextmanager

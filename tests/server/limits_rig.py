@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
-from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import RunningServer, serving, settings_for
-from infera_core.testing.upstream import FakeUpstream, record_for
+from infera_core.testing.server import RunningServer, serving_upstreams
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 
 
-@contextlib.asynccontextmanager
-async def stack(ups: list[FakeUpstream] | None = None, **settings: Any) -> AsyncIterator[RunningServer]:
-    async with serving(settings_for(**settings), make_hooks()) as srv:
-        for u in ups or []:
-            srv.store.put(record_for(u))
-        await srv.wait_workers(len(ups or []))
-        yield srv
+stack = serving_upstreams
 
 
 async def connect(srv: RunningServer) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

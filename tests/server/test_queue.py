@@ -4,7 +4,6 @@ timeout, a client leaving while queued, sheddable headroom and the engine satura
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,33 +18,10 @@ from infera_core.request import RequestContext
 from infera_core.server.errors import ApiError
 from infera_core.server.keys import ApiKey, KeySpec, Principal, read_key_file
 from infera_core.server.queue import RouterQueue, ticket_for
-from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import RunningServer, serving, settings_for, until
-from infera_core.testing.upstream import FakeUpstream, fake_upstreams, record_for
+from infera_core.testing.server import RunningServer, serving_upstreams, until
+from infera_core.testing.upstream import FakeUpstream
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
-
-
-@pytest.fixture
-async def ups() -> AsyncIterator[list[FakeUpstream]]:
-    async with fake_upstreams(2) as out:
-        yield out
-
-
-class Stack:
-    def __init__(self, ups: list[FakeUpstream], **settings: Any) -> None:
-        self.cm = serving(settings_for(**settings), make_hooks())
-        self.ups = ups
-
-    async def __aenter__(self) -> RunningServer:
-        srv = await self.cm.__aenter__()
-        for u in self.ups:
-            srv.store.put(record_for(u))
-        await srv.wait_workers(len(self.ups))
-        return srv
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.cm.__aexit__(None, None, None)
 
 
 def _principal(**spec: Any) -> Principal:
@@ -94,7 +70,7 @@ async def test_a_request_that_waits_past_queue_timeout_gets_503_with_retry_after
     ups: list[FakeUpstream],
 ) -> None:
     async with (
-        Stack(ups, max_inflight_per_worker=1, queue_timeout=0.3) as srv,
+        serving_upstreams(ups, max_inflight_per_worker=1, queue_timeout=0.3) as srv,
         httpx.AsyncClient(base_url=srv.url, timeout=30) as c,
     ):
         for u in ups:
@@ -109,7 +85,7 @@ async def test_a_request_that_waits_past_queue_timeout_gets_503_with_retry_after
 
 async def test_a_client_leaving_while_queued_leaves_the_queue(ups: list[FakeUpstream]) -> None:
     async with (
-        Stack(ups[:1], max_inflight_per_worker=1) as srv,
+        serving_upstreams(ups[:1], max_inflight_per_worker=1) as srv,
         httpx.AsyncClient(base_url=srv.url, timeout=30) as c,
     ):
         ups[0].delay = 0.5
@@ -139,7 +115,7 @@ async def test_sheddable_requests_leave_headroom_for_critical_ones(
         )
     )
     async with (
-        Stack(ups[:1], max_inflight_per_worker=2, queue_headroom=1, api_key_file=keys) as srv,
+        serving_upstreams(ups[:1], max_inflight_per_worker=2, queue_headroom=1, api_key_file=keys) as srv,
         httpx.AsyncClient(base_url=srv.url, timeout=30) as c,
     ):
         ups[0].delay = 0.5
@@ -158,7 +134,7 @@ async def test_engine_numbers_over_a_threshold_queue_requests_until_they_drop(
     ups: list[FakeUpstream],
 ) -> None:
     async with (
-        Stack(ups, queue_engine_waiting=4, queue_engine_kv_usage=0.9) as srv,
+        serving_upstreams(ups, queue_engine_waiting=4, queue_engine_kv_usage=0.9) as srv,
         httpx.AsyncClient(base_url=srv.url, timeout=30) as c,
     ):
         eps = list(srv.core.table.by_id.values())
@@ -193,7 +169,7 @@ async def test_a_flooding_key_leaves_the_headroom_to_a_light_key(
     keys = tmp_path / "keys.yaml"
     keys.write_text(yaml.safe_dump({"keys": [{"name": "a", "key": "sk-a"}, {"name": "b", "key": "sk-b"}]}))
     async with (
-        Stack(ups[:1], max_inflight_per_worker=4, queue_headroom=1, api_key_file=keys) as srv,
+        serving_upstreams(ups[:1], max_inflight_per_worker=4, queue_headroom=1, api_key_file=keys) as srv,
         httpx.AsyncClient(base_url=srv.url, timeout=30) as c,
     ):
         ups[0].delay = 3.0
