@@ -70,6 +70,14 @@ async def sse_data(client: httpx.AsyncClient, url: str, body: dict[str, Any]) ->
         return [line async for line in r.aiter_lines() if line.startswith("data: ")]
 
 
+async def post_at_once(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], n: int
+) -> list[httpx.Response]:
+    """``n`` POSTs of ``body`` to ``url`` at once: their responses, lowest status code first."""
+    responses = await asyncio.gather(*(client.post(url, json=body) for _ in range(n)))
+    return sorted(responses, key=lambda r: r.status_code)
+
+
 async def leave_mid_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> None:
     """POST ``body`` streamed and go away after the first bytes (a client leaving mid-response)."""
     async with client.stream("POST", url, json=body) as r:

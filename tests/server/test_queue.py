@@ -20,7 +20,7 @@ from infera_core.request import RequestContext
 from infera_core.server.errors import ApiError
 from infera_core.server.keys import ApiKey, KeySpec, Principal, read_key_file
 from infera_core.server.queue import RouterQueue, ticket_for
-from infera_core.testing.server import RunningServer, serving_upstreams, until
+from infera_core.testing.server import RunningServer, post_at_once, serving_upstreams, until
 from infera_core.testing.upstream import FakeUpstream
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
@@ -86,10 +86,9 @@ async def test_a_request_that_waits_past_queue_timeout_gets_503_with_retry_after
     async with routed(ups, max_inflight_per_worker=1, queue_timeout=0.3) as (srv, c):
         for u in ups:
             u.delay = 2.0
-        results = await asyncio.gather(*[c.post("/v1/chat/completions", json=CHAT) for _ in range(3)])
-        codes = sorted(r.status_code for r in results)
-        assert codes == [200, 200, 503]
-        late = next(r for r in results if r.status_code == 503)
+        results = await post_at_once(c, "/v1/chat/completions", CHAT, 3)
+        assert [r.status_code for r in results] == [200, 200, 503]
+        late = results[-1]
         assert late.json()["error"]["code"] == "queue_timeout" and late.headers["retry-after"]
         assert _depth(srv) == 0
 

@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 
-from infera_core.testing.server import serving_upstreams, sse_data, until
+from infera_core.testing.server import post_at_once, serving_upstreams, sse_data, until
 from infera_core.testing.upstream import FakeUpstream, record_for
 from infera_core.worker import Status
 
@@ -102,10 +102,9 @@ async def test_admission_cap_answers_429_with_retry_after(ups: list[FakeUpstream
     ):
         for u in ups:
             u.delay = 0.5
-        results = await asyncio.gather(*[c.post("/v1/chat/completions", json=CHAT) for _ in range(3)])
-        codes = sorted(r.status_code for r in results)
-        assert codes == [200, 200, 429]
-        limited = next(r for r in results if r.status_code == 429)
+        results = await post_at_once(c, "/v1/chat/completions", CHAT, 3)
+        assert [r.status_code for r in results] == [200, 200, 429]
+        limited = results[-1]
         assert limited.headers["retry-after"] == "1"
         assert limited.json()["error"]["type"] == "rate_limit_error"
 
