@@ -56,16 +56,22 @@ def _read_all(fd: int) -> str:
     return out.decode()
 
 
+def _in_three_processes(budgets: SharedBudgets, work: str) -> list[int]:
+    """Run ``work`` in three forked processes at once: the count each one reports (each must exit 0)."""
+    children = [_fork(budgets, i, work) for i in range(3)]
+    counts = [int(_read_all(r)) for _, r in children]
+    for pid, _ in children:
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    return counts
+
+
 def test_processes_take_from_one_bucket_and_sum_their_tokens() -> None:
     budgets = SharedBudgets(3, capacity=64)
     try:
         slot = budgets.slot("team")
         assert slot is not None and budgets.slot("team") == slot and budgets.slot("other") != slot
         budgets.set_rate(slot, 30, lambda: 1000.0)
-        children = [_fork(budgets, i, "take") for i in range(3)]
-        taken = [int(_read_all(r)) for _, r in children]
-        for pid, _ in children:
-            assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        taken = _in_three_processes(budgets, "take")
         assert sum(taken) == 30  # 120 tries by 3 processes against one bucket of 30
         assert budgets.tokens(slot, DAY) == 150
         assert budgets.tokens(slot, DAY + 1) == 0  # a new day starts at 0
@@ -78,10 +84,7 @@ def test_processes_reserve_from_one_token_budget_and_never_overdraw_it() -> None
     try:
         slot = budgets.slot("team")
         assert slot is not None
-        children = [_fork(budgets, i, "reserve") for i in range(3)]
-        got = [int(_read_all(r)) for _, r in children]
-        for pid, _ in children:
-            assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        got = _in_three_processes(budgets, "reserve")
         assert sum(got) == 30  # 120 reservations by 3 processes racing for 300 tokens
         assert budgets.tokens(slot, DAY) == 300
         assert budgets.reserve(slot, DAY, 1, 300) == 300  # full: what is spent comes back
