@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -31,6 +32,20 @@ async def response(reader: asyncio.StreamReader, within: float = 5.0) -> tuple[i
         except ConnectionResetError:  # closed while the client was still sending
             closed = True
     return int(lines[0].split()[1]), json.loads(body), closed
+
+
+async def trickle(writer: asyncio.StreamWriter, data: bytes, answer: asyncio.Future[Any], gap: float) -> int:
+    """Write ``data`` one byte every ``gap`` seconds until all is sent, ``answer`` is done or the
+    server closes the connection: how many bytes were sent."""
+    sent = 0
+    with contextlib.suppress(ConnectionError):
+        for byte in data:
+            if answer.done():
+                break
+            writer.write(bytes([byte]))
+            sent += 1
+            await asyncio.sleep(gap)
+    return sent
 
 
 async def closed_within(reader: asyncio.StreamReader, within: float) -> bool:
