@@ -261,6 +261,23 @@ def replay(a: argparse.Namespace, flows: list[Flow], queued: bool) -> list[Job]:
     return Replay(a, queued).run(jobs)
 
 
+def beside_alone(
+    a: argparse.Namespace, flows: list[Flow], mine: Flow, queued: bool, bound: float
+) -> tuple[list[Job], str, bool]:
+    """Replay ``flows`` (``mine`` among them) and ``mine`` alone: (the jobs of ``flows``, how
+    ``mine``'s key fared beside the others and alone up to its TTFT ratio, whether none of its
+    requests was refused and its TTFT p90 stayed within ``bound`` × the one alone)."""
+    warm, end = a.duration * 0.2, a.duration
+    both, solo = replay(a, flows, queued), replay(a, [mine], queued)
+    got, alone = summary(both, mine.key, warm, end), summary(solo, mine.key, warm, end)
+    ratio = got["ttft_p90"] / alone["ttft_p90"]
+    report = (
+        f"{mine.key} refused {got['refused']:.0f}/{got['n']:.0f}, {mine.key} TTFT p90 {got['ttft_p90'] * 1e3:7.1f} ms"
+        f" vs alone {alone['ttft_p90'] * 1e3:6.1f} ms ({ratio:.2f}×"
+    )
+    return both, report, got["refused"] == 0 and ratio <= bound
+
+
 def scenario(a: argparse.Namespace, name: str) -> list[str]:
     cap = capacity(a)
     warm, end = a.duration * 0.2, a.duration
@@ -268,15 +285,10 @@ def scenario(a: argparse.Namespace, name: str) -> list[str]:
     for queued in (True, False):
         mode = "queue" if queued else "no queue"
         if name == "flood":
-            b_rate = a.load * cap / 10.0
-            flows = [Flow("A", a.load * cap), Flow("B", b_rate)]
-            both, solo = replay(a, flows, queued), replay(a, [Flow("B", b_rate)], queued)
-            b, alone = summary(both, "B", warm, end), summary(solo, "B", warm, end)
-            ratio = b["ttft_p90"] / alone["ttft_p90"]
-            ok = b["refused"] == 0 and ratio <= 1.5
+            light = Flow("B", a.load * cap / 10.0)
+            both, report, ok = beside_alone(a, [Flow("A", a.load * cap), light], light, queued, 1.5)
             lines.append(
-                f"flood     {mode:<9} B refused {b['refused']:.0f}/{b['n']:.0f}, B TTFT p90 {b['ttft_p90'] * 1e3:7.1f} ms"
-                f" vs alone {alone['ttft_p90'] * 1e3:6.1f} ms ({ratio:.2f}×; A refused "
+                f"flood     {mode:<9} {report}; A refused "
                 f"{summary(both, 'A', warm, end)['refused']:.0f})  {'PASS' if ok else 'FAIL'} (0 refused, ≤ 1.5×)"
             )
         elif name.startswith("share"):
@@ -292,19 +304,10 @@ def scenario(a: argparse.Namespace, name: str) -> list[str]:
                 f"  {'PASS' if ok else 'FAIL'}"
             )
         elif name == "critical":
-            c_rate = cap * a.critical_share
-            flows = [
-                Flow("S", a.load * cap, tier=tier_of("sheddable")),
-                Flow("C", c_rate, tier=tier_of("critical")),
-            ]
-            both, solo = replay(a, flows, queued), replay(a, [Flow("C", c_rate, tier=1)], queued)
-            c, alone = summary(both, "C", warm, end), summary(solo, "C", warm, end)
-            ratio = c["ttft_p90"] / alone["ttft_p90"]
-            ok = c["refused"] == 0 and ratio <= 1.2
-            lines.append(
-                f"critical  {mode:<9} C refused {c['refused']:.0f}/{c['n']:.0f}, C TTFT p90 {c['ttft_p90'] * 1e3:7.1f} ms"
-                f" vs alone {alone['ttft_p90'] * 1e3:6.1f} ms ({ratio:.2f}×)  {'PASS' if ok else 'FAIL'} (≤ 1.2×)"
-            )
+            critical = Flow("C", cap * a.critical_share, tier=tier_of("critical"))
+            flows = [Flow("S", a.load * cap, tier=tier_of("sheddable")), critical]
+            _, report, ok = beside_alone(a, flows, critical, queued, 1.2)
+            lines.append(f"critical  {mode:<9} {report})  {'PASS' if ok else 'FAIL'} (≤ 1.2×)")
         elif name == "deadline":
             flows = [Flow("A", a.load * cap, deadline_ms=a.deadline_ms)]
             jobs = replay(a, flows, queued)

@@ -12,9 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Iterator
@@ -24,11 +22,10 @@ from typing import Any
 
 import httpx
 import psutil
-import yaml
 
-from infera_core.testing.serve_processes import poll
+from infera_core.testing.serve_processes import poll, start_serve
 from infera_core.testing.upstream import LoopbackStreamServer
-from infera_core.util.net import free_port, stop_process
+from infera_core.util.net import stop_process
 
 REFUSAL = json.dumps(
     {
@@ -100,19 +97,7 @@ class OneServe:
 def serve_one(workers: list[dict[str, Any]], directory: Path, *args: str) -> Iterator[OneServe]:
     """One router process serving ``workers`` (static fleet records) with ``args``; returns
     once its ``/health`` counts every worker."""
-    fleet = directory / "fleet.yaml"
-    fleet.write_text(yaml.safe_dump({"workers": workers}))
-    port = free_port()
-    infera_run = str(Path(sys.executable).with_name("infera-run"))
-    argv = [infera_run, "serve", "--port", str(port), "--processes", "1", "--discovery", "static"]
-    proc = subprocess.Popen(
-        [*argv, "--static-file", str(fleet), *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, INFERA_LOG_LEVEL="warning"),
-    )
-    url = f"http://127.0.0.1:{port}"
+    url, proc = start_serve(workers, directory, 1, args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def healthy() -> bool:
         if proc.poll() is not None:

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +70,18 @@ class ServeProcesses:
         poll(replaced, within)
 
 
-@contextlib.contextmanager
-def serve_processes(
-    workers: list[dict[str, Any]], directory: Path, *args: str, processes: int = 2
-) -> Iterator[ServeProcesses]:
-    """Serve ``workers`` (static fleet records) with ``processes`` processes and ``args``."""
+def start_serve(
+    workers: list[dict[str, Any]],
+    directory: Path,
+    processes: int,
+    args: Sequence[str],
+    *,
+    stdout: int,
+    stderr: int,
+) -> tuple[str, subprocess.Popen[str]]:
+    """Start ``infera-run serve`` with ``processes`` processes and ``args`` over a static fleet
+    file of ``workers`` written in ``directory``, on a free port: (its URL, the process). Its
+    output goes to ``stdout`` and ``stderr`` (``subprocess`` constants); the caller stops it."""
     fleet = directory / "fleet.yaml"
     fleet.write_text(yaml.safe_dump({"workers": workers}))
     port = free_port()
@@ -82,12 +89,23 @@ def serve_processes(
     argv = [infera_run, "serve", "--port", str(port), "--processes", str(processes), "--discovery", "static"]
     proc = subprocess.Popen(
         [*argv, "--static-file", str(fleet), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stdout=stdout,
+        stderr=stderr,
         text=True,
         env=dict(os.environ, INFERA_LOG_LEVEL="warning"),
     )
-    serve = ServeProcesses(f"http://127.0.0.1:{port}", proc)
+    return f"http://127.0.0.1:{port}", proc
+
+
+@contextlib.contextmanager
+def serve_processes(
+    workers: list[dict[str, Any]], directory: Path, *args: str, processes: int = 2
+) -> Iterator[ServeProcesses]:
+    """Serve ``workers`` (static fleet records) with ``processes`` processes and ``args``."""
+    url, proc = start_serve(
+        workers, directory, processes, args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    serve = ServeProcesses(url, proc)
     try:
 
         def serving() -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import httpx
@@ -26,7 +26,7 @@ from infera_core.server.kv import KvComponent
 from infera_core.server.run import uvicorn_config
 from infera_core.server.settings import ServeSettings
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.upstream import ScriptedUpstream
+from infera_core.testing.upstream import FakeUpstream, ScriptedUpstream, record_for
 from infera_core.util.net import free_port
 from infera_core.worker import WorkerRecord
 
@@ -68,6 +68,14 @@ async def sse_data(client: httpx.AsyncClient, url: str, body: dict[str, Any]) ->
     async with client.stream("POST", url, json=body) as r:
         assert r.status_code == 200, (r.status_code, await r.aread())
         return [line async for line in r.aiter_lines() if line.startswith("data: ")]
+
+
+async def post_at_once(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], n: int
+) -> list[httpx.Response]:
+    """``n`` POSTs of ``body`` to ``url`` at once: their responses, lowest status code first."""
+    responses = await asyncio.gather(*(client.post(url, json=body) for _ in range(n)))
+    return sorted(responses, key=lambda r: r.status_code)
 
 
 async def leave_mid_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> None:
@@ -134,6 +142,19 @@ async def serving_fleet(
     ):
         await srv.add_workers(*records)
         yield srv, client
+
+
+@contextlib.asynccontextmanager
+async def serving_upstreams(
+    ups: Sequence[FakeUpstream] = (), **settings: Any
+) -> AsyncIterator[RunningServer]:
+    """A router (``settings_for(**settings)``, the installed plugins) serving the fake upstreams
+    ``ups`` once its table holds them all."""
+    async with serving(settings_for(**settings), make_hooks()) as srv:
+        for u in ups:
+            srv.store.put(record_for(u))
+        await srv.wait_workers(len(ups))
+        yield srv
 
 
 @contextlib.asynccontextmanager

@@ -20,6 +20,16 @@ def drain(q: FairQueue) -> list[str]:
     return out
 
 
+def behind_a_flood(capacity: int, flood: int) -> tuple[FairQueue, Waiter]:
+    """A queue of ``capacity`` holding ``flood`` waiters of key A, then one of key B (returned)."""
+    q = FairQueue(capacity)
+    for _ in range(flood):
+        q.push(w("A"))
+    b = w("B")
+    q.push(b)
+    return q, b
+
+
 def test_tiers_parse_by_name_and_number() -> None:
     assert [tier_of(x) for x in ("critical", "standard", "Sheddable", 5, "-3")] == [1, 0, -1, 5, -3]
     with pytest.raises(ValueError, match="critical"):
@@ -29,11 +39,7 @@ def test_tiers_parse_by_name_and_number() -> None:
 
 
 def test_a_flood_does_not_delay_a_light_key() -> None:
-    q = FairQueue(100)
-    for _ in range(20):
-        q.push(w("A"))
-    b = w("B")
-    q.push(b)
+    q, b = behind_a_flood(100, 20)
     assert q.ahead(b) <= 1  # served next or after the one A request already at the head
     assert drain(q)[:2].count("B") == 1
 
@@ -122,11 +128,7 @@ def test_shares_tell_a_key_over_its_fair_share_of_the_slots() -> None:
 
 
 def test_serve_skips_a_held_back_key_for_the_keys_behind_it() -> None:
-    q = FairQueue(10)
-    for _ in range(3):
-        q.push(w("A"))
-    b = w("B")
-    q.push(b)
+    q, b = behind_a_flood(10, 3)
     placed: list[str] = []
 
     def place(x: Waiter) -> bool:  # A is held back (over its share): only B fits

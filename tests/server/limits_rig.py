@@ -5,23 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
-from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import RunningServer, serving, settings_for
-from infera_core.testing.upstream import FakeUpstream, record_for
+from infera_core.testing.server import RunningServer, serving_upstreams
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 
 
-@contextlib.asynccontextmanager
-async def stack(ups: list[FakeUpstream] | None = None, **settings: Any) -> AsyncIterator[RunningServer]:
-    async with serving(settings_for(**settings), make_hooks()) as srv:
-        for u in ups or []:
-            srv.store.put(record_for(u))
-        await srv.wait_workers(len(ups or []))
-        yield srv
+stack = serving_upstreams
 
 
 async def connect(srv: RunningServer) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -41,6 +32,20 @@ async def response(reader: asyncio.StreamReader, within: float = 5.0) -> tuple[i
         except ConnectionResetError:  # closed while the client was still sending
             closed = True
     return int(lines[0].split()[1]), json.loads(body), closed
+
+
+async def trickle(writer: asyncio.StreamWriter, data: bytes, answer: asyncio.Future[Any], gap: float) -> int:
+    """Write ``data`` one byte every ``gap`` seconds until all is sent, ``answer`` is done or the
+    server closes the connection: how many bytes were sent."""
+    sent = 0
+    with contextlib.suppress(ConnectionError):
+        for byte in data:
+            if answer.done():
+                break
+            writer.write(bytes([byte]))
+            sent += 1
+            await asyncio.sleep(gap)
+    return sent
 
 
 async def closed_within(reader: asyncio.StreamReader, within: float) -> bool:

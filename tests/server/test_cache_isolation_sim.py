@@ -10,14 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
+from kv_sim_rig import blocks, complete, predicted, reset_caches, serving_kv_aware
 
-from infera_core.kv.component import KvRouting
-from infera_core.kv.settings import KvSettings
-from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import RunningServer, serving, settings_for, until
+from infera_core.testing.server import until
 
 sim_testing = pytest.importorskip("infera_sim.testing")
 
@@ -39,47 +36,16 @@ def _keys(tmp_path: Path, isolation: str) -> Path:
     return path
 
 
-async def _complete(srv: RunningServer, key: str) -> tuple[str, int, int]:
-    """(worker, prompt tokens, cached tokens) of one completion of PROMPT sent with ``key``."""
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1}
-    async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
-        r = await client.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
-    assert r.status_code == 200, r.text
-    usage = r.json()["usage"]
-    return (
-        r.headers["x-infera-worker"],
-        usage["prompt_tokens"],
-        usage["prompt_tokens_details"]["cached_tokens"],
-    )
-
-
-def _blocks(kv: KvRouting, worker: str) -> int:
-    view = kv.index.view(worker)
-    return view.block_count() if view is not None else 0
-
-
-def _predicted(srv: RunningServer, key: str) -> float:
-    child = srv.core.salting.tokens.children.get((key, "predicted_cached"))
-    return child.value if child is not None else 0.0
-
-
 async def _run(sims: list[Any], keys: Path) -> dict[str, Any]:
-    async with httpx.AsyncClient(timeout=5) as client:
-        for sim in sims:  # each run starts from empty caches
-            assert (await client.post(sim.url + "/reset_prefix_cache")).status_code == 200
-    hooks = make_hooks()
-    kv = KvRouting(hooks.catalog(), KvSettings())
-    settings = settings_for(router_policy="kv-aware", api_key_file=keys)
-    async with serving(settings, hooks, kv=kv) as srv:
-        for i, sim in enumerate(sims):
-            srv.store.put(sim.record(f"sim-{i}"))
-        await srv.wait_workers(2)
-        owner, tokens, first = await _complete(srv, "sk-alice")
-        await until(lambda: _blocks(kv, owner) >= tokens // BS, within=10)
-        bob = await _complete(srv, "sk-bob")
-        bob_predicted = _predicted(srv, "bob")
-        alice_before = _predicted(srv, "alice")
-        again = await _complete(srv, "sk-alice")
+    await reset_caches(sims)
+    records = [sim.record(f"sim-{i}") for i, sim in enumerate(sims)]
+    async with serving_kv_aware(records, keys) as (srv, kv):
+        owner, tokens, first = await complete(srv, "sk-alice", MODEL, PROMPT)
+        await until(lambda: blocks(kv, owner) >= tokens // BS, within=10)
+        bob = await complete(srv, "sk-bob", MODEL, PROMPT)
+        bob_predicted = predicted(srv, "bob")
+        alice_before = predicted(srv, "alice")
+        again = await complete(srv, "sk-alice", MODEL, PROMPT)
         return {
             "owner": owner,
             "tokens": tokens,
@@ -87,7 +53,7 @@ async def _run(sims: list[Any], keys: Path) -> dict[str, Any]:
             "bob": bob,
             "bob_predicted": bob_predicted,
             "again": again,
-            "alice_predicted": _predicted(srv, "alice") - alice_before,
+            "alice_predicted": predicted(srv, "alice") - alice_before,
         }
 
 

@@ -97,18 +97,29 @@ async def _usage(srv: RunningServer) -> dict[str, Any]:
     return {k["key"]: k for k in r.json()["keys"]}
 
 
+async def _both_refuse(
+    srv: RunningServer,
+    key: str,
+    oai_error: type[openai.APIStatusError],
+    ant_error: type[anthropic.APIStatusError],
+) -> tuple[str | None, str]:
+    """A chat with ``key`` fails with ``oai_error`` in the OpenAI SDK and ``ant_error`` in the
+    Anthropic one: (OpenAI's error code, Anthropic's error type)."""
+    with pytest.raises(oai_error) as oerr:
+        await _oai(srv, key).chat.completions.create(model=MODEL, messages=HI, max_tokens=2)
+    with pytest.raises(ant_error) as aerr:
+        await _ant(srv, key).messages.create(model=MODEL, max_tokens=2, messages=HI)
+    return oerr.value.code, aerr.value.body["error"]["type"]  # type: ignore[index]
+
+
 async def test_missing_or_unknown_key_is_401_for_both_clients(srv: RunningServer) -> None:
     async with httpx.AsyncClient(base_url=srv.url) as c:
         r = await c.post("/v1/chat/completions", json={"model": MODEL, "messages": HI})
         assert r.status_code == 401 and r.json()["error"]["code"] == "missing_api_key"
         assert (await c.get("/v1/models")).status_code == 401
         assert (await c.get("/health")).status_code == 200  # not under /v1
-    with pytest.raises(openai.AuthenticationError) as oerr:
-        await _oai(srv, "sk-wrong").chat.completions.create(model=MODEL, messages=HI, max_tokens=2)
-    assert oerr.value.code == "invalid_api_key"
-    with pytest.raises(anthropic.AuthenticationError) as aerr:
-        await _ant(srv, "sk-wrong").messages.create(model=MODEL, max_tokens=2, messages=HI)
-    assert aerr.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+    refused = await _both_refuse(srv, "sk-wrong", openai.AuthenticationError, anthropic.AuthenticationError)
+    assert refused == ("invalid_api_key", "authentication_error")
 
 
 async def test_keys_by_value_or_sha256_and_the_model_allow_list(srv: RunningServer) -> None:
@@ -119,12 +130,10 @@ async def test_keys_by_value_or_sha256_and_the_model_allow_list(srv: RunningServ
     assert [m.id for m in (await _oai(srv, "sk-team-a").models.list()).data] == [MODEL]
     # team-b (key given as sha256) may only use "other"
     assert [m.id async for m in _oai(srv, "sk-team-b").models.list()] == []
-    with pytest.raises(openai.PermissionDeniedError) as oerr:
-        await _oai(srv, "sk-team-b").chat.completions.create(model=MODEL, messages=HI, max_tokens=2)
-    assert oerr.value.code == "model_not_allowed"
-    with pytest.raises(anthropic.PermissionDeniedError) as aerr:
-        await _ant(srv, "sk-team-b").messages.create(model=MODEL, max_tokens=2, messages=HI)
-    assert aerr.value.body["error"]["type"] == "permission_error"  # type: ignore[index]
+    refused = await _both_refuse(
+        srv, "sk-team-b", openai.PermissionDeniedError, anthropic.PermissionDeniedError
+    )
+    assert refused == ("model_not_allowed", "permission_error")
 
 
 async def test_requests_per_minute_budget_is_429(srv: RunningServer) -> None:

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,32 +58,40 @@ def _read_all(fd: int) -> str:
     return out.decode()
 
 
-def test_processes_take_from_one_bucket_and_sum_their_tokens() -> None:
-    budgets = SharedBudgets(3, capacity=64)
+@contextlib.contextmanager
+def _team_slot(processes: int) -> Iterator[tuple[SharedBudgets, int]]:
+    """A budget table for ``processes`` processes and the slot of key ``team`` in it."""
+    budgets = SharedBudgets(processes, capacity=64)
     try:
         slot = budgets.slot("team")
-        assert slot is not None and budgets.slot("team") == slot and budgets.slot("other") != slot
-        budgets.set_rate(slot, 30, lambda: 1000.0)
-        children = [_fork(budgets, i, "take") for i in range(3)]
-        taken = [int(_read_all(r)) for _, r in children]
-        for pid, _ in children:
-            assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
-        assert sum(taken) == 30  # 120 tries by 3 processes against one bucket of 30
-        assert budgets.tokens(slot, DAY) == 150
-        assert budgets.tokens(slot, DAY + 1) == 0  # a new day starts at 0
+        assert slot is not None
+        yield budgets, slot
     finally:
         budgets.close()
 
 
+def _in_three_processes(budgets: SharedBudgets, work: str) -> list[int]:
+    """Run ``work`` in three forked processes at once: the count each one reports (each must exit 0)."""
+    children = [_fork(budgets, i, work) for i in range(3)]
+    counts = [int(_read_all(r)) for _, r in children]
+    for pid, _ in children:
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    return counts
+
+
+def test_processes_take_from_one_bucket_and_sum_their_tokens() -> None:
+    with _team_slot(3) as (budgets, slot):
+        assert budgets.slot("team") == slot and budgets.slot("other") != slot
+        budgets.set_rate(slot, 30, lambda: 1000.0)
+        taken = _in_three_processes(budgets, "take")
+        assert sum(taken) == 30  # 120 tries by 3 processes against one bucket of 30
+        assert budgets.tokens(slot, DAY) == 150
+        assert budgets.tokens(slot, DAY + 1) == 0  # a new day starts at 0
+
+
 def test_processes_reserve_from_one_token_budget_and_never_overdraw_it() -> None:
-    budgets = SharedBudgets(3, capacity=64)
-    try:
-        slot = budgets.slot("team")
-        assert slot is not None
-        children = [_fork(budgets, i, "reserve") for i in range(3)]
-        got = [int(_read_all(r)) for _, r in children]
-        for pid, _ in children:
-            assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    with _team_slot(3) as (budgets, slot):
+        got = _in_three_processes(budgets, "reserve")
         assert sum(got) == 30  # 120 reservations by 3 processes racing for 300 tokens
         assert budgets.tokens(slot, DAY) == 300
         assert budgets.reserve(slot, DAY, 1, 300) == 300  # full: what is spent comes back
@@ -89,15 +99,10 @@ def test_processes_reserve_from_one_token_budget_and_never_overdraw_it() -> None
         assert budgets.reserve(slot, DAY, 50, 300) == -1
         budgets.settle(slot, DAY - 1, -1000)  # a reservation of a day gone: no effect on today
         assert budgets.tokens(slot, DAY) == 300
-    finally:
-        budgets.close()
 
 
 def test_a_process_killed_while_it_holds_a_lock_does_not_wedge_the_others() -> None:
-    budgets = SharedBudgets(2, capacity=64)
-    try:
-        slot = budgets.slot("team")
-        assert slot is not None
+    with _team_slot(2) as (budgets, slot):
         budgets.set_rate(slot, 30, lambda: 1000.0)
         pid, r = _fork(budgets, 1, "hold")
         assert os.read(r, 16) == b"locked"
@@ -107,8 +112,6 @@ def test_a_process_killed_while_it_holds_a_lock_does_not_wedge_the_others() -> N
         os.waitpid(pid, 0)
         assert budgets.take(slot, 30, lambda: 1000.0) < 0  # the dead one's lock passed on
         assert not budgets.busy(slot)
-    finally:
-        budgets.close()
 
 
 def _ring(path: Path, now: list[float], wall: list[float], budgets: SharedBudgets) -> KeyRing:

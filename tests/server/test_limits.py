@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from limits_rig import CHAT, closed_within, connect, response, stack
+from limits_rig import CHAT, closed_within, connect, response, stack, trickle
 
 from infera_core.testing.server import RunningServer, until
 from infera_core.testing.upstream import FakeUpstream, fake_upstreams
@@ -45,14 +45,7 @@ async def test_slowloris_gets_408_and_the_connection_closes(ups: list[FakeUpstre
         reader, writer = await connect(srv)
         request = b"GET /health HTTP/1.1\r\nhost: x\r\n" + b"x-pad: " + b"a" * 400 + b"\r\n\r\n"
         answer = asyncio.ensure_future(response(reader, within=10))
-        sent = 0
-        with contextlib.suppress(ConnectionError):
-            for byte in request:
-                if answer.done():
-                    break
-                writer.write(bytes([byte]))
-                sent += 1
-                await asyncio.sleep(0.01)
+        sent = await trickle(writer, request, answer, 0.01)
         status, body, closed = await answer
         assert sent < len(request)  # never got to finish its headers
         assert status == 408 and closed
@@ -262,14 +255,7 @@ async def test_a_body_trickled_one_byte_at_a_time_is_cut_off(ups: list[FakeUpstr
         body = json.dumps(CHAT).encode()
         await _post_head(writer, len(body))
         answer = asyncio.ensure_future(response(reader, within=10))
-        sent = 0
-        with contextlib.suppress(ConnectionError):
-            for byte in body:
-                if answer.done():
-                    break
-                writer.write(bytes([byte]))
-                sent += 1
-                await asyncio.sleep(0.05)
+        sent = await trickle(writer, body, answer, 0.05)
         status, err, closed = await answer
         assert sent < len(body)  # cut off before it finished
         assert status == 408 and closed

@@ -16,9 +16,8 @@ import httpx
 import openai
 import pytest
 import yaml
+from kv_sim_rig import blocks, complete, predicted, reset_caches, serving_kv_aware
 
-from infera_core.kv.component import KvRouting
-from infera_core.kv.settings import KvSettings
 from infera_core.server.fleet import EndpointTable
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import serving, settings_for, until
@@ -48,12 +47,6 @@ def _records(sims: list[Any]) -> list[WorkerRecord]:
         sims[0].record("sim-0", lora_adapters=["chat-lora", "sql-lora"]),
         sims[1].record("sim-1", lora_adapters=["sql-lora"]),
     ]
-
-
-async def _reset(sims: list[Any]) -> None:
-    async with httpx.AsyncClient(timeout=5) as client:
-        for sim in sims:
-            assert (await client.post(sim.url + "/reset_prefix_cache")).status_code == 200
 
 
 def test_the_sim_lists_and_serves_its_adapters(sims: list[Any]) -> None:
@@ -104,57 +97,33 @@ def _keys(tmp_path: Path) -> Path:
 
 
 async def test_kv_aware_credits_an_adapter_only_with_its_own_blocks(sims: list[Any], tmp_path: Path) -> None:
-    await _reset(sims)
-    hooks = make_hooks()
-    kv = KvRouting(hooks.catalog(), KvSettings())
-    settings = settings_for(router_policy="kv-aware", api_key_file=_keys(tmp_path))
-    async with serving(settings, hooks, kv=kv) as srv:
-        for rec in _records(sims):
-            srv.store.put(rec)
-        await srv.wait_workers(2)
+    await reset_caches(sims)
+    async with serving_kv_aware(_records(sims), _keys(tmp_path)) as (srv, kv):
 
-        def predicted() -> float:
-            child = srv.core.salting.tokens.children.get(("k", "predicted_cached"))
-            return child.value if child is not None else 0.0
-
-        async def complete(model: str) -> tuple[str, int, int, float]:
+        async def complete_k(model: str) -> tuple[str, int, int, float]:
             """(worker, prompt tokens, cached tokens, predicted cached tokens) of PROMPT."""
-            before = predicted()
-            body = {"model": model, "prompt": PROMPT, "max_tokens": 1}
-            async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
-                r = await client.post("/v1/completions", json=body, headers={"Authorization": "Bearer sk-k"})
-            assert r.status_code == 200, r.text
-            usage = r.json()["usage"]
-            worker = r.headers["x-infera-worker"]
-            return (
-                worker,
-                usage["prompt_tokens"],
-                usage["prompt_tokens_details"]["cached_tokens"],
-                predicted() - before,
-            )
+            before = predicted(srv, "k")
+            worker, tokens, cached = await complete(srv, "sk-k", model, PROMPT)
+            return worker, tokens, cached, predicted(srv, "k") - before
 
-        def blocks(worker: str) -> int:
-            view = kv.index.view(worker)
-            return view.block_count() if view is not None else 0
-
-        owner, tokens, cached, guess = await complete("sql-lora")
+        owner, tokens, cached, guess = await complete_k("sql-lora")
         full = tokens // BS
         assert tokens > 30 * BS and cached == 0 and guess == 0
-        await until(lambda: blocks(owner) >= full, within=10)
+        await until(lambda: blocks(kv, owner) >= full, within=10)
         for _ in range(3):  # the adapter's repeats go where its blocks are, and hit them
-            worker, _, cached, guess = await complete("sql-lora")
+            worker, _, cached, guess = await complete_k("sql-lora")
             assert worker == owner
             assert cached >= (full - 1) * BS and guess >= (full - 1) * BS
         # the base model's prompt of the same text: the adapter's blocks are not its own
-        worker, _, cached, guess = await complete(MODEL)
+        worker, _, cached, guess = await complete_k(MODEL)
         assert guess == 0, "the router credited the adapter's blocks to the base model"
         assert cached == 0
-        await until(lambda: blocks(worker) >= full + (full if worker == owner else 0), within=10)
+        await until(lambda: blocks(kv, worker) >= full + (full if worker == owner else 0), within=10)
         # and the other adapter on the same worker gets credit for neither
-        _, _, cached, guess = await complete("chat-lora")
+        _, _, cached, guess = await complete_k("chat-lora")
         assert guess == 0 and cached == 0
         # the base model's repeat hits its own blocks
-        again, _, cached, guess = await complete(MODEL)
+        again, _, cached, guess = await complete_k(MODEL)
         assert again == worker and guess >= (full - 1) * BS and cached >= (full - 1) * BS
 
 

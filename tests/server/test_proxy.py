@@ -120,31 +120,29 @@ async def test_client_disconnect_cancels_upstream(
     assert not [r for r in caplog.records if r.name == "uvicorn.error"], caplog.text
 
 
+BAD_CHATS: list[tuple[bytes, str | None]] = [  # (body, the param the 400 names)
+    (b"{not json", None),
+    (b"", None),
+    (b"[1, 2]", None),
+    (b'{"messages": [{"role": "user", "content": "x"}]}', "model"),
+    (b'{"model": 7, "messages": [{"role": "user", "content": "x"}]}', "model"),
+    (b'{"model": "fake-model", "messages": "hi"}', "messages"),
+    (b'{"model": "fake-model", "messages": []}', "messages"),
+    (b'{"model": "fake-model", "messages": [3]}', "messages[0]"),
+    (b'{"model": "fake-model", "messages": [{"role": "user"}], "stream": "yes"}', "stream"),
+]
+BAD_COMPLETIONS: list[tuple[bytes, str | None]] = [
+    (b'{"model": "fake-model"}', "prompt"),
+    (b'{"model": "fake-model", "prompt": 5}', "prompt"),
+    (b'{"model": "fake-model", "prompt": [1, "a"]}', "prompt"),
+]
+
+
 @pytest.mark.parametrize(
     ("route", "raw", "status", "param"),
     [
-        ("/v1/chat/completions", b"{not json", 400, None),
-        ("/v1/chat/completions", b"", 400, None),
-        ("/v1/chat/completions", b"[1, 2]", 400, None),
-        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}]}', 400, "model"),
-        (
-            "/v1/chat/completions",
-            b'{"model": 7, "messages": [{"role": "user", "content": "x"}]}',
-            400,
-            "model",
-        ),
-        ("/v1/chat/completions", b'{"model": "fake-model", "messages": "hi"}', 400, "messages"),
-        ("/v1/chat/completions", b'{"model": "fake-model", "messages": []}', 400, "messages"),
-        ("/v1/chat/completions", b'{"model": "fake-model", "messages": [3]}', 400, "messages[0]"),
-        (
-            "/v1/chat/completions",
-            b'{"model": "fake-model", "messages": [{"role": "user"}], "stream": "yes"}',
-            400,
-            "stream",
-        ),
-        ("/v1/completions", b'{"model": "fake-model"}', 400, "prompt"),
-        ("/v1/completions", b'{"model": "fake-model", "prompt": 5}', 400, "prompt"),
-        ("/v1/completions", b'{"model": "fake-model", "prompt": [1, "a"]}', 400, "prompt"),
+        *(("/v1/chat/completions", raw, 400, param) for raw, param in BAD_CHATS),
+        *(("/v1/completions", raw, 400, param) for raw, param in BAD_COMPLETIONS),
         ("/v1/completions", b'{"model": "nope", "prompt": "x"}', 404, "model"),
         (
             "/v1/messages",

@@ -4,6 +4,7 @@ timeout, a client leaving while queued, sheddable headroom and the engine satura
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,33 +20,22 @@ from infera_core.request import RequestContext
 from infera_core.server.errors import ApiError
 from infera_core.server.keys import ApiKey, KeySpec, Principal, read_key_file
 from infera_core.server.queue import RouterQueue, ticket_for
-from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import RunningServer, serving, settings_for, until
-from infera_core.testing.upstream import FakeUpstream, fake_upstreams, record_for
+from infera_core.testing.server import RunningServer, post_at_once, serving_upstreams, until
+from infera_core.testing.upstream import FakeUpstream
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 
 
-@pytest.fixture
-async def ups() -> AsyncIterator[list[FakeUpstream]]:
-    async with fake_upstreams(2) as out:
-        yield out
-
-
-class Stack:
-    def __init__(self, ups: list[FakeUpstream], **settings: Any) -> None:
-        self.cm = serving(settings_for(**settings), make_hooks())
-        self.ups = ups
-
-    async def __aenter__(self) -> RunningServer:
-        srv = await self.cm.__aenter__()
-        for u in self.ups:
-            srv.store.put(record_for(u))
-        await srv.wait_workers(len(self.ups))
-        return srv
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.cm.__aexit__(None, None, None)
+@contextlib.asynccontextmanager
+async def routed(
+    ups: list[FakeUpstream], **settings: Any
+) -> AsyncIterator[tuple[RunningServer, httpx.AsyncClient]]:
+    """A router with ``settings`` serving ``ups``, and a client of it patient enough to queue."""
+    async with (
+        serving_upstreams(ups, **settings) as srv,
+        httpx.AsyncClient(base_url=srv.url, timeout=30) as c,
+    ):
+        yield srv, c
 
 
 def _principal(**spec: Any) -> Principal:
@@ -93,25 +83,18 @@ def test_a_bad_priority_in_the_key_file_is_one_clear_line(tmp_path: Path) -> Non
 async def test_a_request_that_waits_past_queue_timeout_gets_503_with_retry_after(
     ups: list[FakeUpstream],
 ) -> None:
-    async with (
-        Stack(ups, max_inflight_per_worker=1, queue_timeout=0.3) as srv,
-        httpx.AsyncClient(base_url=srv.url, timeout=30) as c,
-    ):
+    async with routed(ups, max_inflight_per_worker=1, queue_timeout=0.3) as (srv, c):
         for u in ups:
             u.delay = 2.0
-        results = await asyncio.gather(*[c.post("/v1/chat/completions", json=CHAT) for _ in range(3)])
-        codes = sorted(r.status_code for r in results)
-        assert codes == [200, 200, 503]
-        late = next(r for r in results if r.status_code == 503)
+        results = await post_at_once(c, "/v1/chat/completions", CHAT, 3)
+        assert [r.status_code for r in results] == [200, 200, 503]
+        late = results[-1]
         assert late.json()["error"]["code"] == "queue_timeout" and late.headers["retry-after"]
         assert _depth(srv) == 0
 
 
 async def test_a_client_leaving_while_queued_leaves_the_queue(ups: list[FakeUpstream]) -> None:
-    async with (
-        Stack(ups[:1], max_inflight_per_worker=1) as srv,
-        httpx.AsyncClient(base_url=srv.url, timeout=30) as c,
-    ):
+    async with routed(ups[:1], max_inflight_per_worker=1) as (srv, c):
         ups[0].delay = 0.5
         running = asyncio.ensure_future(c.post("/v1/chat/completions", json=CHAT))
         await until(lambda: srv.core.table.by_id["w0"].in_flight == 1)
@@ -138,10 +121,7 @@ async def test_sheddable_requests_leave_headroom_for_critical_ones(
             }
         )
     )
-    async with (
-        Stack(ups[:1], max_inflight_per_worker=2, queue_headroom=1, api_key_file=keys) as srv,
-        httpx.AsyncClient(base_url=srv.url, timeout=30) as c,
-    ):
+    async with routed(ups[:1], max_inflight_per_worker=2, queue_headroom=1, api_key_file=keys) as (srv, c):
         ups[0].delay = 0.5
         bulk = {"Authorization": "Bearer sk-bulk"}
         first = asyncio.ensure_future(c.post("/v1/chat/completions", json=CHAT, headers=bulk))
@@ -157,10 +137,7 @@ async def test_sheddable_requests_leave_headroom_for_critical_ones(
 async def test_engine_numbers_over_a_threshold_queue_requests_until_they_drop(
     ups: list[FakeUpstream],
 ) -> None:
-    async with (
-        Stack(ups, queue_engine_waiting=4, queue_engine_kv_usage=0.9) as srv,
-        httpx.AsyncClient(base_url=srv.url, timeout=30) as c,
-    ):
+    async with routed(ups, queue_engine_waiting=4, queue_engine_kv_usage=0.9) as (srv, c):
         eps = list(srv.core.table.by_id.values())
         eps[0].stats = {"waiting": 4.0}
         eps[1].stats = {"waiting": 0.0, "kv_usage": 0.95}
@@ -192,10 +169,7 @@ async def test_a_flooding_key_leaves_the_headroom_to_a_light_key(
 ) -> None:
     keys = tmp_path / "keys.yaml"
     keys.write_text(yaml.safe_dump({"keys": [{"name": "a", "key": "sk-a"}, {"name": "b", "key": "sk-b"}]}))
-    async with (
-        Stack(ups[:1], max_inflight_per_worker=4, queue_headroom=1, api_key_file=keys) as srv,
-        httpx.AsyncClient(base_url=srv.url, timeout=30) as c,
-    ):
+    async with routed(ups[:1], max_inflight_per_worker=4, queue_headroom=1, api_key_file=keys) as (srv, c):
         ups[0].delay = 3.0
         ep = srv.core.table.by_id["w0"]
         a, b = {"Authorization": "Bearer sk-a"}, {"Authorization": "Bearer sk-b"}

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from infera_sim.testing import SimHandle, start_sims
 
+from infera_core.testing.pd import metric_sum
 from infera_core.testing.serve_processes import ServeProcesses, poll, serve_processes
 
 KEYS = {
@@ -64,18 +65,10 @@ async def _post(
     return r
 
 
-def _metric(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 async def _until_metric(c: httpx.AsyncClient, name: str, at_least: float) -> None:
     """Until the router's own count ``name`` reaches ``at_least`` (a condition, not a sleep)."""
     async with asyncio.timeout(30):
-        while _metric((await c.get("/metrics")).text, name) < at_least:  # noqa: ASYNC110 (another process)
+        while metric_sum((await c.get("/metrics")).text, name) < at_least:  # noqa: ASYNC110 (another process)
             await asyncio.sleep(0.02)
 
 
@@ -93,8 +86,8 @@ async def test_twelve_concurrent_requests_on_two_capped_workers_are_all_served(
             r.text for r in results if r.status_code != 200
         ]
         text = (await c.get("/metrics")).text
-        assert _metric(text, "infera_queue_wait_seconds_count", tier="standard") >= 9
-        assert _metric(text, "infera_queue_served_cost_total", key="a") > 0
+        assert metric_sum(text, "infera_queue_wait_seconds_count", tier="standard") >= 9
+        assert metric_sum(text, "infera_queue_served_cost_total", key="a") > 0
 
 
 async def test_a_light_key_is_served_ahead_of_a_flooding_key(
@@ -119,7 +112,7 @@ async def test_a_deadline_the_queue_cannot_meet_is_answered_before_it(
 ) -> None:
     model = sims[0].info["model"]
     async with httpx.AsyncClient(base_url=serve.url, timeout=60) as c:
-        waited = _metric((await c.get("/metrics")).text, "infera_queue_wait_seconds_count")
+        waited = metric_sum((await c.get("/metrics")).text, "infera_queue_wait_seconds_count")
         flood = [asyncio.ensure_future(_post(c, model, "sk-a")) for _ in range(12)]
         await _until_queued(c, 8)
         # two dispatches from the queue: its rate is measured
@@ -136,7 +129,7 @@ async def test_a_deadline_the_queue_cannot_meet_is_answered_before_it(
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "x-infera-deadline-ms"
         assert all(x.status_code == 200 for x in await asyncio.gather(*flood))
         text = (await c.get("/metrics")).text
-        assert _metric(text, "infera_queue_shed_total", reason="deadline") >= 1
+        assert metric_sum(text, "infera_queue_shed_total", reason="deadline") >= 1
 
 
 def test_a_full_queue_sheds_its_newest_sheddable_waiter_for_a_critical_request(
@@ -157,7 +150,7 @@ def test_a_full_queue_sheds_its_newest_sheddable_waiter_for_a_critical_request(
             shed = next(r for r in await asyncio.gather(*bulk) if r.status_code == 503)
             assert shed.json()["error"]["code"] == "request_shed" and shed.headers["retry-after"]
             text = (await c.get("/metrics")).text
-            assert _metric(text, "infera_queue_shed_total", tier="sheddable", reason="priority") == 1
+            assert metric_sum(text, "infera_queue_shed_total", tier="sheddable", reason="priority") == 1
 
     with _serve(sims, tmp_path, "--queue-max", "4") as s:
         poll(lambda: s.http.get("/health").status_code == 200)

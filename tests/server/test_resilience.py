@@ -3,40 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
-import pytest
 
-from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import RunningServer, serving, settings_for, sse_data, until
-from infera_core.testing.upstream import FakeUpstream, fake_upstreams, record_for
+from infera_core.testing.server import post_at_once, serving_upstreams, sse_data, until
+from infera_core.testing.upstream import FakeUpstream, record_for
 from infera_core.worker import Status
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
-
-
-@pytest.fixture
-async def ups() -> AsyncIterator[list[FakeUpstream]]:
-    async with fake_upstreams(2) as out:
-        yield out
-
-
-class Stack:
-    def __init__(self, ups: list[FakeUpstream], **settings: Any) -> None:
-        self.cm = serving(settings_for(**settings), make_hooks())
-        self.ups = ups
-
-    async def __aenter__(self) -> RunningServer:
-        srv = await self.cm.__aenter__()
-        for u in self.ups:
-            srv.store.put(record_for(u))
-        await srv.wait_workers(len(self.ups))
-        return srv
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.cm.__aexit__(None, None, None)
 
 
 async def _metric(c: httpx.AsyncClient, prefix: str) -> float:
@@ -45,7 +19,7 @@ async def _metric(c: httpx.AsyncClient, prefix: str) -> float:
 
 
 async def test_dead_worker_requests_are_retried_elsewhere(ups: list[FakeUpstream]) -> None:
-    async with Stack(ups) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+    async with serving_upstreams(ups) as srv, httpx.AsyncClient(base_url=srv.url) as c:
         await ups[0].stop()  # still registered, but nothing listens any more
         results = [await c.post("/v1/chat/completions", json=CHAT) for _ in range(6)]
         assert [r.status_code for r in results] == [200] * 6
@@ -57,7 +31,7 @@ async def test_5xx_is_retried_and_opens_breaker_then_half_open_probe_closes_it(
     ups: list[FakeUpstream],
 ) -> None:
     async with (
-        Stack(ups, breaker_failures=2, breaker_cooldown=0.3) as srv,
+        serving_upstreams(ups, breaker_failures=2, breaker_cooldown=0.3) as srv,
         httpx.AsyncClient(base_url=srv.url) as c,
     ):
         ups[0].status = 500
@@ -82,7 +56,7 @@ async def test_5xx_is_retried_and_opens_breaker_then_half_open_probe_closes_it(
 
 async def test_failed_probe_reopens_the_breaker(ups: list[FakeUpstream]) -> None:
     async with (
-        Stack(ups, breaker_failures=1, breaker_cooldown=0.2) as srv,
+        serving_upstreams(ups, breaker_failures=1, breaker_cooldown=0.2) as srv,
         httpx.AsyncClient(base_url=srv.url) as c,
     ):
         ups[0].status = 503
@@ -98,7 +72,10 @@ async def test_failed_probe_reopens_the_breaker(ups: list[FakeUpstream]) -> None
 
 
 async def test_client_errors_pass_through_and_never_open_the_breaker(ups: list[FakeUpstream]) -> None:
-    async with Stack(ups[:1], breaker_failures=1) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+    async with (
+        serving_upstreams(ups[:1], breaker_failures=1) as srv,
+        httpx.AsyncClient(base_url=srv.url) as c,
+    ):
         ups[0].status = 400
         for _ in range(3):
             r = await c.post("/v1/chat/completions", json=CHAT)
@@ -109,7 +86,7 @@ async def test_client_errors_pass_through_and_never_open_the_breaker(ups: list[F
 
 
 async def test_all_workers_failing_returns_last_error_not_500(ups: list[FakeUpstream]) -> None:
-    async with Stack(ups, request_max_retries=1) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+    async with serving_upstreams(ups, request_max_retries=1) as srv, httpx.AsyncClient(base_url=srv.url) as c:
         for u in ups:
             u.status = 503
         r = await c.post("/v1/chat/completions", json=CHAT)
@@ -120,21 +97,20 @@ async def test_all_workers_failing_returns_last_error_not_500(ups: list[FakeUpst
 
 async def test_admission_cap_answers_429_with_retry_after(ups: list[FakeUpstream]) -> None:
     async with (
-        Stack(ups, max_inflight_per_worker=1, queue_max=0) as srv,
+        serving_upstreams(ups, max_inflight_per_worker=1, queue_max=0) as srv,
         httpx.AsyncClient(base_url=srv.url) as c,
     ):
         for u in ups:
             u.delay = 0.5
-        results = await asyncio.gather(*[c.post("/v1/chat/completions", json=CHAT) for _ in range(3)])
-        codes = sorted(r.status_code for r in results)
-        assert codes == [200, 200, 429]
-        limited = next(r for r in results if r.status_code == 429)
+        results = await post_at_once(c, "/v1/chat/completions", CHAT, 3)
+        assert [r.status_code for r in results] == [200, 200, 429]
+        limited = results[-1]
         assert limited.headers["retry-after"] == "1"
         assert limited.json()["error"]["type"] == "rate_limit_error"
 
 
 async def test_no_workers_is_503_and_health_reports_it(ups: list[FakeUpstream]) -> None:
-    async with Stack([]) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+    async with serving_upstreams([]) as srv, httpx.AsyncClient(base_url=srv.url) as c:
         r = await c.post("/v1/chat/completions", json=CHAT)
         assert r.status_code == 503
         assert r.json()["error"]["code"] == "no_worker_available"
@@ -148,7 +124,7 @@ async def test_no_workers_is_503_and_health_reports_it(ups: list[FakeUpstream]) 
 
 
 async def test_draining_worker_gets_no_new_requests(ups: list[FakeUpstream]) -> None:
-    async with Stack(ups) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+    async with serving_upstreams(ups) as srv, httpx.AsyncClient(base_url=srv.url) as c:
         srv.store.put(record_for(ups[0], status=Status.DRAINING))
         await until(lambda: srv.core.table.by_id["w0"].record.status is Status.DRAINING)
         workers = {(await c.post("/v1/chat/completions", json=CHAT)).json()["worker"] for _ in range(4)}
@@ -164,7 +140,7 @@ async def test_multi_model_routes_only_to_workers_of_the_model() -> None:
     await a.start()
     await b.start()
     try:
-        async with Stack([a, b]) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+        async with serving_upstreams([a, b]) as srv, httpx.AsyncClient(base_url=srv.url) as c:
             for model, worker in [("alpha", "a"), ("beta", "b")] * 3:
                 r = await c.post("/v1/chat/completions", json={**CHAT, "model": model})
                 assert r.json()["worker"] == worker
@@ -179,7 +155,7 @@ async def test_multi_model_routes_only_to_workers_of_the_model() -> None:
 
 
 async def test_direct_mode_honours_worker_header_and_falls_back(ups: list[FakeUpstream]) -> None:
-    async with Stack(ups, router_mode="direct") as srv, httpx.AsyncClient(base_url=srv.url) as c:
+    async with serving_upstreams(ups, router_mode="direct") as srv, httpx.AsyncClient(base_url=srv.url) as c:
         for _ in range(3):
             r = await c.post("/v1/chat/completions", json=CHAT, headers={"x-worker-instance-id": "w1"})
             assert r.json()["worker"] == "w1"
@@ -193,7 +169,7 @@ async def test_direct_mode_honours_worker_header_and_falls_back(ups: list[FakeUp
 
 
 async def test_metrics_cover_requests_streams_tokens_and_routing(ups: list[FakeUpstream]) -> None:
-    async with Stack(ups) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+    async with serving_upstreams(ups) as srv, httpx.AsyncClient(base_url=srv.url) as c:
         for _ in range(2):
             await c.post("/v1/chat/completions", json=CHAT)
         await c.post("/v1/chat/completions", json={**CHAT, "stream": True})
@@ -212,7 +188,7 @@ async def test_metrics_cover_requests_streams_tokens_and_routing(ups: list[FakeU
 
 async def test_first_byte_timeout_retries_then_504(ups: list[FakeUpstream]) -> None:
     async with (
-        Stack(ups, first_byte_timeout=0.3) as srv,
+        serving_upstreams(ups, first_byte_timeout=0.3) as srv,
         httpx.AsyncClient(base_url=srv.url, timeout=10) as c,
     ):
         ups[0].delay = 5.0
@@ -225,7 +201,7 @@ async def test_first_byte_timeout_retries_then_504(ups: list[FakeUpstream]) -> N
 
 async def test_idle_stream_timeout_ends_the_stream_with_an_error_event(ups: list[FakeUpstream]) -> None:
     async with (
-        Stack(ups, stream_idle_timeout=0.3) as srv,
+        serving_upstreams(ups, stream_idle_timeout=0.3) as srv,
         httpx.AsyncClient(base_url=srv.url, timeout=10) as c,
     ):
         for u in ups:

@@ -13,8 +13,15 @@ import uvicorn
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
 from infera_core.server.app import create_app
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import RunningServer, leave_mid_stream, serving, settings_for, sse_data, until
-from infera_core.testing.upstream import FakeUpstream, ScriptedUpstream, fake_upstreams, record_for
+from infera_core.testing.server import (
+    RunningServer,
+    leave_mid_stream,
+    serving_upstreams,
+    settings_for,
+    sse_data,
+    until,
+)
+from infera_core.testing.upstream import FakeUpstream, ScriptedUpstream, record_for
 from infera_core.worker import WorkerRecord
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
@@ -26,22 +33,18 @@ def transport(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def ups() -> AsyncIterator[list[FakeUpstream]]:
-    async with fake_upstreams(2) as out:
-        yield out
-
-
-@pytest.fixture
 async def srv(transport: str, ups: list[FakeUpstream]) -> AsyncIterator[RunningServer]:
-    async with serving(settings_for(http_client=transport), make_hooks()) as s:
-        for u in ups:
-            s.store.put(record_for(u))
-        await s.wait_workers(2)
+    async with serving_upstreams(ups, http_client=transport) as s:
         yield s
 
 
 def _idle(srv: RunningServer) -> bool:
     return not sum(ep.in_flight for ep in srv.core.table.by_id.values())
+
+
+def _released(srv: RunningServer, ups: list[FakeUpstream]) -> bool:
+    """The router holds no request and no upstream connection is left open."""
+    return _idle(srv) and not any(u.connections for u in ups)
 
 
 async def test_json_and_stream_pass_through(srv: RunningServer, ups: list[FakeUpstream]) -> None:
@@ -91,7 +94,7 @@ async def test_client_disconnect_closes_the_upstream_connection(
         u.chunk_delay = 0.05
     async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
         await leave_mid_stream(c, "/v1/chat/completions", {**CHAT, "stream": True})
-        await until(lambda: _idle(srv) and not any(u.connections for u in ups))
+        await until(lambda: _released(srv, ups))
         # and the router still serves the next request (a fresh upstream connection)
         for u in ups:
             u.chunk_delay = 0.0
@@ -107,18 +110,15 @@ async def test_client_disconnect_while_waiting_for_the_first_byte(
     async with httpx.AsyncClient(base_url=srv.url, timeout=0.3) as c:
         with pytest.raises(httpx.ReadTimeout):
             await c.post("/v1/chat/completions", json=CHAT)
-    await until(lambda: _idle(srv) and not any(u.connections for u in ups))
+    await until(lambda: _released(srv, ups))
     assert sum(u.requests for u in ups) == 1  # cancelled, not retried
 
 
 async def test_the_idle_timeout_applies_after_the_headers(transport: str, ups: list[FakeUpstream]) -> None:
-    settings = settings_for(http_client=transport, stream_idle_timeout=0.3, first_byte_timeout=10)
     for u in ups:
         u.chunk_delay = 2.0
-    async with serving(settings, make_hooks()) as s:
-        for u in ups:
-            s.store.put(record_for(u))
-        await s.wait_workers(2)
+    settings = {"http_client": transport, "stream_idle_timeout": 0.3, "first_byte_timeout": 10}
+    async with serving_upstreams(ups, **settings) as s:
         async with httpx.AsyncClient(base_url=s.url, timeout=10) as c:
             lines = await sse_data(c, "/v1/chat/completions", {**CHAT, "stream": True})
         assert len(lines) == 1 and '"error"' in lines[0]

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.request import RequestContext
 from infera_core.testing.attack import big_prompt
+from infera_core.testing.fuzz import fuzz_settings
 from infera_core.testing.tiny_tokenizer import make_tiny_model_dir
 from infera_core.tokenize.prompt import prompt_size
 from infera_core.tokenize.service import RoutingTokenizers
@@ -32,12 +33,7 @@ MAX_CHARS = 2000
 MAX_TOKENS = 400
 CACHE_BYTES = 48 * 1024
 PREFIX_BYTES = 256 * 1024
-FUZZ = settings(
-    max_examples=60,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+FUZZ = fuzz_settings(60)
 
 
 @pytest.fixture(scope="module")

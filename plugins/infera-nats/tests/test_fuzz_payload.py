@@ -21,22 +21,18 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from test_request_faults import CHAT, NatsFleet
 
+from infera_core.testing.fuzz import fuzz_settings
 from infera_core.util.nats_server import NatsServer, nats_server_binary
 
 LIMIT = 1 << 20
 """nats-server's default max_payload."""
 MARGIN = 16 * 1024
 """Sizes this close to the limit may go either way (the NATS message adds a head to the body)."""
-FUZZ = settings(
-    max_examples=40,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+FUZZ = fuzz_settings(40)
 tried: list[int] = []
 
 

@@ -82,30 +82,43 @@ async def test_llamacpp_ready_and_in_flight(standin: StandIn) -> None:
     assert await check(adapter, standin.url) == (True, None)
 
 
-async def test_tgi_ready_and_in_flight(standin: StandIn) -> None:
+TGI_METRICS = (
+    "# TYPE tgi_queue_size gauge\ntgi_queue_size 4\n"
+    "# TYPE tgi_batch_current_size gauge\ntgi_batch_current_size 7\n"
+    "# TYPE tgi_batch_current_max_tokens gauge\ntgi_batch_current_max_tokens 900\n"
+)
+TRTLLM_METRICS = (
+    'trtllm_num_requests_running{model_name="undefined",engine_type="undefined"} 6.0\n'
+    'trtllm_num_requests_waiting{model_name="undefined",engine_type="undefined"} 1.0\n'
+    'trtllm_num_requests_completed_total{model_name="undefined",engine_type="undefined"} 50.0\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("adapter", "path", "metrics", "in_flight"),
+    [
+        (TgiAdapter(), "/metrics", TGI_METRICS, 11),  # queue 4 + batch 7
+        (TrtllmAdapter(), "/prometheus/metrics", TRTLLM_METRICS, 7),  # running 6 + waiting 1
+    ],
+    ids=["tgi", "trtllm"],
+)
+async def test_ready_and_in_flight_from_prometheus_metrics(
+    standin: StandIn, adapter: Any, path: str, metrics: str, in_flight: int
+) -> None:
     standin.routes["/health"] = (200, "")
-    standin.routes["/metrics"] = (
-        200,
-        "# TYPE tgi_queue_size gauge\ntgi_queue_size 4\n"
-        "# TYPE tgi_batch_current_size gauge\ntgi_batch_current_size 7\n"
-        "# TYPE tgi_batch_current_max_tokens gauge\ntgi_batch_current_max_tokens 900\n",
-    )
-    assert await check(TgiAdapter(), standin.url) == (True, 11)
+    standin.routes[path] = (200, metrics)
+    assert await check(adapter, standin.url) == (True, in_flight)
+
+
+async def test_tgi_unhealthy_is_not_ready(standin: StandIn) -> None:
+    standin.routes["/metrics"] = (200, TGI_METRICS)
     standin.routes["/health"] = (503, '{"error":"unhealthy","error_type":"healthcheck"}')
     assert (await check(TgiAdapter(), standin.url))[0] is False
 
 
-async def test_trtllm_ready_and_in_flight(standin: StandIn) -> None:
+async def test_trtllm_in_flight_from_iteration_stats(standin: StandIn) -> None:
+    # without return_perf_metrics (no /prometheus/metrics): the iteration stats of /metrics, newest last
     standin.routes["/health"] = (200, "")
-    standin.routes["/prometheus/metrics"] = (
-        200,
-        'trtllm_num_requests_running{model_name="undefined",engine_type="undefined"} 6.0\n'
-        'trtllm_num_requests_waiting{model_name="undefined",engine_type="undefined"} 1.0\n'
-        'trtllm_num_requests_completed_total{model_name="undefined",engine_type="undefined"} 50.0\n',
-    )
-    assert await check(TrtllmAdapter(), standin.url) == (True, 7)
-    # without return_perf_metrics: the iteration stats of /metrics, newest last
-    standin.routes.pop("/prometheus/metrics")
     stats = [
         {"iter": 1, "numActiveRequests": 9, "numQueuedRequests": 9},
         {"iter": 2, "numActiveRequests": 2, "numQueuedRequests": 1},
