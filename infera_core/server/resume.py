@@ -280,6 +280,7 @@ class Migrator:
         a :class:`Leg`, the :class:`Relayed` state when the stream had in fact ended
         (its finish reason was relayed), or why it cannot go on."""
         started = time.perf_counter()
+        self.done(live)  # off its worker's list first: a cut now (its record deleted) must not cancel this
         metrics = self.core.metrics
         r = read_relayed(kept, chat)
         if r.finish is not None:
@@ -307,7 +308,6 @@ class Migrator:
         if as_chat:
             path = COMPLETIONS_PATH
         live.left -= 1
-        self.done(live)
         leg_ctx = ctx.continued(self.core.request_id(), body)
         try:
             ep, resp = await self.core.dispatch(leg_ctx, path, json.dumps(body).encode(), exclude=failed)

@@ -112,3 +112,42 @@ def test_a_killed_llama_server_mid_stream_gives_the_same_text(slow_gguf: Path, k
     assert len(usage) == 1 and usage[0]["completion_tokens"] == MAX
     assert usage[0]["prompt_tokens"] == next(e["usage"] for e in want if e.get("usage"))["prompt_tokens"]
     assert any('result="resumed"' in m and not m.endswith(" 0.0") for m in moved), moved
+
+
+def test_a_sampled_stream_continues_from_llama_cpps_ids(slow_gguf: Path) -> None:
+    """``temperature 0.8``: the router asks for ``n_probs: 1`` (none reaches the client) and the
+    continuation, a mixed prompt of the rendered chat and the ids, ends the one response: one
+    ``id``, one finish reason, 128 completion tokens. (Its worker's record leaves as the stream
+    breaks: the cut for ``worker_gone`` must not cancel the continuation being set up.)"""
+    sampled = {**CHAT, "temperature": 0.8}
+    with running_up(slot_ctx=4096, model=slow_gguf) as (_, url, _, _):
+        root = url.removesuffix("/v1")
+        workers = {
+            str(w["worker_id"]): str(w["url"])
+            for w in httpx.get(f"{root}/v1/workers", timeout=10).json()["data"]
+        }
+        events: list[dict[str, Any]] = []
+        with (
+            httpx.Client(base_url=root, timeout=300) as c,
+            c.stream("POST", "/v1/chat/completions", json=sampled) as r,
+        ):
+            assert r.status_code == 200, r.read()
+            worker = r.headers["x-infera-worker"]
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    events.append(json.loads(line[6:]))
+                    if len(events) == 10:
+                        port = urlsplit(workers[worker]).port
+                        assert port is not None
+                        _llama_server_on(port).send_signal(signal.SIGKILL)
+        metrics = httpx.get(f"{root}/metrics", timeout=10).text
+    assert not any("error" in e for e in events), events[-1]
+    assert not any("logprobs" in ch for e in events for ch in e.get("choices") or [])
+    assert len({e["id"] for e in events}) == 1 and _text(events)
+    assert [ch["finish_reason"] for e in events for ch in e["choices"] if ch.get("finish_reason")] == [
+        "length"
+    ]
+    usage = [e["usage"] for e in events if e.get("usage")]
+    assert len(usage) == 1 and usage[0]["completion_tokens"] == MAX, usage
+    moved = [m for m in metrics.splitlines() if m.startswith("infera_migrations_total{")]
+    assert any('result="resumed"' in m and m.endswith(" 1.0") for m in moved), moved
