@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.chaos.run         # every scenario (~5 min on 2 cores)
     .venv/bin/python -m bench.chaos.run --fast  # the quick ones only
     .venv/bin/python -m bench.chaos.run --only deep_json,killed_engine --out table.md
+    .venv/bin/python -m bench.chaos.run --only streams_soak --soak-kills 30 --soak-streams 32
 
 The stack (``stack.py``): a real etcd, ``infera-run serve`` (admin token, API-key
 file, direct mode) and sim workers under ``infera-run worker`` with
@@ -67,7 +68,7 @@ async def main(names: list[str], workers: int) -> list[Row]:
     async with ChaosStack(workers=workers) as stack:
         for name in names:
             t0 = time.monotonic()
-            row = await run_scenario(stack, name)
+            row = await run_scenario(stack, name, streams.SOAK.limit_s if name == "streams_soak" else 240)
             print(
                 f"  {name}: {'ok' if row.ok else 'NOT OK'} ({time.monotonic() - t0:.0f} s)",
                 file=sys.stderr,
@@ -84,7 +85,17 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--out", type=Path, help="also write the Markdown table here")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    soak = streams.SOAK
+    p.add_argument(
+        "--soak-kills", type=int, default=soak.kills, help="streams_soak: kill -9s of serving workers"
+    )
+    p.add_argument(
+        "--soak-stops", type=int, default=soak.stops, help="streams_soak: SIGSTOPs past the hang threshold"
+    )
+    p.add_argument("--soak-drains", type=int, default=soak.drains, help="streams_soak: drains (2 s grace)")
+    p.add_argument("--soak-streams", type=int, default=soak.streams, help="streams_soak: concurrent streams")
     a = p.parse_args(argv)
+    streams.SOAK = streams.Soak(a.soak_kills, a.soak_stops, a.soak_drains, a.soak_streams)
     if a.list:
         for name, (fn, fast) in SCENARIOS.items():
             print(

@@ -21,14 +21,27 @@ What cannot be continued exactly is not migrated (:func:`refusal`): several choi
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger("infera.server.migrate")
 
 TOKEN_ID_ENGINES = frozenset({"vllm"})
 """Engines that stream the generated token ids when asked (vLLM's ``return_token_ids``): with
 them a continuation is token-exact (the ids are replayed as a token prompt), where
 re-tokenizing the text could split it differently."""
+
+PROB_ID_ENGINES = frozenset({"llamacpp"})
+"""Engines that stream the sampled token's id in their log-probability output when asked
+(llama.cpp's ``n_probs: 1``) and take a mixed prompt (``[text, id, id, …]``, the text tokenized as
+a prompt, the ids as they are): a sampled stream continues with the prompt's text plus the
+generated ids. A greedy one (``temperature: 0``) is replayed whole instead, the part the client
+has skipped (:class:`Resumed` ``skip``): the engine then decodes the same tokens the same way,
+where ids re-read as a prompt are computed batched and can tip a near-tie. llama.cpp also holds
+back a token whose bytes end in an unfinished UTF-8 character and reports no id for it; then the
+ids are incomplete (:attr:`Relayed.ids_lost`) and the text is re-sent."""
 
 MIGRATION_HEADER = "x-infera-migration"
 """``X-Infera-Migration: off`` on a request: never migrate it."""
@@ -48,23 +61,55 @@ _GUIDED = (
 
 
 class IdsAdded(dict[str, Any]):
-    """A request body to which the router added ``return_token_ids: true``: the ids are
-    stripped from what the client receives (:func:`strip_ids`)."""
+    """A request body to which the router added ``return_token_ids: true`` (or llama.cpp's
+    ``n_probs: 1``): the ids are stripped from what the client receives (:func:`strip_ids`)."""
 
 
 _IDS_FIELD = re.compile(rb',\s*"(?:prompt_)?token_ids"\s*:\s*(?:\[[^\]]*\]|null)')
 _ASK_IDS = b'"return_token_ids":true,'
 
 
-def asking_ids(raw: bytes, body: dict[str, Any]) -> tuple[bytes, IdsAdded]:
-    """``raw`` and ``body`` with ``return_token_ids: true`` (spliced in after the opening brace)."""
+_ASK_PROBS = b'"n_probs":1,'
+_PROBS = b'"logprobs":{"content":'
+
+
+def asking_ids(raw: bytes, body: dict[str, Any], probs: bool = False) -> tuple[bytes, IdsAdded]:
+    """``raw`` and ``body`` with ``return_token_ids: true`` (``probs``: llama.cpp's ``n_probs: 1``),
+    spliced in after the opening brace."""
     i = raw.find(b"{")
-    return raw[: i + 1] + _ASK_IDS + raw[i + 1 :], IdsAdded({**body, "return_token_ids": True})
+    ask, field = (_ASK_PROBS, {"n_probs": 1}) if probs else (_ASK_IDS, {"return_token_ids": True})
+    return raw[: i + 1] + ask + raw[i + 1 :], IdsAdded({**body, **field})
 
 
 def strip_ids(chunk: bytes) -> bytes:
-    """SSE bytes without the ``token_ids`` / ``prompt_token_ids`` fields the router asked for."""
-    return _IDS_FIELD.sub(b"", chunk) if b"token_ids" in chunk else chunk
+    """SSE bytes without the ``token_ids`` / ``prompt_token_ids`` fields (or the ``logprobs``
+    of llama.cpp's ``n_probs``) the router asked for."""
+    if b"token_ids" in chunk:
+        chunk = _IDS_FIELD.sub(b"", chunk)
+    if _PROBS in chunk:
+        chunk = b"\n\n".join(_strip_probs(ev) if _PROBS in ev else ev for ev in chunk.split(b"\n\n"))
+    return chunk
+
+
+def _strip_probs(ev: bytes) -> bytes:
+    """One SSE event without its choices' ``logprobs`` (chat: removed; completions: null, as
+    llama.cpp sends it unasked)."""
+    if not ev.startswith(b"data:"):
+        return ev
+    try:
+        obj = json.loads(ev[5:])
+    except ValueError:
+        return ev
+    if not isinstance(obj, dict):
+        return ev
+    chat = obj.get("object") == "chat.completion.chunk"
+    for choice in obj.get("choices") or []:
+        if isinstance(choice, dict) and "logprobs" in choice:
+            if chat:
+                del choice["logprobs"]
+            else:
+                choice["logprobs"] = None
+    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def refusal(body: dict[str, Any], headers: Any, chat: bool) -> str | None:
@@ -83,13 +128,17 @@ def refusal(body: dict[str, Any], headers: Any, chat: bool) -> str | None:
     for name in _GUIDED:
         if body.get(name) is not None:
             return f"guided decoding ({name}) cannot resume mid-document"
-    temperature = body.get("temperature")
-    sampling = not (isinstance(temperature, (int, float)) and temperature == 0)
-    if body.get("seed") is not None and sampling:
+    if body.get("seed") is not None and not greedy(body):
         return "a seed with sampling: the continuation could not reproduce the seeded sequence"
     if not chat and body.get("echo"):
         return "echo: the prompt is part of the answer"
     return None
+
+
+def greedy(body: dict[str, Any]) -> bool:
+    """``temperature: 0``: the engine picks the likeliest token each time."""
+    temperature = body.get("temperature")
+    return isinstance(temperature, (int, float)) and temperature == 0
 
 
 @dataclass(slots=True)
@@ -102,6 +151,9 @@ class Relayed:
     token_ids: list[int] | None = None
     """Generated token ids when every chunk carried them (vLLM ``return_token_ids``)."""
     prompt_token_ids: list[int] | None = None
+    ids_lost: bool = False
+    """The engine left tokens out of its ids (llama.cpp: a token ending in an unfinished UTF-8
+    character): :attr:`token_ids` is None, and only a greedy replay can be exact."""
     events: int = 0
     """Chunks that carried generated text or token ids (one token each, without ids)."""
     finish: str | None = None
@@ -118,6 +170,7 @@ def read_relayed(data: bytes, chat: bool) -> Relayed:
     """Parse the SSE bytes relayed so far (whole events only)."""
     r = Relayed()
     ids: list[int] | None = []
+    pieces: bytearray | None = None  # the ids' bytes (llama.cpp's logprobs), to check none is missing
     for line in data.split(b"\n"):
         if not line.startswith(b"data:"):
             continue
@@ -150,6 +203,14 @@ def read_relayed(data: bytes, chat: bool) -> Relayed:
             else:
                 text = choice.get("text")
             got = choice.get("token_ids")
+            probs = choice.get("logprobs")
+            if got is None and isinstance(probs, dict) and isinstance(probs.get("content"), list):
+                got = [p.get("id") for p in probs["content"] if isinstance(p, dict)]
+                if pieces is None:
+                    pieces = bytearray()
+                for p in probs["content"]:
+                    if isinstance(p, dict) and isinstance(p.get("bytes"), list):
+                        pieces.extend(p["bytes"])
             if isinstance(got, list):
                 if ids is not None:
                     ids.extend(got)
@@ -162,11 +223,21 @@ def read_relayed(data: bytes, chat: bool) -> Relayed:
             if choice.get("finish_reason"):
                 r.finish = choice["finish_reason"]
     r.token_ids = ids if ids else None
+    if (
+        r.token_ids is not None
+        and pieces is not None
+        and bytes(pieces).decode("utf-8", "replace") != "".join(r.text)
+    ):
+        r.token_ids, r.ids_lost = None, True
     return r
 
 
-def continuation_body(body: dict[str, Any], r: Relayed, chat: bool) -> dict[str, Any] | str:
-    """The request that goes on from ``r`` on another worker, or why there is none."""
+def continuation_body(
+    body: dict[str, Any], r: Relayed, chat: bool, prompt_text: str | None = None, mixed: bool = False
+) -> dict[str, Any] | str:
+    """The request that goes on from ``r`` on another worker, or why there is none.
+    ``mixed``: the engine takes a mixed prompt (``[text, id, …]``, :data:`PROB_ID_ENGINES`);
+    ``prompt_text``: a chat's prompt as the engine's template renders it (for a mixed prompt)."""
     out = dict(body)
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     limit = body.get(key)
@@ -178,14 +249,16 @@ def continuation_body(body: dict[str, Any], r: Relayed, chat: bool) -> dict[str,
     if isinstance(body.get("min_tokens"), int):
         out["min_tokens"] = max(0, body["min_tokens"] - done)
     text = "".join(r.text)
-    if chat and r.prompt_token_ids is not None and r.token_ids is not None:
-        # token-exact: the conversation as the engine tokenized it, then what it generated,
-        # continued as a completion (its chunks are turned back into chat chunks)
+    if chat and r.token_ids is not None and (r.prompt_token_ids is not None or prompt_text is not None):
+        # token-exact: the conversation as the engine tokenized it (or its rendered text, which
+        # the engine tokenizes the same way), then what it generated, continued as a completion
+        # (its chunks are turned back into chat chunks)
         out = {k: v for k, v in out.items() if k not in _CHAT_ONLY}
         out["max_tokens"] = out.pop("max_completion_tokens", out.get("max_tokens"))
         if out["max_tokens"] is None:
             del out["max_tokens"]
-        out["prompt"] = [*r.prompt_token_ids, *r.token_ids]
+        head: list[Any] = list(r.prompt_token_ids) if r.prompt_token_ids is not None else [prompt_text]
+        out["prompt"] = [*head, *r.token_ids]
         return out
     if chat:
         messages = list(body.get("messages") or [])
@@ -202,7 +275,9 @@ def continuation_body(body: dict[str, Any], r: Relayed, chat: bool) -> dict[str,
         out["add_generation_prompt"] = False
         return out
     prompt = body.get("prompt")
-    if isinstance(prompt, str):
+    if isinstance(prompt, str) and mixed and r.token_ids is not None:
+        out["prompt"] = [prompt, *r.token_ids]  # the same text, tokenized as before, then the ids
+    elif isinstance(prompt, str):
         out["prompt"] = prompt + text
     elif isinstance(prompt, list) and _ids(prompt) and r.token_ids is not None:
         out["prompt"] = [*prompt, *r.token_ids]
@@ -242,12 +317,15 @@ def _ids(value: Any) -> bool:
 class Resumed:
     """Rewrites the continuation's SSE chunks into the first stream's: feed bytes, get bytes."""
 
-    __slots__ = ("_buf", "as_chat", "carried", "chat", "created", "id", "skip_role")
+    __slots__ = ("_buf", "as_chat", "carried", "chat", "created", "id", "skip", "skip_role")
 
-    def __init__(self, r: Relayed, chat: bool, as_chat: bool = False) -> None:
+    def __init__(self, r: Relayed, chat: bool, as_chat: bool = False, replay: bool = False) -> None:
         self.id = r.id
         self.created = r.created
-        self.carried = r.generated
+        self.carried = 0 if replay else r.generated
+        self.skip = "".join(r.text) if replay else ""
+        """A replay (the whole request again, greedy): the text the client has, dropped from
+        the continuation's start."""
         self.chat = chat
         self.as_chat = as_chat
         """The continuation is a completion standing in for a chat: turn its chunks into chat chunks."""
@@ -287,6 +365,8 @@ class Resumed:
         for choice in choices:
             if isinstance(choice, dict):
                 choice.pop("prompt_token_ids", None)
+        if self.skip and not self._skipped(choices) and obj.get("usage") is None:
+            return b""  # all of it the client already has
         if self.chat and self.skip_role and _role_only(choices) and obj.get("usage") is None:
             self.skip_role = False
             return b""  # the client already has the assistant's opening chunk
@@ -300,6 +380,31 @@ class Resumed:
                 details["cached_tokens"] = min(details["cached_tokens"], usage["prompt_tokens"])
         return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b""
 
+    def _skipped(self, choices: list[Any]) -> bool:
+        """Drop from choice 0 what the client has (:attr:`skip`); whether anything is left."""
+        left = False
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            holder = choice.get("delta") if self.chat and not self.as_chat else choice
+            key = "content" if holder is not choice else "text"
+            text = holder.get(key) if isinstance(holder, dict) else None
+            if isinstance(text, str) and text and self.skip:
+                n = min(len(text), len(self.skip))
+                if text[:n] != self.skip[:n]:  # the replay diverged: relay the rest as it comes
+                    log.warning("a replayed continuation diverged from what the client has")
+                    self.skip = ""
+                else:
+                    self.skip = self.skip[n:]
+                    holder[key] = text = text[n:]  # type: ignore[index]
+            if text or choice.get("finish_reason") or (holder is not choice and _has_more(holder)):
+                left = True
+        return left
+
+
+def _has_more(delta: Any) -> bool:
+    return isinstance(delta, dict) and any(k not in ("content", "role") and v for k, v in delta.items())
+
 
 def _as_chat_chunk(obj: dict[str, Any]) -> None:
     """A ``text_completion`` chunk made a ``chat.completion.chunk`` (in place)."""
@@ -308,6 +413,8 @@ def _as_chat_chunk(obj: dict[str, Any]) -> None:
         if isinstance(choice, dict):
             text = choice.pop("text", None)
             choice.pop("prompt_token_ids", None)
+            if choice.get("logprobs") is None:
+                choice.pop("logprobs", None)  # a completion's null; a chat chunk has none
             choice["delta"] = {"content": text} if text else {}
 
 

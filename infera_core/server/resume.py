@@ -30,21 +30,25 @@ from infera_core.server.errors import ApiError
 from infera_core.server.migrate import (
     MIGRATION_HEADER,
     OFF,
+    PROB_ID_ENGINES,
     TOKEN_ID_ENGINES,
     Relayed,
     Resumed,
     asking_ids,
     continuation_body,
+    greedy,
     read_relayed,
     refusal,
 )
 from infera_core.server.splice import StreamTally
-from infera_core.transports.upstreams import UpstreamResponse
+from infera_core.transports.upstreams import UpstreamError, UpstreamResponse
 from infera_core.worker import Status, WorkerRecord
 
 log = logging.getLogger("infera.server.migrate")
 
 COMPLETIONS_PATH = "/v1/completions"
+TEMPLATE_PATH = "/apply-template"
+"""llama.cpp's endpoint that renders a chat request's prompt (``{"prompt": "…"}``)."""
 
 
 class LiveStream:
@@ -102,18 +106,48 @@ class Migrator:
         self, raw: bytes, body: dict[str, Any], model: str, headers: Any, chat: bool
     ) -> tuple[bytes, dict[str, Any]]:
         """``raw`` and ``body`` asking for the generated token ids when the stream is migratable
-        and every worker of its model streams them (:data:`TOKEN_ID_ENGINES`); as given otherwise."""
+        and every worker of its model streams them (:data:`TOKEN_ID_ENGINES`, or
+        :data:`PROB_ID_ENGINES` with ``n_probs``); as given otherwise."""
         if (
             body.get("stream") is not True
             or "return_token_ids" in body
+            or "n_probs" in body
             or self.limit_for(model) <= 0
             or refusal(body, headers, chat) is not None
         ):
             return raw, body
-        workers = self.core.table.candidates(model)
-        if not workers or any(ep.record.engine not in TOKEN_ID_ENGINES for ep in workers):
-            return raw, body
-        return asking_ids(raw, body)
+        engines = {ep.record.engine for ep in self.core.table.candidates(model)}
+        if engines and engines <= TOKEN_ID_ENGINES:
+            return asking_ids(raw, body)
+        if engines and engines <= PROB_ID_ENGINES and not greedy(body):  # greedy: replayed instead
+            return asking_ids(raw, body, probs=True)
+        return raw, body
+
+    def _mixed(self, model: str) -> bool:
+        """Whether every worker of ``model`` takes a mixed prompt (:data:`PROB_ID_ENGINES`)."""
+        engines = {ep.record.engine for ep in self.core.table.candidates(model)}
+        return bool(engines) and engines <= PROB_ID_ENGINES
+
+    async def _rendered(self, ctx: RequestContext, failed: list[str]) -> str | None:
+        """A chat request's prompt as a peer's template renders it (llama.cpp ``/apply-template``);
+        None when no peer answers."""
+        body = json.dumps(ctx.body).encode()
+        for ep in self.core.table.candidates(ctx.model):
+            if ep.worker_id in failed or not ep.record.routable:
+                continue
+            try:
+                resp = await ep.upstream.open(ep, TEMPLATE_PATH, body, {"Content-Type": "application/json"})
+                try:
+                    data = await resp.read() if resp.status == 200 else b""
+                finally:
+                    resp.release()
+                prompt = json.loads(data).get("prompt") if data else None
+            except (OSError, ValueError, UpstreamError, AttributeError) as exc:
+                log.info("request %s: worker %s rendered no prompt: %r", ctx.log_id, ep.worker_id, exc)
+                continue
+            if isinstance(prompt, str):
+                return prompt
+        return None
 
     def watch(self, ctx: RequestContext, worker: str, chat: bool) -> LiveStream | None:
         """A stream starts relaying from ``worker``: its handle (``refused`` says when it
@@ -246,6 +280,7 @@ class Migrator:
         a :class:`Leg`, the :class:`Relayed` state when the stream had in fact ended
         (its finish reason was relayed), or why it cannot go on."""
         started = time.perf_counter()
+        self.done(live)  # off its worker's list first: a cut now (its record deleted) must not cancel this
         metrics = self.core.metrics
         r = read_relayed(kept, chat)
         if r.finish is not None:
@@ -257,7 +292,15 @@ class Migrator:
         if r.tools:
             metrics.migrated(ctx.model, reason, "refused", None)
             return "a tool call was under way"
-        body = continuation_body(ctx.body, r, chat)
+        mixed = self._mixed(ctx.model)
+        # llama.cpp, greedy: the request again, whole, the relayed part skipped; it decodes the same
+        # tokens one by one as the first worker did (the generated ids re-read as a prompt are
+        # computed batched, which can flip a near-tie: the random tiny model's greedy pick did)
+        replay = mixed and greedy(ctx.body)
+        rendered = None
+        if mixed and not replay and chat and r.token_ids is not None and r.prompt_token_ids is None:
+            rendered = await self._rendered(ctx, failed)
+        body = dict(ctx.body) if replay else continuation_body(ctx.body, r, chat, rendered, mixed)
         if isinstance(body, str):
             metrics.migrated(ctx.model, reason, "refused", None)
             return body
@@ -265,7 +308,6 @@ class Migrator:
         if as_chat:
             path = COMPLETIONS_PATH
         live.left -= 1
-        self.done(live)
         leg_ctx = ctx.continued(self.core.request_id(), body)
         try:
             ep, resp = await self.core.dispatch(leg_ctx, path, json.dumps(body).encode(), exclude=failed)
@@ -284,13 +326,17 @@ class Migrator:
             reason,
             r.generated,
             ep.worker_id,
-            "token ids replayed" if r.token_ids is not None else "text re-sent",
+            "replayed whole, the relayed part skipped"
+            if replay
+            else "token ids replayed"
+            if r.token_ids is not None
+            else "text re-sent",
         )
         live.worker = ep.worker_id
         live.cut = None
         live.last = time.perf_counter()
         self._track(live)
-        return Leg(leg_ctx, ep, resp, Resumed(r, chat, as_chat), started, reason)
+        return Leg(leg_ctx, ep, resp, Resumed(r, chat, as_chat, replay), started, reason)
 
     def whole_retries(self, ctx: RequestContext) -> int:
         """How often a non-streamed request whose answer broke is sent again, whole."""

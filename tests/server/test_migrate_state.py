@@ -140,3 +140,69 @@ def test_ids_the_router_asked_for_never_reach_the_client() -> None:
         {"role": "assistant", "content": ""},
         {"content": " ka"},
     ]
+
+
+def _lp(token_id: int, raw: bytes) -> dict[str, object]:
+    """llama.cpp's ``n_probs: 1`` output for one sampled token."""
+    return {
+        "content": [
+            {"id": token_id, "token": raw.decode(errors="replace"), "bytes": list(raw), "logprob": -1.0}
+        ]
+    }
+
+
+def _llama_chunk(text: str, probs: dict[str, object] | None) -> bytes:
+    choice: dict[str, object] = {"finish_reason": None, "index": 0, "delta": {"content": text}}
+    if probs is not None:
+        choice["logprobs"] = probs
+    return sse({"choices": [choice], "created": 7, "id": "c1", "object": "chat.completion.chunk"})
+
+
+def test_llama_cpp_ids_come_from_its_probabilities_and_never_reach_the_client() -> None:
+    raw, body = asking_ids(b'{"model":"m","stream":true}', {"model": "m", "stream": True}, probs=True)
+    assert json.loads(raw)["n_probs"] == 1 and body["n_probs"] == 1
+    chunks = _llama_chunk("a", _lp(97, b"a")) + _llama_chunk(" b]}", _lp(300, b" b]}"))
+    r = read_relayed(chunks, chat=True)
+    assert r.token_ids == [97, 300] and not r.ids_lost and "".join(r.text) == "a b]}"
+    out = strip_ids(chunks)
+    assert b"logprobs" not in out
+    assert [json.loads(e[6:])["choices"][0]["delta"]["content"] for e in out.split(b"\n\n") if e] == [
+        "a",
+        " b]}",
+    ]
+    # a completion chunk gets llama.cpp's unasked ``"logprobs":null`` back
+    done = sse(
+        {"choices": [{"text": "x", "index": 0, "logprobs": _lp(1, b"x")}], "object": "text_completion"}
+    )
+    assert json.loads(strip_ids(done)[6:])["choices"][0]["logprobs"] is None
+
+
+def test_a_token_llama_cpp_held_back_makes_the_ids_incomplete() -> None:
+    # the first token is half a UTF-8 character: llama.cpp sends it with the next one, with only that one's id
+    chunks = _llama_chunk("a", _lp(97, b"a")) + _llama_chunk("\ufffdd", _lp(100, b"d"))
+    r = read_relayed(chunks, chat=True)
+    assert r.token_ids is None and r.ids_lost
+
+
+def test_a_mixed_prompt_carries_the_rendered_chat_and_the_ids() -> None:
+    r = read_relayed(_llama_chunk("a", _lp(97, b"a")), chat=True)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}
+    got = continuation_body(body, r, chat=True, prompt_text="<user>hi</user>")
+    assert isinstance(got, dict) and got["prompt"] == ["<user>hi</user>", 97] and got["max_tokens"] == 4
+    assert "messages" not in got
+    done = continuation_body({"model": "m", "prompt": "hi", "max_tokens": 5}, r, chat=False, mixed=True)
+    assert isinstance(done, dict) and done["prompt"] == ["hi", 97]
+
+
+def test_a_replay_skips_what_the_client_has() -> None:
+    r = read_relayed(ROLE + _llama_chunk("hel", None) + _llama_chunk("l", None), chat=True)
+    resumed = Resumed(r, chat=True, replay=True)
+    role = sse({"id": "c2", "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]})
+    out = resumed.feed(
+        role + _llama_chunk("he", None) + _llama_chunk("llo", None) + _llama_chunk(" world", None)
+    )
+    events = [json.loads(e[6:]) for e in out.split(b"\n\n") if e]
+    assert [e["choices"][0]["delta"]["content"] for e in events] == ["o", " world"]
+    assert {e["id"] for e in events} == {"c1"}
+    usage = sse({"id": "c2", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 12}})
+    assert json.loads(resumed.feed(usage)[6:])["usage"] == {"prompt_tokens": 9, "completion_tokens": 12}

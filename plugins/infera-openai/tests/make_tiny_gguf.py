@@ -1,13 +1,15 @@
 """Write a tiny llama-architecture GGUF model with random weights, offline.
 
-    python plugins/infera-openai/tests/make_tiny_gguf.py <out.gguf>
+    python plugins/infera-openai/tests/make_tiny_gguf.py <out.gguf> [<width> <ff> <layers>]
 
 Needs the ``gguf`` package (and numpy, its dependency); ``.ci/steps/30-llamacpp-venv.sh`` runs
 it with ``.venv-llamacpp``'s interpreter. The model is 2 layers, 64 wide (4 heads of 16, 2 KV
 heads), F32, context 2048, with a SentencePiece-style vocabulary (control tokens, the 256
 byte-fallback tokens, printable ASCII and a few words) and a ChatML chat template, so
 llama-server loads it and serves ``/v1/completions`` and ``/v1/chat/completions``. Its text
-is random: tests check the API, not the words.
+is random: tests check the API, not the words. Width, feed-forward size and layers can be
+given (8 heads of ``width / 8``, 4 KV heads then): ``512 2048 8`` makes a 127 MB model that
+decodes about 20 ms a token on one thread, slow enough for a test to act in mid-generation.
 """
 
 from __future__ import annotations
@@ -58,19 +60,22 @@ def vocabulary() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
-def write(path: Path, seed: int = 0) -> None:
+def write(path: Path, seed: int = 0, size: tuple[int, int, int] | None = None) -> None:
+    n_embd, n_ff, n_layer = size or (N_EMBD, N_FF, N_LAYER)
+    n_head, n_head_kv = (N_HEAD, N_HEAD_KV) if size is None else (8, 4)
+    head_dim = n_embd // n_head
     rng = np.random.default_rng(seed)
     tokens, scores, types = vocabulary()
     n_vocab = len(tokens)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("infera-tiny-llama")
     w.add_context_length(N_CTX)
-    w.add_embedding_length(N_EMBD)
-    w.add_block_count(N_LAYER)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
-    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_dimension_count(head_dim)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(n_vocab)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
@@ -91,20 +96,20 @@ def write(path: Path, seed: int = 0) -> None:
     def ones(name: str, n: int) -> None:
         w.add_tensor(name, np.ones(n, dtype=np.float32))
 
-    kv = HEAD_DIM * N_HEAD_KV
-    t("token_embd.weight", n_vocab, N_EMBD, scale=1.0)
-    ones("output_norm.weight", N_EMBD)
-    t("output.weight", n_vocab, N_EMBD)
-    for i in range(N_LAYER):
-        ones(f"blk.{i}.attn_norm.weight", N_EMBD)
-        t(f"blk.{i}.attn_q.weight", N_EMBD, N_EMBD)
-        t(f"blk.{i}.attn_k.weight", kv, N_EMBD)
-        t(f"blk.{i}.attn_v.weight", kv, N_EMBD)
-        t(f"blk.{i}.attn_output.weight", N_EMBD, N_EMBD)
-        ones(f"blk.{i}.ffn_norm.weight", N_EMBD)
-        t(f"blk.{i}.ffn_gate.weight", N_FF, N_EMBD)
-        t(f"blk.{i}.ffn_up.weight", N_FF, N_EMBD)
-        t(f"blk.{i}.ffn_down.weight", N_EMBD, N_FF)
+    kv = head_dim * n_head_kv
+    t("token_embd.weight", n_vocab, n_embd, scale=1.0)
+    ones("output_norm.weight", n_embd)
+    t("output.weight", n_vocab, n_embd)
+    for i in range(n_layer):
+        ones(f"blk.{i}.attn_norm.weight", n_embd)
+        t(f"blk.{i}.attn_q.weight", n_embd, n_embd)
+        t(f"blk.{i}.attn_k.weight", kv, n_embd)
+        t(f"blk.{i}.attn_v.weight", kv, n_embd)
+        t(f"blk.{i}.attn_output.weight", n_embd, n_embd)
+        ones(f"blk.{i}.ffn_norm.weight", n_embd)
+        t(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
+        t(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
+        t(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -112,12 +117,13 @@ def write(path: Path, seed: int = 0) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: make_tiny_gguf.py <out.gguf>", file=sys.stderr)
+    if len(argv) not in (1, 4):
+        print("usage: make_tiny_gguf.py <out.gguf> [<width> <ff> <layers>]", file=sys.stderr)
         return 2
     out = Path(argv[0])
     out.parent.mkdir(parents=True, exist_ok=True)
-    write(out)
+    size = (int(argv[1]), int(argv[2]), int(argv[3])) if len(argv) == 4 else None
+    write(out, size=size)
     print(f"tiny GGUF model: {out} ({out.stat().st_size} bytes)")
     return 0
 

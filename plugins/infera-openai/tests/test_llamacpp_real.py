@@ -57,9 +57,12 @@ def llama_server() -> str:
 
 
 @contextmanager
-def running_up(*infera_args: str, slot_ctx: int = 65536) -> Iterator[tuple[LauncherProcess, str, str, str]]:
-    """``infera-run up --engine llamacpp --workers 2 [infera_args]`` over the real llama-server:
-    (process, router /v1 URL, policy, how the ready line says each model is routed)."""
+def running_up(
+    *infera_args: str, slot_ctx: int = 65536, model: Path = MODEL
+) -> Iterator[tuple[LauncherProcess, str, str, str]]:
+    """``infera-run up --engine llamacpp --workers 2 [infera_args]`` over the real llama-server
+    (``model``: a GGUF, the tiny one by default): (process, router /v1 URL, policy, how the
+    ready line says each model is routed)."""
     server = llama_server()
     args = [
         "up",
@@ -70,7 +73,7 @@ def running_up(*infera_args: str, slot_ctx: int = 65536) -> Iterator[tuple[Launc
         "--model",
         "tiny",
         "--model-path",
-        str(MODEL),
+        str(model),
         "--port",
         "0",
         "--quiet",
