@@ -66,20 +66,27 @@ async def test_stream_passes_every_chunk_without_nagle_stalls(
     for u in ups:
         u.chunk_delay = 0.002
     body = {**CHAT, "stream": True}
-    async with httpx.AsyncClient(base_url=srv.url) as c:
+
+    async def timed(c: httpx.AsyncClient, url: str) -> tuple[list[str], float]:
         t0 = time.perf_counter()
-        async with c.stream("POST", ups[0].url + "/v1/chat/completions", json=body) as r:
-            direct = [line async for line in r.aiter_lines() if line.startswith("data: ")]
-        t_direct = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+        async with c.stream("POST", url, json=body) as r:
             assert r.headers["content-type"].startswith("text/event-stream")
-            routed = [line async for line in r.aiter_lines() if line.startswith("data: ")]
-        t_routed = time.perf_counter() - t0
-    assert routed == direct
-    assert len(routed) == 65 and routed[-1] == "data: [DONE]"
-    # 64 chunks stalled by Nagle + delayed ACK would add ≥ 64 × 40 ms ≈ 2.5 s.
-    assert t_routed < t_direct + 1.0, (t_routed, t_direct)
+            lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+        return lines, time.perf_counter() - t0
+
+    # 64 chunks stalled by Nagle + delayed ACK would add ≥ 64 × 40 ms ≈ 2.5 s on every try; a
+    # busy machine's hiccup slows one try, not three in a row
+    tries = []
+    async with httpx.AsyncClient(base_url=srv.url) as c:
+        for _ in range(3):
+            direct, t_direct = await timed(c, ups[0].url + "/v1/chat/completions")
+            routed, t_routed = await timed(c, "/v1/chat/completions")
+            assert routed == direct
+            assert len(routed) == 65 and routed[-1] == "data: [DONE]"
+            tries.append((t_routed, t_direct))
+            if t_routed < t_direct + 1.0:
+                break
+    assert tries[-1][0] < tries[-1][1] + 1.0, tries
 
 
 async def test_midstream_failure_without_migration_ends_with_sse_error_event(ups: list[FakeUpstream]) -> None:
