@@ -63,6 +63,22 @@ async def eventually(predicate: Callable[[], bool], within: float = 10.0, step: 
     return predicate()
 
 
+def greedy_chat_stream(
+    model: str, max_tokens: int, content: str = "Write a long story about a router that never drops a stream."
+) -> dict[str, Any]:
+    """A streamed chat body that generates exactly ``max_tokens`` the same way every time
+    (``temperature 0``, ``ignore_eos``) and reports usage: what the migration tests replay."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
 async def sse_data(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> list[str]:
     """POST ``body`` streamed (the answer must be a 200): its ``data: `` lines, to the end."""
     async with client.stream("POST", url, json=body) as r:

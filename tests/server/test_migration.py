@@ -23,21 +23,13 @@ import pytest
 from infera_sim.testing import SimHandle, start_sims
 
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import RunningServer, serving, settings_for
+from infera_core.testing.server import RunningServer, greedy_chat_stream, serving, settings_for
 from infera_core.testing.upstream import fake_upstreams, record_for
 from infera_core.worker import Status
 
 MODEL = "sim-model"
 MAX = 120
-CHAT = {
-    "model": MODEL,
-    "messages": [{"role": "user", "content": "tell me a long story about routers"}],
-    "max_tokens": MAX,
-    "temperature": 0,
-    "ignore_eos": True,
-    "stream": True,
-    "stream_options": {"include_usage": True},
-}
+CHAT = greedy_chat_stream(MODEL, MAX, "tell me a long story about routers")
 COMPLETION = {
     "model": MODEL,
     "prompt": "Once upon a time",

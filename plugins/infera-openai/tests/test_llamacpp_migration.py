@@ -28,18 +28,12 @@ import psutil
 import pytest
 from test_llamacpp_real import VENV, llama_server, running_up
 
+from infera_core.testing.server import greedy_chat_stream
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 MAX = 128
-CHAT = {
-    "model": "tiny",
-    "messages": [{"role": "user", "content": "Write a long story about a router that never drops a stream."}],
-    "max_tokens": MAX,
-    "temperature": 0,
-    "ignore_eos": True,
-    "stream": True,
-    "stream_options": {"include_usage": True},
-}
+CHAT = greedy_chat_stream("tiny", MAX)
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +60,14 @@ def _llama_server_on(port: int) -> psutil.Process:
     raise AssertionError(f"no llama-server on port {port}")
 
 
-def _stream(root: str, workers: dict[str, str], kill_after: int | None = None) -> list[dict[str, Any]]:
+def _stream(
+    root: str, workers: dict[str, str], kill_after: int | None = None, body: dict[str, Any] = CHAT
+) -> list[dict[str, Any]]:
+    """The stream's events; with ``kill_after``, its llama-server is SIGKILLed after that many."""
     events: list[dict[str, Any]] = []
     with (
         httpx.Client(base_url=root, timeout=300) as c,
-        c.stream("POST", "/v1/chat/completions", json=CHAT) as r,
+        c.stream("POST", "/v1/chat/completions", json=body) as r,
     ):
         assert r.status_code == 200, r.read()
         worker = r.headers["x-infera-worker"]
@@ -126,20 +123,7 @@ def test_a_sampled_stream_continues_from_llama_cpps_ids(slow_gguf: Path) -> None
             str(w["worker_id"]): str(w["url"])
             for w in httpx.get(f"{root}/v1/workers", timeout=10).json()["data"]
         }
-        events: list[dict[str, Any]] = []
-        with (
-            httpx.Client(base_url=root, timeout=300) as c,
-            c.stream("POST", "/v1/chat/completions", json=sampled) as r,
-        ):
-            assert r.status_code == 200, r.read()
-            worker = r.headers["x-infera-worker"]
-            for line in r.iter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    events.append(json.loads(line[6:]))
-                    if len(events) == 10:
-                        port = urlsplit(workers[worker]).port
-                        assert port is not None
-                        _llama_server_on(port).send_signal(signal.SIGKILL)
+        events = _stream(root, workers, kill_after=10, body=sampled)
         metrics = httpx.get(f"{root}/metrics", timeout=10).text
     assert not any("error" in e for e in events), events[-1]
     assert not any("logprobs" in ch for e in events for ch in e.get("choices") or [])

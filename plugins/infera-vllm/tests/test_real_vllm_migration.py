@@ -27,22 +27,14 @@ import pytest
 from real_vllm import ENGINE_ARGS, engine_env, vllm_python
 
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import serving, settings_for
+from infera_core.testing.server import greedy_chat_stream, serving, settings_for
 from infera_core.util.net import free_port
 from infera_core.worker import WorkerRecord
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
 
 MAX = 128
-CHAT = {
-    "model": "tiny",
-    "messages": [{"role": "user", "content": "Write a long story about a router that never drops a stream."}],
-    "max_tokens": MAX,
-    "temperature": 0,
-    "ignore_eos": True,
-    "stream": True,
-    "stream_options": {"include_usage": True},
-}
+CHAT = greedy_chat_stream("tiny", MAX)
 
 
 class Engine:
