@@ -29,9 +29,9 @@ class LoraRefresh:
 
     async def changed(
         self, client: httpx.AsyncClient, url: str, record: WorkerRecord | None
-    ) -> list[str] | None:
-        """The engine's adapters when they differ from ``record``'s (None: unchanged, not due,
-        or the engine did not answer)."""
+    ) -> WorkerRecord | None:
+        """``record`` with the engine's adapters when they differ from its own (None: unchanged,
+        not due, or the engine did not answer)."""
         now = time.monotonic()
         if record is None or now < self._due:
             return None
@@ -48,4 +48,4 @@ class LoraRefresh:
             ", ".join(adapters) or "none",
             ", ".join(record.lora_adapters) or "none",
         )
-        return adapters
+        return record.model_copy(update={"lora_adapters": adapters})

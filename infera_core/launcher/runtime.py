@@ -95,8 +95,7 @@ class WorkerLauncher:
         self.card = CardPublisher()
         self.lora_refresh = LoraRefresh()
         self.state = WorkerState.STARTING
-        self.restarts = 0
-        """Engine restarts so far (``--restart-engine on-failure``)."""
+        self.restarts = 0  # engine restarts so far (--restart-engine on-failure)
         self.process: EngineProcess | None = None
         self.context: LaunchContext | None = None
         self.record: WorkerRecord | None = None
@@ -107,8 +106,7 @@ class WorkerLauncher:
         self._finished = asyncio.Event()
         self._signals = 0
         self._running = False
-        self.error: Exception | None = None
-        """Why :meth:`run` failed, once it has."""
+        self.error: Exception | None = None  # why run() failed, once it has
 
     # -- control --------------------------------------------------------------
     def request_drain(self) -> None:
@@ -392,10 +390,10 @@ class WorkerLauncher:
 
     async def _refresh_lora(self, client: httpx.AsyncClient, ctx: LaunchContext) -> None:
         """Republish the record when the engine's LoRA adapters changed (:mod:`.lora`)."""
-        adapters = await self.lora_refresh.changed(client, ctx.url, self.record)
-        if adapters is not None and self.record is not None and self.registration is not None:
-            self.record = self.record.model_copy(update={"lora_adapters": adapters})
-            await quietly(self.registration.update(self.record), default=None)
+        record = await self.lora_refresh.changed(client, ctx.url, self.record)
+        if record is not None and self.registration is not None:
+            self.record = record
+            await quietly(self.registration.update(record), default=None)
 
     def _start_generation_watch(
         self, adapter: EngineAdapter, client: httpx.AsyncClient, ctx: LaunchContext
