@@ -79,6 +79,13 @@ def greedy_chat_stream(
     }
 
 
+def chat_stream_text(events: list[dict[str, Any]]) -> str:
+    """The text a client reads from a chat stream's decoded events (every choice's ``delta``)."""
+    return "".join(
+        (ch.get("delta") or {}).get("content") or "" for e in events for ch in e.get("choices") or []
+    )
+
+
 async def sse_data(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> list[str]:
     """POST ``body`` streamed (the answer must be a 200): its ``data: `` lines, to the end."""
     async with client.stream("POST", url, json=body) as r:

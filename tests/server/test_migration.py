@@ -23,7 +23,13 @@ import pytest
 from infera_sim.testing import SimHandle, start_sims
 
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import RunningServer, greedy_chat_stream, serving, settings_for
+from infera_core.testing.server import (
+    RunningServer,
+    chat_stream_text,
+    greedy_chat_stream,
+    serving,
+    settings_for,
+)
 from infera_core.testing.upstream import fake_upstreams, record_for
 from infera_core.worker import Status
 
@@ -92,12 +98,6 @@ async def stream(
     return events, raw, worker
 
 
-def chat_text(events: list[dict[str, Any]]) -> str:
-    return "".join(
-        (ch.get("delta") or {}).get("content") or "" for e in events for ch in e.get("choices") or []
-    )
-
-
 def completion_text(events: list[dict[str, Any]]) -> str:
     return "".join(ch.get("text") or "" for e in events for ch in e.get("choices") or [])
 
@@ -119,7 +119,7 @@ async def test_chat_stream_killed_after_k_chunks_is_byte_identical(sims: list[Si
         got, raw, first = await stream(c, "/v1/chat/completions", CHAT, kill_after=k, sims=sims)
         assert raw[-1] == "[DONE]"
         assert not any("error" in e for e in got), got
-        assert chat_text(got) == chat_text(want)
+        assert chat_stream_text(got) == chat_stream_text(want)
         assert len({e["id"] for e in got}) == 1 and len({e["created"] for e in got}) == 1
         roles = [ch for e in got for ch in e["choices"] if (ch.get("delta") or {}).get("role")]
         assert len(roles) == 1
@@ -267,7 +267,7 @@ async def test_a_draining_worker_hands_its_streams_over_after_the_grace(sims: li
                     if len(got) == 5:  # its launcher got SIGTERM: the record says draining
                         sim = sims[int(worker[1:])]
                         srv.store.put(sim.record(worker, status=Status.DRAINING))
-        assert chat_text(got) == chat_text(want)
+        assert chat_stream_text(got) == chat_stream_text(want)
         assert usage(got)["completion_tokens"] == MAX
         assert sims[int(worker[1:])].proc.poll() is None  # nothing broke: the router moved it
         metrics = (await c.get("/metrics")).text
@@ -309,7 +309,7 @@ async def test_a_stream_whose_worker_stops_mid_way_moves_after_the_hang_threshol
         finally:
             for sim in stopped:
                 os.kill(sim.proc.pid, signal.SIGCONT)
-        assert chat_text(got) == chat_text(want)
+        assert chat_stream_text(got) == chat_stream_text(want)
         assert usage(got)["completion_tokens"] == MAX
         metrics = (await c.get("/metrics")).text
         assert 'infera_migrations_total{model="sim-model",reason="hung",result="resumed"} 1.0' in metrics
@@ -321,7 +321,7 @@ async def test_with_token_ids_the_continuation_replays_the_ids(
 ) -> None:
     caplog.set_level(logging.INFO, logger="infera.server.migrate")
     body = CHAT if path.endswith("chat/completions") else COMPLETION
-    text = chat_text if path.endswith("chat/completions") else completion_text
+    text = chat_stream_text if path.endswith("chat/completions") else completion_text
     async with router(sims, engine="vllm") as srv, httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
         want, _, _ = await stream(c, path, body)
         got, raw, _ = await stream(c, path, body, kill_after=10, sims=sims)

@@ -28,7 +28,7 @@ import psutil
 import pytest
 from test_llamacpp_real import VENV, llama_server, running_up
 
-from infera_core.testing.server import greedy_chat_stream
+from infera_core.testing.server import chat_stream_text, greedy_chat_stream
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -81,12 +81,6 @@ def _stream(
     return events
 
 
-def _text(events: list[dict[str, Any]]) -> str:
-    return "".join(
-        (ch.get("delta") or {}).get("content") or "" for e in events for ch in e.get("choices") or []
-    )
-
-
 @pytest.mark.parametrize(
     "k", [pytest.param(1, marks=pytest.mark.slow), 10, pytest.param(60, marks=pytest.mark.slow)]
 )
@@ -102,7 +96,7 @@ def test_a_killed_llama_server_mid_stream_gives_the_same_text(slow_gguf: Path, k
     moved = [m for m in metrics.splitlines() if m.startswith("infera_migrations_total{")]
     assert not any("error" in e for e in got), got[-1]
     assert not any("logprobs" in ch for e in got + want for ch in e.get("choices") or [])  # the router's own
-    assert _text(want) and _text(got) == _text(want)
+    assert chat_stream_text(want) and chat_stream_text(got) == chat_stream_text(want)
     assert len({e["id"] for e in got}) == 1
     assert [ch["finish_reason"] for e in got for ch in e["choices"] if ch.get("finish_reason")] == ["length"]
     usage = [e["usage"] for e in got if e.get("usage")]
@@ -127,7 +121,7 @@ def test_a_sampled_stream_continues_from_llama_cpps_ids(slow_gguf: Path) -> None
         metrics = httpx.get(f"{root}/metrics", timeout=10).text
     assert not any("error" in e for e in events), events[-1]
     assert not any("logprobs" in ch for e in events for ch in e.get("choices") or [])
-    assert len({e["id"] for e in events}) == 1 and _text(events)
+    assert len({e["id"] for e in events}) == 1 and chat_stream_text(events)
     assert [ch["finish_reason"] for e in events for ch in e["choices"] if ch.get("finish_reason")] == [
         "length"
     ]

@@ -27,7 +27,7 @@ import pytest
 from real_vllm import ENGINE_ARGS, engine_env, vllm_python
 
 from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import greedy_chat_stream, serving, settings_for
+from infera_core.testing.server import chat_stream_text, greedy_chat_stream, serving, settings_for
 from infera_core.util.net import free_port
 from infera_core.worker import WorkerRecord
 
@@ -125,12 +125,6 @@ async def _stream(
     return events
 
 
-def _text(events: list[dict[str, Any]]) -> str:
-    return "".join(
-        (ch.get("delta") or {}).get("content") or "" for e in events for ch in e.get("choices") or []
-    )
-
-
 @pytest.mark.parametrize(
     "k", [pytest.param(1, marks=pytest.mark.slow), 10, pytest.param(60, marks=pytest.mark.slow)]
 )
@@ -144,7 +138,7 @@ async def test_a_killed_vllm_engine_mid_stream_gives_the_same_text(pair: Pair, k
             want = await _stream(c, engines)
             got = await _stream(c, engines, kill_after=k)
     assert not any("error" in e for e in got), got[-1]
-    assert _text(want) and _text(got) == _text(want)
+    assert chat_stream_text(want) and chat_stream_text(got) == chat_stream_text(want)
     assert len({e["id"] for e in got}) == 1
     assert [ch["finish_reason"] for e in got for ch in e["choices"] if ch.get("finish_reason")] == ["length"]
     usage = [e["usage"] for e in got if e.get("usage")]
