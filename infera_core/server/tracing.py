@@ -186,6 +186,48 @@ def _route_span(tr: RequestTrace) -> Iterator[Any]:
         raise
 
 
+def traced_pair(pick: Callable[[], Any], tr: RequestTrace) -> Any:
+    """A PD pair's choice (``pick()``) inside an ``infera.route`` span naming both workers."""
+    with _route_span(tr) as span:
+        pair = pick()
+    span.set_attribute("infera.worker", pair.decode.worker_id)
+    span.set_attribute("infera.prefill_worker", pair.prefill.worker_id)
+    span.end()
+    return pair
+
+
+@contextmanager
+def prefill_span(
+    tr: RequestTrace | None, headers: dict[str, str], worker: str, attempt: int
+) -> Iterator[None]:
+    """A PD prefill leg inside an ``infera.pd.prefill`` span (CLIENT); its ``traceparent``
+    goes into the leg's ``headers`` so the prefill engine joins the trace. Nothing when off."""
+    if tr is None:
+        yield
+        return
+    span = tr.child("infera.pd.prefill", client=True)
+    span.set_attribute("infera.worker", worker)
+    span.set_attribute("infera.attempt", attempt + 1)
+    headers["traceparent"] = tr.traceparent(span)
+    try:
+        yield
+    except BaseException:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_status(Status(StatusCode.ERROR))
+        raise
+    finally:
+        span.end()
+
+
+def decode_span(tr: RequestTrace | None, headers: dict[str, str], worker: str, attempt: int) -> None:
+    """A PD decode leg's ``infera.upstream`` span (ended when the relay ends, as a mixed
+    request's), marked ``infera.pd.role=decode``; its ``traceparent`` goes into ``headers``."""
+    if tr is not None:
+        headers["traceparent"] = tr.open_upstream(worker, attempt)
+        tr.upstream.set_attribute("infera.pd.role", "decode")
+
+
 def _route_done(span: Any, ctx: Any, ep: Any) -> None:
     decision = ctx.explain
     if decision is not None and decision.attempt:

@@ -143,3 +143,40 @@ def test_tracing_is_off_unless_an_endpoint_is_given(monkeypatch: pytest.MonkeyPa
     assert traces_endpoint(None) == "http://otel:4318/v1/traces"
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:1/v1/traces")
     assert traces_endpoint(None) == "http://t:1/v1/traces"
+
+
+@pytest.mark.parametrize("protocol", ["vllm-nixl", "sglang-bootstrap"])  # serial pull, concurrent push
+async def test_a_pd_request_traces_the_pair_choice_and_both_legs(receiver: Any, protocol: str) -> None:
+    from infera_core.testing.pd import sim_pd_fleet
+
+    with sim_pd_fleet(protocol, prefill=1, decode=1) as fleet:
+        hooks = make_hooks()
+        kv = KvRouting(hooks.catalog(), KvSettings())
+        settings = settings_for(otlp_traces_endpoint=receiver.url)
+        async with serving(settings, hooks, kv=kv) as srv:
+            for record in fleet.records:
+                srv.store.put(record)
+            await srv.wait_workers(len(fleet.records))
+            trace_id = TRACE_ID[:-4] + ("0001" if protocol == "vllm-nixl" else "0002")
+            parent = {"traceparent": f"00-{trace_id}-{CLIENT_SPAN}-01"}
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "a pd prompt " * 40}],
+                "max_tokens": 3,
+            }
+            async with httpx.AsyncClient(base_url=srv.url, timeout=30) as c:
+                r = await c.post("/v1/chat/completions", json=body, headers=parent)
+                assert r.status_code == 200, r.text
+            names = {"infera.request", "infera.route", "infera.pd.prefill", "infera.upstream"}
+            assert await eventually(lambda: names <= {s.name for s in receiver.of_trace(trace_id)}, 20)
+            spans = {s.name: s for s in receiver.of_trace(trace_id)}
+            root = spans["infera.request"]
+            for name in names - {"infera.request"}:
+                assert spans[name].parent_span_id == root.span_id, name
+            route = spans["infera.route"].attributes
+            assert (route["infera.prefill_worker"], route["infera.worker"]) == ("p0", "d0")
+            assert spans["infera.pd.prefill"].attributes["infera.worker"] == "p0"
+            assert spans["infera.pd.prefill"].kind == 3  # CLIENT
+            decode = spans["infera.upstream"].attributes
+            assert decode["infera.worker"] == "d0" and decode["infera.pd.role"] == "decode"
+            assert root.attributes["infera.worker"] == "d0"

@@ -25,6 +25,7 @@ import json
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from infera_core.engines.pd import (
@@ -42,6 +43,7 @@ from infera_core.scheduling.types import Endpoint
 from infera_core.server.errors import ApiError
 from infera_core.server.pd.legs import LegFailed, Legs
 from infera_core.server.pd.metrics import PdMetrics
+from infera_core.server.tracing import decode_span, prefill_span, traced_pair, traced_prepare
 from infera_core.transports.upstreams import UpstreamResponse
 
 Routed = tuple[Endpoint, UpstreamResponse]
@@ -63,6 +65,7 @@ class _Request:
     transport: PdTransport
     pair: Pair
     path: str
+    attempt: int
 
 
 class PdDispatcher:
@@ -108,13 +111,15 @@ class PdDispatcher:
         continuation gets a fresh prefill and another decode worker)."""
         client_body: dict[str, Any] = ctx.body if path == ctx.route else json.loads(body)
         prepare = getattr(self.core, "prepare", None)
+        tr = ctx.trace
         if prepare is not None and ctx.token_ids is None and self.scheduler.needs_tokens(ctx.model):
-            await prepare(ctx)
+            await (prepare(ctx) if tr is None else traced_prepare(prepare, ctx, tr))
         tried_prefill: list[str] = []
         last: ApiError | None = None
         for attempt in range(1 + self.config.max_pair_retries):
             try:
-                pair = self.scheduler.pick_pair(ctx, tried_prefill, exclude)
+                pick = partial(self.scheduler.pick_pair, ctx, tried_prefill, exclude)
+                pair = pick() if tr is None else traced_pair(pick, tr)
             except SchedulingError as exc:
                 raise (last or _api_error(exc)) from None
             p = pair.prefill
@@ -135,7 +140,7 @@ class PdDispatcher:
                 ) from None
             self.metrics.paired(p.worker_id, pair.decode.worker_id)
             try:
-                req = _Request(ctx, client_body, pctx, transport, pair, path)
+                req = _Request(ctx, client_body, pctx, transport, pair, path, attempt)
                 if transport.order is PdOrder.SERIAL:
                     return await self._serial(req)
                 return await self._concurrent(req)
@@ -156,7 +161,8 @@ class PdDispatcher:
         leg = transport.prefill_request(body, pctx, p.record, d.record)
         t0 = time.perf_counter()
         try:
-            reply = await self.legs.prefill(p, leg, path)
+            with prefill_span(ctx.trace, leg.headers, p.worker_id, req.attempt):
+                reply = await self.legs.prefill(p, leg, path)
         except BaseException:
             self.scheduler.finished(ctx, p, False)
             self.scheduler.finished(ctx, d, False)
@@ -168,6 +174,7 @@ class PdDispatcher:
         while True:
             try:
                 dleg = transport.decode_request(body, pctx, p.record, d.record, reply)
+                decode_span(ctx.trace, dleg.headers, d.worker_id, len(tried))
                 resp = await self.legs.open_decode(d, dleg, path)
             except PdLegError as exc:
                 self.scheduler.finished(ctx, d, False)
@@ -198,8 +205,9 @@ class PdDispatcher:
         p, d = req.pair.prefill, req.pair.decode
         pleg = transport.prefill_request(body, pctx, p.record, d.record)
         dleg = transport.decode_request(body, pctx, p.record, d.record, None)
+        decode_span(ctx.trace, dleg.headers, d.worker_id, 0)
         t0 = time.perf_counter()
-        ptask = asyncio.ensure_future(self._prefill_timed(ctx, p, pleg, path, t0))
+        ptask = asyncio.ensure_future(self._prefill_timed(req, pleg, t0))
         self._background.add(ptask)
         ptask.add_done_callback(self._forget)
         dtask = asyncio.ensure_future(self.legs.open_decode(d, dleg, path))
@@ -231,10 +239,12 @@ class PdDispatcher:
             self.metrics.phase(ctx.model, "transfer", t2 - ptask.result())
         return d, resp
 
-    async def _prefill_timed(self, ctx: RequestContext, p: Endpoint, leg: Any, path: str, t0: float) -> float:
+    async def _prefill_timed(self, req: _Request, leg: Any, t0: float) -> float:
+        ctx, p = req.ctx, req.pair.prefill
         ok = False
         try:
-            await self.legs.prefill(p, leg, path, parse=False)
+            with prefill_span(ctx.trace, leg.headers, p.worker_id, req.attempt):
+                await self.legs.prefill(p, leg, req.path, parse=False)
             ok = True
         finally:
             self.scheduler.finished(ctx, p, ok)
