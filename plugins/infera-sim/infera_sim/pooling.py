@@ -52,7 +52,13 @@ def cosine(a: list[float], b: list[float]) -> float:
 
 
 def _usage(n: int) -> dict[str, Any]:
-    return {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0, "prompt_tokens_details": None}
+    return {
+        "prompt_tokens": n,
+        "total_tokens": n,
+        "completion_tokens": 0,
+        "prompt_tokens_details": None,
+        "completion_tokens_details": None,
+    }
 
 
 class Pooling:
