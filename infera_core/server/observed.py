@@ -10,10 +10,17 @@ worker tried, whose ``traceparent`` the worker gets.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Awaitable, Callable
+
 from fastapi import Request
+from fastapi.responses import Response
 
 from infera_core.request import RequestContext
 from infera_core.server.access_log import AccessLog, AccessRecord, fields
+from infera_core.server.asgi import ClientGone
+from infera_core.server.errors import ApiError
+from infera_core.server.metrics import ServerMetrics
 from infera_core.server.tracing import RequestTrace, Tracing, end_request
 
 ACCESS_LOG_STATE = "access_log"
@@ -23,11 +30,14 @@ ACCESS_LOG_STATE = "access_log"
 class Observed:
     """One request's access record and trace (each None when off)."""
 
-    __slots__ = ("access", "ctx", "logged", "route", "trace")
+    __slots__ = ("access", "ctx", "logged", "model", "route", "trace")
 
     def __init__(self, request: Request, route: str, request_id: str) -> None:
         state = request.app.state
         self.route = route
+        self.model = "-"
+        """The metric and log label: set once the model is known to be served (never a label
+        per unknown name)."""
         self.access: AccessLog | None = getattr(state, ACCESS_LOG_STATE, None)
         self.logged = self.access.start() if self.access is not None else None
         tracing: Tracing | None = getattr(state, "tracing", None)
@@ -62,9 +72,45 @@ class Observed:
         if rec is not None:
             rec.retries += 1
 
-    def finish(self, model: str, status: int, seconds: float) -> None:
+    def finish(self, status: int, seconds: float) -> None:
         """The request's line and the end of its span."""
+        model = self.model
         if self.logged is not None and self.access is not None:
             self.access.write(fields(self.logged, self.ctx, self.route, model, status, seconds))
         if self.trace is not None:
             end_request(self.trace, self.ctx, model, status)
+
+
+Handler = Callable[[Observed], Awaitable[Response]]
+
+
+async def answer_observed(
+    request: Request,
+    route: str,
+    request_id: str,
+    metrics: ServerMetrics,
+    handle: Handler,
+    on_error: Callable[[ApiError], Response] | None = None,
+) -> Response:
+    """``handle(obs)``'s answer, counted (``infera_requests_total``, the duration), logged and
+    traced whatever it is: an :class:`ApiError` is raised on (or answered by ``on_error``), a
+    client gone is a 499."""
+    t0 = time.perf_counter()
+    obs = Observed(request, route, request_id)
+    status = 500
+    try:
+        resp = await handle(obs)
+        status = resp.status_code
+        return resp
+    except ApiError as err:
+        status = err.status
+        if on_error is None:
+            raise
+        return on_error(err)
+    except ClientGone:
+        status = 499
+        return Response(status_code=499)
+    finally:
+        elapsed = time.perf_counter() - t0
+        metrics.request_done(route, obs.model, status, elapsed)
+        obs.finish(status, elapsed)

@@ -17,7 +17,6 @@ these requests as they count chat (prompt tokens from the engine's ``usage``).
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,11 +24,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from infera_core.scheduling.types import Endpoint
-from infera_core.server.asgi import ClientGone
 from infera_core.server.core import RouterCore
 from infera_core.server.errors import ApiError, bad_request
-from infera_core.server.observed import Observed
-from infera_core.server.tokenize_routes import forward, read_request
+from infera_core.server.observed import Observed, answer_observed
+from infera_core.server.tokenize_routes import forward, model_named, read_request
 from infera_core.server.validate import BodyLimits
 
 Check = Callable[[dict[str, Any]], None]
@@ -141,21 +139,9 @@ class PoolingRoutes:
 
     def model_of(self, body: dict[str, Any], task: str) -> str:
         """``model``, or the one model serving ``task`` when the body names none (as vLLM)."""
-        model = body.get("model")
-        if model is None:
-            table = self.core.table
-            serving = [m for m in table.models() if table.serving(m, task)]
-            if len(serving) == 1:
-                return serving[0]
-            shown = ", ".join(serving) or "none"
-            raise bad_request(
-                f"Missing required parameter: 'model' (models serving {WHAT[task]}: {shown}).",
-                "model",
-                "missing_required_parameter",
-            )
-        if not isinstance(model, str) or not model:
-            raise bad_request("'model' must be a non-empty string.", "model", "invalid_type")
-        return model
+        table = self.core.table
+        serving = [m for m in table.models() if table.serving(m, task)] if "model" not in body else []
+        return model_named(body, serving, f"models serving {WHAT[task]}")
 
     def workers(self, model: str, task: str) -> list[Endpoint]:
         """The active workers of ``model`` that serve ``task``, least busy first."""
@@ -190,36 +176,25 @@ def add_pooling_routes(app: FastAPI, core: RouterCore, limits: BodyLimits) -> No
     async def handle(request: Request) -> Response:
         path = request.url.path
         task, check = POOLING_ROUTES[path]
-        t0 = time.perf_counter()
-        model, status = "-", 500
-        obs = Observed(request, path, core.request_id())
-        try:
+
+        async def run(obs: Observed) -> Response:
             auth, principal, raw, via, body = await read_request(request, core, limits)
             obs.ctx.principal = principal
             name = routes.model_of(body, task)
             check(body)
             workers = routes.workers(name, task)
-            model = obs.ctx.model = name
+            obs.model = obs.ctx.model = name
             if auth is not None and principal is not None:
                 auth.admit(principal, name)
             resp = await forward(core, name, path, raw, via, obs, workers)
-            status = resp.status_code
             rec = obs.ctx.access
-            if status < 400 and rec is not None and rec.prompt:
+            if resp.status_code < 400 and rec is not None and rec.prompt:
                 core.metrics.usage(name, rec.prompt, 0)
                 if auth is not None and principal is not None:
                     auth.spent(principal, name, rec.prompt, 0)
             return resp
-        except ApiError as err:
-            status = err.status
-            raise
-        except ClientGone:
-            status = 499
-            return Response(status_code=499)
-        finally:
-            elapsed = time.perf_counter() - t0
-            core.metrics.request_done(path, model, status, elapsed)
-            obs.finish(model, status, elapsed)
+
+        return await answer_observed(request, path, core.request_id(), core.metrics, run)
 
     for path in POOLING_ROUTES:
         app.add_api_route(path, handle, methods=["POST"], include_in_schema=False)

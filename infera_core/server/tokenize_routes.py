@@ -25,13 +25,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from infera_core.scheduling.types import Endpoint
-from infera_core.server.asgi import ClientGone, read_body
+from infera_core.server.asgi import read_body
 from infera_core.server.auth import CLIENT_STATE, ClientAuth
 from infera_core.server.core import RouterCore, usage_of
 from infera_core.server.errors import ApiError, bad_request
 from infera_core.server.keys import Principal
 from infera_core.server.loops import LOOP_HEADER, LOOP_STATUS, came_back, stamped, via_of, via_value
-from infera_core.server.observed import Observed
+from infera_core.server.observed import Observed, answer_observed
 from infera_core.server.surrogates import LoneSurrogates
 from infera_core.server.validate import BodyLimits, parse_body
 from infera_core.transports.upstreams import READ_ERRORS, UpstreamError
@@ -40,17 +40,16 @@ from infera_core.util.redact import redact_url
 _FAILURES: tuple[type[BaseException], ...] = (UpstreamError, *READ_ERRORS)
 
 
-def _model(body: dict[str, Any], core: RouterCore) -> str:
+def model_named(body: dict[str, Any], served: list[str], which: str = "this server serves") -> str:
+    """The body's ``model``; left out, the one model in ``served`` (as vLLM takes its only
+    model), else a 400 listing them (``which``: what the list is)."""
     model = body.get("model")
     if model is None:
-        served = core.table.models()
         if len(served) == 1:
             return served[0]
         shown = ", ".join(served) or "none"
         raise bad_request(
-            f"Missing required parameter: 'model' (this server serves: {shown}).",
-            "model",
-            "missing_required_parameter",
+            f"Missing required parameter: 'model' ({which}: {shown}).", "model", "missing_required_parameter"
         )
     if not isinstance(model, str) or not model:
         raise bad_request("'model' must be a non-empty string.", "model", "invalid_type")
@@ -190,31 +189,19 @@ def add_tokenize_routes(app: FastAPI, core: RouterCore, limits: BodyLimits) -> N
 
     async def handle(request: Request) -> Response:
         path = request.url.path
-        t0 = time.perf_counter()
-        model, status = "-", 500
-        obs = Observed(request, path, core.request_id())
-        try:
+
+        async def run(obs: Observed) -> Response:
             auth, principal, raw, via, body = await read_request(request, core, limits)
             obs.ctx.principal = principal
-            name = _model(body, core)
+            name = model_named(body, core.table.models())
             checks[path](body)
             if name in core.table.every:  # never a metric label per unknown name
-                model = name
+                obs.model = name
             if auth is not None and principal is not None:
                 auth.admit(principal, name)
-            resp = await forward(core, name, path, raw, via, obs)
-            status = resp.status_code
-            return resp
-        except ApiError as err:
-            status = err.status
-            raise
-        except ClientGone:
-            status = 499
-            return Response(status_code=499)
-        finally:
-            elapsed = time.perf_counter() - t0
-            core.metrics.request_done(path, model, status, elapsed)
-            obs.finish(model, status, elapsed)
+            return await forward(core, name, path, raw, via, obs)
+
+        return await answer_observed(request, path, core.request_id(), core.metrics, run)
 
     for path in checks:
         app.add_api_route(path, handle, methods=["POST"], include_in_schema=False)

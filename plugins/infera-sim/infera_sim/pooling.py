@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable
 from functools import lru_cache
 from typing import Any
 
+from aiohttp import web
+
 from infera_sim.openai_api import ApiError
 from infera_sim.tokenizer import EngineTokenizer
 
@@ -58,6 +60,30 @@ def _usage(n: int) -> dict[str, Any]:
         "completion_tokens": 0,
         "prompt_tokens_details": None,
         "completion_tokens_details": None,
+    }
+
+
+async def openapi(request: web.Request) -> web.Response:
+    """``GET /openapi.json``: the routes this sim serves, as FastAPI lists vLLM's (``paths``), so
+    a launcher learns the model's tasks from it as from vLLM."""
+    paths: dict[str, dict[str, Any]] = {}
+    for route in request.app.router.routes():
+        path = route.resource.canonical if route.resource is not None else ""
+        if path and route.method in ("GET", "POST"):
+            paths.setdefault(path, {})[route.method.lower()] = {}
+    return web.json_response({"openapi": "3.1.0", "info": {"title": "infera-sim"}, "paths": paths})
+
+
+def listed(prefix: str, model: str, data: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
+    """vLLM's list answer (embeddings, scores, classifications): id, object, created, model,
+    data, usage."""
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": model,
+        "data": data,
+        "usage": _usage(tokens),
     }
 
 
@@ -154,14 +180,7 @@ class Pooling:
                 vec if fmt == "float" else base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
             )
             data.append({"index": i, "object": "embedding", "embedding": emb})
-        return {
-            "id": f"embd-{uuid.uuid4().hex}",
-            "object": "list",
-            "created": int(time.time()),
-            "model": self.model,
-            "data": data,
-            "usage": _usage(sum(len(ids) for ids in inputs)),
-        }
+        return listed("embd", self.model, data, sum(len(ids) for ids in inputs))
 
     async def score(self, body: dict[str, Any]) -> dict[str, Any]:
         self._check_model(body)
@@ -173,16 +192,8 @@ class Pooling:
             if "data_1" not in body or "data_2" not in body:
                 raise ApiError("Field required: queries and documents (or data_1 and data_2)", "queries")
             pairs = self._pairs(body["data_1"], body["data_2"])
-        return {
-            "id": f"score-{uuid.uuid4().hex}",
-            "object": "list",
-            "created": int(time.time()),
-            "model": self.model,
-            "data": [
-                {"index": i, "object": "score", "score": self._score(q, d)} for i, (q, d) in enumerate(pairs)
-            ],
-            "usage": _usage(sum(len(q) + len(d) for q, d in pairs)),
-        }
+        data = [{"index": i, "object": "score", "score": self._score(q, d)} for i, (q, d) in enumerate(pairs)]
+        return listed("score", self.model, data, sum(len(q) + len(d) for q, d in pairs))
 
     async def rerank(self, body: dict[str, Any]) -> dict[str, Any]:
         self._check_model(body)
@@ -228,11 +239,4 @@ class Pooling:
                 probs = [x / sum(exps) for x in exps]
             best = max(range(labels), key=lambda k: probs[k])
             data.append({"index": i, "label": f"LABEL_{best}", "probs": probs, "num_classes": labels})
-        return {
-            "id": f"classify-{uuid.uuid4().hex}",
-            "object": "list",
-            "created": int(time.time()),
-            "model": self.model,
-            "data": data,
-            "usage": _usage(sum(len(ids) for ids in inputs)),
-        }
+        return listed("classify", self.model, data, sum(len(ids) for ids in inputs))

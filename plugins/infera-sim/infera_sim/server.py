@@ -28,7 +28,7 @@ from infera_sim.kv_publisher import KvPublisher
 from infera_sim.openai_api import ApiError, chat_body, completion_body, error_body, parse, prompt_logprobs
 from infera_sim.pd import PdManager
 from infera_sim.pooling import Handler as PoolHandler
-from infera_sim.pooling import Pooling
+from infera_sim.pooling import Pooling, openapi
 from infera_sim.request import SimRequest
 from infera_sim.sse import stream
 from infera_sim.tokenizer import make_tokenizer
@@ -253,15 +253,6 @@ class SimServer:
 
         return handle
 
-    async def openapi(self, request: web.Request) -> web.Response:
-        """The routes this sim serves, as FastAPI's ``/openapi.json`` lists vLLM's (``paths``)."""
-        paths: dict[str, dict[str, Any]] = {}
-        for route in request.app.router.routes():
-            path = route.resource.canonical if route.resource is not None else ""
-            if path and route.method in ("GET", "POST"):
-                paths.setdefault(path, {})[route.method.lower()] = {}
-        return json_response({"openapi": "3.1.0", "info": {"title": "infera-sim"}, "paths": paths})
-
     async def health(self, request: web.Request) -> web.Response:
         if time.monotonic() - self.started < self.cfg.fault_slow_start:
             return web.Response(status=503, text="starting")
@@ -435,7 +426,7 @@ def create_app(cfg: SimConfig) -> web.Application:
     else:  # a pooling model: vLLM mounts no generate route for it
         for path, handler in sim.pooling.routes().items():
             r.add_post(path, sim.pooled(handler))
-    r.add_get("/openapi.json", sim.openapi)
+    r.add_get("/openapi.json", openapi)
     r.add_get("/v1/models", sim.models)
     r.add_get("/health", sim.health)
     r.add_post("/tokenize", sim.tokenize)
