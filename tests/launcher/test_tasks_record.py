@@ -10,10 +10,13 @@ import httpx
 import pytest
 
 from infera_core.discovery.memory import MemoryDiscovery, MemoryStore
+from infera_core.engines.base import RunningEngine
 from infera_core.engines.settings import WorkerSettings
+from infera_core.launcher.health import default_health_generate, serves_inference
 from infera_core.launcher.runtime import WorkerLauncher
 from infera_core.launcher.tasks import served_tasks
 from infera_core.plugin.hooks import InferaHooks
+from infera_core.testing.engine_contract import sample_launch_context
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import serving, settings_for
 from infera_core.worker import WorkerRecord, tasks_of_routes
@@ -42,6 +45,16 @@ async def test_served_tasks_from_the_engines_openapi() -> None:
             assert await served_tasks(client, gen.url) == ["generate"]
             assert await served_tasks(client, cross.url) == ["score", "classify"]
             assert await served_tasks(client, "http://127.0.0.1:9") == []  # nothing there
+
+
+@pytest.mark.parametrize("task", ["generate", "embed", "classify", "score"])
+async def test_a_pooling_engine_is_ready_and_passes_the_generation_check(task: str) -> None:
+    quiet = {"speedup": "inf", "kv_events_port": None, "kv_replay_port": None}
+    with sim_testing.start_sim(model="m", task=task, **quiet) as sim:
+        async with httpx.AsyncClient(timeout=10) as client:
+            engine = RunningEngine(sample_launch_context(model="m"), client, sim.url)
+            assert await serves_inference(engine, [])
+            assert await default_health_generate(engine)
 
 
 async def test_the_launcher_registers_an_embedding_worker_the_router_sends_embeddings_to() -> None:
