@@ -25,7 +25,6 @@ import httpx
 
 from infera_core.discovery.base import CardStore, Discovery
 from infera_core.engines.base import LaunchContext
-from infera_core.launcher.tasks import with_served_tasks
 from infera_core.tokenize.card import ModelCard, card_files, digest_of
 from infera_core.worker import ModelCardRef, WorkerRecord
 
@@ -166,7 +165,6 @@ class CardPublisher:
         discovery: Discovery,
     ) -> WorkerRecord:
         card = None
-        record = await with_served_tasks(ctx, record, client)
         served = await served_models(client, ctx.url)
         adapters = lora_adapters(served)
         if adapters:

@@ -22,11 +22,6 @@ def _dp_size(ctx: LaunchContext) -> int:
     return int(ctx.options.get("dp_size") or 1)
 
 
-def _tasks(task: str) -> list[str]:
-    """The record's tasks for ``--task`` (the routes the sim mounts; ``/openapi.json`` says the same)."""
-    return {"embed": ["embed", "score"], "score": ["score", "classify"]}.get(task, [task])
-
-
 class SimAdapter:
     """Launches ``python -m infera_sim.server`` with KV events, replay and PD wired up."""
 
@@ -189,7 +184,6 @@ class SimAdapter:
             dp_rank=ctx.dp_rank,
             dp_size=cfg.dp_size if cfg.dp_size > 1 else ctx.dp_size,
             labels={"engine": "sim"},
-            tasks=_tasks(cfg.task),
         )
 
     async def is_ready(self, engine: RunningEngine) -> bool:
