@@ -8,6 +8,7 @@ can add fields without breaking older routers.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any
 
@@ -19,6 +20,24 @@ DEFAULT_PREFIX = "/infera/workers/"
 
 DP_RANK_HEADER = "X-Data-Parallel-Rank"
 """The header that sends a request to one data-parallel rank of a worker that fronts several."""
+
+GENERATE = "generate"
+TASKS = (GENERATE, "embed", "score", "classify")
+"""What a worker's model can serve (``WorkerRecord.tasks``), as vLLM names its supported tasks."""
+
+TASK_ROUTES: dict[str, tuple[str, ...]] = {
+    GENERATE: ("/v1/chat/completions", "/v1/completions"),
+    "embed": ("/v1/embeddings",),
+    "score": ("/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"),
+    "classify": ("/classify",),
+}
+"""The routes an engine serves for each task (vLLM 0.32 mounts exactly these per supported task)."""
+
+
+def tasks_of_routes(paths: Iterable[str]) -> list[str]:
+    """The tasks an engine serving ``paths`` (its OpenAPI route list) offers, in :data:`TASKS` order."""
+    have = set(paths)
+    return [task for task in TASKS if any(route in have for route in TASK_ROUTES[task])]
 
 
 def with_port_offset(endpoint: str, offset: int) -> str:
@@ -135,6 +154,17 @@ class WorkerRecord(BaseModel):
     """LoRA adapters the engine serves besides ``model`` (vLLM's ``--lora-modules`` names, its
     ``/v1/models`` entries with a ``parent``): requests naming one are routed here, hashed from
     the adapter's own KV root (:func:`infera_core.kv.hashing.namespace_root`)."""
+
+    tasks: list[str] = Field(default_factory=lambda: [GENERATE])
+    """What the worker's model serves (:data:`TASKS`): ``generate`` (chat, completions,
+    messages, responses), ``embed`` (``/v1/embeddings``), ``score`` (``/score``, ``/rerank``),
+    ``classify`` (``/classify``). The launcher learns them from the engine's routes; a record
+    without the field (an older launcher) generates only."""
+
+    @property
+    def generates(self) -> bool:
+        """True when the worker serves generation (chat, completions…)."""
+        return GENERATE in self.tasks
 
     @property
     def routable(self) -> bool:

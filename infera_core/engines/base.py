@@ -171,6 +171,9 @@ class RecordFields:
     dp_rank: int | None = None
     dp_size: int = 1
     labels: dict[str, str] = field(default_factory=dict)
+    tasks: list[str] | None = None
+    """What the model serves (``WorkerRecord.tasks``) when the launch says so; None: the
+    launcher learns it from the engine (its routes), else ``generate``."""
 
 
 @runtime_checkable

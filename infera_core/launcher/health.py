@@ -29,6 +29,13 @@ log = logging.getLogger("infera.launcher")
 PROBE_PROMPT = "ping"
 NOT_SERVED = (404, 405)
 """Answers that say the inference route is not served: the check fails."""
+POOLING_CHECKS: tuple[tuple[str, dict[str, object]], ...] = (
+    ("/v1/embeddings", {"input": PROBE_PROMPT}),
+    ("/score", {"queries": PROBE_PROMPT, "documents": [PROBE_PROMPT]}),
+    ("/classify", {"input": PROBE_PROMPT}),
+)
+"""What a pooling model (no ``/v1/completions``) is checked with, in turn: an embedding model,
+a cross-encoder, a classifier."""
 
 
 def checks_generation(adapter: EngineAdapter, role: Role) -> bool:
@@ -39,39 +46,50 @@ def checks_generation(adapter: EngineAdapter, role: Role) -> bool:
 
 
 async def default_health_generate(engine: RunningEngine) -> bool:
-    """POST a ``max_tokens=1`` completion to ``/v1/completions``: any answer below 500 proves
-    life, except a 404 or 405 that is not an OpenAI-shaped error (the route is not there:
-    whatever answers is not the engine's API).
+    """POST a ``max_tokens=1`` completion to ``/v1/completions`` (a pooling model: a one-word
+    embedding, score or classification, :data:`POOLING_CHECKS`): any answer below 500 proves
+    life, except a 404 or 405 that is not an OpenAI-shaped error on every route (none is
+    there: whatever answers is not the engine's API).
 
     No timeout of its own: the caller (:func:`health_generate`) bounds it."""
     body = {"model": engine.model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0.0}
-    resp = await engine.client.post(
-        f"{engine.url}/v1/completions",
-        json=body,
-        headers={"X-Request-Id": "infera-health-generate"},
-        timeout=None,
-    )
-    if resp.status_code >= 500 or (resp.status_code in NOT_SERVED and engine_error(resp.content) is None):
-        log.debug("generation check at %s: HTTP %d", redact_url(engine.url), resp.status_code)
-        return False
-    return True
+    checks = [("/v1/completions", body), *POOLING_CHECKS]
+    for route, sent in checks:  # a pooling model (vLLM --runner pooling) has no /v1/completions
+        if route != "/v1/completions":
+            sent = {"model": engine.model, **sent}
+        resp = await engine.client.post(
+            f"{engine.url}{route}",
+            json=sent,
+            headers={"X-Request-Id": "infera-health-generate"},
+            timeout=None,
+        )
+        if resp.status_code in NOT_SERVED and engine_error(resp.content) is None:
+            continue  # not this route: the next kind of model
+        if resp.status_code >= 500:
+            break
+        return True
+    log.debug("generation check at %s: HTTP %d", redact_url(engine.url), resp.status_code)
+    return False
 
 
 async def serves_inference(engine: RunningEngine, warned: list[str]) -> bool:
     """Readiness beyond ``GET /health``: the engine's inference API is there. An empty
-    ``POST /v1/completions`` gets an engine's validation error (400/422: nothing runs); a 404,
-    405 or 501 without an API error means whatever listens is not an engine (warned once per
-    ``warned`` list)."""
-    try:
-        resp = await engine.client.post(f"{engine.url}/v1/completions", json={})
-    except Exception:  # not answering yet: is_ready decides about that
-        return True
-    if resp.status_code not in (*NOT_SERVED, 501) or engine_error(resp.content) is not None:
-        return True
+    ``POST /v1/completions`` (a pooling model: ``/v1/embeddings``, ``/score``, ``/classify``)
+    gets an engine's validation error (400/422: nothing runs); a 404, 405 or 501 without an
+    API error on each means whatever listens is not an engine (warned once per ``warned``
+    list)."""
+    for route in ("/v1/completions", *(route for route, _ in POOLING_CHECKS)):
+        try:
+            resp = await engine.client.post(f"{engine.url}{route}", json={})
+        except Exception:  # not answering yet: is_ready decides about that
+            return True
+        if resp.status_code not in (*NOT_SERVED, 501) or engine_error(resp.content) is not None:
+            return True
     if not warned:
         warned.append(engine.url)
         log.warning(
-            "%s answers its health check but %d on POST /v1/completions: not an engine's API; not ready",
+            "%s answers its health check but %d on POST /v1/completions (and /v1/embeddings, /score,"
+            " /classify): not an engine's API; not ready",
             redact_url(engine.url),
             resp.status_code,
         )

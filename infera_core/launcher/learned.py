@@ -1,10 +1,12 @@
-"""What the launcher learns from the running engine before it registers (its real block size)."""
+"""What the launcher learns from the running engine before it registers: its real block size,
+what its model serves (:mod:`infera_core.launcher.tasks`)."""
 
 from __future__ import annotations
 
 import logging
 
 from infera_core.engines.base import EngineAdapter, RunningEngine, ServedBlockSize
+from infera_core.launcher.tasks import with_served_tasks
 from infera_core.launcher.waits import quietly
 from infera_core.worker import WorkerRecord
 
@@ -31,3 +33,9 @@ async def with_served_block_size(
     )
     kv = record.kv_events.model_copy(update={"block_size": served})
     return record.model_copy(update={"kv_events": kv})
+
+
+async def learned_record(adapter: EngineAdapter, engine: RunningEngine, record: WorkerRecord) -> WorkerRecord:
+    """``record`` with what the running engine says: its block size and its tasks."""
+    record = await with_served_block_size(adapter, engine, record)
+    return await with_served_tasks(adapter, engine, record)

@@ -46,7 +46,7 @@ from infera_core.launcher.drain import wait_drained
 from infera_core.launcher.flags import launch_options
 from infera_core.launcher.health import GenerationWatch, checks_generation, health_generate, serves_inference
 from infera_core.launcher.kv_poll import PolledKvPublisher, polled_kv_events
-from infera_core.launcher.learned import with_served_block_size
+from infera_core.launcher.learned import learned_record
 from infera_core.launcher.lora import LoraRefresh
 from infera_core.launcher.process import EngineProcess
 from infera_core.launcher.record import launch_record
@@ -205,7 +205,7 @@ class WorkerLauncher:
             if not self._registered.is_set():
                 raise  # it never served: a restart would fail the same way
             return exc
-        self.record = await with_served_block_size(
+        self.record = await learned_record(
             adapter,
             RunningEngine(ctx, client),
             launch_record(adapter, ctx, spec, self.engine, self.settings.label_map()),

@@ -59,8 +59,10 @@ from infera_core.server.kv import KvComponent
 from infera_core.server.liveness import progress
 from infera_core.server.messages import MessagesProxy
 from infera_core.server.metrics import ServerMetrics
+from infera_core.server.observed import ACCESS_LOG_STATE
 from infera_core.server.openapi import add_openapi_route
 from infera_core.server.pd import build_pd
+from infera_core.server.pooling import add_pooling_routes
 from infera_core.server.proxy import OpenAIProxy
 from infera_core.server.queue import RouterQueue
 from infera_core.server.resume import Migrator
@@ -254,6 +256,7 @@ def create_app(
     access = (
         AccessLog(settings.access_log, settings.access_log_sample) if settings.access_log != "off" else None
     )
+    setattr(app.state, ACCESS_LOG_STATE, access)  # the routes FastAPI handlers answer log too
     decisions = core.decisions = DecisionLog(settings.decisions_kept, settings.decisions_sample)
     otlp = traces_endpoint(settings.otlp_traces_endpoint)
     tracing = app.state.tracing = Tracing(otlp, settings.otlp_traces_sample) if otlp else None
@@ -264,6 +267,7 @@ def create_app(
     app.router.routes.extend(Route(path, ep, methods=["POST"]) for path, ep in app.hot_routes.items())
     _control_routes(app, core, kv, auth, settings.public_metrics)
     add_tokenize_routes(app, core, limit)
+    add_pooling_routes(app, core, limit)
     add_count_tokens_route(app, core, kv, limit)
     add_openapi_route(app)
     app.state.dashboard = add_dashboard_routes(app, core, kv)
@@ -322,7 +326,7 @@ def _control_routes(
         for model in table.models():
             if allowed is not None and model not in allowed:
                 continue
-            eps = table.candidates(model)
+            eps = table.every.get(model) or []
             created = int(min((ep.record.started_at for ep in eps), default=0))
             entry: dict[str, Any] = {"id": model, "object": "model", "created": created, "owned_by": "infera"}
             base = table.lora_base.get(model)
@@ -358,6 +362,7 @@ def _control_routes(
                     "dp_size": rec.dp_size,
                     "labels": rec.labels,
                     "lora_adapters": rec.lora_adapters,
+                    "tasks": rec.tasks,
                     "in_flight": ep.in_flight,
                     "picks": ep.picks,
                     "breaker": core.breakers.state(ep),

@@ -48,7 +48,7 @@ from infera_core.transports.upstreams import (
     UpstreamResponse,
 )
 from infera_core.util.redact import redact_url
-from infera_core.worker import DP_RANK_HEADER, Role
+from infera_core.worker import DP_RANK_HEADER, TASK_ROUTES, Role
 
 if TYPE_CHECKING:
     from infera_core.server.pd.dispatch import PdDispatcher
@@ -164,6 +164,15 @@ class RouterCore:
                 return self.scheduler.schedule(ctx, exclude)
             return self.scheduler.schedule(ctx, exclude, cap)
         except UnknownModelError as exc:
+            serves = self.table.tasks_of(exc.model)
+            if serves:  # a pooling model (embeddings, scores): no worker of it generates
+                raise ApiError(
+                    400,
+                    f"The model {exc.model!r} does not serve {ctx.route}: its workers serve"
+                    f" {', '.join(f'{t} ({TASK_ROUTES[t][0]})' for t in serves)}, not generation.",
+                    param="model",
+                    code="model_not_supported",
+                ) from None
             shown = ", ".join(exc.available)
             raise ApiError(
                 404,

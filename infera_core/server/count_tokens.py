@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from infera_core.server.anthropic import to_chat_request
-from infera_core.server.asgi import ClientGone
 from infera_core.server.core import RouterCore
 from infera_core.server.errors import ApiError, bad_request
 from infera_core.server.kv import KvComponent
+from infera_core.server.observed import Observed, answer_observed
 from infera_core.server.tokenize_routes import forward, read_request, workers_for
 from infera_core.server.validate import BodyLimits
 
@@ -65,11 +64,16 @@ async def count_here(kv: KvComponent | None, model: str, chat: dict[str, Any]) -
 
 
 async def count_by_worker(
-    core: RouterCore, model: str, raw: bytes, chat: dict[str, Any], via: bytes | None
+    core: RouterCore,
+    model: str,
+    raw: bytes,
+    chat: dict[str, Any],
+    via: bytes | None,
+    obs: Observed | None = None,
 ) -> Response:
     """The engine's count: its ``/v1/messages/count_tokens``, else its ``/tokenize``."""
     try:
-        resp = await forward(core, model, ROUTE, raw, via)
+        resp = await forward(core, model, ROUTE, raw, via, obs)
     except ApiError as err:
         if err.status != 501:  # 501: no worker of the model has the route
             raise
@@ -79,7 +83,7 @@ async def count_by_worker(
         return resp
     ask = {k: v for k, v in chat.items() if k not in ("max_tokens", "stream", "stream_options", "user")}
     ask["add_generation_prompt"] = True
-    resp = await forward(core, model, "/tokenize", json.dumps(ask).encode(), via)
+    resp = await forward(core, model, "/tokenize", json.dumps(ask).encode(), via, obs)
     if resp.status_code >= 400:
         raise _engine_error(resp)
     try:
@@ -108,30 +112,20 @@ def add_count_tokens_route(
     """Mount ``POST /v1/messages/count_tokens``."""
 
     async def count_tokens(request: Request) -> Response:
-        t0 = time.perf_counter()
-        model, status = "-", 500
-        try:
+        async def run(obs: Observed) -> Response:
             auth, principal, raw, via, body = await read_request(request, core, limits)
+            obs.ctx.principal = principal
             name = check_count(body)
             workers_for(core, name)  # 404 for an unknown model, 503 with none available
-            model = name
+            obs.model = name
             if auth is not None and principal is not None:
                 auth.admit(principal, name)
             chat = to_chat_request({**body, "max_tokens": 1})
             n = await count_here(kv, name, chat)
             if n is None:
-                resp = await count_by_worker(core, name, raw, chat, via)
-            else:
-                resp = JSONResponse({"input_tokens": n})
-            status = resp.status_code
-            return resp
-        except ApiError as err:
-            status = err.status
-            return anthropic_error(err)
-        except ClientGone:
-            status = 499
-            return Response(status_code=499)
-        finally:
-            core.metrics.request_done(ROUTE, model, status, time.perf_counter() - t0)
+                return await count_by_worker(core, name, raw, chat, via, obs)
+            return JSONResponse({"input_tokens": n})
+
+        return await answer_observed(request, ROUTE, core.request_id(), core.metrics, run, anthropic_error)
 
     app.add_api_route(ROUTE, count_tokens, methods=["POST"], include_in_schema=False)

@@ -29,7 +29,7 @@ from infera_core.scheduling.arrays import state
 from infera_core.scheduling.shared_load import SharedLoad
 from infera_core.scheduling.types import Endpoint
 from infera_core.util.redact import redact_url
-from infera_core.worker import Status, WorkerRecord
+from infera_core.worker import TASKS, Status, WorkerRecord
 
 log = logging.getLogger("infera.server.fleet")
 
@@ -40,12 +40,25 @@ UpstreamFor = Callable[[WorkerRecord], Any]
 class EndpointTable:
     """worker_id → Endpoint, and model → endpoints serving it."""
 
-    __slots__ = ("_added", "_removed", "_shared", "_warned", "by_id", "by_model", "lora_base", "upstream_for")
+    __slots__ = (
+        "_added",
+        "_removed",
+        "_shared",
+        "_warned",
+        "by_id",
+        "by_model",
+        "every",
+        "lora_base",
+        "upstream_for",
+    )
 
     def __init__(self, upstream_for: UpstreamFor | None = None) -> None:
         self.upstream_for = upstream_for
         self.by_id: dict[str, Endpoint] = {}
         self.by_model: dict[str, list[Endpoint]] = {}
+        """model → the workers that generate for it (chat, completions…): the scheduler's candidates."""
+        self.every: dict[str, list[Endpoint]] = {}
+        """model → all its workers, whatever they serve (pooling models too: :meth:`serving`)."""
         self.lora_base: dict[str, str] = {}
         """LoRA adapter → its base model (the adapters' names are keys of ``by_model`` too)."""
         self._warned: set[tuple[str, str]] = set()
@@ -93,7 +106,16 @@ class EndpointTable:
         return self.by_id.get(worker_id)
 
     def models(self) -> list[str]:
-        return sorted(self.by_model)
+        return sorted(self.every)
+
+    def serving(self, model: str, task: str) -> list[Endpoint]:
+        """The workers of ``model`` whose record says they serve ``task`` (``embed``, ``score``…)."""
+        return [ep for ep in self.every.get(model) or () if task in ep.record.tasks]
+
+    def tasks_of(self, model: str) -> list[str]:
+        """What the workers of ``model`` serve between them ([] for an unknown model)."""
+        have = {task for ep in self.every.get(model) or () for task in ep.record.tasks}
+        return [task for task in TASKS if task in have]
 
     def active_count(self) -> int:
         return sum(1 for ep in self.by_id.values() if ep.record.status is Status.ACTIVE)
@@ -173,7 +195,15 @@ class EndpointTable:
                     continue
                 adapters.setdefault(name, []).append(ep)
         by_model.update(adapters)
-        self.by_model = by_model
+        self.every = by_model
+        generating = by_model  # the same lists while every worker generates (the usual fleet)
+        if any(not ep.record.generates for ep in self.by_id.values()):
+            generating = {}
+            for model, eps in by_model.items():
+                gen = [ep for ep in eps if ep.record.generates]
+                if gen:
+                    generating[model] = gen
+        self.by_model = generating
         self.lora_base = lora_base
 
     def _warn_once(self, key: tuple[str, str], message: str) -> None:

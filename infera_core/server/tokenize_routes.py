@@ -25,12 +25,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from infera_core.scheduling.types import Endpoint
-from infera_core.server.asgi import ClientGone, read_body
+from infera_core.server.asgi import read_body
 from infera_core.server.auth import CLIENT_STATE, ClientAuth
-from infera_core.server.core import RouterCore
+from infera_core.server.core import RouterCore, usage_of
 from infera_core.server.errors import ApiError, bad_request
 from infera_core.server.keys import Principal
 from infera_core.server.loops import LOOP_HEADER, LOOP_STATUS, came_back, stamped, via_of, via_value
+from infera_core.server.observed import Observed, answer_observed
 from infera_core.server.surrogates import LoneSurrogates
 from infera_core.server.validate import BodyLimits, parse_body
 from infera_core.transports.upstreams import READ_ERRORS, UpstreamError
@@ -39,17 +40,16 @@ from infera_core.util.redact import redact_url
 _FAILURES: tuple[type[BaseException], ...] = (UpstreamError, *READ_ERRORS)
 
 
-def _model(body: dict[str, Any], core: RouterCore) -> str:
+def model_named(body: dict[str, Any], served: list[str], which: str = "this server serves") -> str:
+    """The body's ``model``; left out, the one model in ``served`` (as vLLM takes its only
+    model), else a 400 listing them (``which``: what the list is)."""
     model = body.get("model")
     if model is None:
-        served = core.table.models()
         if len(served) == 1:
             return served[0]
         shown = ", ".join(served) or "none"
         raise bad_request(
-            f"Missing required parameter: 'model' (this server serves: {shown}).",
-            "model",
-            "missing_required_parameter",
+            f"Missing required parameter: 'model' ({which}: {shown}).", "model", "missing_required_parameter"
         )
     if not isinstance(model, str) or not model:
         raise bad_request("'model' must be a non-empty string.", "model", "invalid_type")
@@ -74,9 +74,9 @@ def check_detokenize(body: dict[str, Any]) -> None:
 
 def workers_for(core: RouterCore, model: str) -> list[Endpoint]:
     """Active workers of ``model`` with a closed breaker, least busy first."""
-    eps = [ep for ep in core.table.candidates(model) if ep.record.routable and not ep.breaker_open]
+    eps = [ep for ep in core.table.every.get(model) or () if ep.record.routable and not ep.breaker_open]
     if not eps:
-        if model not in core.table.by_model:
+        if model not in core.table.every:
             shown = ", ".join(core.table.models())
             raise ApiError(
                 404,
@@ -88,41 +88,65 @@ def workers_for(core: RouterCore, model: str) -> list[Endpoint]:
     return sorted(eps, key=lambda ep: ep.in_flight)
 
 
-async def forward(core: RouterCore, model: str, path: str, raw: bytes, via: bytes | None = None) -> Response:
-    """``raw`` to the first worker of ``model`` that answers ``path``; its answer (``via``: the
-    request's own ``Via``, kept in front of this router's stamp)."""
+async def forward(
+    core: RouterCore,
+    model: str,
+    path: str,
+    raw: bytes,
+    via: bytes | None = None,
+    obs: Observed | None = None,
+    workers: list[Endpoint] | None = None,
+) -> Response:
+    """``raw`` to the first worker of ``model`` (``workers``: these, least busy first) that
+    answers ``path``; its answer (``via``: the request's own ``Via``, kept in front of this
+    router's stamp; ``obs``: the request's access record and trace)."""
     headers = {
         "Content-Type": "application/json",
-        "X-Request-Id": core.request_id(),
+        "X-Request-Id": obs.ctx.request_id if obs is not None else core.request_id(),
         "Via": via_value(via, core.router_id),
     }
     missing: list[str] = []
     failed: list[str] = []
-    for ep in workers_for(core, model)[: 1 + core.max_retries]:
+    t0 = time.perf_counter()
+    eps = workers if workers is not None else workers_for(core, model)
+    for attempt, ep in enumerate(eps[: 1 + core.max_retries]):
+        sent = headers
+        if obs is not None:
+            if attempt:
+                obs.retried()
+            sent = {**headers, **obs.upstream_headers(ep.worker_id, attempt)}
+        ep.in_flight += 1  # the load the least-busy choice (and the scheduler) sees
         try:
-            resp = await ep.upstream.open(ep, path, raw, headers)
+            resp = await ep.upstream.open(ep, path, raw, sent)
             try:
                 data = await resp.read()
             finally:
                 resp.release()
         except _FAILURES as exc:
             failed.append(f"{ep.worker_id}: {exc}")
+            if obs is not None:
+                obs.failed()
             continue
+        finally:
+            ep.in_flight -= 1
         # 404/405 without a word about the model: the engine has no such route (the model
         # is known to be served, so vLLM's "model does not exist" 404 is passed on as is)
         if resp.status in (404, 405) and b"model" not in data[:400]:
             missing.append(f"{ep.worker_id} ({ep.record.engine})")
-            continue
-        if resp.status == LOOP_STATUS and resp.header(LOOP_HEADER) == core.router_id:
+        elif resp.status == LOOP_STATUS and resp.header(LOOP_HEADER) == core.router_id:
             url = redact_url(ep.record.url)
             core.breakers.isolate(ep, f"its URL {url} leads back to this router (a routing loop)")
             failed.append(f"{ep.worker_id} is this router itself (a routing loop)")
-            continue
-        if resp.status >= 500:
+        elif resp.status >= 500:
             failed.append(f"{ep.worker_id} answered {resp.status}")
-            continue
-        ctype = resp.content_type or "application/json"
-        return Response(data, resp.status, {"x-infera-worker": ep.worker_id}, media_type=ctype)
+        else:
+            if obs is not None:
+                prompt, completion = usage_of(data) if resp.status < 400 else (0, 0)
+                obs.answered(ep.worker_id, time.perf_counter() - t0, prompt, completion)
+            ctype = resp.content_type or "application/json"
+            return Response(data, resp.status, {"x-infera-worker": ep.worker_id}, media_type=ctype)
+        if obs is not None:
+            obs.failed()
     if missing and not failed:
         raise ApiError(
             501,
@@ -165,27 +189,19 @@ def add_tokenize_routes(app: FastAPI, core: RouterCore, limits: BodyLimits) -> N
 
     async def handle(request: Request) -> Response:
         path = request.url.path
-        t0 = time.perf_counter()
-        model, status = "-", 500
-        try:
+
+        async def run(obs: Observed) -> Response:
             auth, principal, raw, via, body = await read_request(request, core, limits)
-            name = _model(body, core)
+            obs.ctx.principal = principal
+            name = model_named(body, core.table.models())
             checks[path](body)
-            if name in core.table.by_model:  # never a metric label per unknown name
-                model = name
+            if name in core.table.every:  # never a metric label per unknown name
+                obs.model = name
             if auth is not None and principal is not None:
                 auth.admit(principal, name)
-            resp = await forward(core, name, path, raw, via)
-            status = resp.status_code
-            return resp
-        except ApiError as err:
-            status = err.status
-            raise
-        except ClientGone:
-            status = 499
-            return Response(status_code=499)
-        finally:
-            core.metrics.request_done(path, model, status, time.perf_counter() - t0)
+            return await forward(core, name, path, raw, via, obs)
+
+        return await answer_observed(request, path, core.request_id(), core.metrics, run)
 
     for path in checks:
         app.add_api_route(path, handle, methods=["POST"], include_in_schema=False)

@@ -241,6 +241,8 @@ class SglangAdapter(AdapterBase):
             pd=pd,
             dp_rank=None,
             dp_size=dp,
+            # SGLang mounts every route for every model: its flag, not its routes, says the kind
+            tasks=["embed"] if "--is-embedding" in ctx.engine_args else ["generate"],
         )
 
     async def served_block_size(self, engine: RunningEngine) -> int | None:

@@ -101,3 +101,10 @@ def test_missing_sglang_names_the_package(tmp_path: Path) -> None:
 def test_managed_flag_after_separator(sglang_python: str) -> None:
     with pytest.raises(EngineError, match="--page-size"):
         SglangAdapter().build_launch(ctx(engine_python=sglang_python, engine_args=["--page-size", "1"]))
+
+
+def test_is_embedding_says_what_the_model_serves() -> None:
+    # SGLang mounts every route whatever its model: its flag, not its route list, says the kind
+    adapter = SglangAdapter()
+    assert adapter.record_fields(ctx(engine_args=["--is-embedding"])).tasks == ["embed"]
+    assert adapter.record_fields(ctx()).tasks == ["generate"]

@@ -10,7 +10,7 @@ from infera_core.engines.support import bracket_host, free_ports
 from infera_core.errors import EngineError
 from infera_core.worker import KvEventsInfo, PdInfo
 from infera_sim import __version__
-from infera_sim.config import KV_LAYOUTS, PD_PROTOCOLS, SimConfig, build_parser, lora_modules
+from infera_sim.config import KV_LAYOUTS, PD_PROTOCOLS, TASKS, SimConfig, build_parser, lora_modules
 from infera_sim.metrics import parse_gauges
 from infera_sim.tokenizer import make_tokenizer
 
@@ -52,6 +52,14 @@ class SimAdapter:
                 1,
                 "DP-attention ranks behind this one sim, as SGLang --dp-size: a cache and a KV publisher"
                 " per rank (port + r); the X-Data-Parallel-Rank header picks the rank",
+            ),
+            EngineOption(
+                "task",
+                str,
+                None,
+                "what the model serves: generate, or a pooling model's embed (/v1/embeddings, /score,"
+                " /rerank), classify (/classify) or score (a cross-encoder) [default: generate]",
+                choices=TASKS,
             ),
             EngineOption("speedup", float, 1.0, "simulated time runs this much faster ('inf' = no sleeping)"),
             EngineOption(
@@ -104,6 +112,7 @@ class SimAdapter:
             "speedup",
             "kv_events_layout",
             "pd_protocol",
+            "task",
         ):
             if opts.get(name) is not None:
                 flags += ["--" + name.replace("_", "-"), str(opts[name])]

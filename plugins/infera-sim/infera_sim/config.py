@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
 ROLES = ("mixed", "prefill", "decode")
+TASKS = ("generate", "embed", "classify", "score")
+"""``--task``: what the simulated model serves."""
 PD_PROTOCOLS = ("vllm-nixl", "vllm-mooncake", "sglang-bootstrap", "vllm-moriio", "vllm-moriio-read")
 DENSE_EXTERNAL_DP = (
     "ValueError: Non-MoE models do not support external data parallel mode. For external load "
@@ -32,6 +34,9 @@ class SimConfig:
     tokenizer_json: str | None = None
     vocab_size: int = 32000
     max_model_len: int = 4096
+    task: str = "generate"
+    """What the model serves: generate (chat, completions), or a pooling model's embed, classify
+    or score (a cross-encoder): the routes vLLM mounts for it (``infera_sim.pooling``)."""
     default_max_tokens: int = 16
     eos_rate: float = 0.0
     # KV cache
@@ -126,6 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seed", type=int, default=d.seed, help="seed of the deterministic output tokens")
     a("--tokenizer-json", default=None, help="use a real HF tokenizer.json instead of the built-in one")
     a("--vocab-size", type=int, default=d.vocab_size, help="built-in tokenizer vocabulary size")
+    a(
+        "--task",
+        choices=TASKS,
+        default=d.task,
+        help="what the model serves: generate (chat, completions) or a pooling model's embed"
+        " (/v1/embeddings, /score, /rerank), classify (/classify) or score (a cross-encoder:"
+        " /classify, /score, /rerank)",
+    )
     a("--max-model-len", type=int, default=d.max_model_len, help="longest prompt + output, in tokens")
     a("--default-max-tokens", type=int, default=d.default_max_tokens, help="output length without max_tokens")
     a("--eos-rate", type=_rate, default=d.eos_rate, help="per-token probability of EOS (not with ignore_eos)")

@@ -14,7 +14,7 @@ import random
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -27,6 +27,8 @@ from infera_sim.engine import SimEngine
 from infera_sim.kv_publisher import KvPublisher
 from infera_sim.openai_api import ApiError, chat_body, completion_body, error_body, parse, prompt_logprobs
 from infera_sim.pd import PdManager
+from infera_sim.pooling import Handler as PoolHandler
+from infera_sim.pooling import Pooling, openapi
 from infera_sim.request import SimRequest
 from infera_sim.sse import stream
 from infera_sim.tokenizer import make_tokenizer
@@ -65,6 +67,7 @@ class SimServer:
         """Requests each rank served (``/sim/info``: where the router steered them)."""
         self._next_rank = 0
         self.pd = PdManager(cfg)
+        self.pooling = Pooling(cfg.task, cfg.model, self.tokenizer, cfg.max_model_len, cfg.seed)
         self.started = time.monotonic()
         self.requests_seen = 0
         self.http_port = cfg.port
@@ -236,6 +239,20 @@ class SimServer:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self.generate(request, chat=True)
 
+    def pooled(self, handler: PoolHandler) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """An aiohttp handler around a pooling handler (faults, JSON body, errors)."""
+
+        async def handle(request: web.Request) -> web.Response:
+            fault = await self._faults()
+            if fault is not None:
+                return fault
+            try:
+                return json_response(await handler(await self._body(request)))
+            except ApiError as err:
+                return api_error(err)
+
+        return handle
+
     async def health(self, request: web.Request) -> web.Response:
         if time.monotonic() - self.started < self.cfg.fault_slow_start:
             return web.Response(status=503, text="starting")
@@ -403,8 +420,13 @@ def create_app(cfg: SimConfig) -> web.Application:
     app.on_startup.append(sim.start)
     app.on_cleanup.append(sim.stop)
     r = app.router
-    r.add_post("/v1/completions", sim.completions)
-    r.add_post("/v1/chat/completions", sim.chat)
+    if cfg.task == "generate":
+        r.add_post("/v1/completions", sim.completions)
+        r.add_post("/v1/chat/completions", sim.chat)
+    else:  # a pooling model: vLLM mounts no generate route for it
+        for path, handler in sim.pooling.routes().items():
+            r.add_post(path, sim.pooled(handler))
+    r.add_get("/openapi.json", openapi)
     r.add_get("/v1/models", sim.models)
     r.add_get("/health", sim.health)
     r.add_post("/tokenize", sim.tokenize)

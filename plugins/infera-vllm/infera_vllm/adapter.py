@@ -137,6 +137,19 @@ def _block_size(ctx: LaunchContext) -> int | None:
     return size
 
 
+def pooling_tasks(args: list[str]) -> list[str] | None:
+    """What ``--convert embed|classify`` makes the model serve (vLLM 0.32's ``ModelConfig``: an
+    embedding model also scores, by cosine similarity); None: the launcher asks the engine (its
+    ``/openapi.json`` routes), which also knows a native pooling model or a one-label classifier."""
+    convert = None
+    for i, arg in enumerate(args):
+        if arg == "--convert" and i + 1 < len(args):
+            convert = args[i + 1]
+        elif arg.startswith("--convert="):
+            convert = arg.partition("=")[2]
+    return {"embed": ["embed", "score"], "classify": ["classify"]}.get(convert or "")
+
+
 class VllmAdapter(AdapterBase):
     """Launches and watches one vLLM OpenAI server (one DP rank with external LB)."""
 
@@ -233,6 +246,7 @@ class VllmAdapter(AdapterBase):
             pd=transfer_plan(ctx).pd,
             dp_rank=rank if size > 1 else None,
             dp_size=size,
+            tasks=pooling_tasks(ctx.engine_args),
         )
 
     async def served_block_size(self, engine: RunningEngine) -> int | None:
