@@ -59,6 +59,7 @@ from infera_core.scheduling.types import (
 )
 from infera_policies.in_flight import InFlightPrefixes
 from infera_policies.kv import BASE_FILTERS, IN_FLIGHT_KEY, kv_profile
+from infera_policies.load import estimate_tokens
 
 _COLUMNS = (
     "busy",
@@ -119,6 +120,11 @@ def _target(ctx: RequestContext, header: str, key_attr: str, default: float | No
     if isinstance(key_ms, int | float) and key_ms > 0:
         return float(key_ms) / 1000.0
     return default / 1000.0 if default is not None else None
+
+
+def _prompt_tokens(ctx: RequestContext) -> float:
+    """The prompt's length in tokens: its token ids, else estimated from its text (no tokenizer)."""
+    return float(len(ctx.token_ids)) if ctx.token_ids else float(estimate_tokens(ctx.body))
 
 
 class PredictedLatencyScorer(Scorer):
@@ -217,7 +223,7 @@ class PredictedLatencyScorer(Scorer):
         rows = rows_of(candidates)
         self._grow(state().size)
         now = self.clock()
-        n_tokens = float(len(ctx.token_ids)) if ctx.token_ids else 0.0
+        n_tokens = _prompt_tokens(ctx)
         uncached = n_tokens * (1.0 - self._overlap(ctx, candidates, rows))
         wait = np.maximum(self._cols["busy"][rows] - now, 0.0)
         ttft = wait + uncached / self.rates(rows)
@@ -307,7 +313,7 @@ class PredictedLatencyScorer(Scorer):
         if last is not None and last[0] == ctx.request_id and (hit := np.flatnonzero(last[1] == row)).size:
             uncached = float(last[2][int(hit[0])])
         else:
-            n_tokens = float(len(ctx.token_ids)) if ctx.token_ids else 0.0
+            n_tokens = _prompt_tokens(ctx)
             uncached = n_tokens * (1.0 - float(self._overlap(ctx, [endpoint], None)[0]))
         done = max(now, float(c["busy"][row])) + uncached / rate
         c["busy"][row] = done
@@ -377,7 +383,7 @@ def targets_of(ctx: RequestContext, params: PredictParams) -> Mapping[str, float
     }
 
 
-def predicted_profile(weight: float = 0.5, fill: float = 0.5) -> ProfileConfig:
+def predicted_profile(weight: float = 0.4, fill: float = 0.5) -> ProfileConfig:
     """The ``predicted-latency`` preset: ``kv-aware``'s scorers (cache overlap, load, cache fill,
     session) without its imbalance guard (the prediction balances by speed, not by counts), plus
     the predicted TTFT at ``weight``; cache fill weighs more (``fill``) so new prompts still
