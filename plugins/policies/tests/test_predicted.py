@@ -49,6 +49,15 @@ def serve(
     clock.now += 0.05
 
 
+def learned_slow_and_fast(s: PredictedLatencyScorer, clock: Clock) -> list[Endpoint]:
+    """Two workers measured ten times each: one prefilling 2000 tokens/s, the other 8000."""
+    slow, fast = fleet(2)
+    for i in range(10):
+        serve(s, clock, slow, i, 2000.0)
+        serve(s, clock, fast, 100 + i, 8000.0)
+    return [slow, fast]
+
+
 def test_cold_start_uses_the_prior_then_learns_the_worker_rate() -> None:
     clock = Clock()
     s = PredictedLatencyScorer(None, PredictParams(prior_tokens_per_s=10000, min_observations=4), clock=clock)
@@ -89,10 +98,7 @@ def test_queued_work_raises_the_predicted_ttft_and_sends_the_next_request_elsewh
 def test_the_fast_worker_is_preferred_once_learned() -> None:
     clock = Clock()
     s = PredictedLatencyScorer(None, PredictParams(exploration=0), clock=clock)
-    slow, fast = fleet(2)
-    for i in range(10):
-        serve(s, clock, slow, i, 2000.0)
-        serve(s, clock, fast, 100 + i, 8000.0)
+    slow, fast = learned_slow_and_fast(s, clock)
     scores = s.score(ctx(999), [slow, fast])
     assert scores[1] == 1.0 and scores[0] < 0.6
 
@@ -100,10 +106,7 @@ def test_the_fast_worker_is_preferred_once_learned() -> None:
 def test_slo_targets_pick_a_worker_that_meets_them_else_the_least_violating() -> None:
     clock = Clock()
     s = PredictedLatencyScorer(None, PredictParams(exploration=0), clock=clock)
-    slow, fast = fleet(2)
-    for i in range(10):
-        serve(s, clock, slow, i, 2000.0)
-        serve(s, clock, fast, 100 + i, 8000.0)
+    slow, fast = learned_slow_and_fast(s, clock)
     # TPOT: the fast worker decodes in a big batch (slow ITL), the slow one alone
     for k in range(10):
         s.on_timing(ctx(500 + k), slow, 0.1, 0.010)
@@ -131,10 +134,7 @@ def test_the_key_default_target_applies_when_the_request_names_none() -> None:
 
     clock = Clock()
     s = PredictedLatencyScorer(None, PredictParams(exploration=0), clock=clock)
-    slow, fast = fleet(2)
-    for i in range(10):
-        serve(s, clock, slow, i, 2000.0)
-        serve(s, clock, fast, 100 + i, 8000.0)
+    slow, fast = learned_slow_and_fast(s, clock)
     c = ctx(7)
     c.principal = Principal()
     scores = s.score(c, [slow, fast])
@@ -144,10 +144,7 @@ def test_the_key_default_target_applies_when_the_request_names_none() -> None:
 def test_exploration_sends_a_small_share_to_other_workers() -> None:
     clock = Clock()
     s = PredictedLatencyScorer(None, PredictParams(exploration=0.1, seed=1), clock=clock)
-    slow, fast = fleet(2)
-    for i in range(10):
-        serve(s, clock, slow, i, 2000.0)
-        serve(s, clock, fast, 100 + i, 8000.0)
+    slow, fast = learned_slow_and_fast(s, clock)
     picks = [max(range(2), key=lambda j, sc=s.score(ctx(i), [slow, fast]): sc[j]) for i in range(400)]
     explored = picks.count(0) / len(picks)
     assert 0.01 < explored < 0.15
