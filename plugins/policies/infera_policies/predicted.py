@@ -36,7 +36,7 @@ import math
 import random
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -373,14 +373,6 @@ class PredictedLatencyScorer(Scorer):
 
     def on_finished(self, ctx: RequestContext, endpoint: Endpoint, ok: bool) -> None:
         self.pending.pop(ctx.request_id, None)
-
-
-def targets_of(ctx: RequestContext, params: PredictParams) -> Mapping[str, float | None]:
-    """A request's TTFT and TPOT targets in seconds (None: none), as the scorer reads them."""
-    return {
-        "ttft": _target(ctx, TTFT_TARGET_HEADER, "ttft_target_ms", params.ttft_target_ms),
-        "tpot": _target(ctx, TPOT_TARGET_HEADER, "tpot_target_ms", params.tpot_target_ms),
-    }
 
 
 def predicted_profile(weight: float = 0.4, fill: float = 0.5) -> ProfileConfig:
