@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from infera_policies.basic import register_basic
 from infera_policies.kv import kv_profile, register_kv
+from infera_policies.predicted import register_predicted
 from infera_sim.config import SimConfig
 from infera_sim.engine import SimEngine
 from infera_sim.kvcache import block_hashes
@@ -125,7 +126,9 @@ def pooled_bound(arrivals: list[Arrival], capacity: int) -> float:
 class Fleet:
     """The sims, their endpoints and the router's KV index, on one virtual clock."""
 
-    def __init__(self, sims: int, blocks: int, cfg_over: dict[str, float], lag: float = 0.0) -> None:
+    def __init__(
+        self, sims: int, blocks: int, cfg_over: dict[str, float], lag: float = 0.0, fast: float = 1.0
+    ) -> None:
         self.index = KvIndex()
         self.lag = lag
         self.late: list[tuple[float, int, object, KvEventBatch]] = []
@@ -135,7 +138,10 @@ class Fleet:
         self.views = []
         tok = SimTokenizer()
         for i in range(sims):
-            cfg = SimConfig(cache_blocks=blocks, block_size=BS, max_model_len=1 << 20, **cfg_over)  # type: ignore[arg-type]
+            over = dict(cfg_over)
+            if fast != 1.0 and i % 2:  # a heterogeneous fleet: every other sim prefills ``fast`` × faster
+                over["prefill_tokens_per_s"] = over["prefill_tokens_per_s"] * fast
+            cfg = SimConfig(cache_blocks=blocks, block_size=BS, max_model_len=1 << 20, **over)  # type: ignore[arg-type]
             view = self.index.add_view(f"sim{i}", None, BS)
             self.views.append(view)
             eng = SimEngine(cfg, tok, publish=self._publisher(view))
@@ -170,7 +176,13 @@ def run(
     cfg: dict[str, float] = {"prefill_tokens_per_s": args.prefill_rate * (n if pooled else 1)}
     if pooled:
         cfg |= {"max_num_seqs": 256 * n, "max_num_batched_tokens": 8192 * n}
-    fleet = Fleet(1 if pooled else n, args.blocks * (n if pooled else 1), cfg, args.event_lag)
+    fleet = Fleet(
+        1 if pooled else n,
+        args.blocks * (n if pooled else 1),
+        cfg,
+        args.event_lag,
+        getattr(args, "fast", 1.0),
+    )
     clock = [0.0]  # virtual time, for the policies' clocks (approximate-prefix's TTL, kv-overlap's linger)
     deps = SchedulerDeps(kv_index=fleet.index, clock=lambda: clock[0])
     sglang = CacheAware([ep.worker_id for ep in fleet.endpoints]) if policy == SGLANG else None
@@ -185,6 +197,8 @@ def run(
     decide: list[float] = []
     cached = [0, 0]  # prompt tokens found cached at admission, prompt tokens
     held: list[int] = []  # blocks referenced by running requests, at each arrival
+    first_seen: set[str] = set()
+    fast_tokens = [0, 0]  # prefill (uncached) tokens on the odd sims (the fast ones with --fast), on all
 
     def start_step(i: int, now: float) -> None:
         eng = engines[i]
@@ -204,13 +218,28 @@ def run(
         eng._execute(plan, t)  # type: ignore[arg-type]
         eng._flush_events()
         for r, _ in plan:  # type: ignore[attr-defined]
-            if r.done and r.request_id in owner:
-                _, ctx, req = owner.pop(r.request_id)
+            if r.request_id not in owner:
+                continue
+            _, ctx, req = owner[r.request_id]
+            if req.first_token_at is not None and r.request_id not in first_seen:
+                first_seen.add(r.request_id)  # what the router sees of a stream: its first token
+                profile.first_token(ctx, endpoints[i])
+            if r.done:
+                del owner[r.request_id]
+                first_seen.discard(r.request_id)
                 ttft.append((req.first_token_at or t) - req.arrival)
                 cached[0] += req.num_cached
                 cached[1] += len(req.prompt)
+                gen = max(1, req.num_generated)
+                if gen > 1 and req.first_token_at is not None:
+                    profile.timing(
+                        ctx, endpoints[i], t - req.first_token_at, (t - req.first_token_at) / (gen - 1)
+                    )
                 endpoints[i].in_flight -= 1
                 profile.finished(ctx, endpoints[i], True)
+                if i % 2:
+                    fast_tokens[0] += len(req.prompt) - req.num_cached
+                fast_tokens[1] += len(req.prompt) - req.num_cached
         start_step(i, t)
 
     k = 0
@@ -257,6 +286,8 @@ def run(
         "preemptions": float(sum(e.metrics.preemptions for e in engines)),
         "decide_us": statistics.fmean(decide) * 1e6,
         "held": statistics.fmean(held),
+        "mae": deps.latency.mae if deps.latency.mae is not None else float("nan"),
+        "fast_share": fast_tokens[0] / max(1, fast_tokens[1]),
     }
 
 
@@ -279,7 +310,7 @@ def profile_config(policy: str, reg: PolicyRegistry) -> ProfileConfig:
 
 
 def registry() -> PolicyRegistry:
-    return policy_registry(register_basic, register_kv)
+    return policy_registry(register_basic, register_kv, register_predicted)
 
 
 def main() -> None:
@@ -295,6 +326,12 @@ def main() -> None:
     ap.add_argument("--tokens-per-block", type=int, default=32, help="tokens per 512-token trace block")
     ap.add_argument("--output-div", type=int, default=4, help="divide output lengths by this")
     ap.add_argument("--prefill-rate", type=float, default=20000.0, help="sim prefill tokens/s")
+    ap.add_argument(
+        "--fast",
+        type=float,
+        default=1.0,
+        help="every other sim prefills this many times faster (heterogeneous)",
+    )
     ap.add_argument(
         "--policies",
         default=f"kv-aware,{BEFORE},{SGLANG},round-robin,least-load",
@@ -323,7 +360,7 @@ def main() -> None:
     )
     print(
         f"{'policy':<18} {'TTFT p50':>9} {'p90':>8} {'p99':>8} {'hit':>6} {'/bound':>7} "
-        f"{'max/mean':>8} {'preempt':>7} {'µs/decision':>11} {'held':>6} {'/free bound':>11}"
+        f"{'max/mean':>8} {'preempt':>7} {'µs/decision':>11} {'held':>6} {'/free bound':>11} {'fast':>5} {'MAE':>6}"
     )
     reg = registry()
     rows = {}
@@ -334,7 +371,7 @@ def main() -> None:
         print(
             f"{policy:<18} {r['ttft_p50']:9.3f} {r['ttft_p90']:8.3f} {r['ttft_p99']:8.3f} {r['hit']:6.3f} "
             f"{r['hit'] / bound:7.3f} {r['imbalance']:8.2f} {r['preemptions']:7.0f} {r['decide_us']:11.0f} "
-            f"{r['held']:6.0f} {r['hit'] / free:11.3f}",
+            f"{r['held']:6.0f} {r['hit'] / free:11.3f} {r['fast_share']:5.2f} {r['mae']:6.3f}",
             flush=True,
         )
     if a.pooled_sim:

@@ -109,15 +109,16 @@ def sims(args: argparse.Namespace, logs: Path) -> Iterator[list[Sim]]:
     argv = [sys.executable, "-m", "infera_sim.server", "--port", "0", "--model", MODEL]
     argv += ["--kv-events-port", "0", "--kv-replay-port", "0", "--block-size", str(BS)]
     argv += ["--cache-blocks", str(args.blocks), "--max-model-len", str(1 << 20)]
-    argv += ["--prefill-tokens-per-s", str(args.prefill_rate), "--speedup", str(args.sim_speedup)]
+    argv += ["--speedup", str(args.sim_speedup)]
     started: list[tuple[subprocess.Popen[bytes], Path]] = []
     out: list[Sim] = []
     try:
         for i in range(args.sims):
             path = logs / f"sim{i}.out"
             with path.open("wb") as fh:
+                rate = args.prefill_rate * (getattr(args, "fast", 1.0) if i % 2 else 1.0)
                 proc = subprocess.Popen(
-                    [*argv, "--engine-id", str(i)],
+                    [*argv, "--engine-id", str(i), "--prefill-tokens-per-s", str(rate)],
                     stdout=fh,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
@@ -171,11 +172,17 @@ def sim_counters(fleet: list[Sim]) -> dict[str, float]:
         "vllm:num_preemptions_total": "preemptions",
     }
     out = dict.fromkeys(names.values(), 0.0)
-    for s in fleet:
+    out["odd_prefill"] = 0.0
+    for i, s in enumerate(fleet):
+        mine = dict.fromkeys(names.values(), 0.0)
         for line in httpx.get(s.url + "/metrics", timeout=10).text.splitlines():
             name = line.split("{", 1)[0]
             if name in names:
-                out[names[name]] += float(line.rsplit(" ", 1)[1])
+                mine[names[name]] += float(line.rsplit(" ", 1)[1])
+        for k, v in mine.items():
+            out[k] += v
+        if i % 2:  # the fast sims under --fast: their share of the prefill (uncached) tokens
+            out["odd_prefill"] += mine["queries"] - mine["hits"]
     return out
 
 
@@ -301,6 +308,7 @@ def run_live(
         "ttft_p90": q[89],
         "ttft_p99": q[98],
         "hit": c["hits"] / max(1.0, c["queries"]),
+        "fast_share": c["odd_prefill"] / max(1.0, c["queries"] - c["hits"]),
         "preemptions": c["preemptions"],
         "errors": float(res.errors),
         "late_p99_ms": late[int(len(late) * 0.99)] * 1e3,
@@ -329,6 +337,12 @@ def main() -> None:
     ap.add_argument("--tokens-per-block", type=int, default=32, help="tokens per 512-token trace block")
     ap.add_argument("--output-div", type=int, default=4, help="divide output lengths by this")
     ap.add_argument("--prefill-rate", type=float, default=20000.0, help="sim prefill tokens/s")
+    ap.add_argument(
+        "--fast",
+        type=float,
+        default=1.0,
+        help="every other sim prefills this many times faster (heterogeneous)",
+    )
     ap.add_argument("--routers", default=f"kv-aware,round-robin,{SGLANG}")
     ap.add_argument("--sglang-python", default=sys.executable, help="an interpreter with sglang-router")
     ap.add_argument(
@@ -350,7 +364,7 @@ def main() -> None:
     )
     print(
         f"{'router':<20} {'TTFT p50':>9} {'p90':>7} {'p99':>7} {'hit':>6} {'/bound':>7} {'preempt':>7} "
-        f"{'errors':>6} {'late p99 ms':>11} {'router CPU ms/req':>17}",
+        f"{'errors':>6} {'late p99 ms':>11} {'fast':>5} {'router CPU ms/req':>17}",
         flush=True,
     )
     rows: dict[str, dict[str, float]] = {}
@@ -363,6 +377,7 @@ def main() -> None:
             print(
                 f"{name:<20} {r['ttft_p50']:9.3f} {r['ttft_p90']:7.3f} {r['ttft_p99']:7.3f} {r['hit']:6.3f} "
                 f"{r['hit'] / bound:7.3f} {r['preemptions']:7.0f} {r['errors']:6.0f} {r['late_p99_ms']:11.1f} "
+                f"{r['fast_share']:5.2f} "
                 f"{r['router_cpu_ms']:17.2f} (loop {r['cpu_loop_ms']:.2f}, threads {r['cpu_threads_ms']:.2f}, "
                 f"zmq {r['cpu_zmq_ms']:.2f})",
                 flush=True,

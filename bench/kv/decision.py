@@ -5,11 +5,13 @@ through the real ``KvIndex``), a few requests in flight on each; each decision r
 prompt that shares a prefix with one worker's cache. Tokenization is excluded (the prompt
 comes as token ids, hashed once per request as the server does). The candidates are one
 list per model, as the server's endpoint table hands them to the scheduler. Reports the
-mean and p99 µs per decision for ``round-robin``, ``least-load`` and ``kv-aware``, side by
+mean and p99 µs per decision for ``round-robin``, ``least-load`` and ``kv-aware`` (and any
+``--presets``, e.g. ``predicted-latency``, whose first tokens are fed back as they come), side by
 side in one run, and the KV index's size (blocks, bytes per block, blocks evicted).
 
     .venv/bin/python -m bench.kv.decision [--workers 8,64,256] [--tokens 1024,8192] [--requests 2000]
         [--prefixes 32] [--max-blocks 4000000] [--shared-prefix]
+        [--presets round-robin,least-load,kv-aware,predicted-latency]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from array import array
 
 from infera_policies.basic import register_basic
 from infera_policies.kv import register_kv
+from infera_policies.predicted import register_predicted
 
 from infera_core.kv.events import BlockStored, KvEventBatch
 from infera_core.kv.index import KvIndex
@@ -38,7 +41,7 @@ PRESETS = ("round-robin", "least-load", "kv-aware")
 
 
 def registry() -> PolicyRegistry:
-    return policy_registry(register_basic, register_kv)
+    return policy_registry(register_basic, register_kv, register_predicted)
 
 
 def fleet(
@@ -111,6 +114,7 @@ def measure(
         ep = profile.pick(ctx, cands)
         out.append(time.perf_counter() - t0)
         cpu.append(time.thread_time() - c0)
+        profile.first_token(ctx, ep)  # outside the timed decision, as in the server
         profile.finished(ctx, ep, True)
     gc.unfreeze()
     return out, cpu, index.stats()
@@ -128,18 +132,20 @@ def main() -> None:
         action="store_true",
         help="every worker also caches one system prompt (half the tokens) that every request starts with",
     )
+    ap.add_argument("--presets", default=",".join(PRESETS), help="the presets to measure, side by side")
     a = ap.parse_args()
+    presets = a.presets.split(",")
     reg = registry()
     print(
         f"{'workers':>7} {'tokens':>6} "
-        + " ".join(f"{p + ' µs':>26}" for p in PRESETS)
+        + " ".join(f"{p + ' µs':>26}" for p in presets)
         + f" {'index blocks':>12} {'B/block':>7} {'evicted':>9}"
     )
     for tokens in map(int, a.tokens.split(",")):
         for n in map(int, a.workers.split(",")):
             cells = []
             stats: dict[str, object] = {}
-            for preset in PRESETS:
+            for preset in presets:
                 t, cpu, stats = measure(
                     preset, n, tokens, a.requests, a.prefixes, a.max_blocks, reg, a.shared_prefix
                 )

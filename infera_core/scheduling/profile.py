@@ -111,6 +111,16 @@ class Profile:
         for scorer in self.scorers:
             scorer.on_finished(ctx, endpoint, ok)
 
+    def first_token(self, ctx: RequestContext, endpoint: Endpoint) -> None:
+        """The first token from ``endpoint`` reached the router (:meth:`Scorer.on_first_token`)."""
+        for scorer in self.scorers:
+            scorer.on_first_token(ctx, endpoint)
+
+    def timing(self, ctx: RequestContext, endpoint: Endpoint, since_first: float, itl: float | None) -> None:
+        """A stream from ``endpoint`` was relayed whole (:meth:`Scorer.on_timing`)."""
+        for scorer in self.scorers:
+            scorer.on_timing(ctx, endpoint, since_first, itl)
+
 
 def _build(
     registry: PolicyRegistry, kind: PolicyKind, ref: PluginRef, deps: SchedulerDeps, where: str

@@ -207,6 +207,14 @@ class Scheduler:
     def finished(self, ctx: RequestContext, endpoint: Endpoint, ok: bool) -> None:
         self.profile_of(ctx).finished(ctx, endpoint, ok)
 
+    def first_token(self, ctx: RequestContext, endpoint: Endpoint) -> None:
+        """The first token from ``endpoint`` reached the router (:meth:`Scorer.on_first_token`)."""
+        self.profile_of(ctx).first_token(ctx, endpoint)
+
+    def timing(self, ctx: RequestContext, endpoint: Endpoint, since_first: float, itl: float | None) -> None:
+        """A stream's timing, for scorers that learn latency (:meth:`Scorer.on_timing`)."""
+        self.profile_of(ctx).timing(ctx, endpoint, since_first, itl)
+
 
 def build_scheduler(
     source: CandidateSource,

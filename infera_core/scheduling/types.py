@@ -210,6 +210,17 @@ class Scorer:
     def on_finished(self, ctx: RequestContext, endpoint: Endpoint, ok: bool) -> None:
         """Called when the request to ``endpoint`` ended."""
 
+    def on_first_token(self, ctx: RequestContext, endpoint: Endpoint) -> None:
+        """Called when the first token of a stream from ``endpoint`` reached the router (now, on
+        the scheduler's clock). Must be cheap: it runs on the relay's path."""
+
+    def on_timing(
+        self, ctx: RequestContext, endpoint: Endpoint, since_first_token: float, mean_itl: float | None
+    ) -> None:
+        """Called when a stream from ``endpoint`` was relayed whole, before :meth:`on_finished`:
+        its first token came ``since_first_token`` seconds ago, ``mean_itl`` is the mean gap
+        between its later chunks (None: one chunk). Must be cheap."""
+
 
 class Picker:
     """Chooses one candidate given the combined scores."""
@@ -307,6 +318,50 @@ class SchedulerDeps:
     session_headers: tuple[str, ...] = DEFAULT_SESSION_HEADERS
     """Request headers naming a conversation (``--session-header``), for session affinity."""
     extra: dict[str, Any] = field(default_factory=dict)
+    latency: LatencyStats = field(default_factory=lambda: LatencyStats())
+    """Predicted against observed TTFT per worker, written by a latency-predicting scorer and
+    read by the server's ``/metrics`` and dashboard."""
+
+
+TTFT_TARGET_HEADER = "x-infera-ttft-target-ms"
+"""A request's time-to-first-token target (milliseconds), for SLO-aware scorers (``predicted-latency``)."""
+TPOT_TARGET_HEADER = "x-infera-tpot-target-ms"
+"""A request's time-per-output-token target (milliseconds)."""
+
+PREDICTION_ERROR_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+"""Upper bounds (seconds) of the absolute TTFT prediction error histogram."""
+
+
+class LatencyStats:
+    """What a latency-predicting scorer reports: per worker its latest predicted and observed
+    TTFT (seconds), and a histogram of absolute prediction errors (``|observed − predicted|``)."""
+
+    __slots__ = ("counts", "error_sum", "observed", "predicted")
+
+    def __init__(self) -> None:
+        self.predicted: dict[str, float] = {}
+        """worker_id → TTFT predicted for the last request routed there."""
+        self.observed: dict[str, float] = {}
+        """worker_id → TTFT observed for the last request whose first token came back."""
+        self.counts = [0] * (len(PREDICTION_ERROR_BUCKETS) + 1)
+        """Non-cumulative counts per bucket of :data:`PREDICTION_ERROR_BUCKETS`, then +Inf."""
+        self.error_sum = 0.0
+
+    def error(self, seconds: float) -> None:
+        """Record one absolute prediction error."""
+        i = 0
+        for bound in PREDICTION_ERROR_BUCKETS:
+            if seconds <= bound:
+                break
+            i += 1
+        self.counts[i] += 1
+        self.error_sum += seconds
+
+    @property
+    def mae(self) -> float | None:
+        """The mean absolute error so far (None: no prediction checked yet)."""
+        n = sum(self.counts)
+        return self.error_sum / n if n else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,6 +156,7 @@ def create_app(
     )
     breakers = Breakers(settings.breaker_failures, settings.breaker_cooldown)
     metrics.watch_fleet(lambda: list(table.by_id.values()), breakers.state)
+    metrics.watch_latency(deps.latency)
     upstream = Upstreams(
         catalog.request_transports,
         ClientContext(

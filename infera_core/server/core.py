@@ -371,6 +371,24 @@ class RouterCore:
             self.scheduler.finished(ctx, ep, ok)
         self._freed(ctx)
 
+    def first_token(self, ctx: RequestContext, worker: str) -> None:
+        """The first chunk of a stream from ``worker`` reached the router (for the scorers that
+        learn each worker's latency; a PD leg's first token is the pair's: not passed)."""
+        if ctx.role is not Role.MIXED:
+            return
+        ep = self.table.by_id.get(worker)
+        if ep is not None:
+            self.scheduler.first_token(ctx, ep)
+
+    def stream_timed(self, ctx: RequestContext, worker: str, since_first: float, itl: float | None) -> None:
+        """A stream from ``worker`` was relayed whole: its timing, for the scorers that learn
+        each worker's latency (a PD leg's timing is the pair's, not one worker's: not passed)."""
+        if ctx.role is not Role.MIXED:
+            return
+        ep = self.table.by_id.get(worker)
+        if ep is not None:
+            self.scheduler.timing(ctx, ep, since_first, itl)
+
     def _freed(self, ctx: RequestContext) -> None:
         """A slot freed: the queue dispatches its next waiter at once."""
         queue = self.queue

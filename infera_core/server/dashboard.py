@@ -150,6 +150,7 @@ def stats(
     """The JSON of ``GET /v1/admin/stats``: everything the dashboard shows, cumulative."""
     cache_view = kv.cache_view if kv is not None else None
     workers = []
+    latency = core.metrics.latency
     for ep in sorted(core.table.by_id.values(), key=lambda e: (e.record.model, str(e.role), e.worker_id)):
         rec = ep.record
         row: dict[str, Any] = {
@@ -164,6 +165,9 @@ def stats(
             "breaker": core.breakers.state(ep),
             "engine_stats": engines.latest.get(ep.worker_id, {}),
         }
+        if latency is not None and ep.worker_id in latency.predicted:  # predicted-latency routes
+            row["predicted_ttft"] = latency.predicted[ep.worker_id]
+            row["observed_ttft"] = latency.observed.get(ep.worker_id)
         if cache_view is not None:
             view = cache_view(ep.worker_id)
             row["kv_blocks"] = view.get("blocks")
@@ -208,6 +212,7 @@ def stats(
         ],
         "usage": auth.usage()["keys"] if auth is not None else None,
         "last_decisions": core.decisions.recent()[:20] if core.decisions is not None else [],
+        "ttft_prediction_mae": latency.mae if latency is not None else None,
     }
 
 

@@ -36,6 +36,7 @@ from infera_core.server.decisions import EXPLAIN_HEADER, DecisionLog, ExplainSen
 from infera_core.server.errors import ApiError
 from infera_core.server.loops import came_back, stamped
 from infera_core.server.resume import Migrator
+from infera_core.server.slo import TARGET_HEADERS, check_target
 from infera_core.server.surrogates import LoneSurrogates
 from infera_core.server.tracing import Tracing, end_request
 from infera_core.server.validate import BodyLimits, parse_body, parse_short_body
@@ -89,6 +90,7 @@ class ProxyEndpoint:
         length: bytes | None = None
         via: bytes | None = None
         explain: bytes | None = None
+        targets: list[tuple[bytes, bytes]] = []
         for name, value in scope["headers"]:
             if name == b"content-length":
                 if length is None:
@@ -99,6 +101,8 @@ class ProxyEndpoint:
                 via = value if via is None else via + b", " + value
             elif name == EXPLAIN_HEADER:
                 explain = value
+            elif name in TARGET_HEADERS:
+                targets.append((name, value))
         if client_rid is not None:
             send = EchoHeader(send, b"x-request-id", client_rid.encode("latin-1"))
         ctx: RequestContext | None = None
@@ -110,6 +114,8 @@ class ProxyEndpoint:
         try:
             auth = self.auth
             principal = auth.authenticate(scope) if auth is not None else None
+            for name, value in targets:  # latency targets (predicted-latency): 400 when malformed
+                check_target(name, value)
             task = asyncio.current_task()
             assert task is not None
             hooked = ON_DISCONNECT in scope

@@ -16,6 +16,8 @@ The file (YAML or JSON)::
     cache_isolation: key             # none (default) | key | team: tenants never share KV
     cache_salt_secret: <random>      # optional HMAC key of the tenants' cache salts
         explain: true                # optional: may ask for routing explanations
+        ttft_target_ms: 500          # optional latency targets for predicted-latency routing
+        tpot_target_ms: 50           #   (X-Infera-TTFT-Target-Ms / -TPOT- override them)
 
 Per request the check is one ``sha256`` of the presented key and one dict lookup;
 the file's ``mtime`` is looked at most once a second and the file re-read only when
@@ -85,6 +87,12 @@ class KeySpec(BaseModel):
     )
     team: str | None = Field(None, min_length=1, description="The key's tenant under cache_isolation: team.")
     explain: bool = Field(False, description="May ask for routing explanations (X-Infera-Explain).")
+    ttft_target_ms: float | None = Field(
+        None, gt=0, description="Default TTFT target of its requests for predicted-latency routing (ms)."
+    )
+    tpot_target_ms: float | None = Field(
+        None, gt=0, description="Default time-per-output-token target for predicted-latency routing (ms)."
+    )
 
     @field_validator("priority")
     @classmethod
@@ -168,7 +176,9 @@ class ApiKey:
         "rpm",
         "slot",
         "tpd",
+        "tpot_target_ms",
         "ttft_deadline_ms",
+        "ttft_target_ms",
         "weight",
     )
 
@@ -188,6 +198,8 @@ class ApiKey:
         self.weight = 1.0
         self.allow_priority_header = False
         self.ttft_deadline_ms: float | None = None
+        self.ttft_target_ms: float | None = None
+        self.tpot_target_ms: float | None = None
 
     def configure(self, spec: KeySpec, now: float) -> None:
         self.allowed = frozenset(spec.models) if spec.models is not None else None
@@ -201,6 +213,7 @@ class ApiKey:
         self.allow_priority_header = spec.allow_priority_header
         self.ttft_deadline_ms = spec.ttft_deadline_ms
         self.explain = spec.explain
+        self.ttft_target_ms, self.tpot_target_ms = spec.ttft_target_ms, spec.tpot_target_ms
 
 
 class Principal:

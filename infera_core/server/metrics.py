@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from infera_core.scheduling.types import Endpoint
+from infera_core.scheduling.types import PREDICTION_ERROR_BUCKETS, Endpoint, LatencyStats
 from infera_core.server.series import LeanCollector, LeanCounter, LeanHistogram
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -67,12 +67,54 @@ class _FleetCollector(Collector):
         yield breaker
 
 
+class _LatencyCollector(Collector):
+    """Predicted against observed TTFT per worker, and the prediction error, when a
+    latency-predicting scorer (``predicted-latency``) routes."""
+
+    def __init__(self, stats: LatencyStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterable[Any]:
+        st = self._stats
+        if not st.predicted and not any(st.counts):
+            return
+        predicted = GaugeMetricFamily(
+            "infera_worker_predicted_ttft_seconds",
+            "TTFT the router predicted for the last request it routed to the worker",
+            labels=["worker"],
+        )
+        observed = GaugeMetricFamily(
+            "infera_worker_observed_ttft_seconds",
+            "TTFT of the last request from the worker whose first token came back",
+            labels=["worker"],
+        )
+        for worker, v in list(st.predicted.items()):
+            predicted.add_metric([worker], v)
+        for worker, v in list(st.observed.items()):
+            observed.add_metric([worker], v)
+        buckets, total = [], 0
+        for bound, n in zip((*PREDICTION_ERROR_BUCKETS, float("inf")), st.counts, strict=True):
+            total += n
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), total))
+        error = HistogramMetricFamily(
+            "infera_ttft_prediction_error_seconds",
+            "Absolute error of the router's TTFT prediction (observed − predicted)",
+            buckets=buckets,
+            sum_value=st.error_sum,
+        )
+        yield predicted
+        yield observed
+        yield error
+
+
 class ServerMetrics:
     """All series of one server. Hot-path methods take plain values; the per-request
     series are :mod:`infera_core.server.series` (plain numbers, exported at scrape time)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.latency: LatencyStats | None = None
+        """Predicted and observed TTFT per worker (:meth:`watch_latency`), for the dashboard."""
         r = self.registry
         self.requests = LeanCounter(
             "infera_requests", "Requests by route, model and status", ["route", "model", "status"]
@@ -136,6 +178,11 @@ class ServerMetrics:
         self, endpoints: Callable[[], Iterable[Endpoint]], breaker_state: Callable[[Endpoint], str]
     ) -> None:
         self.registry.register(_FleetCollector(endpoints, breaker_state))
+
+    def watch_latency(self, stats: LatencyStats) -> None:
+        """Export (and keep for the dashboard) what latency-predicting scorers report."""
+        self.latency = stats
+        self.registry.register(_LatencyCollector(stats))
 
     def request_done(self, route: str, model: str, status: int, seconds: float) -> None:
         self.requests.child((route, model, str(status))).value += 1.0

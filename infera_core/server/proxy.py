@@ -12,6 +12,7 @@ client's stream with an SSE error event.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -106,6 +107,7 @@ class OpenAIProxy(ProxyEndpoint):
             }
         )
         tally = StreamTally()
+        tally.on_first = lambda: self.core.first_token(ctx, worker)
         strip = UsageStripper() if router_added_usage(ctx.body) else None
         mig = self.migrator
         live = mig.watch(ctx, worker, self.route == CHAT_ROUTE) if mig is not None else None
@@ -153,15 +155,21 @@ class OpenAIProxy(ProxyEndpoint):
             if not ended:  # the client left or the worker failed: charge what passed
                 self._count_stream(ctx, tally, strip, None)
         rest = strip.flush() if strip is not None else b""
-        self._count_stream(ctx, tally, strip, t0)
+        self._count_stream(ctx, tally, strip, t0, worker)
         await send({"type": "http.response.body", "body": rest, "more_body": False})
         return True
 
     def _count_stream(
-        self, ctx: RequestContext, tally: StreamTally, strip: UsageStripper | None, t0: float | None
+        self,
+        ctx: RequestContext,
+        tally: StreamTally,
+        strip: UsageStripper | None,
+        t0: float | None,
+        worker: str = "",
     ) -> None:
         """A stream's usage: the engine's report when one passed, else what was relayed; and
-        its timing when it was relayed whole (``t0``: its start)."""
+        its timing when it was relayed whole (``t0``: its start), also for the scorers that
+        learn each worker's latency (``worker``: who answered)."""
         first, last, events = tally.first, tally.last, tally.events
         end = tally.prev + tally.tail
         if b"[DONE]" in end:
@@ -171,9 +179,9 @@ class OpenAIProxy(ProxyEndpoint):
             if first and t0 is not None:
                 ctx.access.ttft = first - t0
         if first and t0 is not None:
-            self.core.metrics.stream_timing(
-                ctx.model, first - t0, (last - first) / (events - 1) if events > 1 else None
-            )
+            itl = (last - first) / (events - 1) if events > 1 else None
+            self.core.metrics.stream_timing(ctx.model, first - t0, itl)
+            self.core.stream_timed(ctx, worker, time.perf_counter() - first, itl)
         p, c = (strip.prompt, strip.completion) if strip is not None else usage_of(end[-1200:])
         if p or c:
             self.count_usage(ctx, p, c)

@@ -19,6 +19,7 @@ detaches the sink meanwhile): the order is kept.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
@@ -33,13 +34,15 @@ class StreamTally:
     """The relay's per-stream state; :meth:`note` for chunks the task relays, :meth:`__call__`
     (the sink) for chunks written straight from the read callback."""
 
-    __slots__ = ("_cycle", "_flow", "_out", "events", "first", "kept", "last", "prev", "tail")
+    __slots__ = ("_cycle", "_flow", "_out", "events", "first", "kept", "last", "on_first", "prev", "tail")
 
     def __init__(self) -> None:
         self.kept: list[bytes] | None = None
         """A migratable stream's relayed bytes (:mod:`infera_core.server.resume`): the sink
         then writes whole SSE events only and keeps them here."""
         self.first = self.last = 0.0
+        self.on_first: Callable[[], None] | None = None
+        """Called once, when the first chunk passed (the router saw the first token)."""
         self.events = 0
         self.prev = self.tail = b""
         self._cycle: Any = None
@@ -51,6 +54,8 @@ class StreamTally:
         last = self.last = _clock()
         if not self.first:
             self.first = last
+            if self.on_first is not None:
+                self.on_first()
         self.events += chunk.count(b"data: ")
         self.prev, self.tail = self.tail, chunk
 
@@ -93,6 +98,8 @@ class StreamTally:
         last = self.last = _clock()
         if not self.first:
             self.first = last
+            if self.on_first is not None:
+                self.on_first()
         self.events += chunk.count(b"data: ")
         self.prev, self.tail = self.tail, chunk
         return True

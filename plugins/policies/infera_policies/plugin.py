@@ -18,6 +18,8 @@ def infera_register_policies(registry: PolicyRegistry) -> None:
 
     from infera_policies.approx_prefix import register_approx_prefix
     from infera_policies.kv import register_kv
+    from infera_policies.predicted import register_predicted
 
     register_kv(registry)
     register_approx_prefix(registry)
+    register_predicted(registry)
