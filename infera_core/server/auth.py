@@ -21,6 +21,7 @@ from starlette.requests import HTTPConnection
 
 from infera_core.server.auth_settings import DEFAULT_MAX_TOKENS
 from infera_core.server.errors import ApiError
+from infera_core.server.global_budgets import LeaseMiss
 from infera_core.server.keys import ADMIN, KeyRing, Principal
 from infera_core.server.reserve import Charge, prompt_estimate, reservation
 from infera_core.server.usage import UsageLedger
@@ -167,6 +168,21 @@ class ClientAuth:
         return self.ring.admit(
             principal, model, reservation(body, self.default_max_tokens, token_ids), prompt
         )
+
+    async def admit_waiting(
+        self,
+        principal: Principal,
+        model: str,
+        body: dict[str, Any] | None = None,
+        token_ids: list[int] | None = None,
+    ) -> Charge | None:
+        """:meth:`admit`; when the key's slice of a cluster-wide budget is empty, once more
+        after the lease in flight for it (:class:`~infera_core.server.global_budgets.LeaseMiss`)."""
+        try:
+            return self.admit(principal, model, body, token_ids)
+        except LeaseMiss as miss:
+            await miss.wait()
+        return self.admit(principal, model, body, token_ids)
 
     def spent(
         self, principal: Principal, model: str, prompt: int, completion: int, charge: Charge | None = None

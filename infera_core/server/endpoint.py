@@ -135,7 +135,7 @@ class ProxyEndpoint:
             model = ctx.model
             if auth is not None and principal is not None:
                 ctx.principal = principal
-                ctx.budget = auth.admit(principal, model, ctx.body, ctx.token_ids)
+                ctx.budget = await auth.admit_waiting(principal, model, ctx.body, ctx.token_ids)
             base = core.table.lora_base.get(model)
             if base is not None:  # a LoRA adapter: its base's tokenizer, its own KV root
                 ctx.lora, ctx.base_model, ctx.kv_root = model, base, namespace_root(model)

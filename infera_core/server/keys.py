@@ -22,7 +22,9 @@ the file's ``mtime`` is looked at most once a second and the file re-read only w
 it changed (a broken edit is logged and the previous keys stay in force). Budgets
 live per key *name*, so a reload keeps what each key has spent. Under
 ``serve --processes N`` they live in memory the processes share
-(:mod:`infera_core.server.budgets`, :meth:`KeyRing.share`): one budget for the router.
+(:mod:`infera_core.server.budgets`, :meth:`KeyRing.share`): one budget for the router;
+with etcd or NATS discovery, in that store (:mod:`infera_core.server.global_budgets`):
+one budget for the cluster's router replicas.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from infera_core.errors import ConfigError
 from infera_core.scheduling.fairqueue import tier_of
 from infera_core.server.budgets import SharedBudgets
 from infera_core.server.errors import ApiError
+from infera_core.server.global_budgets import GlobalBudgets
 from infera_core.server.reserve import Charge
 from infera_core.server.tenancy import CacheIsolation, default_secret, tenant_salt
 
@@ -234,7 +237,7 @@ class KeyRing:
         self._seen: dict[bytes, Principal] = {}
         """Keys presented before, as received → their principal (no sha256 per request)."""
         self._by_name: dict[str, ApiKey] = {}
-        self._shared: SharedBudgets | None = None
+        self._shared: SharedBudgets | GlobalBudgets | None = None
         self._stamp: tuple[int, int, int] | None = None
         self._next_check = 0.0
         self._apply(read_key_file(path), self._stat())
@@ -263,13 +266,15 @@ class KeyRing:
         self._by_digest, self._by_name, self._stamp = by_digest, by_name, stamp
         self._seen = {}
 
-    def share(self, budgets: SharedBudgets) -> None:
-        """Keep every key's budgets in ``budgets`` (the router's, shared by its processes)."""
+    def share(self, budgets: SharedBudgets | GlobalBudgets) -> None:
+        """Keep every key's budgets in ``budgets``: the router's processes' (shared memory),
+        or the cluster's (:mod:`~infera_core.server.global_budgets`, replacing the former)."""
         self._shared = budgets
         for key in self._by_name.values():
+            key.slot = None
             self._bind(key, budgets)
 
-    def _bind(self, key: ApiKey, budgets: SharedBudgets) -> None:
+    def _bind(self, key: ApiKey, budgets: SharedBudgets | GlobalBudgets) -> None:
         if key.slot is None:
             key.slot = budgets.slot(key.name)
             if key.slot is None:

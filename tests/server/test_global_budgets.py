@@ -1,0 +1,199 @@
+"""API-key budgets shared by router participants through a real store (etcd; the NATS plane's
+JetStream KV): leased slices, one budget for the cluster (:mod:`infera_core.server.global_budgets`).
+
+Each participant is what one router process runs: a :class:`KeyRing` bound to its own
+:class:`GlobalBudgets` on its own connection to the store."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from infera_core.config.backends import BackendOptions
+from infera_core.discovery.base import DiscoverySettings, SharedState
+from infera_core.discovery.etcd import EtcdDiscovery
+from infera_core.server import global_budgets
+from infera_core.server.errors import ApiError
+from infera_core.server.global_budgets import GlobalBudgets, LeaseMiss
+from infera_core.server.keys import KeyRing, Principal
+from infera_core.testing.etcd import EtcdServer
+from infera_core.testing.fleet import eventually
+
+RPM = 120
+TPD = 1000
+
+
+def _keys(tmp_path: Path) -> Path:
+    path = tmp_path / "keys.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "keys": [
+                    {"name": "rate", "key": "sk-rate", "requests_per_minute": RPM},
+                    {"name": "day", "key": "sk-day", "tokens_per_day": TPD},
+                ]
+            }
+        )
+    )
+    return path
+
+
+def _etcd_store(server: Any) -> SharedState:
+    return EtcdDiscovery(DiscoverySettings(etcd_endpoints=[server.endpoint], connect_timeout=2.0))
+
+
+def _nats_store(server: Any) -> SharedState:
+    from infera_nats.discovery import NatsDiscovery
+    from infera_nats.settings import NatsSettings
+
+    settings = DiscoverySettings(
+        connect_timeout=2.0, options=BackendOptions(given=[NatsSettings(nats_url=server.url)])
+    )
+    return NatsDiscovery(settings)
+
+
+class Participant:
+    def __init__(self, ring: KeyRing, budgets: GlobalBudgets, store: Any) -> None:
+        self.ring, self.budgets, self.store = ring, budgets, store
+
+    def principal(self, key: str) -> Principal:
+        p = self.ring.lookup(key.encode())
+        assert p is not None
+        return p
+
+    async def admit(self, key: str, tokens: int = 0) -> Any:
+        """What a router does per request (ClientAuth.admit_waiting): the charge, or ApiError."""
+        p = self.principal(key)
+        try:
+            return self.ring.admit(p, "m", tokens, 1)
+        except LeaseMiss as miss:
+            await miss.wait()
+        return self.ring.admit(p, "m", tokens, 1)
+
+
+@contextlib.asynccontextmanager
+async def participants(
+    make_store: Callable[[], Any], keys: Path, n: int = 2
+) -> AsyncIterator[list[Participant]]:
+    out: list[Participant] = []
+    try:
+        for i in range(n):
+            store = make_store()
+            await store.start()
+            budgets = GlobalBudgets(store, f"router-{i}")
+            ring = KeyRing(keys)
+            ring.share(budgets)
+            await budgets.start()
+            out.append(Participant(ring, budgets, store))
+        yield out
+    finally:
+        for p in out:
+            await p.budgets.close()
+            await p.store.close()
+
+
+@pytest.fixture(params=["etcd", "nats"])
+def make_store(
+    request: pytest.FixtureRequest,
+) -> Callable[[], Any]:
+    server = request.getfixturevalue(f"{request.param}_server")
+    return (lambda: _etcd_store(server)) if request.param == "etcd" else (lambda: _nats_store(server))
+
+
+async def test_two_participants_admit_one_requests_per_minute(
+    make_store: Callable[[], Any], tmp_path: Path
+) -> None:
+    async with participants(make_store, _keys(tmp_path)) as (a, b):
+        t0 = time.monotonic()
+        statuses: list[int] = []
+        for i in range(5 * RPM // 2):  # 300 requests alternating over both, as fast as they go
+            try:
+                await (a if i % 2 else b).admit("sk-rate")
+                statuses.append(200)
+            except ApiError as err:
+                assert err.status == 429 and err.code == "rate_limit_exceeded"
+                assert 1 <= int(err.headers["Retry-After"]) <= 60
+                statuses.append(429)
+        elapsed = time.monotonic() - t0
+        ok = statuses.count(200)
+        # one bucket (its 120 plus its refill over the run), not two (240 and more)
+        assert ok <= (RPM + RPM / 60 * elapsed) * 1.05, (ok, elapsed)
+        assert ok >= RPM * 0.6, (ok, elapsed)  # and most of it: slices are not lost in transit
+        for p in (a, b):  # both took their part
+            assert p.ring.all_keys()[0].name == "rate"
+
+
+async def test_two_participants_share_one_tokens_per_day(
+    make_store: Callable[[], Any], tmp_path: Path
+) -> None:
+    async with participants(make_store, _keys(tmp_path)) as (a, b):
+        spent = 0
+        refused = 0
+        for i in range(60):
+            p = a if i % 2 else b
+            try:
+                charge = await p.admit("sk-day", tokens=100)
+            except ApiError as err:
+                assert err.status == 429 and err.code == "token_budget_exceeded"
+                refused += 1
+                continue
+            p.ring.settle(p.principal("sk-day"), charge, 40)  # the real cost, below the reservation
+            spent += 40
+        # reserved 100 at admission, settled at 40: one budget of 1000 for both (two would let
+        # 2000 through), what a settlement gives back reused (most of it: a grant the other
+        # participant holds waits for it)
+        assert TPD * 0.6 <= spent <= TPD, spent
+        assert refused >= 30
+        day = a.ring.all_keys()[1]
+        assert a.ring.describe(day)["tokens_per_day"] == TPD
+    # closed: the unused grants went back, so the store holds what was spent
+    store = make_store()
+    await store.start()
+    try:
+        raw, _ = await store.state_get(_record("day", ".tokens"))
+        assert raw is not None
+        assert json.loads(raw)["used"] == spent
+    finally:
+        await store.close()
+
+
+def _record(name: str, suffix: str) -> str:
+    import hashlib
+
+    return "budgets." + hashlib.sha256(name.encode()).hexdigest()[:32] + suffix
+
+
+async def test_a_participant_that_loses_the_store_admits_its_share_only(
+    etcd_server: EtcdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(global_budgets, "HEARTBEAT_S", 0.2)
+    monkeypatch.setattr(global_budgets, "PARTICIPANT_TTL_S", 60.0)
+    async with participants(lambda: _etcd_store(etcd_server), _keys(tmp_path)) as (a, b):
+        await eventually(lambda: a.budgets.participants == 2 and b.budgets.participants == 2, 30)
+        await a.admit("sk-rate")
+        etcd_server.stop()
+        t0 = time.monotonic()
+        ok = 0
+        while not a.budgets.down or time.monotonic() - t0 < 3.0:  # the store is lost, then 3 s more
+            try:
+                await a.admit("sk-rate")
+                ok += 1
+            except ApiError as err:
+                assert err.status == 429
+            await asyncio.sleep(0.01)
+            assert time.monotonic() - t0 < 60, "the lost store was never noticed"
+        elapsed = time.monotonic() - t0
+        # what it had leased, plus half the rate (2 participants) since: never unlimited
+        leased = RPM / 60 * global_budgets.REFILL_AHEAD_S * 3
+        assert ok <= leased + RPM / 60 / 2 * elapsed + 1, (ok, elapsed)
+        assert ok >= 1
+        etcd_server.start()
+        await eventually(lambda: not a.budgets.down, 30)
