@@ -13,6 +13,7 @@ Works on the raw ASGI ``scope`` so the hot routes can use it without a Request o
 from __future__ import annotations
 
 import hmac
+import math
 import ipaddress
 from collections.abc import Mapping
 from typing import Any
@@ -185,15 +186,27 @@ class ClientAuth:
         return self.admit(principal, model, body, token_ids)
 
     def spent(
-        self, principal: Principal, model: str, prompt: int, completion: int, charge: Charge | None = None
+        self,
+        principal: Principal,
+        model: str,
+        prompt: int,
+        completion: int,
+        charge: Charge | None = None,
+        cached: int = 0,
     ) -> None:
         """What one request cost: per (key, model), and against the key's budget (its
-        reservation ``charge`` replaced by the real count)."""
+        reservation ``charge`` replaced by the real count; ``cached`` of the prompt tokens at
+        the key's ``cached_prompt_price``)."""
         self.ledger.add(principal.name, model, prompt, completion)
+        cost = prompt + completion
+        key = principal.key
+        if cached > 0 and key is not None and key.cached_price < 1.0:
+            cached = min(cached, prompt)
+            cost -= cached - math.ceil(cached * key.cached_price)
         if charge is not None:
-            self.ring.settle(principal, charge, prompt + completion)
+            self.ring.settle(principal, charge, cost)
         else:
-            self.ring.spent(principal, prompt + completion)
+            self.ring.spent(principal, cost)
 
     def release(self, principal: Principal, charge: Charge | None) -> None:
         """The request ended without generating anything (refused, failed before an answer)."""

@@ -8,6 +8,7 @@ The file (YAML or JSON)::
         models: [qwen]               # optional allow-list
         requests_per_minute: 600     # optional
         tokens_per_day: 2000000      # optional, prompt + completion
+        cached_prompt_price: 0.25    # optional: a cached prompt token counts as this much of one
         priority: standard           # critical | standard | sheddable | an integer (higher first)
         weight: 1                    # its share against the other keys of its tier
         allow_priority_header: false # may X-Infera-Priority lower (never raise) its tier
@@ -76,6 +77,9 @@ class KeySpec(BaseModel):
     models: list[str] | None = Field(None, description="Models this key may use (absent: all).")
     requests_per_minute: int | None = Field(None, gt=0)
     tokens_per_day: int | None = Field(None, gt=0, description="Prompt + completion tokens per UTC day.")
+    cached_prompt_price: float = Field(
+        1.0, ge=0, le=1, description="What a cached prompt token counts against tokens_per_day (1: a token)."
+    )
     priority: int | str = Field(
         "standard", description="Queue tier: critical, standard, sheddable or an integer (higher first)."
     )
@@ -162,6 +166,7 @@ class ApiKey:
         "allow_priority_header",
         "allowed",
         "bucket",
+        "cached_price",
         "day",
         "day_tokens",
         "explain",
@@ -186,6 +191,7 @@ class ApiKey:
         self.day = -1
         self.day_tokens = 0
         self.slot: int | None = None
+        self.cached_price = 1.0
         """Its slot in the processes' shared budgets (None: the budgets above, this process's)."""
         self.priority = 0
         self.weight = 1.0
@@ -199,6 +205,7 @@ class ApiKey:
             self.bucket = float(self.rpm or 0)
             self.refilled = now
         self.tpd = spec.tokens_per_day
+        self.cached_price = spec.cached_prompt_price
         self.priority = tier_of(spec.priority)
         self.weight = spec.weight
         self.allow_priority_header = spec.allow_priority_header
