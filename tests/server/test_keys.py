@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import math
 import json
 import logging
+import math
 import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
