@@ -177,12 +177,14 @@ class ClientAuth:
         body: dict[str, Any] | None = None,
         token_ids: list[int] | None = None,
     ) -> Charge | None:
-        """:meth:`admit`; when the key's slice of a cluster-wide budget is empty, once more
-        after the lease in flight for it (:class:`~infera_core.server.global_budgets.LeaseMiss`)."""
-        try:
-            return self.admit(principal, model, body, token_ids)
-        except LeaseMiss as miss:
-            await miss.wait()
+        """:meth:`admit`; when the key's slice of a cluster-wide budget is empty, again after
+        the lease in flight for it (:class:`~infera_core.server.global_budgets.LeaseMiss`;
+        a key's two budgets may each miss once)."""
+        for _ in range(2):
+            try:
+                return self.admit(principal, model, body, token_ids)
+            except LeaseMiss as miss:
+                await miss.wait()
         return self.admit(principal, model, body, token_ids)
 
     def spent(

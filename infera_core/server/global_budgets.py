@@ -241,8 +241,11 @@ class GlobalBudgets:
             k.d_tokens += n
             k.grant -= n  # owed to the store once it is back
             return -1
-        if self._clock() < k.full_until or n > limit:
+        now = self._clock()
+        if now < k.full_until or n > limit:
             return max(0, k.used - max(k.grant, 0))
+        if k.rpm and k.allow < 1 and now >= k.empty_until:
+            self._lease_requests(k)  # the request's other budget, leased meanwhile
         raise LeaseMiss(
             self._lease_tokens(k, n),
             f"The API key {k.name!r} has no tokens leased for this request yet; retry.",

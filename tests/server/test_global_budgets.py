@@ -21,9 +21,11 @@ from infera_core.config.backends import BackendOptions
 from infera_core.discovery.base import DiscoverySettings, SharedState
 from infera_core.discovery.etcd import EtcdDiscovery
 from infera_core.server import global_budgets
+from infera_core.server.auth import AdminGate, ClientAuth
 from infera_core.server.errors import ApiError
-from infera_core.server.global_budgets import GlobalBudgets, LeaseMiss
+from infera_core.server.global_budgets import GlobalBudgets
 from infera_core.server.keys import KeyRing, Principal
+from infera_core.server.usage import UsageLedger
 from infera_core.testing.etcd import EtcdServer
 from infera_core.testing.fleet import eventually
 
@@ -39,6 +41,7 @@ def _keys(tmp_path: Path) -> Path:
                 "keys": [
                     {"name": "rate", "key": "sk-rate", "requests_per_minute": RPM},
                     {"name": "day", "key": "sk-day", "tokens_per_day": TPD},
+                    {"name": "both", "key": "sk-both", "requests_per_minute": RPM, "tokens_per_day": 10**6},
                 ]
             }
         )
@@ -70,13 +73,10 @@ class Participant:
         return p
 
     async def admit(self, key: str, tokens: int = 0) -> Any:
-        """What a router does per request (ClientAuth.admit_waiting): the charge, or ApiError."""
-        p = self.principal(key)
-        try:
-            return self.ring.admit(p, "m", tokens, 1)
-        except LeaseMiss as miss:
-            await miss.wait()
-        return self.ring.admit(p, "m", tokens, 1)
+        """What a router does per request (:meth:`ClientAuth.admit_waiting`): the charge, or ApiError."""
+        auth = ClientAuth(self.ring, AdminGate(None), UsageLedger())
+        body = {"model": "m", "prompt": [1], "max_tokens": max(1, tokens - 1)} if tokens else None
+        return await auth.admit_waiting(self.principal(key), "m", body, [1] if tokens else None)
 
 
 @contextlib.asynccontextmanager
@@ -163,6 +163,14 @@ async def test_two_participants_share_one_tokens_per_day(
         assert json.loads(raw)["used"] == spent
     finally:
         await store.close()
+
+
+async def test_the_first_request_of_a_key_with_both_budgets_is_admitted(
+    make_store: Callable[[], Any], tmp_path: Path
+) -> None:
+    async with participants(make_store, _keys(tmp_path), n=1) as (a,):
+        charge = await a.admit("sk-both", tokens=100)  # nothing leased yet: two leases, then admitted
+        assert charge is not None and charge.tokens == 100
 
 
 def _record(name: str, suffix: str) -> str:
