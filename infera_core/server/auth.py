@@ -13,8 +13,8 @@ Works on the raw ASGI ``scope`` so the hot routes can use it without a Request o
 from __future__ import annotations
 
 import hmac
-import math
 import ipaddress
+import math
 from collections.abc import Mapping
 from typing import Any
 
