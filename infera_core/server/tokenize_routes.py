@@ -174,7 +174,7 @@ def add_tokenize_routes(app: FastAPI, core: RouterCore, limits: BodyLimits) -> N
             if name in core.table.by_model:  # never a metric label per unknown name
                 model = name
             if auth is not None and principal is not None:
-                auth.admit(principal, name)
+                await auth.admit_waiting(principal, name)
             resp = await forward(core, name, path, raw, via)
             status = resp.status_code
             return resp
