@@ -16,7 +16,8 @@ RATE = 20.0  # requests per second over both: 20× the key's rate, so two budget
 SECONDS = 8.0
 
 
-@pytest.mark.parametrize("store", ["etcd", "nats"])
+# the NATS store's lease path runs on the default run too (test_global_budgets.py)
+@pytest.mark.parametrize("store", ["etcd", pytest.param("nats", marks=pytest.mark.slow)])
 def test_two_replicas_admit_one_budget_and_a_killed_one_changes_nothing(store: str, tmp_path: Path) -> None:
     try:
         server, flags = start_store(store)
