@@ -23,7 +23,8 @@ import yaml
 
 from infera_core.discovery.base import DiscoverySettings
 from infera_core.discovery.etcd import EtcdDiscovery
-from infera_core.server.global_budgets import GlobalBudgets, LeaseMiss
+from infera_core.server.budget_slices import LeaseMiss
+from infera_core.server.global_budgets import GlobalBudgets
 from infera_core.server.keys import KeyRing
 from infera_core.testing.etcd import EtcdServer
 

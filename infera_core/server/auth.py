@@ -21,8 +21,8 @@ from typing import Any
 from starlette.requests import HTTPConnection
 
 from infera_core.server.auth_settings import DEFAULT_MAX_TOKENS
+from infera_core.server.budget_slices import LeaseMiss
 from infera_core.server.errors import ApiError
-from infera_core.server.global_budgets import LeaseMiss
 from infera_core.server.keys import ADMIN, KeyRing, Principal
 from infera_core.server.reserve import Charge, prompt_estimate, reservation
 from infera_core.server.usage import UsageLedger

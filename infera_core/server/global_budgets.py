@@ -18,7 +18,7 @@ from its local slice, so the request path never waits on the network:
 
 Admission is local. When a participant's slice runs low it leases more in the background;
 when a request finds it empty the request waits for the one lease in flight for that key
-(:class:`LeaseMiss`, bounded by :data:`LEASE_WAIT_S`), and when the store said the budget is
+(:class:`LeaseMiss`, bounded by :data:`~infera_core.server.budget_slices.LEASE_WAIT_S`), and when the store said the budget is
 spent the participant refuses at once until the bucket can have refilled (no store traffic
 per refused request). Unused slices go back to the store after :data:`SLICE_TTL_S` idle and
 when the participant stops; a participant killed with a slice loses it (the cluster admits
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import math
@@ -45,7 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from infera_core.discovery.base import SharedState
-from infera_core.server.errors import ApiError
+from infera_core.server.budget_slices import KeySlices, LeaseMiss, busy, refilled
 
 log = logging.getLogger("infera.server.keys")
 
@@ -57,80 +56,9 @@ HEARTBEAT_S = 2.0
 """How often a participant announces itself (and retries a lost store)."""
 PARTICIPANT_TTL_S = 3 * HEARTBEAT_S
 """A participant not seen this long is not counted in the degraded share."""
-LEASE_WAIT_S = 1.0
-"""The longest a request waits for a lease when its participant's slice is empty."""
 STORE_TIMEOUT_S = 2.0
 """One store operation (a read-modify-swap, retried on conflicts) longer than this: store lost."""
 PARTICIPANTS = "budgets.participants"
-
-
-class LeaseMiss(ApiError):
-    """The participant's slice is empty; :meth:`wait` for the lease in flight and try again
-    (a plain 429 to a caller that does not)."""
-
-    def __init__(self, lease: asyncio.Future[Any] | None, message: str, code: str) -> None:
-        super().__init__(429, message, code=code, headers={"Retry-After": "1"})
-        self.lease = lease
-
-    async def wait(self) -> None:
-        if self.lease is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(self.lease), LEASE_WAIT_S)
-
-
-class _Key:
-    """One key's slices at this participant."""
-
-    __slots__ = (
-        "allow",
-        "allow_at",
-        "d_at",
-        "d_bucket",
-        "d_tokens",
-        "day",
-        "demand",
-        "demand_since",
-        "empty_until",
-        "full_until",
-        "grant",
-        "grant_at",
-        "level",
-        "name",
-        "rate_lease",
-        "record",
-        "rpm",
-        "spent",
-        "tok_demand",
-        "tok_lease",
-        "tok_since",
-        "tpd",
-        "used",
-    )
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.record = "budgets." + hashlib.sha256(name.encode()).hexdigest()[:32]
-        self.rpm = 0
-        self.tpd = 0
-        self.allow = 0  # requests leased, unused
-        self.allow_at = 0.0
-        self.level = 0.0  # the store's bucket as last seen
-        self.empty_until = 0.0
-        self.demand = 0
-        self.demand_since = 0.0
-        self.rate_lease: asyncio.Task[None] | None = None
-        self.day = -1
-        self.grant = 0  # tokens leased for ``day``, unused (negative: owed to the store)
-        self.grant_at = 0.0
-        self.used = 0  # the store's ``used`` as last seen
-        self.full_until = 0.0
-        self.tok_demand = 0
-        self.tok_since = 0.0
-        self.tok_lease: asyncio.Task[None] | None = None
-        self.d_bucket = 0.0  # the degraded local bucket
-        self.d_at = -1.0
-        self.d_tokens = 0  # tokens admitted from the degraded share today
-        self.spent = 0  # tokens of a key without tokens_per_day (usage only)
 
 
 class GlobalBudgets:
@@ -150,7 +78,7 @@ class GlobalBudgets:
         self.participant = participant
         self._clock = clock
         self._wall = wall
-        self._keys: list[_Key] = []
+        self._keys: list[KeySlices] = []
         self._slots: dict[str, int] = {}
         self.down = False
         """True while the store is lost (the degraded local share applies)."""
@@ -194,7 +122,7 @@ class GlobalBudgets:
         index = self._slots.get(name)
         if index is None:
             index = self._slots[name] = len(self._keys)
-            self._keys.append(_Key(name))
+            self._keys.append(KeySlices(name))
         return index
 
     def set_rate(self, base: int, rpm: int | None, clock: Callable[[], float]) -> None:
@@ -231,6 +159,7 @@ class GlobalBudgets:
         k.tok_demand += n
         if k.grant >= n:
             k.grant -= n
+            k.local += n
             if k.grant * 2 < self._want_tokens(k, 0):
                 self._lease_tokens(k, 0)
             return -1
@@ -240,6 +169,7 @@ class GlobalBudgets:
                 return max(k.used, limit - share + k.d_tokens)
             k.d_tokens += n
             k.grant -= n  # owed to the store once it is back
+            k.local += n
             return -1
         now = self._clock()
         if now < k.full_until or n > limit:
@@ -256,6 +186,7 @@ class GlobalBudgets:
         k = self._keys[base]
         if k.day == day:
             k.grant -= delta
+            k.local += delta
 
     def add_tokens(self, base: int, day: int, n: int) -> None:
         k = self._keys[base]
@@ -264,21 +195,23 @@ class GlobalBudgets:
             return
         self._today(k, day)
         k.grant -= n
+        k.local += n
 
     def tokens(self, base: int, day: int) -> int:
-        """The tokens the cluster spent or reserved on ``day``, as this participant knows them."""
+        """The tokens the cluster spent or holds reserved on ``day``: this participant's, and
+        the others' as last read (every :data:`HEARTBEAT_S` while the key is in use)."""
         k = self._keys[base]
         if not k.tpd:
             return k.spent
-        return k.used - k.grant if k.day == day else 0
+        return k.others + k.local if k.day == day else 0
 
     # -- requests_per_minute ---------------------------------------------------------------
-    def _want_requests(self, k: _Key) -> int:
+    def _want_requests(self, k: KeySlices) -> int:
         elapsed = max(self._clock() - k.demand_since, 0.5)
         rate = max(k.rpm / 60.0, k.demand / elapsed)
         return max(1, min(k.rpm, math.ceil(rate * REFILL_AHEAD_S)))
 
-    def _lease_requests(self, k: _Key) -> asyncio.Future[Any] | None:
+    def _lease_requests(self, k: KeySlices) -> asyncio.Future[Any] | None:
         if k.rate_lease is None or k.rate_lease.done():
             try:
                 k.rate_lease = asyncio.get_running_loop().create_task(self._rate_lease(k))
@@ -286,13 +219,13 @@ class GlobalBudgets:
                 return None
         return k.rate_lease
 
-    async def _rate_lease(self, k: _Key) -> None:
+    async def _rate_lease(self, k: KeySlices) -> None:
         want, rpm = self._want_requests(k), k.rpm
         k.demand, k.demand_since = 0, self._clock()
         got: list[float] = []
 
         def lease(rec: dict[str, Any] | None) -> dict[str, Any]:
-            level = _refilled(rec, rpm, self._wall())
+            level = refilled(rec, rpm, self._wall())
             n = min(want, math.floor(level))
             got[:] = [n, level - n]
             return {"rpm": rpm, "level": level - n, "at": max(self._wall(), (rec or {}).get("at", 0.0))}
@@ -308,7 +241,7 @@ class GlobalBudgets:
         if n < want and rpm:  # the bucket is spent: refuse locally until one request refilled
             k.empty_until = now + (1.0 - k.level % 1.0) / (rpm / 60.0)
 
-    def _degraded_take(self, k: _Key, now: float) -> float:
+    def _degraded_take(self, k: KeySlices, now: float) -> float:
         rate = k.rpm / 60.0 / max(1, self.participants)
         cap = max(1.0, k.rpm / max(1, self.participants))
         if k.d_at < 0:
@@ -321,15 +254,16 @@ class GlobalBudgets:
         return -1.0
 
     # -- tokens_per_day --------------------------------------------------------------------
-    def _today(self, k: _Key, day: int) -> None:
+    def _today(self, k: KeySlices, day: int) -> None:
         if k.day != day:  # a new UTC day: yesterday's grant (and debt) went with it
             k.day, k.grant, k.used, k.d_tokens, k.full_until = day, 0, 0, 0, 0.0
+            k.local, k.others, k.pushed, k.quiet = 0, 0, -1, 0
 
-    def _want_tokens(self, k: _Key, need: int) -> int:
+    def _want_tokens(self, k: KeySlices, need: int) -> int:
         elapsed = max(self._clock() - k.tok_since, 0.5)
         return max(need, math.ceil(k.tok_demand / elapsed * REFILL_AHEAD_S), 1)
 
-    def _lease_tokens(self, k: _Key, need: int) -> asyncio.Future[Any] | None:
+    def _lease_tokens(self, k: KeySlices, need: int) -> asyncio.Future[Any] | None:
         if k.tok_lease is None or k.tok_lease.done():
             try:
                 k.tok_lease = asyncio.get_running_loop().create_task(self._token_lease(k, need))
@@ -337,7 +271,7 @@ class GlobalBudgets:
                 return None
         return k.tok_lease
 
-    async def _token_lease(self, k: _Key, need: int) -> None:
+    async def _token_lease(self, k: KeySlices, need: int) -> None:
         want, day, tpd = self._want_tokens(k, need), k.day, k.tpd
         k.tok_demand, k.tok_since = 0, self._clock()
         debt = max(0, -k.grant)
@@ -347,7 +281,7 @@ class GlobalBudgets:
             used = rec["used"] if rec is not None and rec.get("day") == day else 0
             n = max(0, min(want, tpd - used - debt))
             got[:] = [n, used + debt + n]
-            return {"day": day, "used": used + debt + n}
+            return self._account(k, rec, day, used + debt + n)
 
         try:
             await self._update(k.record + ".tokens", lease)
@@ -363,16 +297,16 @@ class GlobalBudgets:
             k.full_until = k.grant_at + 1.0  # spent: refuse at once for a second
 
     # -- giving slices back ----------------------------------------------------------------
-    async def _give_back(self, k: _Key, now: float) -> None:
+    async def _give_back(self, k: KeySlices, now: float) -> None:
         """Slices unused since ``now - SLICE_TTL_S`` go back; a debt is paid."""
         if self.down:
             return
-        if k.allow > 0 and now - k.allow_at > SLICE_TTL_S and not _busy(k.rate_lease):
+        if k.allow > 0 and now - k.allow_at > SLICE_TTL_S and not busy(k.rate_lease):
             n, rpm = k.allow, k.rpm
             k.allow = 0
 
             def back(rec: dict[str, Any] | None) -> dict[str, Any]:
-                level = min(float(rpm), _refilled(rec, rpm, self._wall()) + n)
+                level = min(float(rpm), refilled(rec, rpm, self._wall()) + n)
                 return {"rpm": rpm, "level": level, "at": max(self._wall(), (rec or {}).get("at", 0.0))}
 
             try:
@@ -381,13 +315,13 @@ class GlobalBudgets:
                 k.allow += n  # still ours: given back once the store answers
                 raise
         stale = k.grant > 0 and now - k.grant_at > SLICE_TTL_S
-        if (stale or k.grant < 0) and not _busy(k.tok_lease):
+        if (stale or k.grant < 0) and not busy(k.tok_lease):
             n, day = k.grant, k.day
             k.grant = 0
 
             def settle(rec: dict[str, Any] | None) -> dict[str, Any]:
                 used = rec["used"] if rec is not None and rec.get("day") == day else 0
-                return {"day": day, "used": max(0, used - n)}
+                return self._account(k, rec, day, max(0, used - n))
 
             try:
                 await self._update(k.record + ".tokens", settle)
@@ -395,6 +329,39 @@ class GlobalBudgets:
                 k.grant += n  # still ours (or still owed)
                 raise
             k.used = max(0, k.used - n)
+        if k.tpd and k.day >= 0:
+            await self._sync_tokens(k)
+
+    async def _sync_tokens(self, k: KeySlices) -> None:
+        """Write this participant's ``local`` when it changed, read the others' while the key is
+        in use here (its ``local`` changed within the last minute)."""
+        if k.local != k.pushed:
+            k.quiet = 0
+        elif k.quiet > 60 / HEARTBEAT_S:
+            return
+        k.quiet += 1
+        day, name = k.day, k.record + ".tokens"
+        if k.local == k.pushed:
+            raw, _ = await asyncio.wait_for(self.store.state_get(name), STORE_TIMEOUT_S)
+            rec = json.loads(raw) if raw else None
+            self._account(k, rec if isinstance(rec, dict) else None, day, 0)
+            return
+
+        def push(rec: dict[str, Any] | None) -> dict[str, Any]:
+            used = rec["used"] if rec is not None and rec.get("day") == day else 0
+            return self._account(k, rec, day, used)
+
+        await self._update(name, push)
+
+    def _account(self, k: KeySlices, rec: dict[str, Any] | None, day: int, used: int) -> dict[str, Any]:
+        """The tokens record of ``day`` with ``used`` and this participant's ``local`` (what
+        each participant spent or holds reserved: the sum is the key's ``tokens_today``)."""
+        by: dict[str, int] = {}
+        if rec is not None and rec.get("day") == day and isinstance(rec.get("by"), dict):
+            by = {p: int(v) for p, v in rec["by"].items()}
+        by[self.participant] = k.pushed = k.local
+        k.others = sum(by.values()) - k.local
+        return {"day": day, "used": used, "by": by}
 
     # -- the store -------------------------------------------------------------------------
     async def _heartbeat(self) -> None:
@@ -445,15 +412,3 @@ class GlobalBudgets:
             new = change(rec if isinstance(rec, dict) else None)
             if await self.store.state_swap(name, json.dumps(new).encode(), revision):
                 return new
-
-
-def _refilled(rec: dict[str, Any] | None, rpm: int, wall: float) -> float:
-    """The bucket of ``rec`` refilled up to ``wall`` (full when new; a changed limit caps it)."""
-    if rec is None:
-        return float(rpm)
-    level = min(float(rec.get("level", rpm)), float(rpm))
-    return min(float(rpm), level + max(0.0, wall - float(rec.get("at", wall))) * rpm / 60.0)
-
-
-def _busy(task: asyncio.Task[None] | None) -> bool:
-    return task is not None and not task.done()
