@@ -205,6 +205,14 @@ class GlobalBudgets:
             return k.spent
         return k.others + k.local if k.day == day else 0
 
+    def held(self, name: str) -> tuple[int, int]:
+        """The requests and tokens this participant holds leased for key ``name`` (diagnostics)."""
+        index = self._slots.get(name)
+        if index is None:
+            return 0, 0
+        k = self._keys[index]
+        return k.allow, max(k.grant, 0)
+
     # -- requests_per_minute ---------------------------------------------------------------
     def _want_requests(self, k: KeySlices) -> int:
         elapsed = max(self._clock() - k.demand_since, 0.5)

@@ -41,6 +41,7 @@ def _keys(tmp_path: Path) -> Path:
                 "keys": [
                     {"name": "rate", "key": "sk-rate", "requests_per_minute": RPM},
                     {"name": "day", "key": "sk-day", "tokens_per_day": TPD},
+                    {"name": "slow", "key": "sk-slow", "requests_per_minute": 6},
                     {"name": "both", "key": "sk-both", "requests_per_minute": RPM, "tokens_per_day": 10**6},
                 ]
             }
@@ -171,6 +172,26 @@ async def test_the_first_request_of_a_key_with_both_budgets_is_admitted(
     async with participants(make_store, _keys(tmp_path), n=1) as (a,):
         charge = await a.admit("sk-both", tokens=100)  # nothing leased yet: two leases, then admitted
         assert charge is not None and charge.tokens == 100
+
+
+async def test_a_stopping_participant_gives_its_unused_slice_back(
+    make_store: Callable[[], Any], tmp_path: Path
+) -> None:
+    async with participants(make_store, _keys(tmp_path), n=1) as (a,):
+        await a.admit("sk-slow")  # 6 a minute: 0.1 refilled a second
+        await eventually(lambda: a.budgets.held("slow")[0] >= 1, 30)  # leased ahead, in the background
+        held = a.budgets.held("slow")[0]
+        raw, _ = await a.store.state_get(_record("slow", ".rate"))
+        assert raw is not None
+        level = json.loads(raw)["level"]
+    check = make_store()
+    await check.start()
+    try:
+        raw, _ = await check.state_get(_record("slow", ".rate"))
+        assert raw is not None
+        assert json.loads(raw)["level"] >= min(6, level + held) - 0.001  # its slice came back
+    finally:
+        await check.close()
 
 
 def _record(name: str, suffix: str) -> str:
