@@ -161,6 +161,29 @@ class CardStore(Protocol):
 
 
 @runtime_checkable
+class SharedState(Protocol):
+    """A discovery backend that also keeps small shared records with compare-and-swap, so
+    the router replicas of one cluster can share state (API-key budgets:
+    :mod:`infera_core.server.global_budgets`). Optional: without it each router keeps its own.
+
+    ``name`` is made of ``[A-Za-z0-9_.-]``; the backend places it under its own prefix.
+    Failures (store unreachable, timeouts) raise; callers treat any exception as "store lost".
+    """
+
+    state_source: str
+    """Where the records live, for logs and docs (``etcd``, ``nats``)."""
+
+    async def state_get(self, name: str) -> tuple[bytes | None, int]:
+        """The record ``name`` and its revision; ``(None, 0)`` when absent."""
+        ...
+
+    async def state_swap(self, name: str, value: bytes, revision: int) -> bool:
+        """Write ``value`` if ``name``'s revision is still ``revision`` (0: absent); False when
+        another writer came first (read again and retry)."""
+        ...
+
+
+@runtime_checkable
 class DiscoveryFactory(Protocol):
     """A discovery backend, registered by name.
 

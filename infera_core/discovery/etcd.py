@@ -29,6 +29,7 @@ from infera_core.discovery.base import ChangeKind, DiscoverySettings, FleetChang
 from infera_core.discovery.etcd_cards import EtcdCards
 from infera_core.discovery.etcd_client import ETCD_ERRORS, EtcdConnection, describe, parse_endpoints
 from infera_core.discovery.etcd_lease import LeaseKeeper
+from infera_core.discovery.etcd_state import EtcdState
 from infera_core.discovery.records import SYNCED, check_update, diff, parse_record
 from infera_core.errors import DiscoveryError
 from infera_core.util.redact import redact_url
@@ -124,6 +125,7 @@ class EtcdDiscovery:
     :mod:`~infera_core.discovery.etcd_cards`."""
 
     card_source = "etcd"
+    state_source = "etcd"
 
     def __init__(self, settings: DiscoverySettings) -> None:
         self.settings = settings
@@ -132,6 +134,7 @@ class EtcdDiscovery:
         self.keeper = LeaseKeeper(self.conn, max(settings.lease_ttl / 3, 0.1))
         self._closed = asyncio.Event()
         self.cards = EtcdCards(self.conn, self.prefix, self.list_workers)
+        self.state = EtcdState(self.conn, self.prefix)
 
     @property
     def ttl_seconds(self) -> int:
@@ -222,6 +225,12 @@ class EtcdDiscovery:
 
     async def get_card(self, digest: str, max_bytes: int) -> bytes | None:
         return await self.cards.get(digest, max_bytes)
+
+    async def state_get(self, name: str) -> tuple[bytes | None, int]:
+        return await self.state.get(name)
+
+    async def state_swap(self, name: str, value: bytes, revision: int) -> bool:
+        return await self.state.swap(name, value, revision)
 
     async def release_card(self, digest: str) -> None:
         try:

@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
 from infera_core.config.backends import BackendOptions
-from infera_core.discovery.base import Discovery, DiscoverySettings
+from infera_core.discovery.base import Discovery, DiscoverySettings, SharedState
 from infera_core.discovery.view import FleetView
 from infera_core.plugin.hooks import InferaHooks
 from infera_core.scheduling.router_config import RouterConfig, default_policy, load_router_config
@@ -53,6 +53,7 @@ from infera_core.server.dashboard import add_dashboard_routes
 from infera_core.server.decisions import DecisionLog
 from infera_core.server.errors import ApiError
 from infera_core.server.fleet import EndpointTable
+from infera_core.server.global_budgets import GlobalBudgets
 from infera_core.server.hangs import HangDetector
 from infera_core.server.keys import KeyRing, Principal
 from infera_core.server.kv import KvComponent
@@ -219,6 +220,11 @@ def create_app(
             view.subscribe(table.apply)
             await view.start(wait_synced=settings.connect_timeout)
             stack.push_async_callback(view.stop)
+            if auth is not None and settings.global_budgets and isinstance(disc, SharedState):
+                budgets = GlobalBudgets(disc, core.router_id)  # one budget for the cluster's routers
+                await budgets.start()
+                auth.ring.share(budgets)
+                stack.push_async_callback(budgets.close)
             stack.push_async_callback(app.state.dashboard.close)
             stack.callback(queue.close)
             if queue.refresh is not None:  # engine thresholds: their numbers, scraped all along

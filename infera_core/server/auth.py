@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from starlette.requests import HTTPConnection
 
 from infera_core.server.auth_settings import DEFAULT_MAX_TOKENS
+from infera_core.server.budget_slices import LeaseMiss
 from infera_core.server.errors import ApiError
 from infera_core.server.keys import ADMIN, KeyRing, Principal
 from infera_core.server.reserve import Charge, prompt_estimate, reservation
@@ -168,16 +170,45 @@ class ClientAuth:
             principal, model, reservation(body, self.default_max_tokens, token_ids), prompt
         )
 
+    async def admit_waiting(
+        self,
+        principal: Principal,
+        model: str,
+        body: dict[str, Any] | None = None,
+        token_ids: list[int] | None = None,
+    ) -> Charge | None:
+        """:meth:`admit`; when the key's slice of a cluster-wide budget is empty, again after
+        the lease in flight for it (:class:`~infera_core.server.global_budgets.LeaseMiss`;
+        a key's two budgets may each miss once)."""
+        for _ in range(2):
+            try:
+                return self.admit(principal, model, body, token_ids)
+            except LeaseMiss as miss:
+                await miss.wait()
+        return self.admit(principal, model, body, token_ids)
+
     def spent(
-        self, principal: Principal, model: str, prompt: int, completion: int, charge: Charge | None = None
+        self,
+        principal: Principal,
+        model: str,
+        prompt: int,
+        completion: int,
+        charge: Charge | None = None,
+        cached: int = 0,
     ) -> None:
         """What one request cost: per (key, model), and against the key's budget (its
-        reservation ``charge`` replaced by the real count)."""
+        reservation ``charge`` replaced by the real count; ``cached`` of the prompt tokens at
+        the key's ``cached_prompt_price``)."""
         self.ledger.add(principal.name, model, prompt, completion)
+        cost = prompt + completion
+        key = principal.key
+        if cached > 0 and key is not None and key.cached_price < 1.0:
+            cached = min(cached, prompt)
+            cost -= cached - math.ceil(cached * key.cached_price)
         if charge is not None:
-            self.ring.settle(principal, charge, prompt + completion)
+            self.ring.settle(principal, charge, cost)
         else:
-            self.ring.spent(principal, prompt + completion)
+            self.ring.spent(principal, cost)
 
     def release(self, principal: Principal, charge: Charge | None) -> None:
         """The request ended without generating anything (refused, failed before an answer)."""

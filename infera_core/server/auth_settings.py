@@ -26,6 +26,12 @@ class AuthSettings(BaseModel):
         description="Output tokens reserved per sequence against a key's tokens_per_day when a request "
         "sets no max_tokens/max_completion_tokens (admission reserves prompt + max_tokens × n).",
     )
+    global_budgets: bool = Field(
+        True,
+        description="With etcd or NATS discovery, keep the keys' requests_per_minute and tokens_per_day "
+        "in that store, one budget for all router replicas (leased slices; see docs/how-to/operate.md). "
+        "--no-global-budgets: each router its own.",
+    )
     admin_token: SecretStr | None = Field(
         None,
         description="Bearer token for /v1/workers, /v1/admin/*, /metrics and direct mode "

@@ -119,7 +119,7 @@ def add_count_tokens_route(
             workers_for(core, name)  # 404 for an unknown model, 503 with none available
             obs.model = name
             if auth is not None and principal is not None:
-                auth.admit(principal, name)
+                await auth.admit_waiting(principal, name)
             chat = to_chat_request({**body, "max_tokens": 1})
             n = await count_here(kv, name, chat)
             if n is None:

@@ -141,7 +141,7 @@ class ProxyEndpoint:
             model = ctx.model
             if auth is not None and principal is not None:
                 ctx.principal = principal
-                ctx.budget = auth.admit(principal, model, ctx.body, ctx.token_ids)
+                ctx.budget = await auth.admit_waiting(principal, model, ctx.body, ctx.token_ids)
             base = core.table.lora_base.get(model)
             if base is not None:  # a LoRA adapter: its base's tokenizer, its own KV root
                 ctx.lora, ctx.base_model, ctx.kv_root = model, base, namespace_root(model)
@@ -206,10 +206,10 @@ class ProxyEndpoint:
             if trace is not None:
                 end_request(trace, ctx, model, status)
 
-    def count_usage(self, ctx: RequestContext, prompt: int, completion: int) -> None:
+    def count_usage(self, ctx: RequestContext, prompt: int, completion: int, cached: int = 0) -> None:
         """Tokens of one answered request (the engine's usage report): per model, and per API
         key when keys are on. A report of nothing (no usage in the answer) charges the key the
-        request's whole reservation."""
+        request's whole reservation. ``cached``: the report's cached prompt tokens."""
         self.core.metrics.usage(ctx.model, prompt, completion)
         logged = ctx.access
         if logged is not None:
@@ -218,7 +218,7 @@ class ProxyEndpoint:
             charge = ctx.budget
             if not (prompt or completion) and charge is not None:
                 prompt = charge.tokens  # nothing reported: what the request could have cost
-            self.auth.spent(ctx.principal, ctx.model, prompt, completion, charge)
+            self.auth.spent(ctx.principal, ctx.model, prompt, completion, charge, cached)
 
     def count_relayed(self, ctx: RequestContext, events: int) -> None:
         """A stream that ended without the engine's usage report (the client left, the worker

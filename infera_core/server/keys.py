@@ -8,6 +8,7 @@ The file (YAML or JSON)::
         models: [qwen]               # optional allow-list
         requests_per_minute: 600     # optional
         tokens_per_day: 2000000      # optional, prompt + completion
+        cached_prompt_price: 0.25    # optional: a cached prompt token counts as this much of one
         priority: standard           # critical | standard | sheddable | an integer (higher first)
         weight: 1                    # its share against the other keys of its tier
         allow_priority_header: false # may X-Infera-Priority lower (never raise) its tier
@@ -24,7 +25,9 @@ the file's ``mtime`` is looked at most once a second and the file re-read only w
 it changed (a broken edit is logged and the previous keys stay in force). Budgets
 live per key *name*, so a reload keeps what each key has spent. Under
 ``serve --processes N`` they live in memory the processes share
-(:mod:`infera_core.server.budgets`, :meth:`KeyRing.share`): one budget for the router.
+(:mod:`infera_core.server.budgets`, :meth:`KeyRing.share`): one budget for the router;
+with etcd or NATS discovery, in that store (:mod:`infera_core.server.global_budgets`):
+one budget for the cluster's router replicas.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from infera_core.errors import ConfigError
 from infera_core.scheduling.fairqueue import tier_of
 from infera_core.server.budgets import SharedBudgets
 from infera_core.server.errors import ApiError
+from infera_core.server.global_budgets import GlobalBudgets
 from infera_core.server.reserve import Charge
 from infera_core.server.tenancy import CacheIsolation, default_secret, tenant_salt
 
@@ -75,6 +79,9 @@ class KeySpec(BaseModel):
     models: list[str] | None = Field(None, description="Models this key may use (absent: all).")
     requests_per_minute: int | None = Field(None, gt=0)
     tokens_per_day: int | None = Field(None, gt=0, description="Prompt + completion tokens per UTC day.")
+    cached_prompt_price: float = Field(
+        1.0, ge=0, le=1, description="What a cached prompt token counts against tokens_per_day (1: a token)."
+    )
     priority: int | str = Field(
         "standard", description="Queue tier: critical, standard, sheddable or an integer (higher first)."
     )
@@ -167,6 +174,7 @@ class ApiKey:
         "allow_priority_header",
         "allowed",
         "bucket",
+        "cached_price",
         "day",
         "day_tokens",
         "explain",
@@ -193,6 +201,7 @@ class ApiKey:
         self.day = -1
         self.day_tokens = 0
         self.slot: int | None = None
+        self.cached_price = 1.0
         """Its slot in the processes' shared budgets (None: the budgets above, this process's)."""
         self.priority = 0
         self.weight = 1.0
@@ -208,6 +217,7 @@ class ApiKey:
             self.bucket = float(self.rpm or 0)
             self.refilled = now
         self.tpd = spec.tokens_per_day
+        self.cached_price = spec.cached_prompt_price
         self.priority = tier_of(spec.priority)
         self.weight = spec.weight
         self.allow_priority_header = spec.allow_priority_header
@@ -247,7 +257,7 @@ class KeyRing:
         self._seen: dict[bytes, Principal] = {}
         """Keys presented before, as received → their principal (no sha256 per request)."""
         self._by_name: dict[str, ApiKey] = {}
-        self._shared: SharedBudgets | None = None
+        self._shared: SharedBudgets | GlobalBudgets | None = None
         self._stamp: tuple[int, int, int] | None = None
         self._next_check = 0.0
         self._apply(read_key_file(path), self._stat())
@@ -276,13 +286,15 @@ class KeyRing:
         self._by_digest, self._by_name, self._stamp = by_digest, by_name, stamp
         self._seen = {}
 
-    def share(self, budgets: SharedBudgets) -> None:
-        """Keep every key's budgets in ``budgets`` (the router's, shared by its processes)."""
+    def share(self, budgets: SharedBudgets | GlobalBudgets) -> None:
+        """Keep every key's budgets in ``budgets``: the router's processes' (shared memory),
+        or the cluster's (:mod:`~infera_core.server.global_budgets`, replacing the former)."""
         self._shared = budgets
         for key in self._by_name.values():
+            key.slot = None
             self._bind(key, budgets)
 
-    def _bind(self, key: ApiKey, budgets: SharedBudgets) -> None:
+    def _bind(self, key: ApiKey, budgets: SharedBudgets | GlobalBudgets) -> None:
         if key.slot is None:
             key.slot = budgets.slot(key.name)
             if key.slot is None:

@@ -185,7 +185,7 @@ def add_pooling_routes(app: FastAPI, core: RouterCore, limits: BodyLimits) -> No
             workers = routes.workers(name, task)
             obs.model = obs.ctx.model = name
             if auth is not None and principal is not None:
-                auth.admit(principal, name)
+                await auth.admit_waiting(principal, name)
             resp = await forward(core, name, path, raw, via, obs, workers)
             rec = obs.ctx.access
             if resp.status_code < 400 and rec is not None and rec.prompt:

@@ -93,9 +93,10 @@ class OpenAIProxy(ProxyEndpoint):
             ]
             if whole.status < 400:  # counted before it is sent: a client leaving now still pays
                 p, c = answer_usage(data)
+                cached = cached_of(data)
                 if ctx.access is not None:
-                    ctx.access.cached = cached_of(data)
-                self.count_usage(ctx, p, c)
+                    ctx.access.cached = cached
+                self.count_usage(ctx, p, c, cached)
             await send({"type": "http.response.start", "status": whole.status, "headers": headers})
             await send({"type": "http.response.body", "body": data, "more_body": False})
             return whole.status < 400
@@ -174,8 +175,9 @@ class OpenAIProxy(ProxyEndpoint):
         end = tally.prev + tally.tail
         if b"[DONE]" in end:
             events -= 1
+        cached = cached_of(end[-1200:])
         if ctx.access is not None:
-            ctx.access.cached = cached_of(end[-1200:])
+            ctx.access.cached = cached
             if first and t0 is not None:
                 ctx.access.ttft = first - t0
         if first and t0 is not None:
@@ -184,6 +186,6 @@ class OpenAIProxy(ProxyEndpoint):
             self.core.stream_timed(ctx, worker, time.perf_counter() - first, itl)
         p, c = (strip.prompt, strip.completion) if strip is not None else usage_of(end[-1200:])
         if p or c:
-            self.count_usage(ctx, p, c)
+            self.count_usage(ctx, p, c, cached)
         else:
             self.count_relayed(ctx, events - 1)

@@ -198,7 +198,7 @@ def add_tokenize_routes(app: FastAPI, core: RouterCore, limits: BodyLimits) -> N
             if name in core.table.every:  # never a metric label per unknown name
                 obs.model = name
             if auth is not None and principal is not None:
-                auth.admit(principal, name)
+                await auth.admit_waiting(principal, name)
             return await forward(core, name, path, raw, via, obs)
 
         return await answer_observed(request, path, core.request_id(), core.metrics, run)

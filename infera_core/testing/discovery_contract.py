@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from infera_core.discovery.base import ChangeKind, Discovery, FleetChange, Registration
+from infera_core.discovery.base import ChangeKind, Discovery, FleetChange, Registration, SharedState
 from infera_core.errors import DiscoveryError
 from infera_core.worker import Status, WorkerRecord
 
@@ -111,6 +111,25 @@ class DiscoveryContract:
         finally:
             await launcher.close()
             await other.close()
+
+    async def test_shared_state_compare_and_swap(self) -> None:
+        """A backend with :class:`SharedState`: absent is ``(None, 0)``; a swap naming a stale
+        revision loses, so of two routers racing on one record exactly one wins."""
+        one, two = await self._pair()
+        try:
+            if not isinstance(one, SharedState) or not isinstance(two, SharedState):
+                pytest.skip("the backend keeps no shared state (SharedState)")
+            assert await one.state_get("contract.x") == (None, 0)
+            assert await one.state_swap("contract.x", b"1", 0)
+            assert not await two.state_swap("contract.x", b"2", 0)  # it exists now
+            value, revision = await two.state_get("contract.x")
+            assert value == b"1" and revision > 0
+            assert await two.state_swap("contract.x", b"2", revision)
+            assert not await one.state_swap("contract.x", b"3", revision)  # stale
+            assert (await one.state_get("contract.x"))[0] == b"2"
+        finally:
+            await one.close()
+            await two.close()
 
     async def test_watch_sees_current_workers_then_changes(self) -> None:
         launcher, router = await self._pair()

@@ -8,13 +8,15 @@ Subjects (``prefix`` defaults to ``infera``; ``<w>`` is a worker id as one subje
 * ``<prefix>.kv.<model>.<w>[.r<rank>]`` — worker ``w``'s KV events, kept in the JetStream
   stream ``INFERA_KV``;
 * ``$KV.<bucket>.<key>`` — worker records in the JetStream key-value bucket (``<key>``: the
-  worker id, see :func:`bucket_key`).
+  worker id, see :func:`bucket_key`); ``$KV.<bucket>_STATE.<name>`` — the routers' shared
+  records (API-key budgets).
 
 Roles (:func:`permissions`), each a NATS user with an allow list (anything else is refused
 by the server, which tells the client and logs a permissions violation):
 
 * ``router`` — publishes requests and cancels to every worker, reads the KV event stream
-  and the record bucket (JetStream consumers), creates the stream and bucket when missing;
+  and the record bucket (JetStream consumers), creates the stream and bucket when missing,
+  reads and writes the shared-state bucket;
   subscribes only to its own inbox (``_INBOX.<user>.>``);
 * ``worker:<w>`` (one user per worker: its launcher, responder and KV relay) — subscribes
   only to its own request and cancel subjects (requests only in the queue group), answers
@@ -120,10 +122,24 @@ def _cards_api(plane: Plane, *, write: bool) -> list[str]:
     return subjects
 
 
+def _state_api(plane: Plane) -> list[str]:
+    """The shared-state key-value bucket (``<bucket>_STATE``: API-key budgets across router
+    replicas), read and written by routers only."""
+    stream = f"KV_{plane.bucket}_STATE"
+    return [
+        *_stream_api(stream, read=False),
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}.>",
+        f"$KV.{plane.bucket}_STATE.>",
+    ]
+
+
 def router_permissions(plane: Plane, user: str = "router") -> dict[str, Any]:
     records = f"KV_{plane.bucket}"
     publish = [
         *_cards_api(plane, write=False),
+        *_state_api(plane),
         f"{plane.prefix}.req.>",  # requests and cancels to any worker
         *_stream_api(KV_STREAM, read=True),
         *_stream_api(records, read=True),

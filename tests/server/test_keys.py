@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
 import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -40,6 +41,7 @@ KEYS: dict[str, Any] = {
         {"name": "team-b", "key_sha256": hashlib.sha256(b"sk-team-b").hexdigest(), "models": ["other"]},
         {"name": "slow", "key": "sk-slow", "requests_per_minute": 2},
         {"name": "small", "key": "sk-small", "tokens_per_day": 100},
+        {"name": "cheap", "key": "sk-cheap", "tokens_per_day": 10**6, "cached_prompt_price": 0.25},
     ]
 }
 
@@ -158,6 +160,23 @@ async def test_tokens_per_day_budget_is_429_once_spent(srv: RunningServer) -> No
     with pytest.raises(anthropic.RateLimitError):
         await _ant(srv, "sk-small").messages.create(model=MODEL, max_tokens=40, messages=HI)
     assert (await _usage(srv))["small"]["tokens_today"] > 50
+
+
+async def test_cached_prompt_tokens_count_at_the_keys_cached_prompt_price(srv: RunningServer) -> None:
+    client = _oai(srv, "sk-cheap")
+    long: Any = [{"role": "user", "content": "the same long question, asked twice " * 20}]
+    first = await client.chat.completions.create(model=MODEL, messages=long, max_tokens=2)
+    assert first.usage is not None
+    spent = (await _usage(srv))["cheap"]["tokens_today"]
+    assert spent == first.usage.total_tokens  # nothing cached yet: every token at full price
+    again = await client.chat.completions.create(model=MODEL, messages=long, max_tokens=2)
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    cached = again.usage.prompt_tokens_details.cached_tokens or 0
+    assert cached > 16
+    now = (await _usage(srv))["cheap"]
+    # a cached prompt token at a quarter (rounded up), the rest at full price
+    assert now["tokens_today"] - spent == again.usage.total_tokens - cached + math.ceil(cached / 4)
+    assert now["models_used"][MODEL]["prompt_tokens"] == first.usage.prompt_tokens * 2  # usage: real counts
 
 
 async def test_stream_tokens_counted_without_include_usage_and_not_shown(srv: RunningServer) -> None:

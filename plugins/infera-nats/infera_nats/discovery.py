@@ -40,6 +40,7 @@ from infera_core.worker import WorkerRecord
 from infera_nats.auth import NatsAuth
 from infera_nats.cards import NatsCards
 from infera_nats.settings import NatsSettings
+from infera_nats.state import NatsState
 from infera_nats.transport_connect import NatsUnreachableError, close_quietly, connect_nats
 
 log = logging.getLogger("infera.discovery.nats")
@@ -179,6 +180,7 @@ class NatsDiscovery:
     cards in a JetStream object store (:mod:`infera_nats.cards`)."""
 
     card_source = "nats"
+    state_source = "nats"
 
     def __init__(self, settings: DiscoverySettings, nats_settings: NatsSettings | None = None) -> None:
         self.settings = settings
@@ -192,6 +194,13 @@ class NatsDiscovery:
         self._kv_epoch = -1
         self._closed = asyncio.Event()
         self.cards = NatsCards(lambda: self.nc, self.nats.nats_bucket, self.list_workers)
+        self.state = NatsState(lambda: self.nc, self.nats.nats_bucket, lambda: self.epoch)
+
+    async def state_get(self, name: str) -> tuple[bytes | None, int]:
+        return await self.state.get(name)
+
+    async def state_swap(self, name: str, value: bytes, revision: int) -> bool:
+        return await self.state.swap(name, value, revision)
 
     async def put_card(self, digest: str, data: bytes) -> None:
         try:

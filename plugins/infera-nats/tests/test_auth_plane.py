@@ -329,3 +329,30 @@ async def test_on_the_authenticated_plane_a_launcher_stores_a_card_and_a_router_
     finally:
         await w0.close()
         await router.close()
+
+
+async def test_on_the_authenticated_plane_routers_share_budgets_and_workers_cannot_touch_them(
+    secured: NatsServer, layout: Layout, attacker: Attacker
+) -> None:
+    """Routers' credentials read and swap the shared budget records (``<bucket>_STATE``);
+    a worker's cannot write them (it could grant its key requests)."""
+
+    def discovery(creds: Credentials) -> NatsDiscovery:
+        nats_settings = NatsSettings(nats_url=secured.url, **creds.settings())  # type: ignore[arg-type]
+        return NatsDiscovery(DiscoverySettings(connect_timeout=3.0, lease_ttl=10.0), nats_settings)
+
+    one, two = discovery(layout.credentials("router")), discovery(layout.credentials("router"))
+    await one.start()
+    await two.start()
+    try:
+        assert await one.state_swap("budgets.k", b'{"level": 1}', 0)  # the router makes the bucket
+        value, revision = await two.state_get("budgets.k")
+        assert value == b'{"level": 1}'
+        assert await two.state_swap("budgets.k", b'{"level": 0}', revision)
+        subject = "$KV.infera-workers_STATE.budgets.k"
+        await attacker.nc.publish(subject, b'{"level": 1000000}')
+        assert await attacker.denied("publish", subject), attacker.errors
+        assert (await one.state_get("budgets.k"))[0] == b'{"level": 0}'
+    finally:
+        await one.close()
+        await two.close()
