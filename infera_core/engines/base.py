@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from infera_core.errors import PluginError
 from infera_core.registry import Registry
-from infera_core.worker import KvEventsInfo, PdInfo, Role
+from infera_core.worker import KvEventsInfo, PdInfo, PriorityOrder, Role
 
 if TYPE_CHECKING:  # httpx costs ~0.4 s to import: only the launcher's probes need it
     import httpx
@@ -171,6 +171,8 @@ class RecordFields:
     dp_rank: int | None = None
     dp_size: int = 1
     labels: dict[str, str] = field(default_factory=dict)
+    priority: PriorityOrder | None = None
+    """How the engine schedules by the body's ``priority`` (None: it does not)."""
 
 
 @runtime_checkable

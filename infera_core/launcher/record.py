@@ -32,4 +32,5 @@ def launch_record(
         kv_events=fields.kv_events,
         pd=fields.pd,
         labels={**fields.labels, **(labels or {})},
+        priority=fields.priority,
     )
