@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,7 @@ from infera_core.scheduling.types import Endpoint
 from infera_core.server.errors import ApiError
 from infera_core.server.pd.legs import LegFailed, Legs
 from infera_core.server.pd.metrics import PdMetrics
+from infera_core.server.queue import ticket_for
 from infera_core.transports.upstreams import UpstreamResponse
 
 Routed = tuple[Endpoint, UpstreamResponse]
@@ -63,6 +64,9 @@ class _Request:
     transport: PdTransport
     pair: Pair
     path: str
+    reserved: bool = False
+    """The pair's slots were taken for it by the router queue (``in_flight`` counted) until its
+    legs count them themselves (:meth:`PdDispatcher._handed_over`)."""
 
 
 class PdDispatcher:
@@ -112,9 +116,20 @@ class PdDispatcher:
             await prepare(ctx)
         tried_prefill: list[str] = []
         last: ApiError | None = None
+        queue = self.core.queue
         for attempt in range(1 + self.config.max_pair_retries):
+            # the pair's slots are counted from the pick on, so the cap holds for both leg orders
             try:
-                pair = self.scheduler.pick_pair(ctx, tried_prefill, exclude)
+                if attempt == 0 and queue is not None and queue.enabled:  # none free: wait in order
+                    ticket = ticket_for(ctx.principal, ctx.headers)
+                    pair = await queue.acquire_with(
+                        ctx,
+                        ticket,
+                        lambda: _reserve(self.scheduler.pick_pair(ctx, (), exclude)),
+                        self._undo(ctx),
+                    )
+                else:
+                    pair = _reserve(self.scheduler.pick_pair(ctx, tried_prefill, exclude))
             except SchedulingError as exc:
                 raise (last or _api_error(exc)) from None
             p = pair.prefill
@@ -130,12 +145,13 @@ class PdDispatcher:
             try:
                 transport.prepare(pctx, p.record, pair.decode.record)
             except PdUnsupported as exc:
+                self._undo(ctx)(pair)
                 raise ApiError(
                     400, f"This model is served with PD ({protocol}): {exc}", code="pd_unsupported"
                 ) from None
             self.metrics.paired(p.worker_id, pair.decode.worker_id)
             try:
-                req = _Request(ctx, client_body, pctx, transport, pair, path)
+                req = _Request(ctx, client_body, pctx, transport, pair, path, True)
                 if transport.order is PdOrder.SERIAL:
                     return await self._serial(req)
                 return await self._concurrent(req)
@@ -153,7 +169,10 @@ class PdDispatcher:
     async def _serial(self, req: _Request) -> Routed:
         ctx, body, pctx, transport, path = req.ctx, req.body, req.pctx, req.transport, req.path
         p, d = req.pair.prefill, req.pair.decode
-        leg = transport.prefill_request(body, pctx, p.record, d.record)
+        try:
+            leg = transport.prefill_request(body, pctx, p.record, d.record)
+        finally:
+            self._handed_over(req)  # the prefill leg counts p at once (no await between)
         t0 = time.perf_counter()
         try:
             reply = await self.legs.prefill(p, leg, path)
@@ -163,6 +182,7 @@ class PdDispatcher:
             raise
         t1 = time.perf_counter()
         self.scheduler.finished(ctx, p, True)
+        self._pump(ctx)  # the prefill slot is free
         self.metrics.phase(ctx.model, "prefill", t1 - t0)
         tried: list[str] = []
         while True:
@@ -196,8 +216,14 @@ class PdDispatcher:
     async def _concurrent(self, req: _Request) -> Routed:
         ctx, body, pctx, transport, path = req.ctx, req.body, req.pctx, req.transport, req.path
         p, d = req.pair.prefill, req.pair.decode
-        pleg = transport.prefill_request(body, pctx, p.record, d.record)
-        dleg = transport.decode_request(body, pctx, p.record, d.record, None)
+        try:
+            pleg = transport.prefill_request(body, pctx, p.record, d.record)
+            dleg = transport.decode_request(body, pctx, p.record, d.record, None)
+        except BaseException:
+            if self._handed_over(req):
+                self.scheduler.finished(ctx, p, False)
+                self.scheduler.finished(ctx, d, False)
+            raise
         t0 = time.perf_counter()
         ptask = asyncio.ensure_future(self._prefill_timed(ctx, p, pleg, path, t0))
         self._background.add(ptask)
@@ -205,7 +231,11 @@ class PdDispatcher:
         dtask = asyncio.ensure_future(self.legs.open_decode(d, dleg, path))
         decode_finished = False
         try:
-            await asyncio.wait((ptask, dtask), return_when=asyncio.FIRST_COMPLETED)
+            try:
+                await asyncio.wait((ptask, dtask), return_when=asyncio.FIRST_COMPLETED)
+            finally:  # both legs count their workers by now
+                if self._handed_over(req):
+                    self._pump(ctx)
             if not dtask.done() and ptask.exception() is not None:
                 raise _prefill_failure(ptask)
             try:
@@ -238,14 +268,48 @@ class PdDispatcher:
             ok = True
         finally:
             self.scheduler.finished(ctx, p, ok)
+            self._pump(ctx)
         t1 = time.perf_counter()
         self.metrics.phase(ctx.model, "prefill", t1 - t0)
         return t1
+
+    # -- the router queue's slots ---------------------------------------------------------------
+    def _undo(self, ctx: RequestContext) -> Callable[[Pair], None]:
+        """Give back a reserved pair that is not used (its client left, or it cannot be sent)."""
+
+        def undo(pair: Pair) -> None:
+            for ep in (pair.prefill, pair.decode):
+                ep.in_flight -= 1
+                self.scheduler.finished(ctx, ep, False)
+
+        return undo
+
+    @staticmethod
+    def _handed_over(req: _Request) -> bool:
+        """The legs count the pair's workers now: drop the queue's reservation (True if held)."""
+        if not req.reserved:
+            return False
+        req.reserved = False
+        req.pair.prefill.in_flight -= 1
+        req.pair.decode.in_flight -= 1
+        return True
+
+    def _pump(self, ctx: RequestContext) -> None:
+        queue = self.core.queue
+        if queue is not None and queue.queues:
+            queue.pump(ctx.model)
 
     def _forget(self, task: asyncio.Task[Any]) -> None:
         self._background.discard(task)
         if not task.cancelled():
             task.exception()  # retrieved: counted by Legs already
+
+
+def _reserve(pair: Pair) -> Pair:
+    """Count ``pair``'s slots for it at once, so the queue's next waiter does not take them too."""
+    pair.prefill.in_flight += 1
+    pair.decode.in_flight += 1
+    return pair
 
 
 def _abandon(dtask: asyncio.Future[UpstreamResponse], ep: Endpoint) -> None:
