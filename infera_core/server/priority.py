@@ -36,3 +36,14 @@ def with_priority(raw: bytes, body: dict[str, Any], tier: int, order: PriorityOr
         return raw
     i = raw.find(b"{")
     return raw[: i + 1] + b'"priority":' + str(value).encode() + b"," + raw[i + 1 :]
+
+
+def body_with_priority(body: dict[str, Any], tier: int, order: PriorityOrder | None) -> dict[str, Any]:
+    """:func:`with_priority` for a body the router re-encodes anyway (a PD pair's legs):
+    ``body`` itself when nothing changes, else a copy."""
+    if order is None:
+        return body if "priority" not in body else {k: v for k, v in body.items() if k != "priority"}
+    value = engine_priority(tier, order)
+    if body.get("priority", 0) == value and ("priority" not in body or type(body["priority"]) is int):
+        return body
+    return {**body, "priority": value}

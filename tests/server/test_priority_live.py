@@ -2,7 +2,7 @@
 
 The sim ``prio`` runs ``--scheduling-policy priority`` (its record says ``priority:
 lower_first``); the sim ``fcfs`` does not (a non-zero ``priority`` would be refused with 400,
-as vLLM before 0.12 did). Both run one request at a time (``--max-num-seqs 1``), so a flood
+as older vLLM releases did). Both run one request at a time (``--max-num-seqs 1``), so a flood
 waits in the engine's own queue. A critical key's request sent after a sheddable flood
 finishes ahead of it on ``prio`` (the router sent ``priority: -1`` and the flood ``1``) and last
 on ``fcfs`` (which never got the field: every answer is 200)."""

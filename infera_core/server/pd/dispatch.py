@@ -42,6 +42,7 @@ from infera_core.scheduling.types import Endpoint
 from infera_core.server.errors import ApiError
 from infera_core.server.pd.legs import LegFailed, Legs
 from infera_core.server.pd.metrics import PdMetrics
+from infera_core.server.priority import body_with_priority
 from infera_core.server.queue import ticket_for
 from infera_core.transports.upstreams import UpstreamResponse
 
@@ -117,11 +118,11 @@ class PdDispatcher:
         tried_prefill: list[str] = []
         last: ApiError | None = None
         queue = self.core.queue
+        ticket = ticket_for(ctx.principal, ctx.headers)  # the queue's order; the engines' priority
         for attempt in range(1 + self.config.max_pair_retries):
             # the pair's slots are counted from the pick on, so the cap holds for both leg orders
             try:
                 if attempt == 0 and queue is not None and queue.enabled:  # none free: wait in order
-                    ticket = ticket_for(ctx.principal, ctx.headers)
                     pair = await queue.acquire_with(
                         ctx,
                         ticket,
@@ -150,8 +151,13 @@ class PdDispatcher:
                     400, f"This model is served with PD ({protocol}): {exc}", code="pd_unsupported"
                 ) from None
             self.metrics.paired(p.worker_id, pair.decode.worker_id)
+            # the tier as the engines' priority where both legs' engines schedule alike (priority.py)
+            order = p.record.priority if p.record.priority == pair.decode.record.priority else None
+            legs_body = client_body
+            if order is not None or "priority" in client_body:
+                legs_body = body_with_priority(client_body, ticket.tier, order)
             try:
-                req = _Request(ctx, client_body, pctx, transport, pair, path, True)
+                req = _Request(ctx, legs_body, pctx, transport, pair, path, True)
                 if transport.order is PdOrder.SERIAL:
                     return await self._serial(req)
                 return await self._concurrent(req)

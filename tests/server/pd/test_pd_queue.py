@@ -50,3 +50,15 @@ async def test_without_the_queue_the_burst_is_refused(fleet: SimPdFleet) -> None
         c.timeout = httpx.Timeout(60)
         codes = await _burst(c)
     assert 200 in codes and 429 in codes, codes
+
+
+async def test_a_clients_own_priority_never_reaches_pd_engines_that_do_not_schedule_by_it(
+    fleet: SimPdFleet,
+) -> None:
+    """The sims run first come, first served and refuse a non-zero ``priority`` (as older vLLM
+    releases did): the router removes the client's, the key file decides tiers."""
+    async with serving_fleet(*fleet.records, settings=settings_for()) as (_, c):
+        c.timeout = httpx.Timeout(60)
+        body = {"model": MODEL, "prompt": "hello there", "max_tokens": 2, "priority": 5}
+        r = await c.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
