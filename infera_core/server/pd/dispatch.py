@@ -24,7 +24,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from infera_core.engines.pd import (
@@ -65,9 +65,9 @@ class _Request:
     transport: PdTransport
     pair: Pair
     path: str
-    reserved: bool = False
-    """The pair's slots were taken for it by the router queue (``in_flight`` counted) until its
-    legs count them themselves (:meth:`PdDispatcher._handed_over`)."""
+    held: list[Endpoint] = field(default_factory=list)
+    """The pair's workers whose slot is still counted for it from the pick (``in_flight``),
+    until its leg to that worker counts it itself (:meth:`PdDispatcher._let_go`)."""
 
 
 class PdDispatcher:
@@ -126,7 +126,7 @@ class PdDispatcher:
                     pair = await queue.acquire_with(
                         ctx,
                         ticket,
-                        lambda: _reserve(self.scheduler.pick_pair(ctx, (), exclude)),
+                        lambda: self._take_pair(ctx, exclude),
                         self._undo(ctx),
                     )
                 else:
@@ -157,7 +157,7 @@ class PdDispatcher:
             if order is not None or "priority" in client_body:
                 legs_body = body_with_priority(client_body, ticket.tier, order)
             try:
-                req = _Request(ctx, legs_body, pctx, transport, pair, path, True)
+                req = _Request(ctx, legs_body, pctx, transport, pair, path, [p, pair.decode])
                 if transport.order is PdOrder.SERIAL:
                     return await self._serial(req)
                 return await self._concurrent(req)
@@ -173,12 +173,17 @@ class PdDispatcher:
 
     # -- serial pull ------------------------------------------------------------------------
     async def _serial(self, req: _Request) -> Routed:
+        try:
+            return await self._serial_legs(req)
+        finally:
+            if self._let_go(req):  # a leg never opened
+                self._pump(req.ctx)
+
+    async def _serial_legs(self, req: _Request) -> Routed:
         ctx, body, pctx, transport, path = req.ctx, req.body, req.pctx, req.transport, req.path
         p, d = req.pair.prefill, req.pair.decode
-        try:
-            leg = transport.prefill_request(body, pctx, p.record, d.record)
-        finally:
-            self._handed_over(req)  # the prefill leg counts p at once (no await between)
+        leg = transport.prefill_request(body, pctx, p.record, d.record)
+        self._let_go(req, p)  # the prefill leg counts p at once (no await between)
         t0 = time.perf_counter()
         try:
             reply = await self.legs.prefill(p, leg, path)
@@ -188,12 +193,12 @@ class PdDispatcher:
             raise
         t1 = time.perf_counter()
         self.scheduler.finished(ctx, p, True)
-        self._pump(ctx)  # the prefill slot is free
         self.metrics.phase(ctx.model, "prefill", t1 - t0)
         tried: list[str] = []
         while True:
             try:
                 dleg = transport.decode_request(body, pctx, p.record, d.record, reply)
+                self._let_go(req, d)  # the decode leg counts d at once
                 resp = await self.legs.open_decode(d, dleg, path)
             except PdLegError as exc:
                 self.scheduler.finished(ctx, d, False)
@@ -216,6 +221,7 @@ class PdDispatcher:
             t2 = time.perf_counter()
             self.metrics.phase(ctx.model, "transfer", t2 - t1)
             self.metrics.phase(ctx.model, "decode_wait", t2 - t1)
+            self._pump(ctx)  # the prefill slot is free, the decode's counted by its leg
             return d, resp
 
     # -- concurrent push ----------------------------------------------------------------------
@@ -226,9 +232,10 @@ class PdDispatcher:
             pleg = transport.prefill_request(body, pctx, p.record, d.record)
             dleg = transport.decode_request(body, pctx, p.record, d.record, None)
         except BaseException:
-            if self._handed_over(req):
+            if self._let_go(req):
                 self.scheduler.finished(ctx, p, False)
                 self.scheduler.finished(ctx, d, False)
+                self._pump(ctx)
             raise
         t0 = time.perf_counter()
         ptask = asyncio.ensure_future(self._prefill_timed(ctx, p, pleg, path, t0))
@@ -240,7 +247,7 @@ class PdDispatcher:
             try:
                 await asyncio.wait((ptask, dtask), return_when=asyncio.FIRST_COMPLETED)
             finally:  # both legs count their workers by now
-                if self._handed_over(req):
+                if self._let_go(req):
                     self._pump(ctx)
             if not dtask.done() and ptask.exception() is not None:
                 raise _prefill_failure(ptask)
@@ -280,6 +287,16 @@ class PdDispatcher:
         return t1
 
     # -- the router queue's slots ---------------------------------------------------------------
+    def _take_pair(self, ctx: RequestContext, exclude: Collection[str]) -> Pair:
+        """A pair with its slots counted, for the queue: :class:`OverloadedError` while none is
+        free (the queue retries), an :class:`ApiError` when the model has no pair at all."""
+        try:
+            return _reserve(self.scheduler.pick_pair(ctx, (), exclude))
+        except OverloadedError:
+            raise
+        except SchedulingError as exc:
+            raise _api_error(exc) from None
+
     def _undo(self, ctx: RequestContext) -> Callable[[Pair], None]:
         """Give back a reserved pair that is not used (its client left, or it cannot be sent)."""
 
@@ -291,14 +308,20 @@ class PdDispatcher:
         return undo
 
     @staticmethod
-    def _handed_over(req: _Request) -> bool:
-        """The legs count the pair's workers now: drop the queue's reservation (True if held)."""
-        if not req.reserved:
-            return False
-        req.reserved = False
-        req.pair.prefill.in_flight -= 1
-        req.pair.decode.in_flight -= 1
-        return True
+    def _let_go(req: _Request, ep: Endpoint | None = None) -> bool:
+        """Stop counting the pick's slot on ``ep`` (its leg counts it now; None: every one still
+        held). True when one was held."""
+        held = req.held
+        if ep is None:
+            for e in held:
+                e.in_flight -= 1
+            req.held = []
+            return bool(held)
+        if ep in held:
+            held.remove(ep)
+            ep.in_flight -= 1
+            return True
+        return False
 
     def _pump(self, ctx: RequestContext) -> None:
         queue = self.core.queue

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from infera_core.testing.pd import MODEL, SimPdFleet, metric_sum, sim_pd_fleet
-from infera_core.testing.server import serving_fleet, settings_for
+from infera_core.testing.server import serving_fleet, settings_for, until
 
 BURST = 5
 
@@ -62,3 +62,19 @@ async def test_a_clients_own_priority_never_reaches_pd_engines_that_do_not_sched
         body = {"model": MODEL, "prompt": "hello there", "max_tokens": 2, "priority": 5}
         r = await c.post("/v1/completions", json=body)
         assert r.status_code == 200, r.text
+
+
+async def test_a_client_leaving_while_its_pd_request_waits_leaves_no_slot_taken(fleet: SimPdFleet) -> None:
+    settings = settings_for(max_inflight_per_worker=1, first_byte_timeout=30.0)
+    async with serving_fleet(*fleet.records, settings=settings) as (srv, c):
+        c.timeout = httpx.Timeout(60)
+        queue = srv.core.queue
+        assert queue is not None
+        body = {"model": MODEL, "prompt": "hello there", "max_tokens": 4, "ignore_eos": True}
+        tasks = [asyncio.ensure_future(c.post("/v1/completions", json=body)) for _ in range(3)]
+        await until(lambda: sum(len(q) for q in queue.queues.values()) >= 2, within=20)
+        tasks[-1].cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert [r.status_code for r in results[:-1] if isinstance(r, httpx.Response)] == [200, 200]
+        await until(lambda: all(ep.in_flight == 0 for ep in srv.core.table.by_id.values()), within=10)
+        assert not any(len(q) for q in queue.queues.values())
