@@ -16,6 +16,8 @@ import pytest
 from infera_core.testing.pd import MODEL, SimPdFleet, metric_sum, sim_pd_fleet
 from infera_core.testing.server import serving_fleet, settings_for, until
 
+pytestmark = pytest.mark.slow  # real sim processes, both protocol orders (as the other PD flows)
+
 BURST = 5
 
 
