@@ -60,6 +60,19 @@ class Status(StrEnum):
     DRAINING = "draining"
 
 
+class PriorityOrder(StrEnum):
+    """How an engine orders its waiting requests by the body's integer ``priority`` (the worker
+    record's ``priority``; None there: the engine does not schedule by priority, and the router
+    never sends the field)."""
+
+    LOWER_FIRST = "lower_first"
+    """Smaller values first: vLLM ``--scheduling-policy priority``; SGLang
+    ``--enable-priority-scheduling --schedule-low-priority-values-first``; the sim's
+    ``--scheduling-policy priority``."""
+    HIGHER_FIRST = "higher_first"
+    """Larger values first: SGLang ``--enable-priority-scheduling`` alone."""
+
+
 class KvEventsInfo(BaseModel):
     """Where and how a worker publishes KV cache events."""
 
@@ -154,6 +167,10 @@ class WorkerRecord(BaseModel):
     """LoRA adapters the engine serves besides ``model`` (vLLM's ``--lora-modules`` names, its
     ``/v1/models`` entries with a ``parent``): requests naming one are routed here, hashed from
     the adapter's own KV root (:func:`infera_core.kv.hashing.namespace_root`)."""
+    priority: PriorityOrder | None = None
+    """Whether (and which way) the engine schedules its waiting requests by the request body's
+    ``priority``: the router forwards the request's tier as that field to this worker only
+    (a vLLM without ``--scheduling-policy priority`` refuses a non-zero one in older releases)."""
 
     tasks: list[str] = Field(default_factory=lambda: [GENERATE])
     """What the worker's model serves (:data:`TASKS`): ``generate`` (chat, completions,

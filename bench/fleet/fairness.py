@@ -41,7 +41,8 @@ from infera_sim.engine import SimEngine
 from infera_sim.request import SimRequest
 from infera_sim.tokenizer import SimTokenizer
 
-from infera_core.scheduling.fairqueue import FairQueue, Shares, Waiter, request_cost, tier_of
+from infera_core.scheduling.fairqueue import FairQueue, Shares, Waiter, engine_priority, request_cost, tier_of
+from infera_core.worker import PriorityOrder
 
 
 @dataclass(slots=True)
@@ -108,6 +109,8 @@ class Replay:
                 prefill_tokens_per_s=a.prefill_rate,
                 itl_base_ms=a.itl_base_ms,
                 itl_slope_ms=a.itl_slope_ms,
+                max_num_seqs=getattr(a, "max_num_seqs", 256),
+                scheduling_policy="priority" if getattr(a, "engine_priority", False) else "fcfs",
             )
             self.engines.append(SimEngine(cfg, tok, publish=None))
         self.in_flight = [0] * a.sims
@@ -177,7 +180,10 @@ class Replay:
         self.in_flight[i] += 1
         self.shares.started(job.key, job.weight)
         rid = f"r{self.seq}-{id(job)}"
-        req = SimRequest(rid, job.prompt, job.max_tokens, ignore_eos=True)
+        priority = 0
+        if getattr(self.args, "engine_priority", False):  # what the router sends a priority worker
+            priority = engine_priority(job.tier, PriorityOrder.LOWER_FIRST)
+        req = SimRequest(rid, job.prompt, job.max_tokens, ignore_eos=True, priority=priority)
         req.stream = False
         eng = self.engines[i]
         eng.sim_time = max(eng.sim_time, now)
@@ -339,6 +345,18 @@ def main() -> None:
     ap.add_argument("--itl-base-ms", type=float, default=5.0)
     ap.add_argument("--itl-slope-ms", type=float, default=0.05)
     ap.add_argument("--blocks", type=int, default=65536, help="KV blocks per sim")
+    ap.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=256,
+        help="requests a sim runs at once (the rest wait in its own queue: set it under --cap)",
+    )
+    ap.add_argument(
+        "--engine-priority",
+        action="store_true",
+        help="sims schedule their waiting queue by priority (--scheduling-policy priority) and each"
+        " request carries its tier as the engine's priority, as the router sends it",
+    )
     ap.add_argument("--queue-max", type=int, default=1024)
     ap.add_argument("--queue-timeout", type=float, default=30.0)
     ap.add_argument(

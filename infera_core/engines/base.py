@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from infera_core.errors import PluginError
 from infera_core.registry import Registry
-from infera_core.worker import KvEventsInfo, PdInfo, Role
+from infera_core.worker import KvEventsInfo, PdInfo, PriorityOrder, Role
 
 if TYPE_CHECKING:  # httpx costs ~0.4 s to import: only the launcher's probes need it
     import httpx
@@ -174,6 +174,8 @@ class RecordFields:
     tasks: list[str] | None = None
     """What the model serves (``WorkerRecord.tasks``) when the launch says so; None: the
     launcher learns it from the engine (its routes), else ``generate``."""
+    priority: PriorityOrder | None = None
+    """How the engine schedules by the body's ``priority`` (None: it does not)."""
 
 
 @runtime_checkable

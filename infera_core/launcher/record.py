@@ -33,4 +33,5 @@ def launch_record(
         pd=fields.pd,
         labels={**fields.labels, **(labels or {})},
         **({"tasks": list(fields.tasks)} if fields.tasks else {}),
+        priority=fields.priority,
     )

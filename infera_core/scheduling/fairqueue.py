@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from infera_core.worker import PriorityOrder
+
 TIERS: dict[str, int] = {"critical": 1, "standard": 0, "sheddable": -1}
 """Named priority tiers (higher is served first; negative is sheddable)."""
 TIER_NAMES: dict[int, str] = {v: k for k, v in TIERS.items()}
@@ -50,6 +52,15 @@ def tier_of(value: str | int) -> int:
         return int(text)
     except ValueError:
         raise ValueError(f"priority must be one of {', '.join(TIERS)} or an integer, not {value!r}") from None
+
+
+def engine_priority(tier: int, order: PriorityOrder) -> int:
+    """The body ``priority`` a worker scheduling by priority gets for a request of ``tier`` —
+    the one place tiers meet engine values. An engine serving lower values first (vLLM
+    ``--scheduling-policy priority``, SGLang with ``--schedule-low-priority-values-first``, the
+    sim) gets ``-tier``: critical -1, standard 0 (the engines' default), sheddable 1; SGLang's
+    default order (larger first) gets the tier itself."""
+    return -tier if order is PriorityOrder.LOWER_FIRST else tier
 
 
 def tier_label(tier: int) -> str:

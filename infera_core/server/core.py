@@ -34,6 +34,7 @@ from infera_core.server.hangs import HangDetector
 from infera_core.server.loops import LOOP_HEADER, LOOP_STATUS, loop_error, via_value
 from infera_core.server.metrics import ServerMetrics
 from infera_core.server.not_found import EngineAnswer, engine_error, not_an_engine
+from infera_core.server.priority import with_priority
 from infera_core.server.queue import RouterQueue, ticket_for
 from infera_core.server.routing_mode import RoutingModes
 from infera_core.server.tenancy import CacheSalting
@@ -206,7 +207,8 @@ class RouterCore:
             "Via": via_value(via, self.router_id),
         }
         queue = self.queue if self.queue is not None and self.queue.enabled else None
-        ticket = ticket_for(ctx.principal, ctx.headers) if queue is not None else None
+        ticket = ticket_for(ctx.principal, ctx.headers)  # the queue's order; the engine's priority
+        client_priority = "priority" in ctx.body
         tr = ctx.trace  # OpenTelemetry spans (tracing.py), None when tracing is off
         if self.prepare is not None and self.scheduler.profile_of(ctx).needs_tokens:
             if tr is None:
@@ -214,7 +216,7 @@ class RouterCore:
             else:
                 await traced_prepare(self.prepare, ctx, tr)
         for attempt in range(attempts):
-            if attempt == 0 and queue is not None and ticket is not None:
+            if attempt == 0 and queue is not None:
                 pick = queue.acquire(ctx, ticket)  # its slot taken: in_flight counted
                 ep = await (pick if tr is None else traced_acquire(pick, ctx, tr))
             else:
@@ -238,8 +240,12 @@ class RouterCore:
                 sent = {**sent, "traceparent": tr.open_upstream(ep.worker_id, attempt)}
             hangs = self.hangs
             wait = hangs.begin(ep, task) if hangs is not None else None
+            order = ep.record.priority
+            sent_body = body
+            if order is not None or client_priority:  # the tier as the engine's priority (priority.py)
+                sent_body = with_priority(body, ctx.body, ticket.tier, order)
             try:
-                resp = await ep.upstream.open(ep, path, body, sent)
+                resp = await ep.upstream.open(ep, path, sent_body, sent)
             except PoolTimeoutError as exc:
                 if hangs is not None:
                     hangs.end(wait, False)

@@ -26,7 +26,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -47,6 +47,7 @@ RECHECK_S = 0.02
 """Re-check period while waiters exist and a slot may free without a local event."""
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
+T = TypeVar("T")
 Schedule = Callable[[RequestContext, bool], Endpoint]
 """Pick a worker for a request, ``True``: leaving the headroom free (raises
 :class:`OverloadedError` when every worker is saturated)."""
@@ -143,9 +144,13 @@ class _DepthCollector(Collector):
 @dataclass(slots=True, eq=False)
 class _Entry:
     ctx: RequestContext
-    future: asyncio.Future[Endpoint]
+    future: asyncio.Future[Any]
     timer: asyncio.TimerHandle | None = None
     model: str = ""
+    take: Callable[[], Any] | None = None
+    """How a waiter that is not the plain path takes its slots (a PD pair); None: ``_take``."""
+    undo: Callable[[Any], None] | None = None
+    """Gives back what ``take`` took, when the client left as it was dispatched."""
 
 
 class RouterQueue:
@@ -205,10 +210,32 @@ class RouterQueue:
     async def acquire(self, ctx: RequestContext, ticket: Ticket) -> Endpoint:
         """A worker for ``ctx`` with its slot taken (``in_flight`` counted): now, or once the
         queue reaches it. Raises :class:`ApiError` when refused, shed or timed out."""
+        ep: Endpoint = await self._acquire(ctx, ticket, None, None)
+        return ep
+
+    async def acquire_with(
+        self, ctx: RequestContext, ticket: Ticket, take: Callable[[], T], undo: Callable[[T], None]
+    ) -> T:
+        """What ``take()`` returns (a PD pair, its slots reserved), now or once the queue reaches
+        ``ctx``: ``take`` raises :class:`OverloadedError` while it cannot, and is retried in the
+        queue's order whenever a slot frees; ``undo`` gives it back if the client left meanwhile.
+        Raises :class:`ApiError` when refused, shed or timed out."""
+        got: T = await self._acquire(ctx, ticket, take, undo)
+        return got
+
+    async def _acquire(
+        self,
+        ctx: RequestContext,
+        ticket: Ticket,
+        take: Callable[[], Any] | None,
+        undo: Callable[[Any], None] | None = None,
+    ) -> Any:
         model = ctx.model
         q = self.queues.get(model)
         if q is None or not len(q):
             try:
+                if take is not None:
+                    return take()
                 return self._take(ctx, ticket.key, ticket.tier, ticket.weight, q)
             except OverloadedError as exc:
                 reason = str(exc)
@@ -218,7 +245,7 @@ class RouterQueue:
             reason = "other requests for this model are queued"
         now = self.clock()
         loop = asyncio.get_running_loop()
-        entry = _Entry(ctx, loop.create_future(), None, model)
+        entry = _Entry(ctx, loop.create_future(), None, model, take, undo)
         w = Waiter(ticket.key, ticket.tier, self._cost(ctx), now, None, ticket.weight, entry)
         if ticket.deadline_ms is not None:
             w.deadline = now + ticket.deadline_ms / 1000.0
@@ -254,7 +281,10 @@ class RouterQueue:
             return
         fut = entry.future
         if fut.done() and not fut.cancelled() and fut.exception() is None:
-            self._release(entry.ctx, fut.result())  # dispatched as the client left: free the slot
+            if entry.undo is not None:  # dispatched as the client left: free the slot(s)
+                entry.undo(fut.result())
+            else:
+                self._release(entry.ctx, fut.result())
             self.freed(entry.ctx)
 
     def _take(self, ctx: RequestContext, key: str, tier: int, weight: float, q: FairQueue | None) -> Endpoint:
@@ -375,7 +405,10 @@ class RouterQueue:
         def place(w: Waiter) -> bool:
             entry: _Entry = w.payload
             try:
-                ep = self._take(entry.ctx, w.key, w.tier, w.weight, q)
+                if entry.take is not None:
+                    ep = entry.take()
+                else:
+                    ep = self._take(entry.ctx, w.key, w.tier, w.weight, q)
             except OverloadedError:
                 return False
             except ApiError as exc:  # the model lost its workers meanwhile

@@ -186,10 +186,11 @@ def _route_span(tr: RequestTrace) -> Iterator[Any]:
         raise
 
 
-def traced_pair(pick: Callable[[], Any], tr: RequestTrace) -> Any:
-    """A PD pair's choice (``pick()``) inside an ``infera.route`` span naming both workers."""
+async def traced_pair(pick: Awaitable[Any], tr: RequestTrace) -> Any:
+    """A PD pair's choice (after a wait in the router queue, maybe) inside an ``infera.route``
+    span naming both workers."""
     with _route_span(tr) as span:
-        pair = pick()
+        pair = await pick
     span.set_attribute("infera.worker", pair.decode.worker_id)
     span.set_attribute("infera.prefill_worker", pair.prefill.worker_id)
     span.end()

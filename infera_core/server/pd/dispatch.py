@@ -23,9 +23,8 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Collection
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from typing import Any
 
 from infera_core.engines.pd import (
@@ -43,6 +42,8 @@ from infera_core.scheduling.types import Endpoint
 from infera_core.server.errors import ApiError
 from infera_core.server.pd.legs import LegFailed, Legs
 from infera_core.server.pd.metrics import PdMetrics
+from infera_core.server.priority import body_with_priority
+from infera_core.server.queue import ticket_for
 from infera_core.server.tracing import decode_span, prefill_span, traced_pair, traced_prepare
 from infera_core.transports.upstreams import UpstreamResponse
 
@@ -66,6 +67,9 @@ class _Request:
     pair: Pair
     path: str
     attempt: int
+    held: list[Endpoint] = field(default_factory=list)
+    """The pair's workers whose slot is still counted for it from the pick (``in_flight``),
+    until its leg to that worker counts it itself (:meth:`PdDispatcher._let_go`)."""
 
 
 class PdDispatcher:
@@ -116,10 +120,21 @@ class PdDispatcher:
             await (prepare(ctx) if tr is None else traced_prepare(prepare, ctx, tr))
         tried_prefill: list[str] = []
         last: ApiError | None = None
+        queue = self.core.queue
+        ticket = ticket_for(ctx.principal, ctx.headers)  # the queue's order; the engines' priority
         for attempt in range(1 + self.config.max_pair_retries):
+            # the pair's slots are counted from the pick on, so the cap holds for both leg orders
             try:
-                pick = partial(self.scheduler.pick_pair, ctx, tried_prefill, exclude)
-                pair = pick() if tr is None else traced_pair(pick, tr)
+                if attempt == 0 and queue is not None and queue.enabled:  # none free: wait in order
+                    pick = queue.acquire_with(
+                        ctx,
+                        ticket,
+                        lambda: self._take_pair(ctx, exclude),
+                        self._undo(ctx),
+                    )
+                else:
+                    pick = self._pick_now(ctx, tried_prefill, exclude)
+                pair = await (pick if tr is None else traced_pair(pick, tr))
             except SchedulingError as exc:
                 raise (last or _api_error(exc)) from None
             p = pair.prefill
@@ -135,12 +150,18 @@ class PdDispatcher:
             try:
                 transport.prepare(pctx, p.record, pair.decode.record)
             except PdUnsupported as exc:
+                self._undo(ctx)(pair)
                 raise ApiError(
                     400, f"This model is served with PD ({protocol}): {exc}", code="pd_unsupported"
                 ) from None
             self.metrics.paired(p.worker_id, pair.decode.worker_id)
+            # the tier as the engines' priority where both legs' engines schedule alike (priority.py)
+            order = p.record.priority if p.record.priority == pair.decode.record.priority else None
+            legs_body = client_body
+            if order is not None or "priority" in client_body:
+                legs_body = body_with_priority(client_body, ticket.tier, order)
             try:
-                req = _Request(ctx, client_body, pctx, transport, pair, path, attempt)
+                req = _Request(ctx, legs_body, pctx, transport, pair, path, attempt, [p, pair.decode])
                 if transport.order is PdOrder.SERIAL:
                     return await self._serial(req)
                 return await self._concurrent(req)
@@ -156,9 +177,17 @@ class PdDispatcher:
 
     # -- serial pull ------------------------------------------------------------------------
     async def _serial(self, req: _Request) -> Routed:
+        try:
+            return await self._serial_legs(req)
+        finally:
+            if self._let_go(req):  # a leg never opened
+                self._pump(req.ctx)
+
+    async def _serial_legs(self, req: _Request) -> Routed:
         ctx, body, pctx, transport, path = req.ctx, req.body, req.pctx, req.transport, req.path
         p, d = req.pair.prefill, req.pair.decode
         leg = transport.prefill_request(body, pctx, p.record, d.record)
+        self._let_go(req, p)  # the prefill leg counts p at once (no await between)
         t0 = time.perf_counter()
         try:
             with prefill_span(ctx.trace, leg.headers, p.worker_id, req.attempt):
@@ -175,6 +204,7 @@ class PdDispatcher:
             try:
                 dleg = transport.decode_request(body, pctx, p.record, d.record, reply)
                 decode_span(ctx.trace, dleg.headers, d.worker_id, len(tried))
+                self._let_go(req, d)  # the decode leg counts d at once
                 resp = await self.legs.open_decode(d, dleg, path)
             except PdLegError as exc:
                 self.scheduler.finished(ctx, d, False)
@@ -197,14 +227,22 @@ class PdDispatcher:
             t2 = time.perf_counter()
             self.metrics.phase(ctx.model, "transfer", t2 - t1)
             self.metrics.phase(ctx.model, "decode_wait", t2 - t1)
+            self._pump(ctx)  # the prefill slot is free, the decode's counted by its leg
             return d, resp
 
     # -- concurrent push ----------------------------------------------------------------------
     async def _concurrent(self, req: _Request) -> Routed:
         ctx, body, pctx, transport, path = req.ctx, req.body, req.pctx, req.transport, req.path
         p, d = req.pair.prefill, req.pair.decode
-        pleg = transport.prefill_request(body, pctx, p.record, d.record)
-        dleg = transport.decode_request(body, pctx, p.record, d.record, None)
+        try:
+            pleg = transport.prefill_request(body, pctx, p.record, d.record)
+            dleg = transport.decode_request(body, pctx, p.record, d.record, None)
+        except BaseException:
+            if self._let_go(req):
+                self.scheduler.finished(ctx, p, False)
+                self.scheduler.finished(ctx, d, False)
+                self._pump(ctx)
+            raise
         decode_span(ctx.trace, dleg.headers, d.worker_id, 0)
         t0 = time.perf_counter()
         ptask = asyncio.ensure_future(self._prefill_timed(req, pleg, t0))
@@ -213,7 +251,11 @@ class PdDispatcher:
         dtask = asyncio.ensure_future(self.legs.open_decode(d, dleg, path))
         decode_finished = False
         try:
-            await asyncio.wait((ptask, dtask), return_when=asyncio.FIRST_COMPLETED)
+            try:
+                await asyncio.wait((ptask, dtask), return_when=asyncio.FIRST_COMPLETED)
+            finally:  # both legs count their workers by now
+                if self._let_go(req):
+                    self._pump(ctx)
             if not dtask.done() and ptask.exception() is not None:
                 raise _prefill_failure(ptask)
             try:
@@ -248,14 +290,68 @@ class PdDispatcher:
             ok = True
         finally:
             self.scheduler.finished(ctx, p, ok)
+            self._pump(ctx)
         t1 = time.perf_counter()
         self.metrics.phase(ctx.model, "prefill", t1 - t0)
         return t1
+
+    # -- the router queue's slots ---------------------------------------------------------------
+    async def _pick_now(self, ctx: RequestContext, tried: list[str], exclude: Collection[str]) -> Pair:
+        """A pair without waiting (a retry, or the queue off), its slots counted."""
+        return _reserve(self.scheduler.pick_pair(ctx, tried, exclude))
+
+    def _take_pair(self, ctx: RequestContext, exclude: Collection[str]) -> Pair:
+        """A pair with its slots counted, for the queue: :class:`OverloadedError` while none is
+        free (the queue retries), an :class:`ApiError` when the model has no pair at all."""
+        try:
+            return _reserve(self.scheduler.pick_pair(ctx, (), exclude))
+        except OverloadedError:
+            raise
+        except SchedulingError as exc:
+            raise _api_error(exc) from None
+
+    def _undo(self, ctx: RequestContext) -> Callable[[Pair], None]:
+        """Give back a reserved pair that is not used (its client left, or it cannot be sent)."""
+
+        def undo(pair: Pair) -> None:
+            for ep in (pair.prefill, pair.decode):
+                ep.in_flight -= 1
+                self.scheduler.finished(ctx, ep, False)
+
+        return undo
+
+    @staticmethod
+    def _let_go(req: _Request, ep: Endpoint | None = None) -> bool:
+        """Stop counting the pick's slot on ``ep`` (its leg counts it now; None: every one still
+        held). True when one was held."""
+        held = req.held
+        if ep is None:
+            for e in held:
+                e.in_flight -= 1
+            req.held = []
+            return bool(held)
+        if ep in held:
+            held.remove(ep)
+            ep.in_flight -= 1
+            return True
+        return False
+
+    def _pump(self, ctx: RequestContext) -> None:
+        queue = self.core.queue
+        if queue is not None and queue.queues:
+            queue.pump(ctx.model)
 
     def _forget(self, task: asyncio.Task[Any]) -> None:
         self._background.discard(task)
         if not task.cancelled():
             task.exception()  # retrieved: counted by Legs already
+
+
+def _reserve(pair: Pair) -> Pair:
+    """Count ``pair``'s slots for it at once, so the queue's next waiter does not take them too."""
+    pair.prefill.in_flight += 1
+    pair.decode.in_flight += 1
+    return pair
 
 
 def _abandon(dtask: asyncio.Future[UpstreamResponse], ep: Endpoint) -> None:

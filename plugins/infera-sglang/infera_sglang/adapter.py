@@ -28,7 +28,7 @@ from infera_core.engines.support import (
     metrics_in_flight,
 )
 from infera_core.errors import EngineError
-from infera_core.worker import KvEventsInfo
+from infera_core.worker import KvEventsInfo, PriorityOrder
 from infera_sglang import offload
 from infera_sglang.parallel import (
     DP_MODES,
@@ -122,8 +122,33 @@ OPTIONS: tuple[EngineOption, ...] = (
         "the router picks the rank; plain: SGLang's plain DP as one launcher per replica (--dp-rank K), "
         "each an ordinary worker on GPUs from K x tp.",
     ),
+    EngineOption(
+        "enable_priority_scheduling",
+        bool,
+        False,
+        "SGLang --enable-priority-scheduling: waiting requests by the body's priority (larger first);"
+        " the worker record says so and the router forwards each request's tier as its priority.",
+        is_flag=True,
+    ),
+    EngineOption(
+        "schedule_low_priority_values_first",
+        bool,
+        False,
+        "SGLang --schedule-low-priority-values-first: with priority scheduling, smaller values first"
+        " (as vLLM); the router sends the values the other way round.",
+        is_flag=True,
+    ),
     *offload.OPTIONS,
 )
+
+
+def _priority_order(ctx: LaunchContext) -> PriorityOrder | None:
+    """How the launched SGLang orders by ``priority`` (None: no priority scheduling)."""
+    if not ctx.options.get("enable_priority_scheduling"):
+        return None
+    if ctx.options.get("schedule_low_priority_values_first"):
+        return PriorityOrder.LOWER_FIRST
+    return PriorityOrder.HIGHER_FIRST
 
 
 def _page_size(ctx: LaunchContext) -> int:
@@ -221,6 +246,11 @@ class SglangAdapter(AdapterBase):
         flags += transfer_plan(ctx).flags
         flags += decode_radix_flags(ctx)  # a decode worker's KV events need its radix cache
         flags += offload.offload_flags(ctx)  # HiCache / LMCache
+        order = _priority_order(ctx)
+        if order is not None:
+            flags.append("--enable-priority-scheduling")
+            if order is PriorityOrder.LOWER_FIRST:
+                flags.append("--schedule-low-priority-values-first")
         return flags + list(ctx.engine_args)
 
     def record_fields(self, ctx: LaunchContext) -> RecordFields:
@@ -243,6 +273,7 @@ class SglangAdapter(AdapterBase):
             dp_size=dp,
             # SGLang mounts every route for every model: its flag, not its routes, says the kind
             tasks=["embed"] if "--is-embedding" in ctx.engine_args else ["generate"],
+            priority=_priority_order(ctx),
         )
 
     async def served_block_size(self, engine: RunningEngine) -> int | None:

@@ -108,3 +108,27 @@ def test_is_embedding_says_what_the_model_serves() -> None:
     adapter = SglangAdapter()
     assert adapter.record_fields(ctx(engine_args=["--is-embedding"])).tasks == ["embed"]
     assert adapter.record_fields(ctx()).tasks == ["generate"]
+
+
+@pytest.mark.parametrize(
+    ("options", "emitted", "recorded"),
+    [
+        ({}, [], None),
+        ({"enable_priority_scheduling": True}, ["--enable-priority-scheduling"], "higher_first"),
+        (
+            {"enable_priority_scheduling": True, "schedule_low_priority_values_first": True},
+            ["--enable-priority-scheduling", "--schedule-low-priority-values-first"],
+            "lower_first",
+        ),
+        ({"schedule_low_priority_values_first": True}, [], None),  # SGLang ignores it without the first
+    ],
+)
+def test_priority_scheduling_reaches_sglang_and_the_record(
+    sglang_python: str, options: dict[str, bool], emitted: list[str], recorded: str | None
+) -> None:
+    c = ctx(engine_python=sglang_python)
+    c.options.update(options)
+    adapter = SglangAdapter()
+    argv = adapter.build_launch(c).argv
+    assert [a for a in argv if a.startswith("--") and "priority" in a] == emitted
+    assert adapter.record_fields(c).priority == recorded

@@ -8,9 +8,17 @@ from collections.abc import Sequence
 from infera_core.engines.base import EngineOption, LaunchContext, LaunchSpec, RecordFields, RunningEngine
 from infera_core.engines.support import bracket_host, free_ports
 from infera_core.errors import EngineError
-from infera_core.worker import KvEventsInfo, PdInfo
+from infera_core.worker import KvEventsInfo, PdInfo, PriorityOrder
 from infera_sim import __version__
-from infera_sim.config import KV_LAYOUTS, PD_PROTOCOLS, TASKS, SimConfig, build_parser, lora_modules
+from infera_sim.config import (
+    KV_LAYOUTS,
+    PD_PROTOCOLS,
+    SCHEDULING_POLICIES,
+    TASKS,
+    SimConfig,
+    build_parser,
+    lora_modules,
+)
 from infera_sim.metrics import parse_gauges
 from infera_sim.tokenizer import make_tokenizer
 
@@ -70,6 +78,14 @@ class SimAdapter:
                 choices=KV_LAYOUTS,
             ),
             EngineOption(
+                "scheduling_policy",
+                str,
+                None,
+                "order of the sim's waiting requests, as vLLM --scheduling-policy: fcfs, or priority (the"
+                " body's priority, lower first; the worker record tells the router to send it) [default: fcfs]",
+                choices=SCHEDULING_POLICIES,
+            ),
+            EngineOption(
                 "pd_protocol",
                 str,
                 "vllm-nixl",
@@ -111,6 +127,7 @@ class SimAdapter:
             "cpu_load_tokens_per_s",
             "speedup",
             "kv_events_layout",
+            "scheduling_policy",
             "pd_protocol",
             "task",
         ):
@@ -184,6 +201,7 @@ class SimAdapter:
             dp_rank=ctx.dp_rank,
             dp_size=cfg.dp_size if cfg.dp_size > 1 else ctx.dp_size,
             labels={"engine": "sim"},
+            priority=PriorityOrder.LOWER_FIRST if cfg.scheduling_policy == "priority" else None,
         )
 
     async def is_ready(self, engine: RunningEngine) -> bool:

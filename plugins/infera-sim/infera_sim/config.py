@@ -18,6 +18,7 @@ DENSE_EXTERNAL_DP = (
 )
 """What vLLM 0.32 says when it refuses external-LB DP for a dense model (``arg_utils.py``)."""
 KV_LAYOUTS = ("map", "array")
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass(slots=True)
@@ -61,6 +62,9 @@ class SimConfig:
     # timing
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    scheduling_policy: str = "fcfs"
+    """vLLM's ``--scheduling-policy``: ``fcfs``, or ``priority`` (waiting requests by the body's
+    ``priority``, lower first, then arrival; a non-zero ``priority`` is refused under ``fcfs``)."""
     prefill_tokens_per_s: float = 20000.0
     itl_base_ms: float = 5.0
     itl_slope_ms: float = 0.05
@@ -186,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once")
     a("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, help="token budget per step")
+    a(
+        "--scheduling-policy",
+        choices=SCHEDULING_POLICIES,
+        default=d.scheduling_policy,
+        help="order of waiting requests, as vLLM's: fcfs, or priority (the body's priority, lower first)",
+    )
     a("--prefill-tokens-per-s", type=_positive_float, default=d.prefill_tokens_per_s, help="prefill speed")
     a("--itl-base-ms", type=float, default=d.itl_base_ms, help="decode step time with one request")
     a("--itl-slope-ms", type=float, default=d.itl_slope_ms, help="extra decode step time per running request")

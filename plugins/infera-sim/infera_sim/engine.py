@@ -63,8 +63,22 @@ class SimEngine:
 
     def add(self, req: SimRequest) -> None:
         req.arrival = self.now()
-        self.waiting.append(req)
+        self._wait(req)
         self._work.set()
+
+    def _wait(self, req: SimRequest) -> None:
+        """Queue ``req``: at the back (``fcfs``), or (``--scheduling-policy priority``, as vLLM's
+        priority queue) before the first waiter of a larger ``(priority, arrival)``."""
+        waiting = self.waiting
+        if self.cfg.scheduling_policy != "priority" or not waiting or waiting[-1].priority <= req.priority:
+            waiting.append(req)
+            return
+        rank = (req.priority, req.arrival)
+        for i, other in enumerate(waiting):
+            if (other.priority, other.arrival) > rank:
+                waiting.insert(i, req)
+                return
+        waiting.append(req)
 
     def abort(self, req: SimRequest) -> None:
         """The client went away: free what the request holds."""
@@ -309,7 +323,10 @@ class SimEngine:
         r.hashes = []
         r.committed = 0
         r.num_computed = 0
-        self.waiting.appendleft(r)
+        if self.cfg.scheduling_policy == "priority":
+            self._wait(r)  # by (priority, arrival), as vLLM re-queues a preempted request
+        else:
+            self.waiting.appendleft(r)
         self.metrics.preemptions += 1
 
     def _release(self, r: SimRequest) -> None:

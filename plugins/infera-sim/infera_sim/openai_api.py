@@ -54,6 +54,8 @@ class Parsed:
     return_token_ids: bool = False
     """vLLM's ``return_token_ids``: streamed chunks carry ``token_ids`` (and the first one the
     ``prompt_token_ids``)."""
+    priority: int = 0
+    """vLLM's ``priority`` (lower first; only with ``--scheduling-policy priority``)."""
     prompt_logprobs: int | None = None
     """vLLM's ``prompt_logprobs``: per prompt token, this many alternatives (the answer grows by
     one entry per prompt token, placed where vLLM places it)."""
@@ -72,6 +74,7 @@ class Parsed:
                 stop_token_ids=self.stop_token_ids,
                 cache_salt=self.cache_salt,
                 lora=self.lora,
+                priority=self.priority,
             )
             for i, prompt in enumerate(self.prompts)
         ]
@@ -207,9 +210,20 @@ def parse(body: dict[str, Any], tok: EngineTokenizer, cfg: SimConfig, chat: bool
         tool_call=_tool_call(body) if chat else None,
         prompt_logprobs=prompt_logprobs,
         cache_salt=_cache_salt(body),
+        priority=_priority(body, cfg.scheduling_policy),
         lora=lora,
         return_token_ids=bool(body.get("return_token_ids")),
     )
+
+
+def _priority(body: dict[str, Any], policy: str) -> int:
+    """vLLM's ``priority``: an integer; a non-zero one without ``--scheduling-policy priority``
+    is refused, with the message vLLM's processor gave (the router must send it only to workers
+    that schedule by priority)."""
+    value = _int(body, "priority", 0, -(2**63)) or 0
+    if value and policy != "priority":
+        raise ApiError(f"Got priority {value} but Priority scheduling is not enabled.", "priority")
+    return value
 
 
 def _cache_salt(body: dict[str, Any]) -> str | None:

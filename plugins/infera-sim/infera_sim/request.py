@@ -69,6 +69,7 @@ class SimRequest:
         "num_computed",
         "output",
         "pd",
+        "priority",
         "prompt",
         "request_id",
         "stop",
@@ -92,8 +93,11 @@ class SimRequest:
         stop_token_ids: list[int] | None = None,
         cache_salt: str | None = None,
         lora: tuple[str, int] | None = None,
+        priority: int = 0,
     ) -> None:
         self.request_id = request_id
+        self.priority = priority
+        """vLLM's ``priority`` (lower first) under ``--scheduling-policy priority``."""
         self.cache_salt = cache_salt
         """Folded into the first block's hash (vLLM's ``cache_salt``)."""
         self.lora = lora

@@ -30,7 +30,7 @@ from infera_core.engines.support import (
     metrics_in_flight,
 )
 from infera_core.errors import EngineError
-from infera_core.worker import KvEventsInfo
+from infera_core.worker import KvEventsInfo, PriorityOrder
 from infera_vllm import model_config, offload
 from infera_vllm.transfer import transfer_plan
 
@@ -105,6 +105,15 @@ OPTIONS: tuple[EngineOption, ...] = (
         None,
         "vLLM --kv-transfer-config JSON, merged with what --role prefill/decode needs (kv_role, "
         "engine_id, ports in kv_connector_extra_config); a kv_role contradicting --role is refused.",
+    ),
+    EngineOption(
+        "scheduling_policy",
+        str,
+        None,
+        "vLLM --scheduling-policy: fcfs, or priority (waiting requests by the body's priority, lower first);"
+        " with priority the worker record says so and the router forwards each request's tier as its"
+        " priority [default: vLLM's own, fcfs].",
+        choices=("fcfs", "priority"),
     ),
     EngineOption("dp_size", int, 1, "External-LB data-parallel size (one launcher per rank)."),
     EngineOption("dp_rank", int, None, "This launcher's data-parallel rank (0 … --dp-size - 1)."),
@@ -224,6 +233,9 @@ class VllmAdapter(AdapterBase):
                 str(rank),
                 "--data-parallel-external-lb",
             ]
+        policy = ctx.options.get("scheduling_policy")
+        if policy:
+            flags += ["--scheduling-policy", str(policy)]
         transfer = transfer_plan(ctx)
         if transfer.config:
             flags += ["--kv-transfer-config", transfer.config_json()]
@@ -247,6 +259,9 @@ class VllmAdapter(AdapterBase):
             dp_rank=rank if size > 1 else None,
             dp_size=size,
             tasks=pooling_tasks(ctx.engine_args),
+            priority=PriorityOrder.LOWER_FIRST
+            if ctx.options.get("scheduling_policy") == "priority"
+            else None,
         )
 
     async def served_block_size(self, engine: RunningEngine) -> int | None:

@@ -192,3 +192,16 @@ def test_dp_from_the_adapter_flags_when_the_launcher_has_none(vllm_cpu: str) -> 
     c.options.update(dp_rank=2)
     with pytest.raises(EngineError, match="--dp-rank 2"):
         adapter.build_launch(c)
+
+
+@pytest.mark.parametrize(("policy", "recorded"), [(None, None), ("fcfs", None), ("priority", "lower_first")])
+def test_scheduling_policy_reaches_vllm_and_the_record(policy: str | None, recorded: str | None) -> None:
+    c = ctx()
+    if policy is not None:
+        c.options["scheduling_policy"] = policy
+    argv = VllmAdapter().engine_flags(c)
+    assert (flag(argv, "--scheduling-policy") if policy else "--scheduling-policy" not in argv) in (
+        policy,
+        True,
+    )
+    assert VllmAdapter().record_fields(c).priority == recorded
