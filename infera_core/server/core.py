@@ -205,7 +205,9 @@ class RouterCore:
             else:
                 await traced_prepare(self.prepare, ctx, tr)
         for attempt in range(attempts):
-            if attempt == 0 and queue is not None and ticket is not None:
+            # a request kept off some workers (pinned, migrated) is scheduled without the queue,
+            # which picks among all of them
+            if attempt == 0 and queue is not None and ticket is not None and not tried:
                 pick = queue.acquire(ctx, ticket)  # its slot taken: in_flight counted
                 ep = await (pick if tr is None else traced_acquire(pick, ctx, tr))
             else:
