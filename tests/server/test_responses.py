@@ -5,12 +5,14 @@ retrieve, delete, input items, and the 404s of an unknown id or a gone worker.""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from infera_core.testing.fixtures import make_hooks
+from infera_core.testing.serve_processes import CLOSE, serve_processes
 from infera_core.testing.server import RunningServer, serving, settings_for, until
 from infera_core.worker import WorkerRecord
 
@@ -145,3 +147,36 @@ async def test_an_id_answered_elsewhere_is_found_on_its_worker(
         )
         assert chained.status_code == 200, chained.text
         assert chained.headers["x-infera-worker"] == "sim1"
+
+
+def test_chains_reach_the_storing_worker_whichever_process_routes_them(
+    sims: list[SimHandle], tmp_path: Path
+) -> None:
+    """``serve --processes 2`` (a new connection per request, spread over both processes): a
+    process that did not relay the previous response finds its worker all the same."""
+    fleet = [
+        {"worker_id": f"sim{i}", "url": s.url, "model": MODEL, "engine": "sim"} for i, s in enumerate(sims)
+    ]
+    with serve_processes(fleet, tmp_path) as serve:
+        before = serve.answered()
+        for n in range(4):
+            first = serve.http.post(
+                "/v1/responses",
+                json={"model": MODEL, "input": f"chain {n}", "max_output_tokens": 2},
+                headers=CLOSE,
+            )
+            assert first.status_code == 200, first.text
+            worker, prev = first.headers["x-infera-worker"], first.json()["id"]
+            for turn in range(3):
+                body = {
+                    "model": MODEL,
+                    "input": f"turn {turn}",
+                    "previous_response_id": prev,
+                    "max_output_tokens": 2,
+                }
+                nxt = serve.http.post("/v1/responses", json=body, headers=CLOSE)
+                assert nxt.status_code == 200, nxt.text
+                assert nxt.headers["x-infera-worker"] == worker
+                prev = nxt.json()["id"]
+        after = serve.answered()
+        assert all(after[p] > before.get(p, 0) for p in after), (before, after)  # both processes routed
