@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from typing import Any
 
 from infera_core.request import RequestContext
@@ -34,6 +35,7 @@ from infera_core.util.responses_input import chat_messages
 ROUTE = "/v1/responses"
 _ID_WINDOW = 64 * 1024
 """Bytes of a stream's start searched for the response id (its first event carries it)."""
+_DELTA = b"event: response.output_text.delta"
 _INPUT_RE = re.compile(rb'"input_tokens"\s*:\s*(\d+)')
 _OUTPUT_RE = re.compile(rb'"output_tokens"\s*:\s*(\d+)')
 _CHAT_FIELDS = ("user", "tools", "tool_choice", "temperature", "top_p", "stream", "cache_salt", "priority")
@@ -139,11 +141,18 @@ class ResponsesProxy(ProxyEndpoint):
         )
         head = bytearray()
         tail = b""
-        events = 0
+        events = deltas = 0
+        first = last = 0.0  # the first and the latest text delta: TTFT and ITL, as for chat
         noted = not store
 
         async def emit(chunk: bytes) -> None:
-            nonlocal tail, events, noted
+            nonlocal tail, events, noted, deltas, first, last
+            n = chunk.count(_DELTA)
+            if n:
+                last = time.perf_counter()
+                if not deltas:
+                    first = last
+                deltas += n
             if not noted:
                 head.extend(chunk[: _ID_WINDOW - len(head)])
                 rid = response_id_of(bytes(head))
@@ -167,6 +176,13 @@ class ResponsesProxy(ProxyEndpoint):
             await send({"type": "http.response.body", "body": data, "more_body": False})
             self.count_relayed(ctx, events)
             return False
+        if deltas:
+            if ctx.access is not None:
+                ctx.access.ttft = first - t0
+                ctx.access.cached = cached_of(tail)
+            self.core.metrics.stream_timing(
+                ctx.model, first - t0, (last - first) / (deltas - 1) if deltas > 1 else None
+            )
         p, c = usage_of_response(tail)
         if p or c:
             self.count_usage(ctx, p, c)

@@ -43,7 +43,7 @@ async def oai(srv: RunningServer) -> AsyncIterator[openai.AsyncOpenAI]:
         yield client
 
 
-async def test_create_plain_and_streamed(oai: openai.AsyncOpenAI) -> None:
+async def test_create_plain_and_streamed(oai: openai.AsyncOpenAI, srv: RunningServer) -> None:
     made = await oai.responses.create(model=MODEL, input="Hello there", max_output_tokens=6)
     assert made.id.startswith("resp_") and made.status == "incomplete"  # max_output_tokens reached
     assert made.output_text and made.usage is not None and made.usage.output_tokens == 6
@@ -58,6 +58,11 @@ async def test_create_plain_and_streamed(oai: openai.AsyncOpenAI) -> None:
             done = event.response
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
     assert len(deltas) == 5 and done.output_text == "".join(deltas)
+    async with httpx.AsyncClient(base_url=srv.url) as c:  # counted like chat: requests, TTFT, tokens
+        metrics = (await c.get("/metrics")).text
+    assert f'infera_requests_total{{model="{MODEL}",route="/v1/responses",status="200"}} 2.0' in metrics
+    assert f'infera_time_to_first_token_seconds_count{{model="{MODEL}"}} 1.0' in metrics
+    assert f'infera_tokens_total{{kind="completion",model="{MODEL}"}} 11.0' in metrics
 
 
 async def test_chained_calls_reach_the_storing_worker(oai: openai.AsyncOpenAI, srv: RunningServer) -> None:
