@@ -89,6 +89,14 @@ class ResponsesProxy(ProxyEndpoint):
     async def dispatch(
         self, ctx: RequestContext, path: str, body: bytes, task: asyncio.Task[object], via: bytes | None
     ) -> tuple[Endpoint, UpstreamResponse]:
+        pd = self.core.pd
+        if pd is not None and pd.applies(ctx):
+            raise ApiError(
+                501,
+                f"Model {ctx.model!r} is served by prefill/decode pairs, which do not serve /v1/responses:"
+                " use /v1/chat/completions for it.",
+                code="unsupported_with_pd",
+            )
         prev = ctx.body.get("previous_response_id")
         if not isinstance(prev, str):
             return await self.core.dispatch(ctx, path, body, task, via)

@@ -27,6 +27,7 @@ from infera_sim.request import SimRequest
 from infera_sim.tokenizer import EngineTokenizer
 
 MAX_STORED = 10_000
+_RENAMED = {"messages": "input", "max_tokens": "max_output_tokens"}
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
@@ -94,6 +95,9 @@ class SimResponses:
         except msgspec.DecodeError as exc:
             return _reply(ApiError(f"Invalid JSON body: {exc}").body(), 400)
         except ApiError as err:
+            named = _RENAMED.get(err.param or "")
+            if named is not None:  # said in the Responses API's words
+                err = ApiError(err.message.replace(err.param or "", named), named, err.status, err.type)
             return _reply(err.body(), err.status)
         rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         [req] = parsed.make_requests(rid)
