@@ -108,6 +108,14 @@ class ResponsesProxy(ProxyEndpoint):
                 "previous_response_id",
                 "model_mismatch",
             )
+        if not ep.record.routable:
+            raise ApiError(
+                503,
+                f"Response {prev!r} is stored on worker {ep.worker_id}, which is {ep.record.status.value}"
+                " and takes no new requests; start a new conversation (without previous_response_id).",
+                code="worker_draining",
+                headers={"Retry-After": "1"},
+            )
         # only the holder may answer: every other worker is excluded, retries included
         others = [p.worker_id for p in peers if p is not ep]
         return await self.core.dispatch(ctx, path, body, task, via, exclude=others)

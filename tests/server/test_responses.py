@@ -14,7 +14,7 @@ import pytest
 from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.serve_processes import CLOSE, serve_processes
 from infera_core.testing.server import RunningServer, serving, settings_for, until
-from infera_core.worker import WorkerRecord
+from infera_core.worker import Status, WorkerRecord
 
 pytest.importorskip("infera_sim")
 from infera_sim.testing import SimHandle, start_sims
@@ -185,3 +185,19 @@ def test_chains_reach_the_storing_worker_whichever_process_routes_them(
                 prev = nxt.json()["id"]
         after = serve.answered()
         assert all(after[p] > before.get(p, 0) for p in after), (before, after)  # both processes routed
+
+
+async def test_a_draining_holder_is_a_clear_503_and_its_response_still_retrievable(
+    oai: openai.AsyncOpenAI, srv: RunningServer, sims: list[SimHandle]
+) -> None:
+    made = await oai.responses.with_raw_response.create(
+        model=MODEL, input="before drain", max_output_tokens=2
+    )
+    worker, rid = made.headers["x-infera-worker"], made.parse().id
+    url = sims[int(worker.removeprefix("sim"))].url
+    srv.store.put(WorkerRecord(worker_id=worker, url=url, model=MODEL, engine="sim", status=Status.DRAINING))
+    await until(lambda: not srv.core.table.by_id[worker].record.routable)
+    with pytest.raises(openai.InternalServerError) as err:
+        await oai.responses.create(model=MODEL, input="after", previous_response_id=rid)
+    assert err.value.status_code == 503 and f"stored on worker {worker}, which is draining" in str(err.value)
+    assert (await oai.responses.retrieve(rid)).id == rid
