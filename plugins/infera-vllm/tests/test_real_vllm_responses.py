@@ -5,15 +5,12 @@ on). A few chains in the default run, 50 in the slow one."""
 
 from __future__ import annotations
 
-import re
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import openai
 import pytest
-from real_vllm import ENGINE_ARGS, engine_env, vllm_python
+from openai.types.responses import ResponseCreatedEvent
+from real_vllm import ENGINE_ARGS, engine_env, running_up, vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -24,47 +21,9 @@ def up_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     python, model = vllm_python()
     env = engine_env(tmp_path_factory.mktemp("vllm-cache"))
     env.pop("VLLM_ENABLE_RESPONSES_API_STORE", None)  # the launcher's default (on) is under test
-    cmd = [
-        sys.executable,
-        "-m",
-        "infera_core",
-        "up",
-        "--port",
-        "0",
-        "--quiet",
-        "--ready-timeout",
-        "600",
-        "--engine",
-        "vllm",
-        "--workers",
-        "2",
-        "--model",
-        "tiny",
-        "--model-path",
-        model,
-        "--engine-python",
-        python,
-        "--",
-        *ENGINE_ARGS,
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        assert proc.stdout is not None
-        ready = proc.stdout.readline()  # bounded by the test's timeout; EOF if up failed
-        m = re.match(r"Infera ready: (http://127\.0\.0\.1:\d+/v1)\s+\(2 vllm workers", ready)
-        if m is None:
-            proc.wait(60)
-            raise AssertionError(
-                f"no ready line: {ready!r}; stderr:\n{proc.stderr.read() if proc.stderr else ''}"
-            )
-        yield m.group(1)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()  # up's engines die with it (their parent-death signal)
-            proc.wait(30)
+    args = ["--engine", "vllm", "--workers", "2", "--model", "tiny", "--model-path", model]
+    with running_up([*args, "--engine-python", python, "--", *ENGINE_ARGS], env) as (url, _):
+        yield url
 
 
 @pytest.fixture
@@ -101,6 +60,18 @@ def test_plain_streamed_and_chained_responses(oai: openai.OpenAI) -> None:
         final = stream.get_final_response()
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
     assert "response.output_text.delta" in kinds and final.output_text
+    for n in range(3):  # a streamed answer's id (from its first event) is pinned too
+        with oai.responses.with_streaming_response.create(
+            model="tiny", input=f"streamed {n}", max_output_tokens=2, stream=True
+        ) as streamed:
+            worker = streamed.headers["x-infera-worker"]
+            lines = list(streamed.iter_lines())  # whole: vLLM stores a stream's answer at its end
+        created = next(line for line in lines if '"response.created"' in line)
+        rid = ResponseCreatedEvent.model_validate_json(created.removeprefix("data: ")).response.id
+        nxt = oai.responses.with_raw_response.create(
+            model="tiny", input="and then", previous_response_id=rid, max_output_tokens=2
+        )
+        assert nxt.headers["x-infera-worker"] == worker
     for n in range(4):  # with 2 workers, a router ignoring the pin misses ~half the links
         chain(oai, 2, f"chain {n}")
     with pytest.raises(openai.NotFoundError) as err:
