@@ -201,3 +201,32 @@ async def test_a_draining_holder_is_a_clear_503_and_its_response_still_retrievab
         await oai.responses.create(model=MODEL, input="after", previous_response_id=rid)
     assert err.value.status_code == 503 and f"stored on worker {worker}, which is draining" in str(err.value)
     assert (await oai.responses.retrieve(rid)).id == rid
+
+
+async def test_every_responses_route_needs_a_key_when_keys_are_on(
+    sims: list[SimHandle], tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("keys:\n  - {name: alice, key: sk-alice}\n")
+    async with serving(settings_for(api_key_file=keys), make_hooks()) as server:
+        server.store.put(WorkerRecord(worker_id="sim0", url=sims[0].url, model=MODEL, engine="sim"))
+        await server.wait_workers(1)
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+            made = await c.post(
+                "/v1/responses",
+                json={"model": MODEL, "input": "hi", "max_output_tokens": 2},
+                headers={"Authorization": "Bearer sk-alice"},
+            )
+            assert made.status_code == 200, made.text
+            rid = made.json()["id"]
+            for method, path in (
+                ("POST", "/v1/responses"),
+                ("GET", f"/v1/responses/{rid}"),
+                ("DELETE", f"/v1/responses/{rid}"),
+                ("GET", f"/v1/responses/{rid}/input_items"),
+                ("POST", f"/v1/responses/{rid}/cancel"),
+            ):
+                r = await c.request(method, path, json={"model": MODEL, "input": "x"})
+                assert r.status_code == 401, (method, path, r.text)
+            kept = await c.get(f"/v1/responses/{rid}", headers={"Authorization": "Bearer sk-alice"})
+            assert kept.status_code == 200 and kept.json()["id"] == rid
