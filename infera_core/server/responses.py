@@ -118,7 +118,7 @@ class ResponsesProxy(ProxyEndpoint):
             )
         # only the holder may answer: every other worker is excluded, retries included
         others = [p.worker_id for p in peers if p is not ep]
-        return await self.core.dispatch(ctx, path, body, task, via, exclude=others)
+        return await self.core.dispatch(ctx, path, body, task, via, exclude=others, queued=False)
 
     async def relay(
         self, send: Send, resp: UpstreamResponse, ctx: RequestContext, ep: Endpoint, t0: float

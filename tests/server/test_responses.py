@@ -230,3 +230,28 @@ async def test_every_responses_route_needs_a_key_when_keys_are_on(
                 assert r.status_code == 401, (method, path, r.text)
             kept = await c.get(f"/v1/responses/{rid}", headers={"Authorization": "Bearer sk-alice"})
             assert kept.status_code == 200 and kept.json()["id"] == rid
+
+
+async def test_chains_reach_the_storing_worker_with_the_router_queue_on(sims: list[SimHandle]) -> None:
+    """The router queue picks among all workers: a pinned request never goes through it."""
+    async with serving(settings_for(queue_max=16), make_hooks()) as server:
+        for i, s in enumerate(sims):
+            server.store.put(WorkerRecord(worker_id=f"sim{i}", url=s.url, model=MODEL, engine="sim"))
+        await server.wait_workers(len(sims))
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+            for n in range(4):
+                body: dict[str, object] = {"model": MODEL, "input": f"queued {n}", "max_output_tokens": 2}
+                first = await c.post("/v1/responses", json=body)
+                assert first.status_code == 200, first.text
+                worker, prev = first.headers["x-infera-worker"], first.json()["id"]
+                for turn in range(3):
+                    body = {
+                        "model": MODEL,
+                        "input": f"t{turn}",
+                        "previous_response_id": prev,
+                        "max_output_tokens": 2,
+                    }
+                    nxt = await c.post("/v1/responses", json=body)
+                    assert nxt.status_code == 200, nxt.text
+                    assert nxt.headers["x-infera-worker"] == worker
+                    prev = nxt.json()["id"]
