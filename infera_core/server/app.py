@@ -66,6 +66,9 @@ from infera_core.server.pd import build_pd
 from infera_core.server.pooling import add_pooling_routes
 from infera_core.server.proxy import OpenAIProxy
 from infera_core.server.queue import RouterQueue
+from infera_core.server.response_owners import ResponseOwners
+from infera_core.server.responses import ResponsesProxy
+from infera_core.server.responses_routes import add_responses_routes
 from infera_core.server.resume import Migrator
 from infera_core.server.routing_mode import RoutingModes
 from infera_core.server.security_headers import ADMIN_PREFIXES, WithHeaders, security_headers
@@ -226,6 +229,7 @@ def create_app(
                 auth.ring.share(budgets)
                 stack.push_async_callback(budgets.close)
             stack.push_async_callback(app.state.dashboard.close)
+            stack.push_async_callback(responses.locator.close)
             stack.callback(queue.close)
             if queue.refresh is not None:  # engine thresholds: their numbers, scraped all along
                 watcher = asyncio.ensure_future(app.state.dashboard.watch())
@@ -238,10 +242,12 @@ def create_app(
     app.state.core = core
     app.state.settings = settings
     limit = BodyLimits.of(settings)
+    responses = ResponsesProxy(core, limit, ResponseOwners())
     app.hot_routes = {
         "/v1/chat/completions": OpenAIProxy(core, "/v1/chat/completions", check_chat, limit),
         "/v1/completions": OpenAIProxy(core, "/v1/completions", check_completion, limit),
         "/v1/messages": MessagesProxy(core, limit),
+        "/v1/responses": responses,
     }
     admin = AdminGate(settings.admin_token.get_secret_value() if settings.admin_token else None)
     auth = _client_auth(settings, admin, metrics)
@@ -276,6 +282,7 @@ def create_app(
     add_tokenize_routes(app, core, limit)
     add_pooling_routes(app, core, limit)
     add_count_tokens_route(app, core, kv, limit)
+    add_responses_routes(app, responses.locator)
     add_openapi_route(app)
     app.state.dashboard = add_dashboard_routes(app, core, kv)
     if settings.queue_engine_waiting or settings.queue_engine_kv_usage:

@@ -192,10 +192,12 @@ class RouterCore:
         task: asyncio.Task[object] | None = None,
         via: bytes | None = None,
         exclude: list[str] | None = None,
+        queued: bool = True,
     ) -> tuple[Endpoint, UpstreamResponse]:
         """``task``: the request's task when the caller has it (the hang detector cancels it);
         ``via``: the request's own ``Via`` header, kept in front of this router's stamp;
-        ``exclude``: workers not to use (a migrated stream's failed ones)."""
+        ``exclude``: workers not to use (a migrated stream's failed ones); ``queued=False``: never
+        through the router queue, which picks among all workers (a request pinned to one)."""
         if self.pd is not None and self.pd.applies(ctx):
             return await self.pd.dispatch(ctx, path, body, exclude or ())
         tried: list[str] = list(exclude) if exclude else []
@@ -216,7 +218,7 @@ class RouterCore:
             else:
                 await traced_prepare(self.prepare, ctx, tr)
         for attempt in range(attempts):
-            if attempt == 0 and queue is not None:
+            if attempt == 0 and queue is not None and queued:
                 pick = queue.acquire(ctx, ticket)  # its slot taken: in_flight counted
                 ep = await (pick if tr is None else traced_acquire(pick, ctx, tr))
             else:

@@ -72,6 +72,13 @@ class ProxyEndpoint:
         """Validate; return (context, upstream path, upstream body). Raise :class:`ApiError`."""
         raise NotImplementedError
 
+    async def dispatch(
+        self, ctx: RequestContext, path: str, body: bytes, task: asyncio.Task[object], via: bytes | None
+    ) -> tuple[Endpoint, UpstreamResponse]:
+        """Route and open the upstream request (:meth:`RouterCore.dispatch`); a route whose
+        requests must reach one worker overrides it."""
+        return await self.core.dispatch(ctx, path, body, task, via)
+
     async def relay(
         self, send: Send, resp: UpstreamResponse, ctx: RequestContext, ep: Endpoint, t0: float
     ) -> bool:
@@ -165,7 +172,7 @@ class ProxyEndpoint:
                 self.admin.check(scope, "Direct routing (x-worker-instance-id)")
             if not hooked:
                 watcher = asyncio.ensure_future(watch_disconnect(receive, task, gone))
-            ep, resp = await core.dispatch(ctx, path, upstream_body, task, via)
+            ep, resp = await self.dispatch(ctx, path, upstream_body, task, via)
             status = resp.status
             rec = ctx.access
             if rec is not None:

@@ -45,7 +45,7 @@ _FAILURES = {
     "400": "Invalid JSON, a missing or mistyped field, or JSON nested deeper than --max-json-depth.",
     "401": "An API key is required (--api-key-file) and was missing or unknown.",
     "403": "The API key may not use this model, or direct routing without the admin token.",
-    "404": "Unknown model.",
+    "404": "Unknown model; a previous_response_id no worker holds (or whose worker is gone).",
     "408": "The request headers (--header-timeout) or body (--body-timeout) did not arrive in time.",
     "413": "The body is over --max-body-bytes, or holds more than --max-json-items items.",
     "429": "A worker or API-key budget is at its limit (Retry-After says when to retry).",
@@ -143,11 +143,22 @@ _MESSAGES = {
         "stream": _STREAM,
     },
 }
+_RESPONSES = {
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {
+        "model": _MODEL,
+        "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
+        "instructions": {"type": ["string", "null"]},
+        "previous_response_id": {"type": ["string", "null"], "minLength": 1},
+        "stream": _STREAM,
+    },
+}
 
 
 def openapi_document(version: str = "0") -> dict[str, Any]:
     """The document (OpenAPI 3.1) of ``/v1/chat/completions``, ``/v1/completions``,
-    ``/v1/messages``, ``/v1/models`` and ``/health``."""
+    ``/v1/messages``, ``/v1/responses``, ``/v1/models`` and ``/health``."""
     return {
         "openapi": "3.1.0",
         "info": {
@@ -159,6 +170,7 @@ def openapi_document(version: str = "0") -> dict[str, Any]:
             "/v1/chat/completions": _post("OpenAI chat completion", _CHAT, _ERROR),
             "/v1/completions": _post("OpenAI (legacy) completion", _COMPLETION, _ERROR),
             "/v1/messages": _post("Anthropic Messages", _MESSAGES, _ANTHROPIC_ERROR),
+            "/v1/responses": _post("OpenAI Responses (create)", _RESPONSES, _ERROR),
             "/v1/models": {
                 "get": {
                     "summary": "The models the fleet serves",

@@ -172,6 +172,11 @@ def _model(body: dict[str, Any]) -> str:
     return model
 
 
+def check_model(body: dict[str, Any]) -> str:
+    """The request's ``model`` (a 400 when missing or not a non-empty string)."""
+    return _model(body)
+
+
 MAX_CHOICES = 128
 """The most choices one request may ask for (``n``, ``best_of``), as OpenAI's API allows: a
 larger fan-out is refused here rather than forwarded (an engine asked for 10^23 choices can

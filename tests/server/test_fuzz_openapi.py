@@ -38,10 +38,11 @@ def test_openapi_document_lists_the_public_routes() -> None:
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/messages",
+        "/v1/responses",
         "/v1/models",
         "/health",
     }
-    for path in ("/v1/chat/completions", "/v1/completions", "/v1/messages"):
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"):
         assert {"200", "400", "413"} <= set(doc["paths"][path]["post"]["responses"])
 
 

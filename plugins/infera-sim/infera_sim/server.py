@@ -30,6 +30,7 @@ from infera_sim.pd import PdManager
 from infera_sim.pooling import Handler as PoolHandler
 from infera_sim.pooling import Pooling, openapi
 from infera_sim.request import SimRequest
+from infera_sim.responses import SimResponses
 from infera_sim.sse import stream
 from infera_sim.tokenizer import make_tokenizer
 
@@ -121,7 +122,7 @@ class SimServer:
             "dp_requests": list(self.dp_requests),
         }
 
-    def _rank_engine(self, request: web.Request) -> SimEngine:
+    def rank_engine(self, request: web.Request) -> SimEngine:
         """The engine of the rank ``X-Data-Parallel-Rank`` names (as SGLang reads it), else the next in turn."""
         n = len(self.engines)
         header = request.headers.get(DP_RANK_HEADER)
@@ -184,7 +185,7 @@ class SimServer:
         if fault is not None:
             return fault
         try:
-            engine = self._rank_engine(request)
+            engine = self.rank_engine(request)
             body = await self._body(request)
             parsed = parse(body, self.tokenizer, self.cfg, chat)
             need = max(engine.blocks_needed(len(p), parsed.max_tokens) for p in parsed.prompts)
@@ -434,6 +435,7 @@ def create_app(cfg: SimConfig) -> web.Application:
     r.add_get("/version", sim.version)
     r.add_get("/metrics", sim.metrics)
     r.add_post("/reset_prefix_cache", sim.reset_prefix_cache)
+    SimResponses(cfg, sim.tokenizer, sim.rank_engine).add_routes(r)
     if os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"):  # as vLLM
         r.add_post("/v1/load_lora_adapter", sim.load_lora)
         r.add_post("/v1/unload_lora_adapter", sim.unload_lora)

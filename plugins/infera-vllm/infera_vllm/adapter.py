@@ -9,6 +9,7 @@ external-LB data parallel and the PD connector. Never imports vLLM.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 
@@ -36,6 +37,9 @@ from infera_vllm.transfer import transfer_plan
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 KV_TOPIC = "kv-events"
+RESPONSES_STORE = "VLLM_ENABLE_RESPONSES_API_STORE"
+"""vLLM keeps Responses API answers (``store``, ``previous_response_id``) only with this set: the
+launcher sets it to 1 unless the operator's environment says otherwise. vLLM never evicts them."""
 IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 MANAGED_FLAGS = {
@@ -193,6 +197,8 @@ class VllmAdapter(AdapterBase):
         else:
             argv = [where.python, "-m", API_SERVER_MODULE, "--model", ctx.served_path, *flags]
         env = {"VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "1"}
+        if RESPONSES_STORE not in os.environ:  # an operator's own setting (0 to turn it off) wins
+            env[RESPONSES_STORE] = "1"
         env.update(transfer_plan(ctx).env)
         return LaunchSpec(argv=argv, env=env, engine_version=where.probe.version)
 

@@ -287,3 +287,31 @@ def vllm_server(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def running_up(args: list[str], env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """``infera-run up <args>`` (two vLLM workers) on a free port, quiet, with room for engines that
+    start in ~20 s on an idle laptop but minutes on a loaded 2-core CI machine: (its OpenAI base URL,
+    the process, its ready line read). Stopped with SIGINT on leaving; it must have exited 0."""
+    harness = ["--port", "0", "--quiet", "--ready-timeout", "600"]
+    cmd = [sys.executable, "-m", "infera_core", "up", *harness, *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        ready = proc.stdout.readline()  # bounded by the test's timeout; EOF if up failed
+        m = re.match(r"Infera ready: (http://127\.0\.0\.1:\d+/v1)\s+\(2 vllm workers", ready)
+        if m is None:
+            proc.wait(60)  # up said why on stderr before it exited
+            raise AssertionError(
+                f"no ready line: {ready!r}; stderr:\n{proc.stderr.read() if proc.stderr else ''}"
+            )
+        yield m.group(1), proc
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # up's engines die with it (their parent-death signal)
+            proc.wait(30)
+    assert proc.returncode == 0

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import re
 import shlex
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from real_vllm import REPO, engine_env, vllm_python
+from real_vllm import REPO, engine_env, running_up, vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -50,21 +47,8 @@ def test_the_documented_cpu_recipe_serves_chat_and_completions(tmp_path: Path) -
     argv[argv.index("--model-path") + 1] = model
     argv[argv.index("--engine-python") + 1] = python
     env = {**engine_env(tmp_path / "vllm-cache"), **exports}
-    # the harness's flags first: a free port, no live status, and room for two engines that
-    # start in ~20 s each on an idle laptop but take minutes on a loaded 2-core CI machine
-    harness = ["--port", "0", "--quiet", "--ready-timeout", "600"]
-    cmd = [sys.executable, "-m", "infera_core", "up", *harness, *argv[2:]]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
+    with running_up(argv[2:], env) as (url, proc):
         assert proc.stdout is not None
-        ready = proc.stdout.readline()  # bounded by the test's timeout; EOF if up failed
-        m = re.match(r"Infera ready: (http://127\.0\.0\.1:\d+/v1)\s+\(2 vllm workers, policy (\S+)", ready)
-        if m is None:
-            proc.wait(60)  # up said why on stderr before it exited
-            raise AssertionError(
-                f"no ready line: {ready!r}; stderr:\n{proc.stderr.read() if proc.stderr else ''}"
-            )
-        url = m.group(1)
         assert proc.stdout.readline().startswith("Dashboard: ")
         assert proc.stdout.readline().startswith("Plane: memory")
         # no --tokenizer in the recipe: the router learns the model from its workers' model card
@@ -84,14 +68,6 @@ def test_the_documented_cpu_recipe_serves_chat_and_completions(tmp_path: Path) -
             done = c.post("/completions", json={"model": "tiny", "prompt": "the a of", "max_tokens": 4})
             assert done.status_code == 200, done.text
             assert done.json()["usage"]["completion_tokens"] >= 1
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()  # up's engines die with it (their parent-death signal)
-            proc.wait(30)
-    assert proc.returncode == 0
 
 
 def _modes(admin: str) -> set[str | None]:

@@ -46,6 +46,20 @@ def test_vllm_cpu_runs_the_api_server_module_with_translated_flags(vllm_cpu: str
         assert absent not in argv
 
 
+def test_responses_store_is_on_unless_the_operator_says(
+    vllm_cpu: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM keeps Responses API answers (for ``previous_response_id``) only with its store on."""
+    monkeypatch.delenv("VLLM_ENABLE_RESPONSES_API_STORE", raising=False)
+    assert (
+        VllmAdapter().build_launch(ctx(engine_python=vllm_cpu)).env["VLLM_ENABLE_RESPONSES_API_STORE"] == "1"
+    )
+    monkeypatch.setenv("VLLM_ENABLE_RESPONSES_API_STORE", "0")  # inherited by the engine as set
+    assert (
+        "VLLM_ENABLE_RESPONSES_API_STORE" not in VllmAdapter().build_launch(ctx(engine_python=vllm_cpu)).env
+    )
+
+
 def test_record_advertises_kv_events_where_vllm_binds(vllm_cpu: str) -> None:
     adapter = VllmAdapter()
     c = ctx(engine_python=vllm_cpu)

@@ -119,3 +119,11 @@ async def test_repeated_prefix_goes_to_the_prefill_worker_that_holds_it(srv: Run
             assert (await c.post("/v1/completions", json=body)).status_code == 200
         counts = await prefill_counts(c)
         assert counts[holder] == 5, counts
+
+
+async def test_responses_on_a_pd_model_is_a_clear_error(srv: RunningServer) -> None:
+    async with httpx.AsyncClient(base_url=srv.url, timeout=20) as c:
+        r = await c.post("/v1/responses", json={"model": "sim-model", "input": "hi", "max_output_tokens": 2})
+    assert r.status_code == 501, r.text
+    error = r.json()["error"]
+    assert error["code"] == "unsupported_with_pd" and "/v1/chat/completions" in error["message"]
