@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import re
 import statistics
@@ -49,15 +50,15 @@ class Probe:
 
 
 def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares (intercept, slope) of y over x; slope 0 when every x is the same."""
-    xs = [p[0] for p in points]
-    ys = [p[1] for p in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    var = sum((x - mx) ** 2 for x in xs)
-    if var == 0:
-        return my, 0.0
-    slope = sum((x - mx) * (y - my) for x, y in points) / var
-    return my - slope * mx, slope
+    """Robust (intercept, slope) of y over x (Theil–Sen: the median of the pairwise slopes, so a
+    few points slowed by a busy host do not tilt the line); slope 0 when every x is the same."""
+    slopes = [
+        (y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1 :] if x2 != x1
+    ]
+    if not slopes:
+        return statistics.median(y for _, y in points), 0.0
+    slope = statistics.median(slopes)
+    return statistics.median(y - slope * x for x, y in points), slope
 
 
 def _base(url: str) -> str:
@@ -101,7 +102,7 @@ class Calibrator:
                 if not line.startswith("data:") or line.strip() == "data: [DONE]":
                     continue
                 chunk = json.loads(line[5:])
-                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                if chunk.get("choices"):  # a token (its text may be empty: a partial UTF-8 byte)
                     stamps.append(time.perf_counter())
                 if chunk.get("usage"):
                     usage = chunk["usage"]
@@ -217,6 +218,7 @@ async def calibrate(
     batches = _ints(batch_sizes, "--batch-sizes")
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"--url {url!r}: expected an http(s) URL such as http://127.0.0.1:8000/v1")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per probe request
     limits = httpx.Limits(max_connections=max(batches) + 4)
     async with httpx.AsyncClient(timeout=request_timeout, limits=limits) as client:
         served, owner = await engine_model(client, url)
