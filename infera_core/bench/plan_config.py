@@ -42,7 +42,7 @@ class PlanSettings(TraceFlags):
     policy: str = Field(
         "kv-aware",
         description="routing presets to try (comma list), as serve --router-policy names them",
-        json_schema_extra={"env": "INFERA_PLAN_POLICY"},
+        json_schema_extra={"flag": "--router-policy", "aliases": ["--policy"], "env": "INFERA_PLAN_POLICY"},
     )
     pd_ratio: str | None = Field(
         None, description="PD splits to try besides mixed workers: mixed,1:1,1:3 (prefill:decode)"

@@ -109,7 +109,7 @@ def _ids(prompt: str | list[int]) -> list[int]:
 def _names(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
-        raise ConfigError("--policy: name at least one routing preset (e.g. kv-aware)")
+        raise ConfigError("--router-policy: name at least one routing preset (e.g. kv-aware)")
     return names
 
 
