@@ -95,7 +95,7 @@ def plan_cmd(hooks: InferaHooks, /, config_file: Path | None, **values: Any) -> 
         }
         click.echo(json.dumps(out, indent=2))
     else:
-        _print(results, best, s.slo, len(arrivals), plot)
+        _print(results, best, s.slo, [t.key for t in targets], len(arrivals), plot)
     if best is None:
         sys.exit(2)
 
@@ -119,9 +119,16 @@ def _fmt(v: float | None) -> str:
     return f"{v * 1000:.0f}ms" if v < 1 else f"{v:.2f}s"
 
 
-def _print(results: list[FleetResult], best: FleetResult | None, slo: str, n: int, plot: str | None) -> None:
+def _print(
+    results: list[FleetResult],
+    best: FleetResult | None,
+    slo: str,
+    targets: list[str],
+    n: int,
+    plot: str | None,
+) -> None:
     console = Console()
-    keys = [k for k in results[0].observed if k.endswith(("_p50", "_p90"))] if results else []
+    keys = list(dict.fromkeys(["ttft_p50", *targets]))
     table = Table(title=f"{n} requests replayed in virtual time; SLO {slo}")
     for col in ("policy", "fleet", *keys, "hit", "attainment", "SLO"):
         table.add_column(col, justify="left" if col in ("policy", "fleet") else "right")

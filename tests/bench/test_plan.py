@@ -11,6 +11,10 @@ import pytest
 from plan_trace import SLO, write_profile, write_trace
 
 from infera_core.bench.capacity import parse_pd_ratios, parse_plan_slo, parse_workers, split
+from infera_core.bench.config import BenchSettings
+from infera_core.bench.plan import make_sessions
+from infera_core.bench.plan_config import PlanSettings
+from infera_core.bench.trace import trace_workload
 from infera_core.errors import ConfigError
 from infera_core.testing.fleet import CliResult, in_process_cli
 
@@ -119,3 +123,21 @@ def test_parsers() -> None:
     assert parse_workers("1..3,8") == [1, 2, 3, 8]
     assert parse_pd_ratios("mixed,1:3") == [None, (1, 3)]
     assert split(4, (1, 3)) == (1, 3) and split(2, (3, 1)) == (1, 1) and split(1, (1, 1)) is None
+
+
+def test_plan_and_bench_read_the_same_rows_with_the_same_token_ids(tmp_path: Path) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", rows=6)
+    flags = {"max_requests": 5, "time_scale": 0.5, "max_output_len": 3, "tokens_per_block": 32}
+    bench = make_sessions(BenchSettings(workload="trace", trace=trace, **flags))  # type: ignore[arg-type]
+    planned = trace_workload(
+        trace,
+        5,
+        0.5,
+        max_output_len=3,
+        block_tokens=PlanSettings(**flags).tokens_per_block,  # type: ignore[arg-type]
+    )
+    assert [(s.at, s.turns[0].prompt, s.turns[0].max_tokens) for s in bench] == [
+        (s.at, s.turns[0].prompt, s.turns[0].max_tokens) for s in planned
+    ]
+    assert [len(s.turns[0].prompt) for s in bench] == [500 * 32 // 512] * 5
+    assert [s.at for s in bench] == [0.0, 0.1, 0.2, 0.3, 0.4]
