@@ -16,7 +16,7 @@ from infera_sim.virtual import VirtualSim, virtual_config
 from infera_core.engines.base import LaunchContext
 from infera_core.engines.timing import TimingProfile, VirtualEngines, load_profile
 from infera_core.errors import ConfigError, EngineError
-from infera_core.worker import Role
+from infera_core.testing.contracts import sample_launch_context
 
 PROFILE = {
     "schema": "infera.timing/v1",
@@ -83,17 +83,7 @@ def test_the_sim_server_refuses_a_missing_profile_with_a_usage_line(tmp_path: Pa
 
 
 def _ctx(tmp_path: Path, **options: object) -> LaunchContext:
-    return LaunchContext(
-        worker_id="w1",
-        model="m",
-        model_path=None,
-        role=Role.MIXED,
-        host="127.0.0.1",
-        port=9,
-        advertise_host="127.0.0.1",
-        options=options,
-        free_port=iter(range(20000, 20100)).__next__,
-    )
+    return sample_launch_context(options=options)
 
 
 def test_worker_sim_profile_option_reaches_the_sim(profile_file: Path, tmp_path: Path) -> None:
