@@ -122,7 +122,8 @@ class Calibrator:
 
     async def prefill(self, lengths: Sequence[int], repeats: int, block: int) -> list[tuple[float, float]]:
         """(uncached tokens, TTFT s) points: medians of ``repeats`` fresh and repeated prompts."""
-        await self.request(self.prompt(16), 1)  # warm-up (first-request compilation, pools)
+        for n in lengths:  # warm-up: first-request compilation and allocations for each shape
+            await self.request(self.prompt(n), 1)
         points: list[tuple[float, float]] = []
         for n in lengths:
             fresh: list[float] = []

@@ -18,7 +18,7 @@ import pytest
 from infera_sim.testing import start_sim
 from real_vllm import vllm_server
 
-from infera_core.bench.calibrate import Calibrator, calibrate
+from infera_core.bench.calibrate import CalibrateError, Calibrator, calibrate
 from infera_core.bench.stats import percentile
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -59,9 +59,13 @@ def test_a_calibrated_sim_answers_within_25_percent_of_real_vllm(tmp_path: Path)
     figures = []
     with vllm_server(tmp_path) as url:
         for attempt in range(3):
-            profile = asyncio.run(
-                calibrate(url, prompt_lens="128,512,1024,1536", batch_sizes="1,2,4", decode_tokens=16)
-            )
+            try:
+                profile = asyncio.run(
+                    calibrate(url, prompt_lens="128,512,1024,1536", batch_sizes="1,2,4", decode_tokens=16)
+                )
+            except CalibrateError as exc:  # a busy spell flattened the prefill line
+                figures.append({"attempt": attempt, "calibrate": str(exc)})
+                continue
             path = tmp_path / f"profile-{attempt}.json"
             path.write_text(profile.to_json())
             arrivals = workload(100 + attempt)
