@@ -21,8 +21,9 @@ from infera_core.testing.fleet import CliResult, in_process_cli
 
 @pytest.fixture
 def plan_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
-    """``infera-run plan …`` in this process (the sim and policies plugins loaded)."""
-    run = in_process_cli(Path(__file__).parent, "sim,policies", monkeypatch, capsys)
+    """``infera-run plan …`` in this process (the sim, the policies and the example echo engine
+    (no virtual clock) loaded)."""
+    run = in_process_cli(Path(__file__).parent, "sim,policies,example_engine", monkeypatch, capsys)
     return lambda *args: run("plan", *args)
 
 
@@ -96,6 +97,7 @@ def test_no_fleet_meeting_the_slo_exits_2_with_advice(
         (["--trace", "{trace}", "--profile", "{profile}", "--slo", SLO, "--workers", "0..2"], "--workers"),
         (["--trace", "{trace}", "--profile", "{profile}", "--slo", SLO, "--policy", "nope"], "nope"),
         (["--trace", "{trace}", "--profile", "{profile}", "--slo", SLO, "--pd-ratio", "2"], "--pd-ratio"),
+        (["--trace", "{trace}", "--profile", "{profile}", "--slo", SLO, "--engine", "echo"], "virtual clock"),
     ],
 )
 def test_bad_input_is_one_line(

@@ -2,7 +2,7 @@
 workload with TTFT p50/p90 within 25 % of vLLM's on the same workload.
 
 The host is shared (other tests, other engines): a busy spell during one of the three phases
-(calibration, vLLM's run, the sim's run) skews that attempt, so the check is made up to three
+(calibration, vLLM's run, the sim's run) skews that attempt, so the check is made up to four
 times, each with fresh prompts, and every attempt's figures are printed.
 """
 
@@ -27,6 +27,7 @@ LENGTHS = (256, 768, 1280)
 GAP_S = 1.0
 REQUESTS = 15
 OUTPUT = 8
+ATTEMPTS = 4
 
 
 def workload(seed: int) -> list[tuple[float, list[int], int]]:
@@ -58,7 +59,7 @@ async def ttfts(url: str, arrivals: list[tuple[float, list[int], int]]) -> list[
 def test_a_calibrated_sim_answers_within_25_percent_of_real_vllm(tmp_path: Path) -> None:
     figures = []
     with vllm_server(tmp_path) as url:
-        for attempt in range(3):
+        for attempt in range(ATTEMPTS):
             try:
                 profile = asyncio.run(
                     calibrate(url, prompt_lens="128,512,1024,1536", batch_sizes="1,2,4", decode_tokens=16)
@@ -84,5 +85,5 @@ def test_a_calibrated_sim_answers_within_25_percent_of_real_vllm(tmp_path: Path)
             if all(0.75 <= r <= 1.25 for r in row["ratios"]):
                 return
     pytest.fail(
-        "sim TTFT p50/p90 off vLLM's by more than 25 % in three attempts:\n" + json.dumps(figures, indent=1)
+        "sim TTFT p50/p90 off vLLM's by more than 25 % in every attempt:\n" + json.dumps(figures, indent=1)
     )
