@@ -19,7 +19,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from infera_core.engines.timing import Finished, TimingProfile, VirtualEngine, VirtualEngines
+from infera_core.engines.timing import Finished, Publish, TimingProfile, VirtualEngine, VirtualEngines
 from infera_core.kv.events import KvEvent, KvEventBatch
 from infera_core.kv.index import KvIndex, WorkerView
 from infera_core.request import RequestContext
@@ -104,7 +104,7 @@ class _Pool:
         deps = SchedulerDeps(kv_index=self.index, clock=lambda: clock[0])
         self.profile: Profile = build_profile(policy[0], policy[1], registry, deps, where="plan")
 
-    def _publisher(self, view: WorkerView):  # type: ignore[no-untyped-def]
+    def _publisher(self, view: WorkerView) -> Publish:
         index = self.index
 
         def publish(ts: float, events: list[KvEvent]) -> None:

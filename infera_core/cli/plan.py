@@ -74,7 +74,7 @@ def plan_cmd(hooks: InferaHooks, /, config_file: Path | None, **values: Any) -> 
         block_tokens=s.tokens_per_block,
     )
     arrivals = [Arrival(x.at or 0.0, _ids(x.turns[0].prompt), x.turns[0].max_tokens) for x in sessions]
-    cache_blocks = timing.cache_blocks or 4096 if s.cache_blocks is None else s.cache_blocks
+    cache_blocks = s.cache_blocks if s.cache_blocks is not None else (timing.cache_blocks or 4096)
     results = plan_fleets(arrivals, targets, sizes, policies, ratios, adapter, timing, registry, cache_blocks)
     best = answer(results)
     plot = None
