@@ -74,10 +74,12 @@ class Calibrator:
         self.url = _base(url)
         self.model = model
         self.vocab_size = vocab_size
-        self._rng = random.Random(0)
+        self._rng = random.Random()  # fresh prompts each run: a second calibration must not hit the
+        # prefix cache the first one filled
 
     def prompt(self, n: int) -> list[int]:
-        """``n`` token ids no earlier probe used as a prefix (ids 10 … vocab_size − 1)."""
+        """``n`` token ids no earlier probe (of this run or another) used as a prefix (ids 10 …
+        vocab_size − 1)."""
         return [self._rng.randrange(10, self.vocab_size) for _ in range(n)]
 
     async def request(self, prompt: list[int], max_tokens: int) -> Probe:

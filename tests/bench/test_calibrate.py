@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 from infera_sim.config import parse_args
 from infera_sim.testing import start_sim
 
-from infera_core.bench.calibrate import fit_line
+from infera_core.bench.calibrate import Calibrator, fit_line
 from infera_core.engines.timing import load_profile
 from infera_core.testing.fleet import CliResult, in_process_cli
 
@@ -69,3 +70,11 @@ def test_bad_input_is_one_line(cli: Callable[..., CliResult], args: list[str], m
     assert done.code == 1
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_each_calibration_sends_fresh_prompts() -> None:
+    """A second calibration of the same engine must not find the first one's prompts cached."""
+    client = httpx.AsyncClient()
+    first = Calibrator(client, "http://e/v1", "m", 1000).prompt(64)
+    second = Calibrator(client, "http://e/v1", "m", 1000).prompt(64)
+    assert first != second and all(10 <= t < 1000 for t in first + second)
