@@ -51,6 +51,9 @@ class BenchSettings(InferaSettings):
     )
     max_requests: int | None = Field(None, gt=0, description="trace: replay at most this many rows")
     max_output_len: int | None = Field(None, gt=0, description="trace: cap each row's output length")
+    tokens_per_block: int = Field(
+        512, gt=0, description="trace: tokens per trace block (hash id); input lengths scale with it"
+    )
     vocab_size: int = Field(32000, gt=16, description="trace: token ids are drawn below this")
     ignore_timestamps: bool = Field(
         False, description="trace: closed loop at --concurrency instead of timestamps"

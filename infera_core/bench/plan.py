@@ -67,6 +67,7 @@ def make_sessions(s: BenchSettings) -> list[Session]:
             s.vocab_size,
             use_timestamps=not s.ignore_timestamps and s.rate is None,
             max_output_len=s.max_output_len,
+            block_tokens=s.tokens_per_block,
         )
     if s.rate is not None:
         poisson_arrivals(sessions, s.rate, s.seed)

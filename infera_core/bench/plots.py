@@ -166,3 +166,26 @@ def plot_all(runs: Sequence[RunResult], out_dir: Path) -> list[str]:
     if hit_rate_over_time(runs, out_dir / "hit_rate.png"):
         names.append("hit_rate.png")
     return names
+
+
+def attainment_vs_workers(
+    rows: Sequence[tuple[str, Sequence[tuple[int, float]]]], answer: int | None, slo: str, path: Path
+) -> None:
+    """SLO attainment (share of requests within every target) against fleet size, one line per
+    policy / PD split; the planned fleet size marked."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, points in rows:
+        xs = [w for w, _ in points]
+        ax.plot(xs, [a * 100 for _, a in points], marker="o", linewidth=1.6, label=label)
+    if answer is not None:
+        ax.axvline(answer, color="grey", linestyle="--", linewidth=1, label=f"plan: {answer} workers")
+    ax.set_xlabel("workers")
+    ax.set_ylabel("requests within the SLO (%)")
+    ax.set_ylim(0, 102)
+    ax.set_title(f"SLO attainment vs fleet size ({slo})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

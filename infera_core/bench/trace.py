@@ -113,14 +113,18 @@ def trace_workload(
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     use_timestamps: bool = True,
     max_output_len: int | None = None,
+    block_tokens: int = TRACE_BLOCK_TOKENS,
 ) -> list[Session]:
     """Sessions for a trace: token-id prompts, arrival = ``timestamp`` × ``time_scale`` (s).
 
-    ``time_scale`` 0.1 replays ten times faster than recorded.
+    ``time_scale`` 0.1 replays ten times faster than recorded; ``block_tokens`` below 512 makes
+    each trace block (and each input length) that many tokens instead (a smaller engine's scale).
     """
     if time_scale < 0:
         raise ConfigError(f"--time-scale must be >= 0 (got {time_scale})")
-    blocks = BlockTokens(seed=seed, vocab_size=vocab_size)
+    if block_tokens < 1:
+        raise ConfigError(f"--tokens-per-block must be >= 1 (got {block_tokens})")
+    blocks = BlockTokens(seed=seed, vocab_size=vocab_size, block_tokens=block_tokens)
     rows = list(read_trace(path, max_requests))
     if not rows:
         raise ConfigError(f"--trace {path}: no requests in the file")
@@ -128,7 +132,7 @@ def trace_workload(
     out: list[Session] = []
     for i, r in enumerate(rows):
         ids = [int(h) for h in r.get("hash_ids", []) or []]  # type: ignore[attr-defined]
-        n_in = max(1, int(str(r["input_length"])))
+        n_in = max(1, int(str(r["input_length"])) * block_tokens // TRACE_BLOCK_TOKENS)
         n_out = max(1, int(str(r["output_length"])))
         if max_output_len is not None:
             n_out = min(n_out, max_output_len)

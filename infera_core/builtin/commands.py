@@ -30,6 +30,14 @@ CORE_COMMANDS: dict[str, tuple[str, str]] = {
         "infera_core.cli.bench:bench_cmd",
         "Benchmark an OpenAI-compatible endpoint (Infera, one engine, or another router).",
     ),
+    "calibrate": (
+        "infera_core.cli.calibrate:calibrate_cmd",
+        "Measure a running engine (prefill, decode, concurrency) and write a sim timing profile.",
+    ),
+    "plan": (
+        "infera_core.cli.plan:plan_cmd",
+        "Find the smallest fleet that meets an SLO on a trace, by replaying it in virtual time.",
+    ),
     "worker": (
         "infera_core.cli.worker:worker_cmd",
         "Run an engine as a fleet worker: infera-run worker <engine> [infera flags] -- [engine flags].",

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 from infera_core.engines.base import EngineOption, LaunchContext, LaunchSpec, RecordFields, RunningEngine
 from infera_core.engines.support import bracket_host, free_ports
-from infera_core.errors import EngineError
+from infera_core.engines.timing import Publish, TimingProfile, VirtualEngine
+from infera_core.errors import ConfigError, EngineError
 from infera_core.worker import KvEventsInfo, PdInfo, PriorityOrder
 from infera_sim import __version__
 from infera_sim.config import (
@@ -16,11 +17,12 @@ from infera_sim.config import (
     SCHEDULING_POLICIES,
     TASKS,
     SimConfig,
-    build_parser,
     lora_modules,
+    parser_for,
 )
 from infera_sim.metrics import parse_gauges
 from infera_sim.tokenizer import make_tokenizer
+from infera_sim.virtual import VirtualSim, virtual_config
 
 _INFLIGHT = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
@@ -68,6 +70,13 @@ class SimAdapter:
                 "what the model serves: generate, or a pooling model's embed (/v1/embeddings, /score,"
                 " /rerank), classify (/classify) or score (a cross-encoder) [default: generate]",
                 choices=TASKS,
+            ),
+            EngineOption(
+                "profile",
+                str,
+                None,
+                "timing profile from 'infera-run calibrate' (JSON): the sim's prefill, decode and batch"
+                " timing become the measured engine's",
             ),
             EngineOption("speedup", float, 1.0, "simulated time runs this much faster ('inf' = no sleeping)"),
             EngineOption(
@@ -126,6 +135,7 @@ class SimAdapter:
             "cpu_blocks",
             "cpu_load_tokens_per_s",
             "speedup",
+            "profile",
             "kv_events_layout",
             "scheduling_policy",
             "pd_protocol",
@@ -146,7 +156,10 @@ class SimAdapter:
     def effective_config(self, ctx: LaunchContext) -> SimConfig:
         """The sim's configuration for this launch (engine args after ``--`` win)."""
         flags = self._argv_flags(ctx)
-        parser = build_parser()
+        try:
+            parser = parser_for(flags)
+        except ConfigError as exc:
+            raise EngineError(f"sim: {exc}") from None
         try:
             ns, unknown = parser.parse_known_args(flags)
         except SystemExit:
@@ -203,6 +216,12 @@ class SimAdapter:
             labels={"engine": "sim"},
             priority=PriorityOrder.LOWER_FIRST if cfg.scheduling_policy == "priority" else None,
         )
+
+    def virtual_engine(
+        self, profile: TimingProfile, block_size: int, cache_blocks: int, publish: Publish | None
+    ) -> VirtualEngine:
+        """An in-process sim on a virtual clock (``infera-run plan``)."""
+        return VirtualSim(virtual_config(profile, block_size, cache_blocks), publish)
 
     async def is_ready(self, engine: RunningEngine) -> bool:
         import httpx

@@ -8,6 +8,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
+from infera_core.engines.timing import TimingProfile, load_profile
+from infera_core.errors import ConfigError
+
 ROLES = ("mixed", "prefill", "decode")
 TASKS = ("generate", "embed", "classify", "score")
 """``--task``: what the simulated model serves."""
@@ -66,9 +69,12 @@ class SimConfig:
     """vLLM's ``--scheduling-policy``: ``fcfs``, or ``priority`` (waiting requests by the body's
     ``priority``, lower first, then arrival; a non-zero ``priority`` is refused under ``fcfs``)."""
     prefill_tokens_per_s: float = 20000.0
+    prefill_base_ms: float = 0.0
     itl_base_ms: float = 5.0
     itl_slope_ms: float = 0.05
     speedup: float = 1.0
+    profile: str | None = None
+    """A timing profile (``infera-run calibrate``) whose values are the timing flags' defaults."""
     # PD
     role: str = "mixed"
     pd_protocol: str = "vllm-nixl"
@@ -197,8 +203,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="order of waiting requests, as vLLM's: fcfs, or priority (the body's priority, lower first)",
     )
     a("--prefill-tokens-per-s", type=_positive_float, default=d.prefill_tokens_per_s, help="prefill speed")
+    a(
+        "--prefill-base-ms",
+        type=_non_negative_float,
+        default=d.prefill_base_ms,
+        help="fixed time of a step that prefills (on top of uncached tokens / --prefill-tokens-per-s)",
+    )
     a("--itl-base-ms", type=float, default=d.itl_base_ms, help="decode step time with one request")
     a("--itl-slope-ms", type=float, default=d.itl_slope_ms, help="extra decode step time per running request")
+    a(
+        "--profile",
+        default=None,
+        metavar="FILE",
+        help="timing profile written by 'infera-run calibrate': sets --prefill-tokens-per-s,"
+        " --prefill-base-ms, --itl-base-ms, --itl-slope-ms (and the batch limits and block size it"
+        " knows); flags given explicitly win",
+    )
     a(
         "--speedup",
         type=_positive_float,
@@ -247,6 +267,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def profile_defaults(profile: TimingProfile) -> dict[str, object]:
+    """The sim flags (dest names) a timing profile sets."""
+    out: dict[str, object] = {
+        "prefill_tokens_per_s": profile.prefill_tokens_per_s,
+        "prefill_base_ms": profile.prefill_base_ms,
+        "itl_base_ms": profile.itl_base_ms,
+        "itl_slope_ms": profile.itl_slope_ms,
+    }
+    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "cache_blocks"):
+        value = getattr(profile, name)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def parser_for(argv: Sequence[str] | None) -> argparse.ArgumentParser:
+    """The sim's parser, with a ``--profile`` in ``argv`` applied as defaults (ConfigError if bad)."""
+    parser = build_parser()
+    pre, _ = parser.parse_known_args(argv)
+    if pre.profile:
+        parser.set_defaults(**profile_defaults(load_profile(pre.profile)))
+    return parser
+
+
 def lora_modules(specs: Sequence[str]) -> dict[str, str]:
     """vLLM's ``--lora-modules`` values as name → path; ValueError naming a bad one."""
     out: dict[str, str] = {}
@@ -267,7 +318,10 @@ def lora_modules(specs: Sequence[str]) -> dict[str, str]:
 
 def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     """Parse flags into a :class:`SimConfig`; exits with a one-line usage error on bad input."""
-    parser = build_parser()
+    try:
+        parser = parser_for(argv)
+    except ConfigError as exc:
+        build_parser().error(str(exc))
     ns = parser.parse_args(argv)
     try:
         ns.lora_modules = lora = lora_modules(ns.lora_modules)

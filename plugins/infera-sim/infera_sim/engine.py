@@ -3,8 +3,8 @@
 Each step schedules running requests first (one decode token each, or the next prefill
 chunk), then admits waiting requests while ``max_num_seqs`` and the KV cache allow,
 within a token budget of ``max_num_batched_tokens`` (chunked prefill). A step lasts
-``prefill_tokens / prefill_tokens_per_s`` plus, when anything decodes,
-``itl_base_ms + itl_slope_ms × running``, plus ``loaded tokens / cpu_load_tokens_per_s``
+``prefill_tokens / prefill_tokens_per_s`` (plus ``prefill_base_ms`` when it prefills) plus, when
+anything decodes, ``itl_base_ms + itl_slope_ms × running``, plus ``loaded tokens / cpu_load_tokens_per_s``
 for prefixes loaded back from the CPU tier (``--cpu-blocks``). Time is simulated: with a finite
 ``--speedup`` the loop sleeps ``step / speedup``; with ``inf`` it never sleeps. Metrics
 record simulated seconds.
@@ -155,6 +155,8 @@ class SimEngine:
             prefill_tokens += chunk
             plan.append((r, chunk))
         duration = prefill_tokens / cfg.prefill_tokens_per_s
+        if prefill_tokens and cfg.prefill_base_ms:
+            duration += cfg.prefill_base_ms / 1000.0
         if self._load_tokens:
             duration += self._load_tokens / cfg.cpu_load_tokens_per_s
         if decoding:
