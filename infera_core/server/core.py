@@ -195,7 +195,7 @@ class RouterCore:
         """``task``: the request's task when the caller has it (the hang detector cancels it);
         ``via``: the request's own ``Via`` header, kept in front of this router's stamp;
         ``exclude``: workers not to use (a migrated stream's failed ones)."""
-        if self.pd is not None and self.pd.applies(ctx):
+        if self.pd is not None and await self.pd.applies(ctx):
             return await self.pd.dispatch(ctx, path, body, exclude or ())
         tried: list[str] = list(exclude) if exclude else []
         last: ApiError | None = None

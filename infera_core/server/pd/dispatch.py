@@ -89,13 +89,18 @@ class PdDispatcher:
         self._background: set[asyncio.Task[Any]] = set()
 
     # -- entry points used by RouterCore -----------------------------------------------
-    def applies(self, ctx: RequestContext) -> bool:
+    async def applies(self, ctx: RequestContext) -> bool:
         """True when ``ctx.model`` is served by pairs; a 503 when it cannot be served at all."""
         if self.core.scheduler.direct and ctx.headers.get(DIRECT_HEADER):
             return False
         topo = self.scheduler.topology(ctx.model)
         if topo.error is not None:
             raise ApiError(503, topo.error, code="no_pd_pair")
+        if topo.per_request:  # pairs and mixed workers: the predicted TTFT of each decides
+            prepare = getattr(self.core, "prepare", None)
+            if prepare is not None and ctx.token_ids is None and self.scheduler.kv_index is not None:
+                await prepare(ctx)
+            return self.scheduler.choose(ctx).pd
         return topo.pd
 
     def finished(self, ctx: RequestContext, ep: Endpoint, ok: bool) -> None:
@@ -196,6 +201,7 @@ class PdDispatcher:
                 raise
             t2 = time.perf_counter()
             self.metrics.phase(ctx.model, "transfer", t2 - t1)
+            self.scheduler.transferred(ctx, t2 - t1)
             self.metrics.phase(ctx.model, "decode_wait", t2 - t1)
             return d, resp
 
@@ -237,6 +243,7 @@ class PdDispatcher:
         self.metrics.phase(ctx.model, "decode_wait", t2 - t0)
         if ptask.done() and ptask.exception() is None:
             self.metrics.phase(ctx.model, "transfer", t2 - ptask.result())
+            self.scheduler.transferred(ctx, t2 - ptask.result())
         return d, resp
 
     async def _prefill_timed(self, req: _Request, leg: Any, t0: float) -> float:
