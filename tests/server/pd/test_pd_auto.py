@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from infera_core.errors import ConfigError
 from infera_core.kv.component import KvRouting
 from infera_core.kv.settings import KvSettings
 from infera_core.request import RequestContext
@@ -77,6 +78,10 @@ def test_the_scheduler_decides_from_latency_stats_and_explains() -> None:
     assert not sched.choose(ctx(4000)).pd
     forced = build_pd_scheduler(table, {"mode": "pd"}, catalog.policies, deps, catalog.pd_transports)[0]
     assert not forced.topology(MODEL).per_request
+    with pytest.raises(ConfigError, match=r"pd\.auto\.min_pd_tokens"):
+        build_pd_scheduler(
+            table, {"auto": {"min_pd_tokens": -1}}, catalog.policies, deps, catalog.pd_transports
+        )
 
 
 # -- end to end on real sims --------------------------------------------------------------------
