@@ -30,6 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from infera_core.request import RequestContext
 from infera_core.scheduling.types import Endpoint, KvIndexView, LatencyStats
 
+WARM_LEGS = 4.0
+"""Prefill legs seen before a prefill worker's own rate replaces the prior (blended until then)."""
+
 
 class PdAutoParams(BaseModel):
     """The router config's ``pd.auto:`` section (per-request PD under ``mode: auto``)."""
@@ -160,11 +163,13 @@ class PdPredictor:
         self.clock = clock
         self.decay = math.log(2.0) / params.half_life
         self._fit: dict[str, list[float]] = {}
-        """prefill worker → [decayed tokens, decayed seconds, decayed count, last update, last leg end, busy]."""
+        """prefill worker → [decayed tokens, decayed seconds, decayed count, last update, last leg end,
+        busy until, shift, legs seen]: ``busy`` is when its legs are predicted done; ``shift`` sums the errors
+        already applied to it (as the scorer's queue)."""
         self._transfer = [0.0, 0.0, 0.0]
         """decayed tokens, seconds, last update."""
-        self.pending: dict[str, tuple[str, float, float]] = {}
-        """request id → (prefill worker, routed at, uncached tokens)."""
+        self.pending: dict[str, tuple[str, float, float, float, float]] = {}
+        """request id → (prefill worker, routed at, uncached tokens, predicted done, shift then)."""
 
     # -- estimates -------------------------------------------------------------------------
     def rate(self, worker: str) -> float:
@@ -172,7 +177,7 @@ class PdPredictor:
         prior = self.p.prior_tokens_per_s
         if fit is None or fit[1] <= 1e-9:
             return prior
-        w = fit[2] / (fit[2] + 2.0)
+        w = min(fit[7] / WARM_LEGS, 1.0)
         return w * fit[0] / fit[1] + (1.0 - w) * prior
 
     def transfer_s_per_token(self) -> float:
@@ -212,9 +217,9 @@ class PdPredictor:
         """A pair with ``prefill`` was picked for ``ctx``: its uncached tokens join that queue."""
         now = self.clock()
         u = uncached_tokens(ctx, [prefill], self.index)[0]
-        fit = self._fit.setdefault(prefill.worker_id, [0.0, 0.0, 0.0, now, 0.0, 0.0])
+        fit = self._fit.setdefault(prefill.worker_id, [0.0, 0.0, 0.0, now, 0.0, 0.0, 0.0, 0.0])
         fit[5] = max(fit[5], now) + u / self.rate(prefill.worker_id)
-        self.pending[ctx.request_id] = (prefill.worker_id, now, u)
+        self.pending[ctx.request_id] = (prefill.worker_id, now, u, fit[5], fit[6])
 
     def prefill_done(self, ctx: RequestContext, prefill: Endpoint, ok: bool) -> None:
         """The prefill leg of ``ctx`` ended (``ok``: answered): learn the worker's rate."""
@@ -225,19 +230,23 @@ class PdPredictor:
         if fit is None:
             return
         now = self.clock()
-        _, routed, u = entry
+        _, routed, u, predicted, shift_then = entry
         if not ok:
             self.pending.pop(ctx.request_id, None)
             fit[5] = max(now, fit[5] - u / self.rate(prefill.worker_id))
             return
+        # the queue: moved by this leg's error (the errors applied since it was sent aside)
+        delta = now - (predicted + fit[6] - shift_then)
+        fit[6] += delta
+        fit[5] = max(fit[5] + delta, now)
         f = math.exp(-self.decay * max(0.0, now - fit[3]))
         start = max(routed, fit[4])
         fit[0] = fit[0] * f + u
         fit[1] = fit[1] * f + max(1e-6, now - start)
         fit[2] = fit[2] * f + 1.0
+        fit[7] += 1.0
         fit[3] = now
         fit[4] = max(fit[4], now)
-        fit[5] = max(fit[5], now) if fit[5] > now else now
         self.stats.rates[prefill.worker_id] = self.rate(prefill.worker_id)
 
     def transferred(self, ctx: RequestContext, seconds: float) -> None:

@@ -84,6 +84,28 @@ def test_the_scheduler_decides_from_latency_stats_and_explains() -> None:
         )
 
 
+def test_prefill_legs_teach_the_prefill_rate_and_the_transfer_cost() -> None:
+    catalog = make_hooks().catalog()
+    table = EndpointTable()
+    for r in (rec("p", Role.PREFILL), rec("d", Role.DECODE), rec("m", Role.MIXED)):
+        table.put(r)
+    now = [0.0]
+    deps = SchedulerDeps(clock=lambda: now[0], latency=LatencyStats())
+    sched, _ = build_pd_scheduler(table, None, catalog.policies, deps, catalog.pd_transports)
+    learn = sched.predictor
+    assert learn.rate("p") == 10000.0 and learn.transfer_s_per_token() == 2e-6  # the priors
+    for _ in range(20):  # legs of 4000 tokens taking 1 s each: 4000 tok/s; 4 ms of transfer each
+        c = RequestContext(uuid.uuid4().hex, MODEL, "/v1/completions", {}, token_ids=list(range(4000)))
+        pair = sched.pick_pair(c)
+        now[0] += 1.0
+        sched.finished(c, pair.prefill, True)
+        sched.transferred(c, 0.004)
+        sched.finished(c, pair.decode, True)
+    assert learn.rate("p") == pytest.approx(4000) and deps.latency.rates["p"] == learn.rate("p")
+    assert learn.transfer_s_per_token() == pytest.approx(1e-6)
+    assert not learn.pending
+
+
 # -- end to end on real sims --------------------------------------------------------------------
 
 
