@@ -27,7 +27,7 @@ MAX_EXCLUDED = 16
 class Decision:
     """One request's routing decision (the last attempt's, when it was retried)."""
 
-    __slots__ = ("at", "attempt", "candidates", "excluded", "model", "picked", "policy", "request_id")
+    __slots__ = ("at", "attempt", "candidates", "excluded", "model", "pd", "picked", "policy", "request_id")
 
     def __init__(self) -> None:
         self.at = 0.0
@@ -40,6 +40,9 @@ class Decision:
         """(worker, what removed it): a filter's name, ``retry`` (failed an earlier attempt)
         or ``in-flight-cap``."""
         self.candidates: list[dict[str, Any]] = []
+        self.pd: dict[str, Any] | None = None
+        """``pd.mode: auto`` on a fleet with pairs and mixed workers: the per-request choice
+        (``pd`` or ``local``) and the two predicted TTFTs (kept across attempts)."""
 
     def begin(self, ctx: RequestContext, policy: str) -> None:
         """A new attempt: what an earlier one recorded is replaced."""
@@ -70,6 +73,8 @@ class Decision:
             "candidates": ranked[:MAX_CANDIDATES],
             "excluded": [{"worker": w, "by": by} for w, by in self.excluded[:MAX_EXCLUDED]],
         }
+        if self.pd is not None:
+            out["pd"] = self.pd
         more = len(ranked) - MAX_CANDIDATES
         if more > 0:
             out["more_candidates"] = more

@@ -2,7 +2,9 @@
 
 Topology is automatic: a model whose active fleet holds a prefill and a decode worker
 that can pair (:func:`infera_core.engines.pd.check_pair`, and a PD transport installed for their
-protocol) is served by pairs; otherwise by mixed workers. A fleet with only one PD side
+protocol) is served by pairs; otherwise by mixed workers. When it holds both pairs and mixed
+workers, ``mode: auto`` decides per request from the predicted TTFT of each way
+(:mod:`infera_core.scheduling.pd_auto`, settings in ``pd.auto``). A fleet with only one PD side
 (or sides that cannot pair) and no mixed worker answers 503 with the reason. The router
 config's ``pd:`` section can force ``mode: mixed`` or ``mode: pd`` per model::
 
@@ -12,6 +14,7 @@ config's ``pd:`` section can force ``mode: mixed`` or ``mode: pd`` per model::
       decode: {preset: least-load}
       max_pair_retries: 2
       max_decode_retries: 1
+      auto: {min_pd_tokens: 256, overhead_ms: 5}
       models:
         big-model: {mode: pd, decode: {scorers: [{name: least-load}], filters: [{name: health}, {name: role}]}}
 
@@ -33,11 +36,13 @@ from infera_core.engines.pd import PdPairError, check_pair
 from infera_core.errors import ConfigError
 from infera_core.request import RequestContext
 from infera_core.scheduling.dp import DpRanks
+from infera_core.scheduling.explain import Decision
+from infera_core.scheduling.pd_auto import PdAutoParams, PdChoice, PdPredictor
 from infera_core.scheduling.profile import Profile, build_profile
 from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.router_config import ProfileChoice
 from infera_core.scheduling.scheduler import CandidateSource, NoWorkerError, OverloadedError, under_cap
-from infera_core.scheduling.types import Endpoint, KvIndexView, RoutedEvent, SchedulerDeps
+from infera_core.scheduling.types import Endpoint, KvIndexView, LatencyStats, RoutedEvent, SchedulerDeps
 from infera_core.worker import Role, WorkerRecord
 
 PREFILL_PRESETS = ("kv-aware-prefill", "kv-aware", "least-load", "round-robin")
@@ -65,6 +70,7 @@ class PdConfig(PdModelConfig):
 
     max_pair_retries: int = Field(2, ge=0, description="New pairs tried after a prefill failure.")
     max_decode_retries: int = Field(1, ge=0, description="Other decode workers tried (serial pull only).")
+    auto: PdAutoParams = Field(default_factory=PdAutoParams)
     models: dict[str, PdModelConfig] = Field(default_factory=dict)
 
 
@@ -78,13 +84,15 @@ def parse_pd_config(raw: dict[str, Any] | None) -> PdConfig:
 
 
 class Topology:
-    """How one model is served right now: ``pd`` True/False, or ``error`` (a 503 message)."""
+    """How one model is served right now: ``pd`` True/False, or ``error`` (a 503 message);
+    ``per_request``: pairs and mixed workers both serve it, each request decides (``mode: auto``)."""
 
-    __slots__ = ("error", "pd")
+    __slots__ = ("error", "pd", "per_request")
 
-    def __init__(self, pd: bool, error: str | None = None) -> None:
+    def __init__(self, pd: bool, error: str | None = None, per_request: bool = False) -> None:
         self.pd = pd
         self.error = error
+        self.per_request = per_request
 
 
 class Pair:
@@ -129,6 +137,7 @@ class PdScheduler:
         kv_index: KvIndexView | None = None,
         observe: Callable[[str, float], None] | None = None,
         notify: Callable[[RoutedEvent], None] | None = None,
+        predictor: PdPredictor | None = None,
     ) -> None:
         self.source = source
         self.plans = plans
@@ -141,6 +150,7 @@ class PdScheduler:
         self._topo: dict[str, tuple[list[Endpoint], Topology]] = {}
         self._compat: dict[tuple[_Key, _Key], str | None] = {}
         self.dp = DpRanks(kv_index)
+        self.predictor = predictor or PdPredictor(PdAutoParams(), LatencyStats(), kv_index, time.monotonic)
 
     def plan(self, model: str) -> _Plan:
         return self.plans.get(model, self.default)
@@ -184,7 +194,7 @@ class PdScheduler:
         mixed = any(ep.record.routable and ep.role is Role.MIXED for ep in candidates)
         why = self._why_no_pair(prefill, decode)
         if why is None:
-            return Topology(True)
+            return Topology(True, per_request=mode is PdMode.AUTO and mixed)
         if mode is PdMode.PD:
             return Topology(True, f"model {model!r} is set to PD (router config pd.mode) but {why}")
         if mixed or not (prefill or decode):
@@ -214,6 +224,29 @@ class PdScheduler:
         for ep in eps:
             out.setdefault(_key(ep.record), []).append(ep)
         return out
+
+    # -- per request: a pair or local prefill ----------------------------------------
+    def choose(self, ctx: RequestContext) -> PdChoice:
+        """For a model served by both (:attr:`Topology.per_request`): the pair when its
+        predicted TTFT beats the best mixed worker's (recorded in ``ctx.explain`` as ``pd``)."""
+        candidates = self.source.candidates(ctx.model)
+        mixed = [ep for ep in candidates if ep.record.routable and ep.role is Role.MIXED]
+        groups = self._groups([ep for ep in candidates if ep.record.routable and ep.role is Role.DECODE])
+        prefill = [
+            ep
+            for ep in candidates
+            if ep.record.routable
+            and ep.role is Role.PREFILL
+            and any(self.incompatibility(ep.record, g[0].record) is None for g in groups.values())
+        ]
+        choice = self.predictor.decide(ctx, mixed, prefill)
+        if isinstance(ctx.explain, Decision):
+            ctx.explain.pd = choice.as_dict()
+        return choice
+
+    def transferred(self, ctx: RequestContext, seconds: float) -> None:
+        """The transfer phase of a PD request (prefill answered → decode's headers), to learn its cost."""
+        self.predictor.transferred(ctx, seconds)
 
     # -- picks ---------------------------------------------------------------------
     def pick_pair(
@@ -259,6 +292,7 @@ class PdScheduler:
                 continue
             break
         pair = Pair(p, d, self._rank(p, ctx), self._rank(d, ctx))
+        self.predictor.routed(ctx, p)
         p.picks += 1
         d.picks += 1
         elapsed = time.perf_counter() - t0
@@ -304,6 +338,10 @@ class PdScheduler:
 
     def finished(self, ctx: RequestContext, ep: Endpoint, ok: bool) -> None:
         plan = self.plan(ctx.model)
+        if ep.role is Role.PREFILL:
+            self.predictor.prefill_done(ctx, ep, ok)
+        else:
+            self.predictor.forget(ctx)
         (plan.prefill if ep.role is Role.PREFILL else plan.decode).finished(ctx, ep, ok)
 
 
@@ -343,6 +381,7 @@ def build_pd_scheduler(
 
     default = plan("router pd", cfg)
     plans = {model: plan(f"router pd.models.{model}", m) for model, m in cfg.models.items()}
+    clock = deps.clock or time.monotonic
     sched = PdScheduler(
         source,
         plans,
@@ -352,5 +391,6 @@ def build_pd_scheduler(
         kv_index=deps.kv_index,
         observe=observe,
         notify=notify,
+        predictor=PdPredictor(cfg.auto, deps.latency, deps.kv_index, clock),
     )
     return sched, cfg

@@ -334,15 +334,20 @@ PREDICTION_ERROR_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 
 
 class LatencyStats:
     """What a latency-predicting scorer reports: per worker its latest predicted and observed
-    TTFT (seconds), and a histogram of absolute prediction errors (``|observed − predicted|``)."""
+    TTFT (seconds), its learned prefill rate and queue, and a histogram of absolute prediction
+    errors (``|observed − predicted|``). The per-request PD decision reads the rates and queues."""
 
-    __slots__ = ("counts", "error_sum", "observed", "predicted")
+    __slots__ = ("busy", "counts", "error_sum", "observed", "predicted", "rates")
 
     def __init__(self) -> None:
         self.predicted: dict[str, float] = {}
         """worker_id → TTFT predicted for the last request routed there."""
         self.observed: dict[str, float] = {}
         """worker_id → TTFT observed for the last request whose first token came back."""
+        self.rates: dict[str, float] = {}
+        """worker_id → learned prefill rate (tokens/s)."""
+        self.busy: dict[str, float] = {}
+        """worker_id → when its predicted prefill queue is empty (the scheduler's clock)."""
         self.counts = [0] * (len(PREDICTION_ERROR_BUCKETS) + 1)
         """Non-cumulative counts per bucket of :data:`PREDICTION_ERROR_BUCKETS`, then +Inf."""
         self.error_sum = 0.0

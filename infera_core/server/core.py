@@ -198,7 +198,7 @@ class RouterCore:
         ``via``: the request's own ``Via`` header, kept in front of this router's stamp;
         ``exclude``: workers not to use (a migrated stream's failed ones); ``queued=False``: never
         through the router queue, which picks among all workers (a request pinned to one)."""
-        if self.pd is not None and self.pd.applies(ctx):
+        if self.pd is not None and await self.pd.applies(ctx):
             return await self.pd.dispatch(ctx, path, body, exclude or ())
         tried: list[str] = list(exclude) if exclude else []
         last: ApiError | None = None

@@ -90,7 +90,7 @@ class ResponsesProxy(ProxyEndpoint):
         self, ctx: RequestContext, path: str, body: bytes, task: asyncio.Task[object], via: bytes | None
     ) -> tuple[Endpoint, UpstreamResponse]:
         pd = self.core.pd
-        if pd is not None and pd.applies(ctx):
+        if pd is not None and pd.pairs_only(ctx):
             raise ApiError(
                 501,
                 f"Model {ctx.model!r} is served by prefill/decode pairs, which do not serve /v1/responses:"

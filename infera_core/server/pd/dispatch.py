@@ -36,7 +36,7 @@ from infera_core.engines.pd import (
     PdUnsupported,
 )
 from infera_core.request import RequestContext
-from infera_core.scheduling.pd import Pair, PdConfig, PdScheduler
+from infera_core.scheduling.pd import Pair, PdConfig, PdScheduler, Topology
 from infera_core.scheduling.scheduler import DIRECT_HEADER, OverloadedError, SchedulingError
 from infera_core.scheduling.types import Endpoint
 from infera_core.server.errors import ApiError
@@ -48,6 +48,9 @@ from infera_core.server.tracing import decode_span, prefill_span, traced_pair, t
 from infera_core.transports.upstreams import UpstreamResponse
 
 Routed = tuple[Endpoint, UpstreamResponse]
+
+PAIRLESS_ROUTES = frozenset({"/v1/responses"})
+"""Routes no PD transport serves (the answer is stored on the worker that makes it)."""
 
 
 def _api_error(exc: SchedulingError) -> ApiError:
@@ -93,13 +96,35 @@ class PdDispatcher:
         self._background: set[asyncio.Task[Any]] = set()
 
     # -- entry points used by RouterCore -----------------------------------------------
-    def applies(self, ctx: RequestContext) -> bool:
-        """True when ``ctx.model`` is served by pairs; a 503 when it cannot be served at all."""
+    def _topology(self, ctx: RequestContext) -> Topology | None:
+        """``ctx.model``'s topology (None: the client asked for a direct worker); a 503 when it
+        cannot be served at all."""
         if self.core.scheduler.direct and ctx.headers.get(DIRECT_HEADER):
-            return False
+            return None
         topo = self.scheduler.topology(ctx.model)
         if topo.error is not None:
             raise ApiError(503, topo.error, code="no_pd_pair")
+        return topo
+
+    def pairs_only(self, ctx: RequestContext) -> bool:
+        """True when only pairs serve ``ctx.model`` (a route pairs cannot serve is refused there;
+        with mixed workers too, :meth:`applies` keeps such a route local)."""
+        topo = self._topology(ctx)
+        return topo is not None and topo.pd and not topo.per_request
+
+    async def applies(self, ctx: RequestContext) -> bool:
+        """True when ``ctx`` goes to a pair; a 503 when ``ctx.model`` cannot be served at all."""
+        topo = self._topology(ctx)
+        if topo is None:
+            return False
+        if topo.per_request:  # pairs and mixed workers: the predicted TTFT of each decides
+            if ctx.route in PAIRLESS_ROUTES:
+                return False
+            prepare = getattr(self.core, "prepare", None)
+            if prepare is not None and ctx.token_ids is None and self.scheduler.kv_index is not None:
+                tr = ctx.trace
+                await (prepare(ctx) if tr is None else traced_prepare(prepare, ctx, tr))
+            return self.scheduler.choose(ctx).pd
         return topo.pd
 
     def finished(self, ctx: RequestContext, ep: Endpoint, ok: bool) -> None:
@@ -226,6 +251,7 @@ class PdDispatcher:
                 raise
             t2 = time.perf_counter()
             self.metrics.phase(ctx.model, "transfer", t2 - t1)
+            self.scheduler.transferred(ctx, t2 - t1)
             self.metrics.phase(ctx.model, "decode_wait", t2 - t1)
             self._pump(ctx)  # the prefill slot is free, the decode's counted by its leg
             return d, resp
@@ -279,6 +305,7 @@ class PdDispatcher:
         self.metrics.phase(ctx.model, "decode_wait", t2 - t0)
         if ptask.done() and ptask.exception() is None:
             self.metrics.phase(ctx.model, "transfer", t2 - ptask.result())
+            self.scheduler.transferred(ctx, t2 - ptask.result())
         return d, resp
 
     async def _prefill_timed(self, req: _Request, leg: Any, t0: float) -> float:

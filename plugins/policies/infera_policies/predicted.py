@@ -319,6 +319,8 @@ class PredictedLatencyScorer(Scorer):
         c["busy"][row] = done
         self.pending[ctx.request_id] = (row, now, done, float(c["shift"][row]), uncached)
         self.stats.predicted[endpoint.worker_id] = done - now
+        self.stats.busy[endpoint.worker_id] = done
+        self.stats.rates[endpoint.worker_id] = rate
 
     def on_first_token(self, ctx: RequestContext, endpoint: Endpoint) -> None:
         entry = self.pending.pop(ctx.request_id, None)
@@ -335,6 +337,7 @@ class PredictedLatencyScorer(Scorer):
         delta = now - (predicted + c["shift"][row] - shift_then)
         c["shift"][row] += delta
         c["busy"][row] = max(c["busy"][row] + delta, now)
+        self.stats.busy[endpoint.worker_id] = float(c["busy"][row])
         # the rate: its uncached tokens over the worker's busy time for it
         start = max(routed, float(c["last_first"][row]))
         c["last_first"][row] = max(now, float(c["last_first"][row]))
