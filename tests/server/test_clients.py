@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
 import openai
 import pytest
 
-from infera_core.testing.fixtures import make_hooks
-from infera_core.testing.server import RunningServer, serving, settings_for
-from infera_core.worker import WorkerRecord
+from infera_core.testing.server import RunningServer
 
 pytest.importorskip("infera_sim")
-from infera_sim.testing import SimHandle, start_sims
 
 MODEL = "sim-model"
 TOOLS: list[Any] = [
@@ -24,28 +21,6 @@ TOOLS: list[Any] = [
         "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     }
 ]
-
-
-@pytest.fixture(scope="module")
-def sims() -> Iterator[list[SimHandle]]:
-    with start_sims(2, model=MODEL, speedup="inf", kv_events_port=None, kv_replay_port=None) as sims:
-        yield sims
-
-
-@pytest.fixture
-async def srv(sims: list[SimHandle]) -> AsyncIterator[RunningServer]:
-    async with serving(settings_for(), make_hooks()) as server:
-        for i, s in enumerate(sims):
-            server.store.put(WorkerRecord(worker_id=f"sim{i}", url=s.url, model=MODEL, engine="sim"))
-        await server.wait_workers(len(sims))
-        yield server
-
-
-@pytest.fixture
-async def oai(srv: RunningServer) -> AsyncIterator[openai.AsyncOpenAI]:
-    """An OpenAI client, closed after the test (its pool's sockets with it)."""
-    async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0) as client:
-        yield client
 
 
 @pytest.fixture

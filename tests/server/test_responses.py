@@ -4,7 +4,6 @@ retrieve, delete, input items, and the 404s of an unknown id or a gone worker.""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -17,30 +16,9 @@ from infera_core.testing.server import RunningServer, serving, settings_for, unt
 from infera_core.worker import Status, WorkerRecord
 
 pytest.importorskip("infera_sim")
-from infera_sim.testing import SimHandle, start_sims
+from infera_sim.testing import SimHandle
 
 MODEL = "sim-model"
-
-
-@pytest.fixture(scope="module")
-def sims() -> Iterator[list[SimHandle]]:
-    with start_sims(2, model=MODEL, speedup="inf", kv_events_port=None, kv_replay_port=None) as sims:
-        yield sims
-
-
-@pytest.fixture
-async def srv(sims: list[SimHandle]) -> AsyncIterator[RunningServer]:
-    async with serving(settings_for(), make_hooks()) as server:
-        for i, s in enumerate(sims):
-            server.store.put(WorkerRecord(worker_id=f"sim{i}", url=s.url, model=MODEL, engine="sim"))
-        await server.wait_workers(len(sims))
-        yield server
-
-
-@pytest.fixture
-async def oai(srv: RunningServer) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0) as client:
-        yield client
 
 
 async def test_create_plain_and_streamed(oai: openai.AsyncOpenAI, srv: RunningServer) -> None:

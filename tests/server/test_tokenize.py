@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
 import aiohttp
@@ -16,15 +16,9 @@ from infera_core.util.net import free_port
 from infera_core.worker import WorkerRecord
 
 pytest.importorskip("infera_sim")
-from infera_sim.testing import SimHandle, start_sims
+from infera_sim.testing import SimHandle
 
 MODEL = "sim-model"
-
-
-@pytest.fixture(scope="module")
-def sims() -> Iterator[list[SimHandle]]:
-    with start_sims(2, model=MODEL, speedup="inf", kv_events_port=None, kv_replay_port=None) as sims:
-        yield sims
 
 
 def _record(worker_id: str, url: str, engine: str = "sim") -> WorkerRecord:
