@@ -9,6 +9,18 @@ from typing import Any
 from infera_core.worker import Role
 
 
+def estimate_tokens(body: dict[str, Any]) -> int:
+    """A rough prompt size without a tokenizer: the text of ``prompt`` or ``messages`` at four
+    characters a token."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return len(prompt) // 4
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict)) // 4
+    return 0
+
+
 class RequestContext:
     """Per-request routing input, built once by the route handler.
 
@@ -95,6 +107,10 @@ class RequestContext:
         if self.client_request_id is None:
             return self.request_id
         return f"{self.request_id} (client id {self.client_request_id[:128]!r})"
+
+    def prompt_tokens(self) -> int:
+        """The prompt's tokens: the tokenizer's count when it ran, else :func:`estimate_tokens`."""
+        return len(self.token_ids) if self.token_ids else estimate_tokens(self.body)
 
     def cached_block_hashes(self, block_size: int, compute: Callable[..., list[int]]) -> list[int]:
         """Block hashes of ``token_ids`` at ``block_size``, computed once per size:

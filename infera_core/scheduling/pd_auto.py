@@ -126,7 +126,7 @@ def choose(
 
 def uncached_tokens(ctx: RequestContext, eps: Sequence[Endpoint], index: KvIndexView | None) -> list[float]:
     """Per endpoint: the prompt's tokens minus the prefix its KV view holds."""
-    n = float(len(ctx.token_ids)) if ctx.token_ids else float(_estimate(ctx.body))
+    n = float(ctx.prompt_tokens())
     if index is None or not ctx.token_ids or not eps:
         return [n] * len(eps)
     views = [index.views_by_key.get((ep.worker_id, ep.dp_rank)) for ep in eps]
@@ -139,16 +139,6 @@ def uncached_tokens(ctx: RequestContext, eps: Sequence[Endpoint], index: KvIndex
         return [n] * len(eps)
     hits = index.match(hashes, views, (1.0, 0.0, 0.0))
     return [max(0.0, n - h * size) for h in hits]
-
-
-def _estimate(body: dict[str, Any]) -> int:
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return len(prompt) // 4
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        return sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict)) // 4
-    return 0
 
 
 class PdPredictor:

@@ -68,7 +68,6 @@ from infera_policies.load import (
     RecentDispatchScorer,
     RecentParams,
     dispatch_clock,
-    estimate_tokens,
 )
 from infera_policies.session import register_session
 
@@ -285,7 +284,7 @@ class CacheFillScorer(Scorer):
 
     def on_routed(self, ctx: RequestContext, endpoint: Endpoint) -> None:
         ids = ctx.token_ids
-        n = len(ids) if ids else estimate_tokens(ctx.body)
+        n = len(ids) if ids else ctx.prompt_tokens()
         index = self.index
         last = self.in_flight.last if self.in_flight is not None else None
         if ids and last is not None and last[0] == ctx.request_id:  # kv-overlap scored it: reuse

@@ -139,7 +139,7 @@ class LoadScorer(Scorer):
         return relative_inverse(load)
 
     def on_routed(self, ctx: RequestContext, endpoint: Endpoint) -> None:
-        n = len(ctx.token_ids) if ctx.token_ids else estimate_tokens(ctx.body)
+        n = ctx.prompt_tokens()
         key = (ctx.request_id, endpoint.worker_id)
         endpoint.in_flight_prompt_tokens += n - self._pending.get(key, 0)
         self._pending[key] = n
@@ -147,16 +147,6 @@ class LoadScorer(Scorer):
     def on_finished(self, ctx: RequestContext, endpoint: Endpoint, ok: bool) -> None:
         n = self._pending.pop((ctx.request_id, endpoint.worker_id), 0)
         endpoint.in_flight_prompt_tokens = max(0, endpoint.in_flight_prompt_tokens - n)
-
-
-def estimate_tokens(body: dict[str, Any]) -> int:
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return len(prompt) // 4
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        return sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict)) // 4
-    return 0
 
 
 class RecentParams(BaseModel):

@@ -59,7 +59,6 @@ from infera_core.scheduling.types import (
 )
 from infera_policies.in_flight import InFlightPrefixes
 from infera_policies.kv import BASE_FILTERS, IN_FLIGHT_KEY, kv_profile
-from infera_policies.load import estimate_tokens
 
 _COLUMNS = (
     "busy",
@@ -124,7 +123,7 @@ def _target(ctx: RequestContext, header: str, key_attr: str, default: float | No
 
 def _prompt_tokens(ctx: RequestContext) -> float:
     """The prompt's length in tokens: its token ids, else estimated from its text (no tokenizer)."""
-    return float(len(ctx.token_ids)) if ctx.token_ids else float(estimate_tokens(ctx.body))
+    return float(ctx.prompt_tokens())
 
 
 class PredictedLatencyScorer(Scorer):
