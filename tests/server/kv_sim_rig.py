@@ -27,10 +27,10 @@ async def reset_caches(sims: Iterable[Any]) -> None:
 
 @contextlib.asynccontextmanager
 async def serving_kv_aware(
-    records: list[WorkerRecord], keys: Path
+    records: list[WorkerRecord], keys: Path | None = None
 ) -> AsyncIterator[tuple[RunningServer, KvRouting]]:
-    """A kv-aware router with the API-key file ``keys`` serving ``records`` once its table holds
-    them all; and its KV routing (the index)."""
+    """A kv-aware router (with the API-key file ``keys``, if any) serving ``records`` once its
+    table holds them all; and its KV routing (the index)."""
     hooks = make_hooks()
     kv = KvRouting(hooks.catalog(), KvSettings())
     async with serving(settings_for(router_policy="kv-aware", api_key_file=keys), hooks, kv=kv) as srv:
@@ -64,3 +64,12 @@ def predicted(srv: RunningServer, name: str) -> float:
     """The tokens the router predicted cached for key ``name`` so far."""
     child = srv.core.salting.tokens.children.get((name, "predicted_cached"))
     return child.value if child is not None else 0.0
+
+
+@contextlib.asynccontextmanager
+async def kv_aware_over_sims(sims: list[Any]) -> AsyncIterator[tuple[RunningServer, KvRouting]]:
+    """:func:`serving_kv_aware` over ``sims`` (workers ``sim-0``, ``sim-1``…), their caches
+    emptied first."""
+    await reset_caches(sims)
+    async with serving_kv_aware([sim.record(f"sim-{i}") for i, sim in enumerate(sims)]) as out:
+        yield out

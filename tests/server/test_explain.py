@@ -18,6 +18,7 @@ from infera_core.testing.fixtures import make_hooks
 from infera_core.testing.server import eventually, serving, settings_for
 
 sim_testing = pytest.importorskip("infera_sim.testing")
+from kv_sim_rig import kv_aware_over_sims  # noqa: E402
 
 BS = 16
 MODEL = "sim-model"
@@ -40,58 +41,50 @@ async def _warm(kv: KvRouting, client: httpx.AsyncClient, sims: list[Any]) -> No
 
 
 async def test_explain_names_the_worker_with_the_cached_prefix(sims: list[Any]) -> None:
-    hooks = make_hooks()
-    kv = KvRouting(hooks.catalog(), KvSettings())
-    async with serving(settings_for(router_policy="kv-aware"), hooks, kv=kv) as srv:
-        for i, sim in enumerate(sims):
-            srv.store.put(sim.record(f"sim-{i}"))
-        await srv.wait_workers(3)
-        async with httpx.AsyncClient(timeout=30) as client:
-            for sim in sims:
-                await client.post(sim.url + "/reset_prefix_cache")
-            await _warm(kv, client, sims)
-            body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2}
-            r = await client.post(srv.url + "/v1/completions", json=body, headers={"X-Infera-Explain": "1"})
-            assert r.status_code == 200, r.text
-            assert r.headers["x-infera-worker"] == "sim-1"
-            explained = json.loads(r.headers["x-infera-explain"])
-            assert explained["picked"] == "sim-1"
-            assert explained["policy"] == "kv-aware"
-            by_worker = {c["worker"]: c for c in explained["candidates"]}
-            assert set(by_worker) | {e["worker"] for e in explained["excluded"]} == {
-                "sim-0",
-                "sim-1",
-                "sim-2",
-            }
-            best = by_worker["sim-1"]["terms"]["kv-overlap"]
-            prompt_blocks = best["prompt_blocks"]
-            assert prompt_blocks >= 400 // BS
-            assert best["overlap_blocks"] >= prompt_blocks - 1  # all full blocks but maybe the last
-            for other in ("sim-0", "sim-2"):
-                if other in by_worker:
-                    assert by_worker[other]["terms"]["kv-overlap"]["overlap_blocks"] == 0
-                    assert by_worker[other]["score"] < by_worker["sim-1"]["score"]
-            assert "load" in by_worker["sim-1"]["terms"]
-            assert "in_flight" in by_worker["sim-1"]["terms"]["load"]
+    async with kv_aware_over_sims(sims) as (srv, kv), httpx.AsyncClient(timeout=30) as client:
+        await _warm(kv, client, sims)
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2}
+        r = await client.post(srv.url + "/v1/completions", json=body, headers={"X-Infera-Explain": "1"})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-infera-worker"] == "sim-1"
+        explained = json.loads(r.headers["x-infera-explain"])
+        assert explained["picked"] == "sim-1"
+        assert explained["policy"] == "kv-aware"
+        by_worker = {c["worker"]: c for c in explained["candidates"]}
+        assert set(by_worker) | {e["worker"] for e in explained["excluded"]} == {
+            "sim-0",
+            "sim-1",
+            "sim-2",
+        }
+        best = by_worker["sim-1"]["terms"]["kv-overlap"]
+        prompt_blocks = best["prompt_blocks"]
+        assert prompt_blocks >= 400 // BS
+        assert best["overlap_blocks"] >= prompt_blocks - 1  # all full blocks but maybe the last
+        for other in ("sim-0", "sim-2"):
+            if other in by_worker:
+                assert by_worker[other]["terms"]["kv-overlap"]["overlap_blocks"] == 0
+                assert by_worker[other]["score"] < by_worker["sim-1"]["score"]
+        assert "load" in by_worker["sim-1"]["terms"]
+        assert "in_flight" in by_worker["sim-1"]["terms"]["load"]
 
-            # a stream carries it as a trailing SSE comment, after the events
-            body = {**body, "stream": True}
-            r = await client.post(srv.url + "/v1/completions", json=body, headers={"X-Infera-Explain": "1"})
-            assert r.status_code == 200
-            assert "x-infera-explain" not in r.headers
-            text = r.text
-            assert text.rstrip().splitlines()[-1].startswith(": infera-explain {")
-            trailing = json.loads(text.rstrip().splitlines()[-1][len(": infera-explain ") :])
-            assert trailing["picked"] == "sim-1"
-            assert "data: [DONE]" in text
+        # a stream carries it as a trailing SSE comment, after the events
+        body = {**body, "stream": True}
+        r = await client.post(srv.url + "/v1/completions", json=body, headers={"X-Infera-Explain": "1"})
+        assert r.status_code == 200
+        assert "x-infera-explain" not in r.headers
+        text = r.text
+        assert text.rstrip().splitlines()[-1].startswith(": infera-explain {")
+        trailing = json.loads(text.rstrip().splitlines()[-1][len(": infera-explain ") :])
+        assert trailing["picked"] == "sim-1"
+        assert "data: [DONE]" in text
 
-            # without the header: nothing
-            r = await client.post(srv.url + "/v1/completions", json={**body, "stream": False})
-            assert "x-infera-explain" not in r.headers
+        # without the header: nothing
+        r = await client.post(srv.url + "/v1/completions", json={**body, "stream": False})
+        assert "x-infera-explain" not in r.headers
 
-            kept = (await client.get(srv.url + "/v1/admin/decisions")).json()["data"]
-            assert [d["picked"] for d in kept[:2]] == ["sim-1", "sim-1"]  # the two explained, newest first
-            assert kept[0]["status"] == 200 and kept[0]["candidates"]
+        kept = (await client.get(srv.url + "/v1/admin/decisions")).json()["data"]
+        assert [d["picked"] for d in kept[:2]] == ["sim-1", "sim-1"]  # the two explained, newest first
+        assert kept[0]["status"] == 200 and kept[0]["candidates"]
 
 
 async def test_explain_is_ignored_for_keys_that_may_not(sims: list[Any], tmp_path: Path) -> None:
