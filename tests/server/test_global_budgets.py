@@ -1,5 +1,5 @@
 """API-key budgets shared by router participants through a real store (etcd; the NATS plane's
-JetStream KV): leased slices, one budget for the cluster (:mod:`infera_core.server.global_budgets`).
+JetStream KV; Kubernetes ConfigMaps on the stand-in API server): leased slices, one budget for the cluster (:mod:`infera_core.server.global_budgets`).
 
 Each participant is what one router process runs: a :class:`KeyRing` bound to its own
 :class:`GlobalBudgets` on its own connection to the store."""
@@ -64,6 +64,26 @@ def _nats_store(server: Any) -> SharedState:
     return NatsDiscovery(settings)
 
 
+def _k8s_store(server: Any) -> SharedState:
+    from infera_k8s.discovery import KubernetesDiscovery
+    from infera_k8s.settings import KubernetesSettings
+
+    own = KubernetesSettings(k8s_api_server=server.url, k8s_namespace="infera", k8s_ready_file="")
+    return KubernetesDiscovery(own, connect_timeout=2.0)
+
+
+@pytest.fixture
+async def kubernetes_server() -> AsyncIterator[Any]:
+    """The stand-in API server (real HTTP; ConfigMaps with resourceVersion preconditions)."""
+    from infera_k8s.testing import StandinApiServer
+
+    async with StandinApiServer() as server:
+        yield server
+
+
+STORES = {"etcd": _etcd_store, "nats": _nats_store, "kubernetes": _k8s_store}
+
+
 class Participant:
     def __init__(self, ring: KeyRing, budgets: GlobalBudgets, store: Any) -> None:
         self.ring, self.budgets, self.store = ring, budgets, store
@@ -101,12 +121,13 @@ async def participants(
             await p.store.close()
 
 
-@pytest.fixture(params=["etcd", "nats"])
+@pytest.fixture(params=list(STORES))
 def make_store(
     request: pytest.FixtureRequest,
 ) -> Callable[[], Any]:
     server = request.getfixturevalue(f"{request.param}_server")
-    return (lambda: _etcd_store(server)) if request.param == "etcd" else (lambda: _nats_store(server))
+    build = STORES[request.param]
+    return lambda: build(server)
 
 
 async def test_two_participants_admit_one_requests_per_minute(
