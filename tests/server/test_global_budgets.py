@@ -221,15 +221,35 @@ def _record(name: str, suffix: str) -> str:
     return "budgets." + hashlib.sha256(name.encode()).hexdigest()[:32] + suffix
 
 
+@pytest.fixture(params=["etcd", "kubernetes"])
+def lost_store(request: pytest.FixtureRequest) -> tuple[Callable[[], Any], Callable[[bool], None]]:
+    """(make a store, set an outage on or off): etcd stopped, or the API server answering 503."""
+    server = request.getfixturevalue(f"{request.param}_server")
+    build = STORES[request.param]
+
+    def outage(down: bool) -> None:
+        if not isinstance(server, EtcdServer):
+            server.set_down(down)
+        elif down:
+            server.stop()
+        else:
+            server.start()
+
+    return (lambda: build(server)), outage
+
+
 async def test_a_participant_that_loses_the_store_admits_its_share_only(
-    etcd_server: EtcdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    lost_store: tuple[Callable[[], Any], Callable[[bool], None]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(global_budgets, "HEARTBEAT_S", 0.2)
     monkeypatch.setattr(global_budgets, "PARTICIPANT_TTL_S", 60.0)
-    async with participants(lambda: _etcd_store(etcd_server), _keys(tmp_path)) as (a, b):
+    make_store, outage = lost_store
+    async with participants(make_store, _keys(tmp_path)) as (a, b):
         await eventually(lambda: a.budgets.participants == 2 and b.budgets.participants == 2, 30)
         await a.admit("sk-rate")
-        etcd_server.stop()
+        outage(True)
         t0 = time.monotonic()
         ok = 0
         while not a.budgets.down or time.monotonic() - t0 < 3.0:  # the store is lost, then 3 s more
@@ -245,5 +265,5 @@ async def test_a_participant_that_loses_the_store_admits_its_share_only(
         leased = RPM / 60 * global_budgets.REFILL_AHEAD_S * 3
         assert ok <= leased + RPM / 60 / 2 * elapsed + 1, (ok, elapsed)
         assert ok >= 1
-        etcd_server.start()
+        outage(False)
         await eventually(lambda: not a.budgets.down, 30)
