@@ -84,7 +84,10 @@ class StandinConfigMaps:
             return _fail(404, "NotFound", f'configmaps "{name}" not found', name)
         return web.json_response(found)
 
-    async def _body(self, request: web.Request) -> tuple[dict[str, Any], web.Response | None]:
+    async def _body(self, request: web.Request, verb: str) -> tuple[dict[str, Any], web.Response | None]:
+        """The request's valid ConfigMap, or the answer that refuses it."""
+        if (refused := self._refused(request, verb)) is not None:
+            return {}, refused
         try:
             body = json.loads(await request.read())
         except ValueError as exc:
@@ -126,9 +129,7 @@ class StandinConfigMaps:
         return obj
 
     async def _create(self, request: web.Request) -> web.Response:
-        if (refused := self._refused(request, "create")) is not None:
-            return refused
-        body, bad = await self._body(request)
+        body, bad = await self._body(request, "create")
         if bad is not None:
             return bad
         ns, name = request.match_info["ns"], body["metadata"]["name"]
@@ -139,9 +140,7 @@ class StandinConfigMaps:
         return web.json_response(self._store(ns, body, None), status=201)
 
     async def _update(self, request: web.Request) -> web.Response:
-        if (refused := self._refused(request, "update")) is not None:
-            return refused
-        body, bad = await self._body(request)
+        body, bad = await self._body(request, "update")
         if bad is not None:
             return bad
         ns, name = request.match_info["ns"], request.match_info["name"]
