@@ -1,5 +1,6 @@
 """One API-key budget across router replicas: two real ``infera-run serve`` processes on one
-store (a real etcd, or a real ``nats-server -js`` as the NATS plane), a key with
+store (a real etcd, a real ``nats-server -js`` as the NATS plane, or Kubernetes ConfigMaps on
+the stand-in API server of ``infera_k8s.testing``), a key with
 ``requests_per_minute: --rpm``, driven at ``--rate`` requests per second spread over both
 for ``--seconds``; ``--kill-at S`` SIGKILLs the second replica S seconds in (the rest goes to
 the first). A request is *admitted* when its answer is not 429 (no worker serves the model,
@@ -27,11 +28,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 import yaml
 
-from infera_core.util.net import LoopbackServer, free_port, stop_process
+from infera_core.util.net import free_port, stop_process
 
 KEY = "sk-global"
 BODY = {"model": "no-such-model", "prompt": "hi", "max_tokens": 1}
@@ -63,8 +65,19 @@ class Run:
         }
 
 
-def start_store(kind: str) -> tuple[LoopbackServer, list[str]]:
-    """A started etcd or nats-server and the ``serve`` flags that reach it."""
+class Store(Protocol):
+    def close(self) -> None: ...
+
+
+def start_store(kind: str) -> tuple[Store, list[str]]:
+    """A started etcd, nats-server or stand-in Kubernetes API server and the ``serve`` flags
+    that reach it."""
+    if kind == "kubernetes":
+        from infera_k8s.testing_thread import StandinInThread
+
+        api = StandinInThread()
+        api.start()
+        return api, ["--discovery", "kubernetes", "--k8s-api-server", api.url, "--k8s-namespace", "infera"]
     if kind == "etcd":
         from infera_core.testing.etcd import EtcdServer
 
@@ -166,7 +179,7 @@ def drive(reps: list[Replica], rate: float, seconds: float, kill_at: float | Non
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--store", choices=["etcd", "nats"], default="etcd")
+    ap.add_argument("--store", choices=["etcd", "nats", "kubernetes"], default="etcd")
     ap.add_argument("--rpm", type=int, default=60)
     ap.add_argument("--rate", type=float, default=5.0, help="requests per second over both replicas")
     ap.add_argument("--seconds", type=float, default=180.0)

@@ -171,7 +171,7 @@ class SharedState(Protocol):
     """
 
     state_source: str
-    """Where the records live, for logs and docs (``etcd``, ``nats``)."""
+    """Where the records live, for logs and docs (``etcd``, ``nats``, ``kubernetes``)."""
 
     async def state_get(self, name: str) -> tuple[bytes | None, int]:
         """The record ``name`` and its revision; ``(None, 0)`` when absent."""

@@ -1,6 +1,6 @@
 """API-key budgets global to the router replicas of a cluster: leased slices of one store.
 
-With a discovery backend that keeps shared records (etcd, the NATS plane:
+With a discovery backend that keeps shared records (etcd, the NATS plane, Kubernetes:
 :class:`~infera_core.discovery.base.SharedState`), every router process is a *participant*
 that leases slices of each key's budgets from records in that store and admits requests
 from its local slice, so the request path never waits on the network:
@@ -9,8 +9,8 @@ from its local slice, so the request path never waits on the network:
   the wall clock, refilled at ``rpm / 60`` per second, capped at ``rpm``). A lease reads the
   record, refills it, takes ``n = min(want, floor(level))`` and writes it back with a
   compare-and-swap on the record's revision (an etcd transaction on ``mod_revision``; a
-  JetStream KV update naming the last sequence): two participants never take the same
-  request. ``want`` is about two seconds of the key's demand at this participant.
+  JetStream KV update naming the last sequence; a ConfigMap update naming its
+  ``resourceVersion``): two participants never take the same request. ``want`` is about two seconds of the key's demand at this participant.
 * ``tokens_per_day`` — one counter per key and UTC day (``used``). A lease adds the tokens it
   takes to ``used``; admission reserves ``prompt + max_tokens × n`` from the local grant and
   the end of the request gives back the difference to the real cost (or owes more: a

@@ -122,14 +122,14 @@ def by_kind(docs: list[Doc], kind: str) -> dict[str, Doc]:
     return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
 
 
-def verbs_of(docs: list[Doc], account: str) -> set[str]:
-    """What a service account may do on pods, through its RoleBindings."""
+def verbs_of(docs: list[Doc], account: str, resource: str = "pods") -> set[str]:
+    """What a service account may do on ``resource``, through its RoleBindings."""
     roles = by_kind(docs, "Role")
     verbs: set[str] = set()
     for binding in by_kind(docs, "RoleBinding").values():
         if any(s["name"] == account for s in binding["subjects"]):
             for rule in roles[binding["roleRef"]["name"]]["rules"]:
-                if "pods" in rule["resources"]:
+                if resource in rule["resources"]:
                     verbs.update(rule["verbs"])
     return verbs
 
@@ -188,6 +188,11 @@ def test_overlay_renders_to_valid_consistent_objects(overlay: Path) -> None:
         assert binding["subjects"][0]["name"] in accounts
         assert binding["roleRef"]["name"] in by_kind(docs, "Role")
     assert {"list", "watch"} <= verbs_of(docs, router["spec"]["serviceAccountName"])
+    # budgets shared by the router replicas live in ConfigMaps: get, create and update only
+    state = verbs_of(docs, router["spec"]["serviceAccountName"], "configmaps")
+    assert state == {"get", "create", "update"}, state
+    for account in set(accounts) - {router["spec"]["serviceAccountName"]}:
+        assert not verbs_of(docs, account, "configmaps"), account
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)

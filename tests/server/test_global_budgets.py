@@ -1,5 +1,5 @@
 """API-key budgets shared by router participants through a real store (etcd; the NATS plane's
-JetStream KV): leased slices, one budget for the cluster (:mod:`infera_core.server.global_budgets`).
+JetStream KV; Kubernetes ConfigMaps on the stand-in API server): leased slices, one budget for the cluster (:mod:`infera_core.server.global_budgets`).
 
 Each participant is what one router process runs: a :class:`KeyRing` bound to its own
 :class:`GlobalBudgets` on its own connection to the store."""
@@ -64,6 +64,26 @@ def _nats_store(server: Any) -> SharedState:
     return NatsDiscovery(settings)
 
 
+def _k8s_store(server: Any) -> SharedState:
+    from infera_k8s.discovery import KubernetesDiscovery
+    from infera_k8s.settings import KubernetesSettings
+
+    own = KubernetesSettings(k8s_api_server=server.url, k8s_namespace="infera", k8s_ready_file="")
+    return KubernetesDiscovery(own, connect_timeout=2.0)
+
+
+@pytest.fixture
+async def kubernetes_server() -> AsyncIterator[Any]:
+    """The stand-in API server (real HTTP; ConfigMaps with resourceVersion preconditions)."""
+    from infera_k8s.testing import StandinApiServer
+
+    async with StandinApiServer() as server:
+        yield server
+
+
+STORES = {"etcd": _etcd_store, "nats": _nats_store, "kubernetes": _k8s_store}
+
+
 class Participant:
     def __init__(self, ring: KeyRing, budgets: GlobalBudgets, store: Any) -> None:
         self.ring, self.budgets, self.store = ring, budgets, store
@@ -101,12 +121,13 @@ async def participants(
             await p.store.close()
 
 
-@pytest.fixture(params=["etcd", "nats"])
+@pytest.fixture(params=list(STORES))
 def make_store(
     request: pytest.FixtureRequest,
 ) -> Callable[[], Any]:
     server = request.getfixturevalue(f"{request.param}_server")
-    return (lambda: _etcd_store(server)) if request.param == "etcd" else (lambda: _nats_store(server))
+    build = STORES[request.param]
+    return lambda: build(server)
 
 
 async def test_two_participants_admit_one_requests_per_minute(
@@ -200,15 +221,35 @@ def _record(name: str, suffix: str) -> str:
     return "budgets." + hashlib.sha256(name.encode()).hexdigest()[:32] + suffix
 
 
+@pytest.fixture(params=["etcd", "kubernetes"])
+def lost_store(request: pytest.FixtureRequest) -> tuple[Callable[[], Any], Callable[[bool], None]]:
+    """(make a store, set an outage on or off): etcd stopped, or the API server answering 503."""
+    server = request.getfixturevalue(f"{request.param}_server")
+    build = STORES[request.param]
+
+    def outage(down: bool) -> None:
+        if not isinstance(server, EtcdServer):
+            server.set_down(down)
+        elif down:
+            server.stop()
+        else:
+            server.start()
+
+    return (lambda: build(server)), outage
+
+
 async def test_a_participant_that_loses_the_store_admits_its_share_only(
-    etcd_server: EtcdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    lost_store: tuple[Callable[[], Any], Callable[[bool], None]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(global_budgets, "HEARTBEAT_S", 0.2)
     monkeypatch.setattr(global_budgets, "PARTICIPANT_TTL_S", 60.0)
-    async with participants(lambda: _etcd_store(etcd_server), _keys(tmp_path)) as (a, b):
+    make_store, outage = lost_store
+    async with participants(make_store, _keys(tmp_path)) as (a, b):
         await eventually(lambda: a.budgets.participants == 2 and b.budgets.participants == 2, 30)
         await a.admit("sk-rate")
-        etcd_server.stop()
+        outage(True)
         t0 = time.monotonic()
         ok = 0
         while not a.budgets.down or time.monotonic() - t0 < 3.0:  # the store is lost, then 3 s more
@@ -224,5 +265,5 @@ async def test_a_participant_that_loses_the_store_admits_its_share_only(
         leased = RPM / 60 * global_budgets.REFILL_AHEAD_S * 3
         assert ok <= leased + RPM / 60 / 2 * elapsed + 1, (ok, elapsed)
         assert ok >= 1
-        etcd_server.start()
+        outage(False)
         await eventually(lambda: not a.budgets.down, 30)

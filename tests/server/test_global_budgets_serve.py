@@ -1,5 +1,6 @@
 """One ``requests_per_minute`` for two real ``infera-run serve`` replicas on one store (a real
-etcd; a real ``nats-server -js`` as the NATS plane), one of them SIGKILLed mid-run: the
+etcd; a real ``nats-server -js`` as the NATS plane; ConfigMaps on the stand-in Kubernetes API
+server, as ``deploy/kubernetes/base/router.yaml``'s two replicas use them), one of them SIGKILLed mid-run: the
 compressed form of ``bench/router/global_budgets.py``'s 3-minute run (the same bound: one
 bucket plus its refill over the run, + 5 %; budgets kept per replica admit about twice it)."""
 
@@ -16,8 +17,15 @@ RATE = 20.0  # requests per second over both: 20× the key's rate, so two budget
 SECONDS = 8.0
 
 
-# the NATS store's lease path runs on the default run too (test_global_budgets.py)
-@pytest.mark.parametrize("store", ["etcd", pytest.param("nats", marks=pytest.mark.slow)])
+# the NATS and Kubernetes stores' lease paths run on the default run too (test_global_budgets.py)
+@pytest.mark.parametrize(
+    "store",
+    [
+        "etcd",
+        pytest.param("nats", marks=pytest.mark.slow),
+        pytest.param("kubernetes", marks=pytest.mark.slow),
+    ],
+)
 def test_two_replicas_admit_one_budget_and_a_killed_one_changes_nothing(store: str, tmp_path: Path) -> None:
     try:
         server, flags = start_store(store)

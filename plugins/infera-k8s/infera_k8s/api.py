@@ -71,7 +71,8 @@ def load_config(api_server: str | None, kubeconfig: str | None) -> tuple[KubeCon
     return config, single.namespace
 
 
-def _status_message(body: bytes) -> str:
+def status_message(body: bytes) -> str:
+    """The ``message`` (else ``reason``) of an API server's ``Status`` body."""
     try:
         data = json.loads(body)
         return str(data.get("message") or data.get("reason") or body[:200].decode(errors="replace"))
@@ -102,6 +103,11 @@ class PodApi:
         self._client = AsyncClient(single, ConnectionParams(timeout=timeout, trust_env=False))
         self._watch_read = float(watch_timeout + 30)
 
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The authenticated HTTP client (also used for the shared-state ConfigMaps)."""
+        return self._client
+
     async def close(self) -> None:
         await self._client.aclose()
 
@@ -113,9 +119,9 @@ class PodApi:
         while True:
             resp = await self._client.get(self.path, params=params)
             if resp.status_code == 410:
-                raise Gone(_status_message(resp.content))
+                raise Gone(status_message(resp.content))
             if resp.status_code != 200:
-                raise ApiError(resp.status_code, _status_message(resp.content))
+                raise ApiError(resp.status_code, status_message(resp.content))
             data = resp.json()
             meta = data.get("metadata") or {}
             version = version or str(meta.get("resourceVersion") or "")
@@ -131,7 +137,7 @@ class PodApi:
         if resp.status_code == 404:
             return None
         if resp.status_code != 200:
-            raise ApiError(resp.status_code, _status_message(resp.content))
+            raise ApiError(resp.status_code, status_message(resp.content))
         data: dict[str, Any] = resp.json()
         return data
 
@@ -143,7 +149,7 @@ class PodApi:
             headers={"Content-Type": "application/merge-patch+json"},
         )
         if resp.status_code != 200:
-            raise ApiError(resp.status_code, _status_message(resp.content))
+            raise ApiError(resp.status_code, status_message(resp.content))
 
     async def watch(self, version: str) -> AsyncIterator[WatchEvent]:
         """Events after ``version`` until the server ends the stream; raises :class:`Gone`."""
@@ -159,8 +165,8 @@ class PodApi:
             if resp.status_code != 200:
                 body = await resp.aread()
                 if resp.status_code == 410:
-                    raise Gone(_status_message(body))
-                raise ApiError(resp.status_code, _status_message(body))
+                    raise Gone(status_message(body))
+                raise ApiError(resp.status_code, status_message(body))
             async for line in resp.aiter_lines():
                 if not line.strip():
                     continue

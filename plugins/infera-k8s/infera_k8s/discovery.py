@@ -33,6 +33,7 @@ from infera_core.worker import WorkerRecord
 from infera_k8s.api import ApiError, Gone, PodApi, load_config
 from infera_k8s.pods import RECORD_ANNOTATION, pod_name, record_or_none, resource_version
 from infera_k8s.settings import KubernetesSettings
+from infera_k8s.state import ConfigMapState
 
 log = logging.getLogger("infera.discovery.kubernetes")
 
@@ -91,12 +92,16 @@ class PodRegistration:
 
 
 class KubernetesDiscovery:
-    """Read worker pods from the Kubernetes API (see the module docstring)."""
+    """Read worker pods from the Kubernetes API (see the module docstring); keep the routers'
+    shared records (API-key budgets) as ConfigMaps (:mod:`infera_k8s.state`)."""
+
+    state_source = "kubernetes"
 
     def __init__(self, settings: KubernetesSettings, connect_timeout: float = 5.0) -> None:
         self.settings = settings
         self.connect_timeout = connect_timeout
         self._api: PodApi | None = None
+        self._state: ConfigMapState | None = None
         self._closed = asyncio.Event()
 
     async def start(self) -> None:
@@ -112,6 +117,7 @@ class KubernetesDiscovery:
             page_size=s.k8s_page_size,
             watch_timeout=s.k8s_watch_timeout,
         )
+        self._state = ConfigMapState(self._api.client, self.namespace)
         try:
             async with asyncio.timeout(self.connect_timeout):
                 await self._api.list()
@@ -126,7 +132,7 @@ class KubernetesDiscovery:
     async def close(self) -> None:
         self._closed.set()
         if self._api is not None:
-            api, self._api = self._api, None
+            api, self._api, self._state = self._api, None, None
             await api.close()
 
     async def register(self, record: WorkerRecord) -> Registration:
@@ -174,6 +180,17 @@ class KubernetesDiscovery:
                     f"worker {record.worker_id}: pod {pod} already carries the record of the worker "
                     f"at {current.url} (two workers cannot share a pod's registration)"
                 )
+
+    async def state_get(self, name: str) -> tuple[bytes | None, int]:
+        return await self._require_state().get(name)
+
+    async def state_swap(self, name: str, value: bytes, revision: int) -> bool:
+        return await self._require_state().swap(name, value, revision)
+
+    def _require_state(self) -> ConfigMapState:
+        if self._state is None:
+            raise DiscoveryError("kubernetes discovery: not started (or closed)")
+        return self._state
 
     def _require_api(self) -> PodApi:
         if self._api is None:

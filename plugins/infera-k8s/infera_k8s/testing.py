@@ -18,6 +18,10 @@ What it follows (api-concepts "Efficient detection of changes", KEP-956 watch bo
 ``GET``/``PATCH`` ``…/pods/<name>`` read one pod and apply a JSON merge patch to it
 (``application/merge-patch+json``; a MODIFIED event like any other write).
 
+``GET``/``POST``/``PUT`` ``…/configmaps`` serve ConfigMaps with the API server's optimistic
+concurrency (``409 AlreadyExists``, ``409 Conflict`` on a stale ``resourceVersion``; see
+:mod:`infera_k8s.testing_configmaps`); ``set_down`` and ``fail_next`` apply to them too.
+
 Test controls: :meth:`put_pod` / :meth:`delete_pod`, :meth:`compact`, :meth:`drop_watches`
 (cut every open stream mid-way), :meth:`set_down` (an outage), ``fail_next`` (answer that many requests with a 500), and
 ``requests`` (the query of every request, for assertions). Needs ``aiohttp``.
@@ -33,6 +37,7 @@ from typing import Any
 from aiohttp import web
 
 from infera_core.util.net import free_port
+from infera_k8s.testing_configmaps import StandinConfigMaps, api_status
 
 Pod = dict[str, Any]
 
@@ -137,6 +142,8 @@ class StandinApiServer:
         """When True every watch event is written as two chunks (a torn line the client must join)."""
         """While True every request is answered 503 (see :meth:`set_down`)."""
         self.requests: list[dict[str, str]] = []
+        self.configmaps = StandinConfigMaps(self._bump, self._refused)
+        """ConfigMaps with resourceVersion preconditions (:mod:`infera_k8s.testing_configmaps`)."""
         self._changed = asyncio.Condition()
         self._streams: set[web.StreamResponse] = set()
         self._runner: web.AppRunner | None = None
@@ -181,6 +188,19 @@ class StandinApiServer:
             if transport is not None:
                 transport.close()
 
+    def _bump(self) -> int:
+        self.version += 1
+        return self.version
+
+    def _refused(self) -> web.Response | None:
+        """An outage's 503 or an injected 500 (``fail_next``); None: serve the request."""
+        if (outage := self._unavailable()) is not None:
+            return outage
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            return web.json_response(self._status(500, "InternalError", "stand-in failure"), status=500)
+        return None
+
     async def _record(self, kind: str, key: tuple[str, str], pod: Pod, before: Pod | None) -> None:
         async with self._changed:
             self.version += 1
@@ -198,6 +218,7 @@ class StandinApiServer:
         app.router.add_get("/api/v1/namespaces/{ns}/pods", self._pods)
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get)
         app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}", self._patch)
+        self.configmaps.add_routes(app)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
         self.port = free_port()
@@ -217,15 +238,7 @@ class StandinApiServer:
 
     @staticmethod
     def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-        return {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": message,
-            "reason": reason,
-            "code": code,
-        }
+        return api_status(code, reason, message)
 
     def _selected(self, ns: str, selector: str) -> list[Pod]:
         return [
@@ -237,11 +250,8 @@ class StandinApiServer:
     async def _pods(self, request: web.Request) -> web.StreamResponse:
         query = dict(request.query)
         self.requests.append(query)
-        if (outage := self._unavailable()) is not None:
-            return outage
-        if self.fail_next > 0:
-            self.fail_next -= 1
-            return web.json_response(self._status(500, "InternalError", "stand-in failure"), status=500)
+        if (refused := self._refused()) is not None:
+            return refused
         if query.get("watch") in ("true", "1"):
             return await self._watch(request, request.match_info["ns"], query)
         return self._list(request.match_info["ns"], query)

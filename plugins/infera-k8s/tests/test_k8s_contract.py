@@ -61,6 +61,14 @@ class PodsAsRegistrations:
     def watch(self, *, sync_marker: bool = False) -> AsyncIterator[FleetChange]:
         return self.inner.watch(sync_marker=sync_marker)
 
+    state_source = "kubernetes"
+
+    async def state_get(self, name: str) -> tuple[bytes | None, int]:
+        return await self.inner.state_get(name)
+
+    async def state_swap(self, name: str, value: bytes, revision: int) -> bool:
+        return await self.inner.state_swap(name, value, revision)
+
 
 async def until_status(
     client: httpx.AsyncClient,
