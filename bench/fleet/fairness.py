@@ -42,6 +42,7 @@ from infera_sim.request import SimRequest
 from infera_sim.tokenizer import SimTokenizer
 
 from infera_core.scheduling.fairqueue import FairQueue, Shares, Waiter, engine_priority, request_cost, tier_of
+from infera_core.scheduling.tierguard import TierGuard
 from infera_core.worker import PriorityOrder
 
 
@@ -118,6 +119,9 @@ class Replay:
         self.busy = [False] * a.sims
         self.queue = FairQueue(a.queue_max)
         self.shares = Shares()
+        self.guard = TierGuard(getattr(a, "tier_window", 0.0), getattr(a, "tier_share", 0.5))
+        self.names = [f"sim{i}" for i in range(a.sims)]
+        self.now = 0.0
 
     def _at(self, t: float, kind: str, data: object) -> None:
         self.seq += 1
@@ -131,7 +135,13 @@ class Replay:
         held_back = job.tier < 0 or self.shares.over(job.key, job.weight, a.sims * a.cap, self.queue)
         if self.queued and a.headroom and held_back:
             cap = max(1, cap - a.headroom)
-        best = min(range(len(self.in_flight)), key=self.in_flight.__getitem__)
+        sims: list[int] = list(range(len(self.in_flight)))
+        if self.queued and self.guard.window:  # --tier-window: the router queue's TierGuard
+            avoid = self.guard.avoid(job.tier, self.names, self.now)
+            sims = [i for i in sims if self.names[i] not in avoid]
+            if not sims:
+                return None
+        best = min(sims, key=self.in_flight.__getitem__)
         return best if self.in_flight[best] < cap else None
 
     def arrive(self, job: Job, now: float) -> None:
@@ -179,6 +189,7 @@ class Replay:
     def dispatch(self, job: Job, i: int, now: float) -> None:
         self.in_flight[i] += 1
         self.shares.started(job.key, job.weight)
+        self.guard.started(self.names[i], job.tier, now)
         rid = f"r{self.seq}-{id(job)}"
         priority = 0
         if getattr(self.args, "engine_priority", False):  # what the router sends a priority worker
@@ -216,6 +227,7 @@ class Replay:
                 job.tokens = len(req.prompt) + req.num_generated
                 self.in_flight[i] -= 1
                 self.shares.ended(job.key)
+                self.guard.ended(self.names[i], job.tier)
                 freed = True
         self.start_step(i, t)
         if freed and self.queued:
@@ -226,6 +238,7 @@ class Replay:
             self._at(job.t, "arrive", job)
         while self.events:
             t, _, kind, data = heapq.heappop(self.events)
+            self.now = t
             if kind == "arrive":
                 self.arrive(data, t)  # type: ignore[arg-type]
             elif kind == "step":
@@ -364,6 +377,19 @@ def main() -> None:
         type=int,
         default=2,
         help="slots per sim that sheddable requests and keys over their fair share leave free (--queue-headroom)",
+    )
+    ap.add_argument(
+        "--tier-window",
+        type=float,
+        default=0.0,
+        help="with the queue: while a higher tier was dispatched in the last this many seconds, lower"
+        " tiers keep to --tier-share of the sims and off those running a higher tier (0: off)",
+    )
+    ap.add_argument(
+        "--tier-share",
+        type=float,
+        default=0.5,
+        help="the part of the sims a lower tier keeps to while a higher one is active",
     )
     ap.add_argument("--output-cap", type=int, default=1024)
     ap.add_argument("--deadline-ms", type=float, default=500.0)
