@@ -19,6 +19,13 @@ without the queue):
 
 ``--headroom`` (the server's ``--queue-headroom``) keeps slots of each sim from sheddable
 requests and from keys holding their fair share of the fleet's slots or more.
+``--tier-window`` (with the queue): while a higher tier was dispatched in the last window,
+lower tiers keep to ``--tier-share`` of the sims and off those running a higher tier
+(:class:`~infera_core.scheduling.tierguard.TierGuard`), so a critical request finds a quiet
+sim: the ``critical`` row holds (≤ 1.2×) with ``--tier-window 1 --tier-share 0.5``. The
+sim's step adds the decode step's cost (``itl_base_ms``) to a step that also prefills, so a
+critical prefill next to any decode pays both; a real engine runs the two in one forward pass
+and reads the weights once, so this overstates what a busy batch costs a critical request.
 * ``deadline`` — A floods with a TTFT deadline on every request: each refused one must be
   answered before its deadline.
 
