@@ -390,13 +390,14 @@ def main() -> None:
         type=float,
         default=0.0,
         help="with the queue: while a higher tier was dispatched in the last this many seconds, lower"
-        " tiers keep to --tier-share of the sims and off those running a higher tier (0: off)",
+        " tiers keep to --tier-share of the sims and off those running a higher tier (the server's"
+        " --queue-tier-window; 0: off)",
     )
     ap.add_argument(
         "--tier-share",
         type=float,
         default=0.5,
-        help="the part of the sims a lower tier keeps to while a higher one is active",
+        help="the part of the sims a lower tier keeps to while a higher one is active (--queue-tier-share)",
     )
     ap.add_argument("--output-cap", type=int, default=1024)
     ap.add_argument("--deadline-ms", type=float, default=500.0)
