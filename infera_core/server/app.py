@@ -309,6 +309,8 @@ def _router_queue(settings: ServeSettings, core: RouterCore, kv: KvComponent | N
         kv_index=kv.index if kv is not None else None,
     )
     queue.headroom = settings.queue_headroom > 0 and settings.max_inflight_per_worker > 0
+    if settings.queue_tier_window > 0:
+        queue.tier_guard = (settings.queue_tier_window, settings.queue_tier_share, core.workers)
     queue.register_metrics(core.metrics.registry)
     return queue
 

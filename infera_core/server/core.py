@@ -142,14 +142,23 @@ class RouterCore:
         except OverloadedError as exc:
             raise ApiError(429, str(exc), code="worker_overloaded", headers={"Retry-After": "1"}) from None
 
-    def schedule_limited(self, ctx: RequestContext, limited: bool) -> Endpoint:
+    def schedule_limited(self, ctx: RequestContext, limited: bool, avoid: Collection[str] = ()) -> Endpoint:
         """The queue's routing decision: :class:`OverloadedError` when every worker is
         saturated; ``limited`` (a sheddable tier, a key over its fair share) leaves
-        ``headroom`` slots of each worker free."""
+        ``headroom`` slots of each worker free; ``avoid``: workers kept from this request's
+        tier (``--queue-tier-window``): none of the others able to take it is saturation too."""
         cap = self.scheduler.max_inflight
-        if limited and cap > 0 and self.headroom:
-            return self._schedule(ctx, (), max(1, cap - self.headroom))
-        return self._schedule(ctx, ())
+        held = max(1, cap - self.headroom) if limited and cap > 0 and self.headroom else None
+        if not avoid:
+            return self._schedule(ctx, (), held)
+        try:
+            return self._schedule(ctx, avoid, held)
+        except NoWorkerError:
+            raise OverloadedError("the workers this tier may use now are busy") from None
+
+    def workers(self, model: str) -> list[str]:
+        """The ids of the model's workers (the tier guard's fleet)."""
+        return [ep.worker_id for ep in self.table.candidates(model)]
 
     def slots(self, model: str) -> int:
         """This process's part of the model's in-flight slots (``--max-inflight-per-worker`` ×

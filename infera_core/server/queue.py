@@ -24,7 +24,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 from infera_core.request import RequestContext
 from infera_core.scheduling.fairqueue import FairQueue, Shares, Waiter, request_cost, tier_label, tier_of
 from infera_core.scheduling.scheduler import OverloadedError
+from infera_core.scheduling.tierguard import TierGuard
 from infera_core.scheduling.types import Endpoint, KvIndexView
 from infera_core.server.errors import ApiError
 from infera_core.server.reserve import output_limit, prompt_estimate
@@ -48,9 +49,9 @@ RECHECK_S = 0.02
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 T = TypeVar("T")
-Schedule = Callable[[RequestContext, bool], Endpoint]
-"""Pick a worker for a request, ``True``: leaving the headroom free (raises
-:class:`OverloadedError` when every worker is saturated)."""
+Schedule = Callable[[RequestContext, bool, Collection[str]], Endpoint]
+"""Pick a worker for a request, ``True``: leaving the headroom free, off the workers named
+(raises :class:`OverloadedError` when every worker is saturated)."""
 
 
 @dataclass(slots=True)
@@ -175,6 +176,12 @@ class RouterQueue:
         self.headroom = False
         """Whether the schedule keeps headroom (``--queue-headroom``): then keys over their fair
         share of the slots are limited, which needs the shares."""
+        self.tier_guard: tuple[float, float, Callable[[str], list[str]]] | None = None
+        """``--queue-tier-window``, ``--queue-tier-share`` and the model's worker ids: then a
+        :class:`TierGuard` per model keeps lower tiers to part of the fleet (plain requests)."""
+        self.guards: dict[str, TierGuard] = {}
+        self._tiers: dict[str, tuple[str, str, int]] = {}
+        """request_id → (model, worker, tier) of a request counted in ``guards``."""
         self.shares: dict[str, Shares] = {}
         """Requests in flight per key, per model (kept with ``headroom`` only)."""
         self._owners: dict[str, tuple[str, str]] = {}
@@ -296,16 +303,42 @@ class RouterQueue:
                 shares = self.shares[ctx.model] = Shares()
             if not limited:
                 limited = shares.over(key, weight, self._slots(ctx.model), q)
-        ep = self._schedule(ctx, limited)
+        ep = self._guarded(ctx, tier, limited) if self.tier_guard else self._schedule(ctx, limited, ())
         ep.in_flight += 1
         if shares is not None:
             shares.started(key, weight)
             self._owners[ctx.request_id] = (ctx.model, key)
         return ep
 
+    def _guarded(self, ctx: RequestContext, tier: int, limited: bool) -> Endpoint:
+        """``_schedule`` under the model's :class:`TierGuard`: a guarded tier waits while every
+        worker it may use is busy; a higher tier only prefers the workers free of lower ones."""
+        assert self.tier_guard is not None
+        window, share, workers = self.tier_guard
+        guard = self.guards.get(ctx.model)
+        if guard is None:
+            guard = self.guards[ctx.model] = TierGuard(window, share)
+        now = self.clock()
+        ids = workers(ctx.model)
+        avoid = guard.avoid(tier, ids, now)
+        if avoid and len(avoid) == len(ids):
+            raise OverloadedError("lower tiers keep off the workers serving a higher tier now")
+        try:
+            ep = self._schedule(ctx, limited, avoid)
+        except OverloadedError:
+            if not avoid or guard.guarded(tier, now):
+                raise
+            ep = self._schedule(ctx, limited, ())
+        guard.started(ep.worker_id, tier, now)
+        self._tiers[ctx.request_id] = (ctx.model, ep.worker_id, tier)
+        return ep
+
     def freed(self, ctx: RequestContext) -> None:
         """A request's slot freed (answered, failed, abandoned): its key's share, then the
         next waiter."""
+        held = self._tiers.pop(ctx.request_id, None) if self._tiers else None
+        if held is not None:
+            self.guards[held[0]].ended(held[1], held[2])
         owner = self._owners.pop(ctx.request_id, None) if self._owners else None
         if owner is not None:
             self.shares[owner[0]].ended(owner[1])

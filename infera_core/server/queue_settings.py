@@ -25,6 +25,20 @@ class QueueSettings(BaseModel):
         " sheddable tier, and of a key holding its fair share of the slots or more, leave free: a"
         " critical request or a light key's finds a slot at once.",
     )
+    queue_tier_window: float = Field(
+        0.0,
+        ge=0,
+        description="While a request of a higher priority tier was dispatched in the last this many"
+        " seconds, lower tiers keep to --queue-tier-share of the model's workers and off those running"
+        " a higher tier, and the higher tier prefers workers with no lower-tier request (0: off).",
+    )
+    queue_tier_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="The part of a model's workers (at least one) a lower tier keeps to while a"
+        " higher tier is active (--queue-tier-window).",
+    )
     queue_engine_waiting: float = Field(
         0.0,
         ge=0,

@@ -184,3 +184,36 @@ async def test_a_flooding_key_leaves_the_headroom_to_a_light_key(
         await until(lambda: ups[0].requests == 4)  # b's second request went straight to the free slot
         assert _depth(srv) == 3
         assert all(r.status_code == 200 for r in await asyncio.gather(b1, b2, *flood))
+
+
+async def test_the_tier_guard_keeps_sheddable_requests_off_a_critical_requests_worker(
+    ups: list[FakeUpstream], tmp_path: Path
+) -> None:
+    """``--queue-tier-window``: with a critical request in flight, a sheddable flood keeps to
+    the other worker (half of two, at most its cap) and waits for it rather than share the
+    critical one's; the next critical request goes to the worker free of sheddable ones."""
+    keys = tmp_path / "keys.yaml"
+    specs = [{"name": "bulk", "key": "sk-bulk", "priority": "sheddable"}]
+    keys.write_text(
+        yaml.safe_dump({"keys": [*specs, {"name": "vip", "key": "sk-vip", "priority": "critical"}]})
+    )
+    settings = {"max_inflight_per_worker": 4, "queue_tier_window": 60.0, "api_key_file": keys}
+    async with routed(ups, **settings) as (srv, c):
+        for u in ups:
+            u.delay = 1.0
+        eps = srv.core.table.by_id
+        vip, bulk = {"Authorization": "Bearer sk-vip"}, {"Authorization": "Bearer sk-bulk"}
+        first = asyncio.ensure_future(c.post("/v1/chat/completions", json=CHAT, headers=vip))
+        await until(lambda: sum(ep.in_flight for ep in eps.values()) == 1)
+        quiet = next(w for w, ep in eps.items() if ep.in_flight == 1)
+        busy = next(w for w in eps if w != quiet)
+        flood = [
+            asyncio.ensure_future(c.post("/v1/chat/completions", json=CHAT, headers=bulk)) for _ in range(6)
+        ]
+        await until(lambda: _depth(srv) == 2)
+        assert (eps[quiet].in_flight, eps[busy].in_flight) == (1, 4)
+        second = await c.post("/v1/chat/completions", json=CHAT, headers=vip)
+        assert second.status_code == 200 and second.json()["worker"] == quiet
+        done = await asyncio.gather(first, *flood)
+        assert [r.status_code for r in done] == [200] * 7
+        assert {r.json()["worker"] for r in done[1:]} == {busy}

@@ -305,13 +305,21 @@ class SimEngine:
 
         With no free block, the most recently admitted other request is preempted (its
         blocks freed, recomputed later, as vLLM's recompute preemption); ``r`` itself
-        when it is the only candidate.
+        when it is the only candidate. Under ``--scheduling-policy priority`` the running
+        request of the largest ``(priority, arrival)``, ``r`` included, as vLLM's scheduler.
         """
         cache = self.cache
         total = len(r.prompt) + r.num_generated
         if total >= len(r.blocks) * cache.block_size:
+            by_priority = self.cfg.scheduling_policy == "priority"
             while not cache.free:
-                victim = next((v for v in reversed(self.running) if v is not r), r)
+                if by_priority:
+                    running = self.running  # ties: the later admitted
+                    victim = running[
+                        max(range(len(running)), key=lambda i: (running[i].priority, running[i].arrival, i))
+                    ]
+                else:
+                    victim = next((v for v in reversed(self.running) if v is not r), r)
                 self._preempt(victim)
                 if victim is r:
                     return
