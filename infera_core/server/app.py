@@ -320,7 +320,7 @@ def _client_auth(settings: ServeSettings, admin: AdminGate, metrics: ServerMetri
     if settings.api_key_file is None:
         return None
     ledger = UsageLedger()
-    metrics.registry.register(LeanCollector([ledger.tokens]))
+    metrics.registry.register(LeanCollector([ledger.tokens, ledger.cached]))
     return ClientAuth(KeyRing(settings.api_key_file), admin, ledger, settings.budget_max_tokens)
 
 

@@ -199,11 +199,11 @@ class ClientAuth:
         """What one request cost: per (key, model), and against the key's budget (its
         reservation ``charge`` replaced by the real count; ``cached`` of the prompt tokens at
         the key's ``cached_prompt_price``)."""
-        self.ledger.add(principal.name, model, prompt, completion)
+        cached = min(max(0, cached), prompt)
+        self.ledger.add(principal.name, model, prompt, completion, cached)
         cost = prompt + completion
         key = principal.key
         if cached > 0 and key is not None and key.cached_price < 1.0:
-            cached = min(cached, prompt)
             cost -= cached - math.ceil(cached * key.cached_price)
         if charge is not None:
             self.ring.settle(principal, charge, cost)

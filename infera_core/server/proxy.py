@@ -175,7 +175,8 @@ class OpenAIProxy(ProxyEndpoint):
         end = tally.prev + tally.tail
         if b"[DONE]" in end:
             events -= 1
-        cached = cached_of(end[-1200:])
+        # the engine's report: taken out of the stream when the client did not ask for it
+        cached = strip.cached if strip is not None and strip.prompt else cached_of(end[-1200:])
         if ctx.access is not None:
             ctx.access.cached = cached
             if first and t0 is not None:

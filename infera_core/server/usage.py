@@ -24,16 +24,18 @@ _INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
 class _Row:
     """One (key, model): its request count and token counters (made on first use)."""
 
-    __slots__ = ("completion", "prompt", "requests")
+    __slots__ = ("cached", "completion", "prompt", "requests")
 
     def __init__(self) -> None:
         self.requests = 0
         self.prompt: CounterChild | None = None
         self.completion: CounterChild | None = None
+        self.cached: CounterChild | None = None
 
 
 class UsageLedger:
-    """Prompt/completion tokens and requests per (key, model), kept on the event loop."""
+    """Prompt/completion tokens, the prompt tokens the engine found cached, and requests per
+    (key, model), kept on the event loop (a tenant's prefix-cache hit: cached / prompt)."""
 
     def __init__(self) -> None:
         self.tokens = LeanCounter(
@@ -41,9 +43,14 @@ class UsageLedger:
             "Tokens charged per API key (engines' usage, else the router's count)",
             ["key", "model", "kind"],
         )
+        self.cached = LeanCounter(
+            "infera_key_cached_tokens",
+            "Prompt tokens per API key that the engine found in its prefix cache (its usage report)",
+            ["key", "model"],
+        )
         self._rows: dict[tuple[str, str], _Row] = {}
 
-    def add(self, key: str, model: str, prompt: int, completion: int) -> None:
+    def add(self, key: str, model: str, prompt: int, completion: int, cached: int = 0) -> None:
         k = (key, model)
         row = self._rows.get(k)
         if row is None:
@@ -57,21 +64,27 @@ class UsageLedger:
             if row.completion is None:
                 row.completion = self.tokens.child((key, model, "completion"))
             row.completion.value += completion
+        if cached:
+            if row.cached is None:
+                row.cached = self.cached.child((key, model))
+            row.cached.value += cached
 
     def by_key(self) -> dict[str, dict[str, dict[str, int]]]:
-        """``{key: {model: {prompt_tokens, completion_tokens, requests}}}``."""
+        """``{key: {model: {prompt_tokens, completion_tokens, cached_tokens, requests}}}``."""
         out: dict[str, dict[str, dict[str, int]]] = {}
         for (key, model), row in self._rows.items():
             n = row.requests
             entry = out.setdefault(key, {}).setdefault(
-                model, {"prompt_tokens": 0, "completion_tokens": 0, "requests": 0}
+                model, {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "requests": 0}
             )
             entry["requests"] = n
         for (key, model, kind), child in self.tokens.children.items():
             entry = out.setdefault(key, {}).setdefault(
-                model, {"prompt_tokens": 0, "completion_tokens": 0, "requests": 0}
+                model, {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "requests": 0}
             )
             entry[f"{kind}_tokens"] = int(child.value)
+        for (key, model), child in self.cached.children.items():
+            out[key][model]["cached_tokens"] = int(child.value)
         return out
 
 
@@ -143,12 +156,14 @@ class UsageStripper:
     waits for its end. Only events that mention ``"usage"`` are parsed.
     """
 
-    __slots__ = ("buf", "completion", "prompt")
+    __slots__ = ("buf", "cached", "completion", "prompt")
 
     def __init__(self) -> None:
         self.buf = b""
         self.prompt = 0
         self.completion = 0
+        self.cached = 0
+        """The report's ``prompt_tokens_details.cached_tokens``."""
 
     def feed(self, chunk: bytes) -> bytes:
         if not self.buf and chunk[-2:] == b"\n\n" and b'"usage"' not in chunk:
@@ -183,6 +198,8 @@ class UsageStripper:
         usage = obj["usage"]
         self.prompt = _int(usage.get("prompt_tokens"))
         self.completion = _int(usage.get("completion_tokens"))
+        details = usage.get("prompt_tokens_details")
+        self.cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else 0
         return True
 
 

@@ -155,9 +155,42 @@ async def test_stats_count_tokens_per_api_key(sims: list[SimHandle], tmp_path: P
     async with stack(sims[:1], api_key_file=str(keys)) as srv, httpx.AsyncClient(base_url=srv.url) as c:
         await traffic(c, 2, headers={"Authorization": "Bearer sk-team-a"})
         usage = (await c.get("/v1/admin/stats")).json()["usage"]
+        metrics = (await c.get("/metrics")).text
     [team] = [k for k in usage if k["key"] == "team-a"]
-    assert team["models_used"][MODEL]["requests"] == 2
-    assert team["models_used"][MODEL]["completion_tokens"] == 8
+    spent = team["models_used"][MODEL]
+    assert spent["requests"] == 2
+    assert spent["completion_tokens"] == 8
+    # the second prompt shares the first's prefix: the tenant's prefix-cache hits, as the engine reported
+    assert 0 < spent["cached_tokens"] < spent["prompt_tokens"]
+    assert (
+        f'infera_key_cached_tokens_total{{key="team-a",model="{MODEL}"}} {spent["cached_tokens"]}.0'
+        in metrics
+    )
+
+
+async def test_dashboard_in_chromium_shows_each_tenants_prefix_cache_hits(
+    sims: list[SimHandle], browser: Any, tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("keys:\n  - name: team-a\n    key: sk-team-a\n  - name: team-b\n    key: sk-team-b\n")
+    async with (
+        stack(sims[:1], api_key_file=str(keys)) as srv,
+        httpx.AsyncClient(base_url=srv.url, timeout=20) as c,
+    ):
+        await traffic(c, 2, headers={"Authorization": "Bearer sk-team-a"})
+        body = {"model": MODEL, "prompt": "team b's own words", "max_tokens": 1}
+        r = await c.post("/v1/completions", json=body, headers={"Authorization": "Bearer sk-team-b"})
+        assert r.status_code == 200, r.text
+        await asyncio.to_thread(browser.get, srv.url + "/dashboard")
+
+        def hits(d: Any) -> dict[str, str]:
+            rows = d.find_element("id", "usage-table").find_elements("css selector", "tr")[1:]
+            cells = [[td.text for td in row.find_elements("css selector", "td")] for row in rows]
+            return {c[0]: c[5] for c in cells if len(c) > 5}
+
+        await in_browser(browser, lambda d: set(hits(d)) == {"team-a", "team-b"})
+        shown = hits(browser)
+        assert shown["team-b"] == "0%" and shown["team-a"].endswith("%") and shown["team-a"] != "0%", shown
 
 
 def _lan_address() -> str | None:
