@@ -45,12 +45,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from infera_core.request import RequestContext
 from infera_core.scheduling.arrays import Floats, Rows, state
 from infera_core.scheduling.candidates import rows_of
-from infera_core.scheduling.config import ProfileConfig, ScorerRef
+from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
 from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.types import (
     TPOT_TARGET_HEADER,
     TTFT_TARGET_HEADER,
     Endpoint,
+    Filter,
     KvIndexView,
     LatencyStats,
     PolicyFactory,
@@ -59,6 +60,7 @@ from infera_core.scheduling.types import (
 )
 from infera_policies.in_flight import InFlightPrefixes
 from infera_policies.kv import BASE_FILTERS, IN_FLIGHT_KEY, kv_profile
+from infera_policies.predicted_guard import PREDICTOR_KEY, PredictedGuard, PredictedGuardParams
 
 _COLUMNS = (
     "busy",
@@ -75,9 +77,15 @@ _COLUMNS = (
     "ibi",
     "t_itl",
     "rate",
+    "qe",
+    "qn",
+    "qerr",
+    "t_q",
 )
 PRIOR_EVERY = 32
 """Observations between two refreshes of the fleet's median rate (the cold-start prior)."""
+QUEUE_PRIOR_N = 4.0
+"""Pseudo-observations of a zero queued-behind term (a worker's own term takes over after a few)."""
 
 
 class PredictParams(BaseModel):
@@ -98,6 +106,12 @@ class PredictParams(BaseModel):
     tpot_target_ms: float | None = Field(None, gt=0, description="TPOT target of requests that name none.")
     slack_ms: float = Field(
         30.0, gt=0, description="Added to both sides of a TTFT ratio: differences well below it hardly count."
+    )
+    scale_s: float | None = Field(
+        None,
+        gt=0,
+        description="Score exp(−(TTFT − best TTFT) / scale_s): differences weigh in seconds, whatever "
+        "the queue's length (None: the ratio (best + slack) / (TTFT + slack)).",
     )
     seed: int | None = Field(
         0, ge=0, lt=2**32, description="Seed of the exploration draws (made from request ids; None: random)."
@@ -153,8 +167,9 @@ class PredictedLatencyScorer(Scorer):
         self._cols["rate"][:] = self.prior
         self._observed = 0
         self._owner: list[str | None] = [None] * 64
-        self.pending: dict[str, tuple[int, float, float, float, float]] = {}
-        """request id → (row, routed at, predicted first token at, row's shift then, uncached tokens)."""
+        self.pending: dict[str, tuple[int, float, float, float, float, float]] = {}
+        """request id → (row, routed at, predicted first token at, row's shift then, uncached tokens,
+        the queued-behind term then: -1 when it was routed to an idle queue)."""
         self._last: tuple[str, Rows, Floats] | None = None
         """(request id, candidate rows, uncached tokens) of the last request scored."""
 
@@ -183,6 +198,11 @@ class PredictedLatencyScorer(Scorer):
     def rates(self, rows: Sequence[int] | np.ndarray) -> Floats:
         """Learned prefill rate (tokens/s) per row (kept current as observations come)."""
         return self._cols["rate"][rows]
+
+    def backlog(self, rows: Rows) -> Floats:
+        """Predicted seconds until each row's prefill queue is empty (0: idle)."""
+        self._grow(state().size)
+        return np.maximum(self._cols["busy"][rows] - self.clock(), 0.0)  # type: ignore[no-any-return]
 
     def _blend(self, rows: Sequence[int] | np.ndarray) -> Floats:
         """Each row's own rate, blended with the prior until it has ``min_observations``."""
@@ -225,7 +245,7 @@ class PredictedLatencyScorer(Scorer):
         n_tokens = _prompt_tokens(ctx)
         uncached = n_tokens * (1.0 - self._overlap(ctx, candidates, rows))
         wait = np.maximum(self._cols["busy"][rows] - now, 0.0)
-        ttft = wait + uncached / self.rates(rows)
+        ttft = wait + uncached / self.rates(rows) + np.where(wait > 0, self._cols["qerr"][rows], 0.0)
         return rows, uncached, ttft
 
     @staticmethod
@@ -259,7 +279,10 @@ class PredictedLatencyScorer(Scorer):
         t_tpot = _target(ctx, TPOT_TARGET_HEADER, "tpot_target_ms", self.p.tpot_target_ms)
         if t_ttft is None and t_tpot is None:
             eps = self.p.slack_ms / 1000.0
-            scores = (ttft.min() + eps) / (ttft + eps)
+            if self.p.scale_s is not None:  # in seconds: Δ TTFT of scale_s costs the score 63 %
+                scores = np.exp(-(ttft - ttft.min()) / self.p.scale_s)
+            else:
+                scores = (ttft.min() + eps) / (ttft + eps)
             eligible = None
         else:
             ratio = np.zeros(len(rows), np.float64)
@@ -314,10 +337,19 @@ class PredictedLatencyScorer(Scorer):
         else:
             n_tokens = _prompt_tokens(ctx)
             uncached = n_tokens * (1.0 - float(self._overlap(ctx, [endpoint], None)[0]))
+        queued = float(c["busy"][row]) > now
+        extra = float(c["qerr"][row]) if queued else 0.0
         done = max(now, float(c["busy"][row])) + uncached / rate
         c["busy"][row] = done
-        self.pending[ctx.request_id] = (row, now, done, float(c["shift"][row]), uncached)
-        self.stats.predicted[endpoint.worker_id] = done - now
+        self.pending[ctx.request_id] = (
+            row,
+            now,
+            done,
+            float(c["shift"][row]),
+            uncached,
+            extra if queued else -1.0,
+        )
+        self.stats.predicted[endpoint.worker_id] = done - now + extra
         self.stats.busy[endpoint.worker_id] = done
         self.stats.rates[endpoint.worker_id] = rate
 
@@ -325,15 +357,20 @@ class PredictedLatencyScorer(Scorer):
         entry = self.pending.pop(ctx.request_id, None)
         if entry is None:
             return
-        row, routed, predicted, shift_then, uncached = entry
+        row, routed, predicted, shift_then, uncached, extra = entry
         if self._owner[row] != endpoint.worker_id:
             return
         now = self.clock()
         c = self._cols
         self.stats.observed[endpoint.worker_id] = now - routed
-        self.stats.error(abs(now - predicted))
+        self.stats.error(abs(now - predicted - max(extra, 0.0)))
         # the queue: move it by this request's error (errors already applied since it was routed aside)
         delta = now - (predicted + c["shift"][row] - shift_then)
+        if extra >= 0:  # it queued behind others: learn how much later than the queue model such come
+            self._decay(row, "t_q", now, ("qe", "qn"))
+            c["qe"][row] += delta
+            c["qn"][row] += 1.0
+            c["qerr"][row] = max(0.0, float(c["qe"][row]) / (float(c["qn"][row]) + QUEUE_PRIOR_N))
         c["shift"][row] += delta
         c["busy"][row] = max(c["busy"][row] + delta, now)
         self.stats.busy[endpoint.worker_id] = float(c["busy"][row])
@@ -377,14 +414,16 @@ class PredictedLatencyScorer(Scorer):
         self.pending.pop(ctx.request_id, None)
 
 
-def predicted_profile(weight: float = 0.4, fill: float = 0.5) -> ProfileConfig:
+def predicted_profile(
+    weight: float = 0.6, fill: float = 0.8, scale_s: float = 0.3, gap_s: float = 2.0
+) -> ProfileConfig:
     """The ``predicted-latency`` preset: ``kv-aware``'s scorers (cache overlap, load, cache fill,
     session) without its imbalance guard (the prediction balances by speed, not by counts), plus
     the predicted TTFT at ``weight``; cache fill weighs more (``fill``) so new prompts still
     spread over every worker's cache while the fast workers take the larger share."""
     cfg = kv_profile(1.0, 0.1, 0.02, 1.2, 16.0, fill=fill, session=0.3)
-    cfg.filters = list(BASE_FILTERS)
-    cfg.scorers.append(ScorerRef(name="predicted-latency", weight=weight))
+    cfg.filters = [*BASE_FILTERS, PluginRef(name="predicted-guard", params={"gap_s": gap_s})]
+    cfg.scorers.append(ScorerRef(name="predicted-latency", weight=weight, params={"scale_s": scale_s}))
     return cfg
 
 
@@ -395,11 +434,21 @@ def register_predicted(registry: PolicyRegistry) -> None:
         shared = d.extra.get(IN_FLIGHT_KEY)
         if not isinstance(shared, InFlightPrefixes):
             shared = d.extra[IN_FLIGHT_KEY] = InFlightPrefixes(d.clock)
-        return PredictedLatencyScorer(d.kv_index, p, shared, d.clock, d.latency)
+        scorer = PredictedLatencyScorer(d.kv_index, p, shared, d.clock, d.latency)
+        d.extra[PREDICTOR_KEY] = scorer
+        return scorer
+
+    def build_guard(p: Any, d: SchedulerDeps) -> Filter:
+        return PredictedGuard(d.extra, p)
 
     registry.add(
         PolicyFactory(
             "predicted-latency", "scorer", build, PredictParams, PredictedLatencyScorer.__doc__ or ""
+        )
+    )
+    registry.add(
+        PolicyFactory(
+            "predicted-guard", "filter", build_guard, PredictedGuardParams, PredictedGuard.__doc__ or ""
         )
     )
     registry.add_preset(
