@@ -166,6 +166,7 @@ class PredictedLatencyScorer(Scorer):
         self._cols: dict[str, Floats] = {c: np.zeros(64, np.float64) for c in _COLUMNS}
         self._cols["rate"][:] = self.prior
         self._observed = 0
+        self._queued_term = False
         self._owner: list[str | None] = [None] * 64
         self.pending: dict[str, tuple[int, float, float, float, float, float]] = {}
         """request id → (row, routed at, predicted first token at, row's shift then, uncached tokens,
@@ -213,6 +214,15 @@ class PredictedLatencyScorer(Scorer):
         w = n / (n + k) if k > 0 else np.ones_like(n)
         return w * own + (1.0 - w) * self.prior  # type: ignore[no-any-return]
 
+    def _blend_one(self, row: int) -> float:
+        """:meth:`_blend` of one row, in Python floats (no array round trip per first token)."""
+        c = self._cols
+        sx, sy, n = float(c["sx"][row]), float(c["sy"][row]), float(c["n"][row])
+        own = sx / sy if sy > 1e-9 else self.prior
+        k = self.p.min_observations
+        w = n / (n + k) if k > 0 else 1.0
+        return w * own + (1.0 - w) * self.prior
+
     def tpot(self, rows: Sequence[int] | np.ndarray, batch: Floats) -> Floats:
         """Predicted inter-token latency (seconds) per row at ``batch`` requests in flight: a line
         fitted to (batch, mean ITL) with ``min_observations`` pseudo-points of the flat prior at
@@ -244,8 +254,12 @@ class PredictedLatencyScorer(Scorer):
         now = self.clock()
         n_tokens = _prompt_tokens(ctx)
         uncached = n_tokens * (1.0 - self._overlap(ctx, candidates, rows))
-        wait = np.maximum(self._cols["busy"][rows] - now, 0.0)
-        ttft = wait + uncached / self.rates(rows) + np.where(wait > 0, self._cols["qerr"][rows], 0.0)
+        wait = self._cols["busy"][rows] - now
+        np.maximum(wait, 0.0, out=wait)
+        ttft = uncached / self.rates(rows)
+        ttft += wait
+        if self._queued_term:  # some worker has learned one
+            ttft += self._cols["qerr"][rows] * (wait > 0)
         return rows, uncached, ttft
 
     @staticmethod
@@ -280,7 +294,9 @@ class PredictedLatencyScorer(Scorer):
         if t_ttft is None and t_tpot is None:
             eps = self.p.slack_ms / 1000.0
             if self.p.scale_s is not None:  # in seconds: Δ TTFT of scale_s costs the score 63 %
-                scores = np.exp(-(ttft - ttft.min()) / self.p.scale_s)
+                scores = ttft - ttft.min()
+                scores *= -1.0 / self.p.scale_s
+                np.exp(scores, out=scores)
             else:
                 scores = (ttft.min() + eps) / (ttft + eps)
             eligible = None
@@ -371,6 +387,7 @@ class PredictedLatencyScorer(Scorer):
             c["qe"][row] += delta
             c["qn"][row] += 1.0
             c["qerr"][row] = max(0.0, float(c["qe"][row]) / (float(c["qn"][row]) + QUEUE_PRIOR_N))
+            self._queued_term = True
         c["shift"][row] += delta
         c["busy"][row] = max(c["busy"][row] + delta, now)
         self.stats.busy[endpoint.worker_id] = float(c["busy"][row])
@@ -385,7 +402,7 @@ class PredictedLatencyScorer(Scorer):
         if self._observed <= 4 * PRIOR_EVERY or self._observed % PRIOR_EVERY == 0:  # the fleet's median
             self._refresh_prior()
         else:
-            c["rate"][row] = self._blend([row])[0]
+            c["rate"][row] = self._blend_one(row)
 
     def _refresh_prior(self) -> None:
         c = self._cols
