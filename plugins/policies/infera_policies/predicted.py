@@ -6,9 +6,14 @@ with no sidecar and no engine change:
 * a **prefill queue**: each request routed to *w* adds its uncached prompt tokens (the prompt
   minus the prefix the KV index says *w* holds) to *w*'s queue, which drains at *w*'s prefill
   rate: ``busy(w)`` is when it is predicted to be empty. A request's predicted TTFT on *w* is
-  ``max(0, busy(w) − now) + uncached(w) / rate(w)``. When a request's first token comes back
-  the queue is moved by the difference between when it came and when it was predicted, so
-  errors (a busy engine, requests from another router) do not pile up;
+  ``max(0, busy(w) − now) + uncached(w) / rate(w)`` (+ ``q(w)`` when *w*'s queue is not empty).
+  When a request's first token comes back the queue is moved by the difference between when it
+  came and when it was predicted, so errors (a busy engine, requests from another router) do
+  not pile up;
+* the **queued-behind term** ``q(w)``: how much later than the queue model the requests routed
+  behind others on *w* got their first token (an engine answers a prompt at the end of the step
+  that finishes it, with the prompts batched after it, or holds prompts back while its KV memory
+  is full), a mean with the same forgetting and ``QUEUE_PRIOR_N`` pseudo-observations of 0;
 * the **prefill rate**: uncached tokens over service time (first token − the later of the
   request's routing and the previous first token on *w*: the worker's busy time for it),
   summed with exponential forgetting in time (``half_life`` seconds), so a worker whose speed
@@ -18,7 +23,9 @@ with no sidecar and no engine change:
 * the **TPOT**: the mean inter-chunk gap of its streams against the batch it ran in (requests
   in flight on *w*), a line fitted with the same forgetting (prior ``prior_itl_ms``, flat).
 
-Scores (in ``[0, 1]``): without targets ``(best + slack) / (predicted TTFT + slack)`` (slack 30 ms). A
+Scores (in ``[0, 1]``): without targets ``exp(−(predicted TTFT − best) / scale_s)`` (seconds:
+the KV hit each worker would give is in its prediction, so cache affinity and speed trade in one
+unit), or without ``scale_s`` ``(best + slack) / (predicted TTFT + slack)`` (slack 30 ms). A
 request with targets (``X-Infera-TTFT-Target-Ms`` / ``X-Infera-TPOT-Target-Ms`` headers, or
 its API key's ``ttft_target_ms`` / ``tpot_target_ms``) scores the workers predicted to meet
 both above every one that is not (among them, the faster TTFT first); when none meets them,
@@ -435,9 +442,10 @@ def predicted_profile(
     weight: float = 0.6, fill: float = 0.8, scale_s: float = 0.3, gap_s: float = 2.0
 ) -> ProfileConfig:
     """The ``predicted-latency`` preset: ``kv-aware``'s scorers (cache overlap, load, cache fill,
-    session) without its imbalance guard (the prediction balances by speed, not by counts), plus
-    the predicted TTFT at ``weight``; cache fill weighs more (``fill``) so new prompts still
-    spread over every worker's cache while the fast workers take the larger share."""
+    session) with ``predicted-guard`` (backlog within ``gap_s`` seconds of the shortest) instead
+    of its imbalance guard (the prediction balances by speed, not by counts), plus the predicted
+    TTFT at ``weight``, scored in seconds (``scale_s``); cache fill weighs more (``fill``) so new
+    prompts still spread over every worker's cache while the fast workers take the larger share."""
     cfg = kv_profile(1.0, 0.1, 0.02, 1.2, 16.0, fill=fill, session=0.3)
     cfg.filters = [*BASE_FILTERS, PluginRef(name="predicted-guard", params={"gap_s": gap_s})]
     cfg.scorers.append(ScorerRef(name="predicted-latency", weight=weight, params={"scale_s": scale_s}))
