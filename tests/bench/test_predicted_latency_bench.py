@@ -26,30 +26,53 @@ def _rows(out: str, tail: str = "") -> dict[str, list[float]]:
     return rows
 
 
-def _virtual(*args: str) -> tuple[list[float], list[float], str]:
-    argv = [sys.executable, "-m", "bench.fleet.saturation", "--rows", "1000", "--sims", "8", *args]
+def _virtual(*args: str, rows: int = 1000, skip: int = 0) -> tuple[list[float], list[float], str]:
+    argv = [sys.executable, "-m", "bench.fleet.saturation", "--rows", str(rows), "--skip", str(skip)]
+    argv += ["--sims", "8", *args]
     argv += ["--policies", "kv-aware,predicted-latency"]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
     rows = _rows(proc.stdout)
     return rows["kv-aware"], rows["predicted-latency"], proc.stdout
 
 
-def test_heterogeneous_fleet_predicted_latency_cuts_ttft_p90_and_keeps_the_hit_rate() -> None:
-    """8 sims, every other one prefilling 2× faster, near capacity: kv-aware balances counts and
-    queues on the slow half; predicted-latency sends the fast half what it finishes sooner."""
-    kv, pl, out = _virtual("--prefill-rate", "2500", "--fast", "2")
+HETEROGENEOUS = ("--prefill-rate", "2500", "--fast", "2")
+HOMOGENEOUS = ("--prefill-rate", "4000")
+
+
+def _check_heterogeneous(kv: list[float], pl: list[float], out: str) -> None:
     # columns: TTFT p50, p90, p99, hit, hit/bound, max/mean, preempt, µs/decision, held, /free, fast, MAE
-    assert pl[1] <= 0.75 * kv[1], out  # TTFT p90 at least 25 % below (0.635 s vs 0.934 s measured)
-    assert pl[3] >= 0.95 * kv[3], out  # hit rate within 5 % (0.098 vs 0.097)
+    assert pl[1] <= 0.75 * kv[1], out  # TTFT p90 at least 25 % below
+    assert pl[3] >= 0.95 * kv[3], out  # hit rate within 5 %
     assert pl[10] > kv[10] + 0.04, out  # the fast sims' share of the prefill tokens
     assert 0 < pl[11] < 0.25 * pl[1], out  # the prediction MAE, reported: well under the p90
     assert math.isnan(kv[11]), out  # kv-aware predicts nothing
 
 
+def _check_homogeneous(kv: list[float], pl: list[float], out: str) -> None:
+    assert pl[1] <= 1.02 * kv[1], out  # TTFT p90
+    assert pl[2] <= 1.02 * kv[2], out  # TTFT p99: the predicted-guard bounds a burst on one worker
+    assert pl[3] >= 0.95 * kv[3], out  # hit rate
+
+
+def test_heterogeneous_fleet_predicted_latency_cuts_ttft_p90_and_keeps_the_hit_rate() -> None:
+    """8 sims, every other one prefilling 2× faster, near capacity: kv-aware balances counts and
+    queues on the slow half; predicted-latency sends the fast half what it finishes sooner.
+    Measured (rows 0–999): TTFT p90 0.566 s vs 0.934 s, hit 0.095 vs 0.097, MAE 0.041 s."""
+    _check_heterogeneous(*_virtual(*HETEROGENEOUS))
+
+
 def test_homogeneous_fleet_predicted_latency_is_no_worse_than_kv_aware() -> None:
-    kv, pl, out = _virtual("--prefill-rate", "4000")
-    assert pl[1] <= 1.02 * kv[1], out  # TTFT p90 (0.571 s vs 0.605 s measured)
-    assert pl[3] >= 0.95 * kv[3], out  # hit rate (0.089 vs 0.092)
+    """Measured (rows 0–999): TTFT p90 0.570 s vs 0.605 s, p99 0.941 s vs 1.147 s, hit 0.090 vs 0.092."""
+    _check_homogeneous(*_virtual(*HOMOGENEOUS))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("rows", "skip"), [(1000, 1500), (1000, 3000), (3000, 0)])
+def test_the_rows_hold_on_held_out_slices_and_the_default_run(rows: int, skip: int) -> None:
+    """The same comparisons on parts of the trace the preset was not first measured on (rows
+    1500–2499, 3000–3992) and on the default run (rows 0–2999): see docs/explanation/kv-routing.md."""
+    _check_heterogeneous(*_virtual(*HETEROGENEOUS, rows=rows, skip=skip))
+    _check_homogeneous(*_virtual(*HOMOGENEOUS, rows=rows, skip=skip))
 
 
 @pytest.mark.slow

@@ -6,9 +6,14 @@ with no sidecar and no engine change:
 * a **prefill queue**: each request routed to *w* adds its uncached prompt tokens (the prompt
   minus the prefix the KV index says *w* holds) to *w*'s queue, which drains at *w*'s prefill
   rate: ``busy(w)`` is when it is predicted to be empty. A request's predicted TTFT on *w* is
-  ``max(0, busy(w) − now) + uncached(w) / rate(w)``. When a request's first token comes back
-  the queue is moved by the difference between when it came and when it was predicted, so
-  errors (a busy engine, requests from another router) do not pile up;
+  ``max(0, busy(w) − now) + uncached(w) / rate(w)`` (+ ``q(w)`` when *w*'s queue is not empty).
+  When a request's first token comes back the queue is moved by the difference between when it
+  came and when it was predicted, so errors (a busy engine, requests from another router) do
+  not pile up;
+* the **queued-behind term** ``q(w)``: how much later than the queue model the requests routed
+  behind others on *w* got their first token (an engine answers a prompt at the end of the step
+  that finishes it, with the prompts batched after it, or holds prompts back while its KV memory
+  is full), a mean with the same forgetting and ``QUEUE_PRIOR_N`` pseudo-observations of 0;
 * the **prefill rate**: uncached tokens over service time (first token − the later of the
   request's routing and the previous first token on *w*: the worker's busy time for it),
   summed with exponential forgetting in time (``half_life`` seconds), so a worker whose speed
@@ -18,7 +23,9 @@ with no sidecar and no engine change:
 * the **TPOT**: the mean inter-chunk gap of its streams against the batch it ran in (requests
   in flight on *w*), a line fitted with the same forgetting (prior ``prior_itl_ms``, flat).
 
-Scores (in ``[0, 1]``): without targets ``(best + slack) / (predicted TTFT + slack)`` (slack 30 ms). A
+Scores (in ``[0, 1]``): without targets ``exp(−(predicted TTFT − best) / scale_s)`` (seconds:
+the KV hit each worker would give is in its prediction, so cache affinity and speed trade in one
+unit), or without ``scale_s`` ``(best + slack) / (predicted TTFT + slack)`` (slack 30 ms). A
 request with targets (``X-Infera-TTFT-Target-Ms`` / ``X-Infera-TPOT-Target-Ms`` headers, or
 its API key's ``ttft_target_ms`` / ``tpot_target_ms``) scores the workers predicted to meet
 both above every one that is not (among them, the faster TTFT first); when none meets them,
@@ -45,12 +52,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from infera_core.request import RequestContext
 from infera_core.scheduling.arrays import Floats, Rows, state
 from infera_core.scheduling.candidates import rows_of
-from infera_core.scheduling.config import ProfileConfig, ScorerRef
+from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
 from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.types import (
     TPOT_TARGET_HEADER,
     TTFT_TARGET_HEADER,
     Endpoint,
+    Filter,
     KvIndexView,
     LatencyStats,
     PolicyFactory,
@@ -59,6 +67,7 @@ from infera_core.scheduling.types import (
 )
 from infera_policies.in_flight import InFlightPrefixes
 from infera_policies.kv import BASE_FILTERS, IN_FLIGHT_KEY, kv_profile
+from infera_policies.predicted_guard import PREDICTOR_KEY, PredictedGuard, PredictedGuardParams
 
 _COLUMNS = (
     "busy",
@@ -75,9 +84,15 @@ _COLUMNS = (
     "ibi",
     "t_itl",
     "rate",
+    "qe",
+    "qn",
+    "qerr",
+    "t_q",
 )
 PRIOR_EVERY = 32
 """Observations between two refreshes of the fleet's median rate (the cold-start prior)."""
+QUEUE_PRIOR_N = 4.0
+"""Pseudo-observations of a zero queued-behind term (a worker's own term takes over after a few)."""
 
 
 class PredictParams(BaseModel):
@@ -98,6 +113,12 @@ class PredictParams(BaseModel):
     tpot_target_ms: float | None = Field(None, gt=0, description="TPOT target of requests that name none.")
     slack_ms: float = Field(
         30.0, gt=0, description="Added to both sides of a TTFT ratio: differences well below it hardly count."
+    )
+    scale_s: float | None = Field(
+        None,
+        gt=0,
+        description="Score exp(−(TTFT − best TTFT) / scale_s): differences weigh in seconds, whatever "
+        "the queue's length (None: the ratio (best + slack) / (TTFT + slack)).",
     )
     seed: int | None = Field(
         0, ge=0, lt=2**32, description="Seed of the exploration draws (made from request ids; None: random)."
@@ -152,9 +173,11 @@ class PredictedLatencyScorer(Scorer):
         self._cols: dict[str, Floats] = {c: np.zeros(64, np.float64) for c in _COLUMNS}
         self._cols["rate"][:] = self.prior
         self._observed = 0
+        self._queued_term = False
         self._owner: list[str | None] = [None] * 64
-        self.pending: dict[str, tuple[int, float, float, float, float]] = {}
-        """request id → (row, routed at, predicted first token at, row's shift then, uncached tokens)."""
+        self.pending: dict[str, tuple[int, float, float, float, float, float]] = {}
+        """request id → (row, routed at, predicted first token at, row's shift then, uncached tokens,
+        the queued-behind term then: -1 when it was routed to an idle queue)."""
         self._last: tuple[str, Rows, Floats] | None = None
         """(request id, candidate rows, uncached tokens) of the last request scored."""
 
@@ -184,6 +207,11 @@ class PredictedLatencyScorer(Scorer):
         """Learned prefill rate (tokens/s) per row (kept current as observations come)."""
         return self._cols["rate"][rows]
 
+    def backlog(self, rows: Rows) -> Floats:
+        """Predicted seconds until each row's prefill queue is empty (0: idle)."""
+        self._grow(state().size)
+        return np.maximum(self._cols["busy"][rows] - self.clock(), 0.0)  # type: ignore[no-any-return]
+
     def _blend(self, rows: Sequence[int] | np.ndarray) -> Floats:
         """Each row's own rate, blended with the prior until it has ``min_observations``."""
         c = self._cols
@@ -192,6 +220,15 @@ class PredictedLatencyScorer(Scorer):
         k = self.p.min_observations
         w = n / (n + k) if k > 0 else np.ones_like(n)
         return w * own + (1.0 - w) * self.prior  # type: ignore[no-any-return]
+
+    def _blend_one(self, row: int) -> float:
+        """:meth:`_blend` of one row, in Python floats (no array round trip per first token)."""
+        c = self._cols
+        sx, sy, n = float(c["sx"][row]), float(c["sy"][row]), float(c["n"][row])
+        own = sx / sy if sy > 1e-9 else self.prior
+        k = self.p.min_observations
+        w = n / (n + k) if k > 0 else 1.0
+        return w * own + (1.0 - w) * self.prior
 
     def tpot(self, rows: Sequence[int] | np.ndarray, batch: Floats) -> Floats:
         """Predicted inter-token latency (seconds) per row at ``batch`` requests in flight: a line
@@ -224,8 +261,12 @@ class PredictedLatencyScorer(Scorer):
         now = self.clock()
         n_tokens = _prompt_tokens(ctx)
         uncached = n_tokens * (1.0 - self._overlap(ctx, candidates, rows))
-        wait = np.maximum(self._cols["busy"][rows] - now, 0.0)
-        ttft = wait + uncached / self.rates(rows)
+        wait = self._cols["busy"][rows] - now
+        np.maximum(wait, 0.0, out=wait)
+        ttft = uncached / self.rates(rows)
+        ttft += wait
+        if self._queued_term:  # some worker has learned one
+            ttft += self._cols["qerr"][rows] * (wait > 0)
         return rows, uncached, ttft
 
     @staticmethod
@@ -259,7 +300,12 @@ class PredictedLatencyScorer(Scorer):
         t_tpot = _target(ctx, TPOT_TARGET_HEADER, "tpot_target_ms", self.p.tpot_target_ms)
         if t_ttft is None and t_tpot is None:
             eps = self.p.slack_ms / 1000.0
-            scores = (ttft.min() + eps) / (ttft + eps)
+            if self.p.scale_s is not None:  # in seconds: Δ TTFT of scale_s costs the score 63 %
+                scores = ttft - ttft.min()
+                scores *= -1.0 / self.p.scale_s
+                np.exp(scores, out=scores)
+            else:
+                scores = (ttft.min() + eps) / (ttft + eps)
             eligible = None
         else:
             ratio = np.zeros(len(rows), np.float64)
@@ -314,10 +360,19 @@ class PredictedLatencyScorer(Scorer):
         else:
             n_tokens = _prompt_tokens(ctx)
             uncached = n_tokens * (1.0 - float(self._overlap(ctx, [endpoint], None)[0]))
+        queued = float(c["busy"][row]) > now
+        extra = float(c["qerr"][row]) if queued else 0.0
         done = max(now, float(c["busy"][row])) + uncached / rate
         c["busy"][row] = done
-        self.pending[ctx.request_id] = (row, now, done, float(c["shift"][row]), uncached)
-        self.stats.predicted[endpoint.worker_id] = done - now
+        self.pending[ctx.request_id] = (
+            row,
+            now,
+            done,
+            float(c["shift"][row]),
+            uncached,
+            extra if queued else -1.0,
+        )
+        self.stats.predicted[endpoint.worker_id] = done - now + extra
         self.stats.busy[endpoint.worker_id] = done
         self.stats.rates[endpoint.worker_id] = rate
 
@@ -325,15 +380,21 @@ class PredictedLatencyScorer(Scorer):
         entry = self.pending.pop(ctx.request_id, None)
         if entry is None:
             return
-        row, routed, predicted, shift_then, uncached = entry
+        row, routed, predicted, shift_then, uncached, extra = entry
         if self._owner[row] != endpoint.worker_id:
             return
         now = self.clock()
         c = self._cols
         self.stats.observed[endpoint.worker_id] = now - routed
-        self.stats.error(abs(now - predicted))
+        self.stats.error(abs(now - predicted - max(extra, 0.0)))
         # the queue: move it by this request's error (errors already applied since it was routed aside)
         delta = now - (predicted + c["shift"][row] - shift_then)
+        if extra >= 0:  # it queued behind others: learn how much later than the queue model such come
+            self._decay(row, "t_q", now, ("qe", "qn"))
+            c["qe"][row] += delta
+            c["qn"][row] += 1.0
+            c["qerr"][row] = max(0.0, float(c["qe"][row]) / (float(c["qn"][row]) + QUEUE_PRIOR_N))
+            self._queued_term = True
         c["shift"][row] += delta
         c["busy"][row] = max(c["busy"][row] + delta, now)
         self.stats.busy[endpoint.worker_id] = float(c["busy"][row])
@@ -348,7 +409,7 @@ class PredictedLatencyScorer(Scorer):
         if self._observed <= 4 * PRIOR_EVERY or self._observed % PRIOR_EVERY == 0:  # the fleet's median
             self._refresh_prior()
         else:
-            c["rate"][row] = self._blend([row])[0]
+            c["rate"][row] = self._blend_one(row)
 
     def _refresh_prior(self) -> None:
         c = self._cols
@@ -377,14 +438,17 @@ class PredictedLatencyScorer(Scorer):
         self.pending.pop(ctx.request_id, None)
 
 
-def predicted_profile(weight: float = 0.4, fill: float = 0.5) -> ProfileConfig:
+def predicted_profile(
+    weight: float = 0.6, fill: float = 0.8, scale_s: float = 0.3, gap_s: float = 2.0
+) -> ProfileConfig:
     """The ``predicted-latency`` preset: ``kv-aware``'s scorers (cache overlap, load, cache fill,
-    session) without its imbalance guard (the prediction balances by speed, not by counts), plus
-    the predicted TTFT at ``weight``; cache fill weighs more (``fill``) so new prompts still
-    spread over every worker's cache while the fast workers take the larger share."""
+    session) with ``predicted-guard`` (backlog within ``gap_s`` seconds of the shortest) instead
+    of its imbalance guard (the prediction balances by speed, not by counts), plus the predicted
+    TTFT at ``weight``, scored in seconds (``scale_s``); cache fill weighs more (``fill``) so new
+    prompts still spread over every worker's cache while the fast workers take the larger share."""
     cfg = kv_profile(1.0, 0.1, 0.02, 1.2, 16.0, fill=fill, session=0.3)
-    cfg.filters = list(BASE_FILTERS)
-    cfg.scorers.append(ScorerRef(name="predicted-latency", weight=weight))
+    cfg.filters = [*BASE_FILTERS, PluginRef(name="predicted-guard", params={"gap_s": gap_s})]
+    cfg.scorers.append(ScorerRef(name="predicted-latency", weight=weight, params={"scale_s": scale_s}))
     return cfg
 
 
@@ -395,11 +459,21 @@ def register_predicted(registry: PolicyRegistry) -> None:
         shared = d.extra.get(IN_FLIGHT_KEY)
         if not isinstance(shared, InFlightPrefixes):
             shared = d.extra[IN_FLIGHT_KEY] = InFlightPrefixes(d.clock)
-        return PredictedLatencyScorer(d.kv_index, p, shared, d.clock, d.latency)
+        scorer = PredictedLatencyScorer(d.kv_index, p, shared, d.clock, d.latency)
+        d.extra[PREDICTOR_KEY] = scorer
+        return scorer
+
+    def build_guard(p: Any, d: SchedulerDeps) -> Filter:
+        return PredictedGuard(d.extra, p)
 
     registry.add(
         PolicyFactory(
             "predicted-latency", "scorer", build, PredictParams, PredictedLatencyScorer.__doc__ or ""
+        )
+    )
+    registry.add(
+        PolicyFactory(
+            "predicted-guard", "filter", build_guard, PredictedGuardParams, PredictedGuard.__doc__ or ""
         )
     )
     registry.add_preset(

@@ -3,9 +3,12 @@ picking, and what it reports (predicted vs observed TTFT, the prediction error).
 
 from __future__ import annotations
 
+import math
+
 from infera_policies.basic import register_basic
 from infera_policies.kv import register_kv
 from infera_policies.predicted import PredictedLatencyScorer, PredictParams, register_predicted
+from infera_policies.predicted_guard import PREDICTOR_KEY, PredictedGuard, PredictedGuardParams
 
 from infera_core.request import RequestContext
 from infera_core.scheduling.profile import build_profile
@@ -172,3 +175,57 @@ def test_the_preset_builds_and_routes() -> None:
     profile.first_token(c, chosen)
     profile.finished(c, chosen, True)
     assert deps.latency.observed[chosen.worker_id] > 0
+
+
+def test_scale_s_weighs_ttft_differences_in_seconds_whatever_the_queue() -> None:
+    """The ratio form shrinks a 0.2 s difference behind a long queue; ``scale_s`` does not."""
+    clock = Clock()
+    s = PredictedLatencyScorer(None, PredictParams(exploration=0, scale_s=0.5), clock=clock)
+    a, b = fleet(2)
+    for i in range(8):  # 8000 tokens queued on a, 8000 + 800 on b (10000 tokens/s: 0.8 s vs 0.88 s)
+        s.on_routed(ctx(i), a)
+        s.on_routed(ctx(100 + i), b)
+    s.on_routed(ctx(200, tokens=800), b)
+    near = s.score(ctx(300), [a, b])
+    assert near[0] == 1.0 and abs(near[1] - math.exp(-0.08 / 0.5)) < 1e-6
+    ratio = PredictedLatencyScorer(None, PredictParams(exploration=0), clock=clock)
+    assert ratio.p.scale_s is None
+
+
+def test_predicted_guard_drops_workers_whose_backlog_is_gap_s_longer() -> None:
+    clock = Clock()
+    deps = SchedulerDeps(clock=clock)
+    profile = build_profile("predicted-latency", REG.preset("predicted-latency").profile, REG, deps)
+    a, b, c = fleet(3)
+    scorer = deps.extra[PREDICTOR_KEY]
+    guard = PredictedGuard(deps.extra, PredictedGuardParams(gap_s=1.0))
+    assert guard.filter(ctx(0), [a, b, c]) == [a, b, c]  # nothing queued
+    for i in range(15):  # 15000 tokens at the 10000 tokens/s prior: 1.5 s of backlog on a
+        scorer.on_routed(ctx(i), a)
+    scorer.on_routed(ctx(50), b)  # 0.1 s on b
+    assert [ep.worker_id for ep in guard.filter(ctx(99), [a, b, c])] == ["w1", "w2"]
+    clock.now += 1.0  # a's backlog drains: 0.5 s left, within the gap
+    assert guard.filter(ctx(100), [a, b, c]) == [a, b, c]
+    assert guard.filter(ctx(101), [a]) == [a]  # never every candidate
+    assert any(f.name == "predicted-guard" for f in profile.filters)
+
+
+def test_requests_queued_behind_others_learn_how_much_later_than_the_queue_they_come() -> None:
+    """An engine batches queued prompts into steps, so one queued behind another answers later
+    than ``busy + uncached / rate`` says: the worker's queued-behind term learns the gap."""
+    clock = Clock()
+    s = PredictedLatencyScorer(None, PredictParams(exploration=0, min_observations=1e9), clock=clock)
+    a, b = fleet(2)
+    for i in range(20):  # 1000 tokens at the 10000 tokens/s prior: 0.1 s each
+        first, second = ctx(2 * i), ctx(2 * i + 1)
+        s.on_routed(first, a)
+        s.on_routed(second, a)  # queued behind ``first``: predicted at 0.2 s, comes at 0.5 s
+        clock.now += 0.1
+        s.on_first_token(first, a)
+        clock.now += 0.4
+        s.on_first_token(second, a)
+        clock.now += 1.0
+    s.on_routed(ctx(100), a)
+    _, _, ttft = s.predict(ctx(101), [a, b])
+    assert 0.32 < float(ttft[0]) < 0.55  # observed 0.5 s; the queue model alone: 0.2 s
+    assert abs(float(ttft[1]) - 0.1) < 1e-9  # an idle worker: no queued-behind term
