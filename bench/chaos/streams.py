@@ -54,7 +54,9 @@ async def _one_stream(stack: ChaosStack, i: int, root: str | None = None) -> str
                 elif line.startswith("data: "):
                     event = json.loads(line[6:])
                     if "error" in event:
-                        return "error event"
+                        error = event["error"]
+                        message = error.get("message") if isinstance(error, dict) else error
+                        return f"error event ({str(message)[:120]})"
                     tokens = int((event.get("usage") or {}).get("completion_tokens") or tokens)
     except httpx.HTTPError as exc:
         return type(exc).__name__

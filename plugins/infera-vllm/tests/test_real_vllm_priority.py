@@ -46,7 +46,10 @@ def _flood_then_vip(server: Server, vllm_url: str) -> tuple[list[str], list[int]
     lock = threading.Lock()
 
     def post(key: str) -> None:
-        body = {"model": "tiny", "prompt": "count with me", "max_tokens": 24, "ignore_eos": True}
+        # the flood's answers are long enough that all of it is in vLLM at once, however slowly
+        # a loaded machine starts the threads; the critical one is short
+        tokens = 24 if key == "sk-vip" else 160
+        body = {"model": "tiny", "prompt": "count with me", "max_tokens": tokens, "ignore_eos": True}
         r = httpx.post(
             f"{server.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=300
         )
