@@ -180,6 +180,9 @@ class PredictedLatencyScorer(Scorer):
         the queued-behind term then: -1 when it was routed to an idle queue)."""
         self._last: tuple[str, Rows, Floats] | None = None
         """(request id, candidate rows, uncached tokens) of the last request scored."""
+        self._wait: tuple[str, Rows, float, Floats] | None = None
+        """(request id, rows, clock, backlog) of the last :meth:`request_backlog`."""
+        self._at_memo: tuple[Rows, Rows | slice] | None = None
 
     # -- the per-row model ----------------------------------------------------------------
     def _grow(self, size: int) -> None:
@@ -210,7 +213,31 @@ class PredictedLatencyScorer(Scorer):
     def backlog(self, rows: Rows) -> Floats:
         """Predicted seconds until each row's prefill queue is empty (0: idle)."""
         self._grow(state().size)
-        return np.maximum(self._cols["busy"][rows] - self.clock(), 0.0)  # type: ignore[no-any-return]
+        return np.maximum(self._cols["busy"][self._at(rows)] - self.clock(), 0.0)  # type: ignore[no-any-return]
+
+    def request_backlog(self, ctx: RequestContext, rows: Rows) -> Floats:
+        """:meth:`backlog` for ``ctx``'s decision, kept for :meth:`predict` of the same request over
+        the same rows (``predicted-guard`` computes it first: one clock reading, one pass)."""
+        self._grow(state().size)
+        now = self.clock()
+        wait = self._cols["busy"][self._at(rows)] - now
+        np.maximum(wait, 0.0, out=wait)
+        self._wait = (ctx.request_id, rows, now, wait)
+        return wait
+
+    def _at(self, rows: Rows) -> Rows | slice:
+        """``rows`` as an index into the columns: a slice (a view, no gather) when they are one
+        ascending run, as a whole fleet's candidates usually are; remembered per rows array
+        (candidate lists, and their rows, are never changed in place)."""
+        memo = self._at_memo
+        if memo is not None and memo[0] is rows:
+            return memo[1]
+        n = len(rows)
+        at: Rows | slice = rows
+        if n > 1 and int(rows[-1]) - int(rows[0]) == n - 1 and bool((np.diff(rows) == 1).all()):
+            at = slice(int(rows[0]), int(rows[0]) + n)
+        self._at_memo = (rows, at)
+        return at
 
     def _blend(self, rows: Sequence[int] | np.ndarray) -> Floats:
         """Each row's own rate, blended with the prior until it has ``min_observations``."""
@@ -257,16 +284,19 @@ class PredictedLatencyScorer(Scorer):
     def predict(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> tuple[Rows, Floats, Floats]:
         """(rows, uncached tokens, predicted TTFT) of ``candidates`` for this request."""
         rows = rows_of(candidates)
-        self._grow(state().size)
-        now = self.clock()
-        n_tokens = _prompt_tokens(ctx)
-        uncached = n_tokens * (1.0 - self._overlap(ctx, candidates, rows))
-        wait = self._cols["busy"][rows] - now
-        np.maximum(wait, 0.0, out=wait)
-        ttft = uncached / self.rates(rows)
+        kept, self._wait = self._wait, None  # used once: a retry of this request reads the clock again
+        if kept is not None and kept[0] == ctx.request_id and kept[1] is rows:
+            wait = kept[3]  # the guard's, this decision: the same rows, the same clock reading
+        else:
+            wait = self.backlog(rows)
+        at = self._at(rows)
+        uncached = self._overlap(ctx, candidates, rows)
+        np.subtract(1.0, uncached, out=uncached)
+        uncached *= _prompt_tokens(ctx)
+        ttft = uncached / self._cols["rate"][at]
         ttft += wait
-        if self._queued_term:  # some worker has learned one
-            ttft += self._cols["qerr"][rows] * (wait > 0)
+        if self._queued_term:  # some worker has learned one: added where the queue is not empty
+            np.add(ttft, self._cols["qerr"][at], out=ttft, where=wait > 0)
         return rows, uncached, ttft
 
     @staticmethod
@@ -277,7 +307,7 @@ class PredictedLatencyScorer(Scorer):
     def _overlap(self, ctx: RequestContext, candidates: Sequence[Endpoint], rows: Any) -> Floats:
         last = self.in_flight.last if self.in_flight is not None else None
         if last is not None and last[0] == ctx.request_id and len(last[2]) == len(candidates):
-            return np.clip(np.asarray(last[2], np.float64), 0.0, 1.0)
+            return np.clip(np.asarray(last[2], np.float64), 0.0, 1.0)  # a new array: theirs stays
         index = self.index
         if index is None or not ctx.token_ids:
             return np.zeros(len(candidates), np.float64)
@@ -301,7 +331,8 @@ class PredictedLatencyScorer(Scorer):
         if t_ttft is None and t_tpot is None:
             eps = self.p.slack_ms / 1000.0
             if self.p.scale_s is not None:  # in seconds: Δ TTFT of scale_s costs the score 63 %
-                scores = ttft - ttft.min()
+                scores = ttft  # in place: ttft is this call's own array
+                scores -= ttft.min()
                 scores *= -1.0 / self.p.scale_s
                 np.exp(scores, out=scores)
             else:
@@ -354,15 +385,22 @@ class PredictedLatencyScorer(Scorer):
         now = self.clock()
         last = self._last
         c = self._cols
-        rate = float(self.rates([row])[0])
-        if last is not None and last[0] == ctx.request_id and (hit := np.flatnonzero(last[1] == row)).size:
-            uncached = float(last[2][int(hit[0])])
-        else:
+        rate = float(c["rate"][row])
+        uncached = -1.0
+        if last is not None and last[0] == ctx.request_id:
+            at = self._at(last[1])
+            if type(at) is slice:  # one run of rows: the position is the offset
+                if at.start <= row < at.stop:
+                    uncached = float(last[2][row - at.start])
+            elif (hit := np.flatnonzero(last[1] == row)).size:
+                uncached = float(last[2][int(hit[0])])
+        if uncached < 0:
             n_tokens = _prompt_tokens(ctx)
             uncached = n_tokens * (1.0 - float(self._overlap(ctx, [endpoint], None)[0]))
-        queued = float(c["busy"][row]) > now
+        busy = float(c["busy"][row])
+        queued = busy > now
         extra = float(c["qerr"][row]) if queued else 0.0
-        done = max(now, float(c["busy"][row])) + uncached / rate
+        done = max(now, busy) + uncached / rate
         c["busy"][row] = done
         self.pending[ctx.request_id] = (
             row,

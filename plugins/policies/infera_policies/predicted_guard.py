@@ -48,7 +48,7 @@ class PredictedGuard(Filter):
         if model is None or len(candidates) < 2:
             return candidates
         cands = candidates if type(candidates) is Candidates else Candidates(candidates)
-        wait = model.backlog(cands.rows)
+        wait = model.request_backlog(ctx, cands.rows)  # the scorer reuses it for this request
         bar = float(wait.min()) + self.gap
         if float(wait.max()) <= bar:  # the common case: nobody that far behind
             return candidates
