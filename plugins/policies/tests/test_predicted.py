@@ -11,6 +11,7 @@ from infera_policies.predicted import PredictedLatencyScorer, PredictParams, reg
 from infera_policies.predicted_guard import PREDICTOR_KEY, PredictedGuard, PredictedGuardParams
 
 from infera_core.request import RequestContext
+from infera_core.scheduling.candidates import Candidates
 from infera_core.scheduling.profile import build_profile
 from infera_core.scheduling.types import Endpoint, LatencyStats, SchedulerDeps
 from infera_core.testing.contracts import ScorerContract
@@ -229,3 +230,54 @@ def test_requests_queued_behind_others_learn_how_much_later_than_the_queue_they_
     _, _, ttft = s.predict(ctx(101), [a, b])
     assert 0.32 < float(ttft[0]) < 0.55  # observed 0.5 s; the queue model alone: 0.2 s
     assert abs(float(ttft[1]) - 0.1) < 1e-9  # an idle worker: no queued-behind term
+
+
+class CountingClock(Clock):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.now
+
+
+def test_the_guard_and_the_scorer_share_one_backlog_pass_per_decision() -> None:
+    """``predicted-guard`` computes each candidate's backlog; the scorer reuses it for the same
+    request over the same rows (one clock reading, one pass over the fleet), never for a retry."""
+    clock = CountingClock()
+    scorer = PredictedLatencyScorer(None, clock=clock)
+    guard = PredictedGuard({PREDICTOR_KEY: scorer})
+    eps = Candidates(fleet(64))
+    for i in range(5):
+        scorer.on_routed(ctx(i), eps[3])  # a backlog on one worker, within the gap
+    c = ctx(99)
+    kept = guard.filter(c, eps)
+    assert kept is eps
+    reads = clock.reads
+    shared = scorer.score_rows(c, kept)
+    assert clock.reads == reads  # the guard's backlog: no second pass
+    again = scorer.score_rows(c, kept)  # the same request scored again (a retry): read afresh
+    assert clock.reads == reads + 1
+    assert shared.tolist() == again.tolist()
+    assert int(shared.argmax()) != 3
+
+
+def test_a_run_of_rows_and_the_same_rows_in_any_order_predict_the_same() -> None:
+    """The columns are read as a view when the candidates' rows are one ascending run, else
+    gathered: the same predictions either way."""
+    clock = Clock()
+    scorer = PredictedLatencyScorer(None, clock=clock)
+    eps = sorted(fleet(64), key=lambda ep: ep.row)
+    for i, ep in enumerate(eps[::7]):
+        serve(scorer, clock, ep, i, 2000.0 + 500 * i)
+    scorer.on_routed(ctx(500), eps[5])
+    run = Candidates(eps)
+    shuffled = Candidates(eps[::-1])
+    if int(run.rows[-1]) - int(run.rows[0]) == len(run) - 1:
+        assert isinstance(scorer._at(run.rows), slice)
+    assert not isinstance(scorer._at(shuffled.rows), slice)
+    forward = scorer.predict(ctx(1000), run)[2]
+    backward = scorer.predict(ctx(1000), shuffled)[2]
+    assert forward.tolist() == backward[::-1].tolist()
+    assert forward.max() > forward.min()
