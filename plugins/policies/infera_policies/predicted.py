@@ -34,7 +34,9 @@ the least violating (the largest predicted/target ratio, smallest) wins. A small
 none meets the targets), so a worker the model misjudges gets measured again.
 
 CPU per decision is a few numpy operations over the candidates' rows (no Python loop over
-workers); the KV overlap is ``kv-overlap``'s when it scored the request just before.
+workers); the KV overlap is ``kv-overlap``'s when it scored the request just before, the backlog
+``predicted-guard``'s when it filtered the request just before, and the columns are read as views
+when the rows are one ascending run.
 """
 
 from __future__ import annotations
