@@ -9,6 +9,7 @@ import contextlib
 import re
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -33,10 +34,12 @@ def slow_and_fast() -> Iterator[list[SimHandle]]:
 
 
 @contextlib.asynccontextmanager
-async def router(sims: list[SimHandle]) -> AsyncIterator[RunningServer]:
+async def router(sims: list[SimHandle], router_config: Path | None = None) -> AsyncIterator[RunningServer]:
+    """A router over ``sims``: the ``predicted-latency`` preset, or ``router_config``'s profile."""
     hooks = make_hooks()
     kv = KvRouting(hooks.catalog(), KvSettings())
-    settings = settings_for(router_policy="predicted-latency", admin_token="adm")
+    policy = {"router_config": router_config} if router_config else {"router_policy": "predicted-latency"}
+    settings = settings_for(admin_token="adm", **policy)
     async with serving(settings, hooks, kv=kv) as srv:
         for i, sim in enumerate(sims):
             srv.store.put(sim.record(f"w{i}"))
@@ -53,17 +56,27 @@ async def stream(client: httpx.AsyncClient, prompt: str, headers: dict[str, str]
         return r.headers["x-infera-worker"]
 
 
-async def test_the_faster_worker_is_learned_and_gets_most_requests(slow_and_fast: list[SimHandle]) -> None:
-    async with router(slow_and_fast) as srv, httpx.AsyncClient(base_url=srv.url, timeout=60) as client:
+async def test_the_faster_worker_is_learned_and_gets_most_requests(
+    slow_and_fast: list[SimHandle], tmp_path: Path
+) -> None:
+    # the scorer alone: the preset's cache-fill term spreads new prompts over both caches on
+    # purpose (measured 11:5 to 9:7 here), which says little about what the scorer learned
+    config = tmp_path / "router.yaml"
+    config.write_text(
+        "filters: [{name: health}, {name: role}]\nscorers: [{name: predicted-latency, weight: 1}]\n"
+    )
+    async with (
+        router(slow_and_fast, config) as srv,
+        httpx.AsyncClient(base_url=srv.url, timeout=60) as client,
+    ):
         picks: Counter[str] = Counter()
         for i in range(24):  # distinct prompts (no cache to chase): ~600 tokens, 0.3 s vs 0.075 s
             worker = await stream(client, " ".join(f"q{i}x{k}" for k in range(600)))
             if i >= 8:  # after a few of each were measured
                 picks[worker] += 1
-        # the fast worker: a request there is predicted (and observed) 4× sooner; the slow one
-        # still gets some (the preset's cache-fill term spreads new prompts over both caches,
-        # and exploration): kv-aware splits these evenly, predicted-latency ~2:1 (11:5 measured)
-        assert picks["w1"] >= 1.5 * picks["w0"], picks
+        # the fast worker: a request there is predicted (and observed) 4× sooner (kv-aware splits
+        # these evenly); the slow one gets the exploration share and what a slowed fast sim sends
+        assert picks["w1"] >= 3 * picks["w0"], picks
         metrics = (await client.get("/metrics", headers={"Authorization": "Bearer adm"})).text
         count = re.search(r"^infera_ttft_prediction_error_seconds_count (\S+)$", metrics, re.M)
         assert count is not None and float(count.group(1)) >= 20, metrics[-2000:]
