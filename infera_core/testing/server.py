@@ -86,6 +86,19 @@ def chat_stream_text(events: list[dict[str, Any]]) -> str:
     )
 
 
+def assert_continued_like(got: list[dict[str, Any]], want: list[dict[str, Any]], max_tokens: int) -> None:
+    """A migrated chat stream's events (``got``) read as the unbroken one (``want``): no error,
+    the same text, one id, one ``length`` finish, and one usage report of the whole prompt and
+    ``max_tokens`` completion tokens."""
+    assert not any("error" in e for e in got), got[-1]
+    assert chat_stream_text(want) and chat_stream_text(got) == chat_stream_text(want)
+    assert len({e["id"] for e in got}) == 1
+    assert [ch["finish_reason"] for e in got for ch in e["choices"] if ch.get("finish_reason")] == ["length"]
+    usage = [e["usage"] for e in got if e.get("usage")]
+    assert len(usage) == 1 and usage[0]["completion_tokens"] == max_tokens
+    assert usage[0]["prompt_tokens"] == next(e["usage"] for e in want if e.get("usage"))["prompt_tokens"]
+
+
 async def sse_data(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> list[str]:
     """POST ``body`` streamed (the answer must be a 200): its ``data: `` lines, to the end."""
     async with client.stream("POST", url, json=body) as r:
