@@ -57,10 +57,10 @@ async def pd_hung_workers(stack: ChaosStack) -> Row:
         launcher = ("--role", role, "--pd-protocol", "vllm-nixl")
         stack.add_worker(wid, *extra, model=PD_MODEL, launcher_args=launcher)
     try:
-        if await stack.wait_active(stack.n_workers + len(pd), 120) is None:
+        if (missing := await stack.wait_workers(list(pd), 120)) is not None:
             return Row(
                 "PD: a prefill and a decode worker that never answer",
-                "the PD fleet never registered",
+                f"the PD fleet never registered: {missing}",
                 "-",
                 False,
             )
@@ -93,9 +93,9 @@ async def pd_hung_workers(stack: ChaosStack) -> Row:
 async def slow_worker(stack: ChaosStack) -> Row:
     """A slow but live worker (every token 2.5 s) under traffic for 30 s stays in rotation."""
     stack.add_worker("sim-slow", "--speedup", "1", "--itl-base-ms", "2500")
-    if await stack.wait_active(stack.n_workers + 1, 120) is None:
+    if (missing := await stack.wait_workers(["sim-slow"], 120)) is not None:
         stack.stop_worker("sim-slow", fast=True)
-        return Row("a slow but live worker (2.5 s per token)", "it never registered", "-", False)
+        return Row("a slow but live worker (2.5 s per token)", f"it never registered: {missing}", "-", False)
     t0 = time.monotonic()
     out = 0
     codes: list[int] = []

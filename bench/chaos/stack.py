@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -273,6 +273,33 @@ class ChaosStack:
             return await self.active() >= n
 
         return await wait_until(enough, within)
+
+    async def wait_workers(self, ids: Sequence[str], within: float) -> str | None:
+        """Until every worker in ``ids`` is active in the router's table (whatever the rest of
+        the fleet does); None then, else which were not and the last line of their logs."""
+        wanted = set(ids)
+
+        async def up() -> bool:
+            fleet = await self.fleet()
+            return wanted <= {str(w.get("worker_id")) for w in fleet if w.get("status") == "active"}
+
+        if await wait_until(up, within) is not None:
+            return None
+        status = {str(w.get("worker_id")): w.get("status") for w in await self.fleet()}
+        missing = []
+        for wid in sorted(wanted):
+            if status.get(wid) == "active":
+                continue
+            proc = self.workers.get(wid)
+            code = proc.poll() if proc is not None else None
+            lines = self.log_text(wid).strip().splitlines()
+            missing.append(
+                f"{wid} ({status.get(wid) or 'no record'}"
+                + (f", launcher exited {code}" if code is not None else "")
+                + (f"; log: {lines[-1][-200:]}" if lines else "; no log")
+                + ")"
+            )
+        return f"not active within {within:g} s: " + ", ".join(missing)
 
     async def settled(self, within: float = 15) -> bool:
         """Until no worker has requests in flight (the router's own accounting)."""

@@ -56,7 +56,7 @@ async def _one_stream(stack: ChaosStack, i: int, root: str | None = None) -> str
                     if "error" in event:
                         error = event["error"]
                         message = error.get("message") if isinstance(error, dict) else error
-                        return f"error event ({str(message)[:120]})"
+                        return f"error event ({str(message)[:400]})"
                     tokens = int((event.get("usage") or {}).get("completion_tokens") or tokens)
     except httpx.HTTPError as exc:
         return type(exc).__name__
@@ -96,8 +96,8 @@ async def _under_streams(
     for wid in WORKERS:  # slow sims (real time): streams last seconds, long enough to be cut
         stack.add_worker(wid, "--speedup", "1", "--itl-base-ms", "10", model=STREAM_MODEL, restart=False)
     try:
-        if await stack.wait_active(stack.n_workers + len(WORKERS), 120) is None:
-            return Row(tried, "the stream workers never registered", "-", False)
+        if (missing := await stack.wait_workers(WORKERS, 120)) is not None:
+            return Row(tried, f"the stream workers never registered: {missing}", "-", False)
         before = await _resume_buckets(stack)
         streams = [asyncio.create_task(_one_stream(stack, i)) for i in range(STREAMS)]
         await asyncio.sleep(1.0)  # every stream under way
@@ -233,8 +233,8 @@ async def streams_soak(stack: ChaosStack) -> Row:
     whole = 0
     faults = 0
     try:
-        if await stack.wait_active(stack.n_workers + len(SOAK_WORKERS), 120) is None:
-            return Row(tried, "the soak workers never registered", "-", False)
+        if (missing := await stack.wait_workers(current, 120)) is not None:
+            return Row(tried, f"the soak workers never registered: {missing}", "-", False)
         async with stack.second_router(
             "--drain-grace",
             "2",

@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 from collections.abc import Awaitable, Callable, Collection
+from functools import partial
 from typing import TYPE_CHECKING
 
 from infera_core.request import RequestContext
@@ -228,7 +229,13 @@ class RouterCore:
                 await traced_prepare(self.prepare, ctx, tr)
         for attempt in range(attempts):
             if attempt == 0 and queue is not None and queued:
-                pick = queue.acquire(ctx, ticket)  # its slot taken: in_flight counted
+                pick = (  # its slot taken: in_flight counted
+                    queue.acquire(ctx, ticket)
+                    if not tried  # a continuation: never back to the workers that failed it
+                    else queue.acquire_with(
+                        ctx, ticket, partial(self._take, ctx, tuple(tried)), self._untake(ctx)
+                    )
+                )
                 ep = await (pick if tr is None else traced_acquire(pick, ctx, tr))
             else:
                 try:
@@ -411,6 +418,16 @@ class RouterCore:
         queue = self.queue
         if queue is not None:
             queue.freed(ctx)
+
+    def _take(self, ctx: RequestContext, exclude: tuple[str, ...]) -> Endpoint:
+        """The queue's pick for a request that must avoid ``exclude`` (its slot taken);
+        :class:`OverloadedError` while every other worker is saturated."""
+        ep = self._schedule(ctx, exclude)
+        ep.in_flight += 1
+        return ep
+
+    def _untake(self, ctx: RequestContext) -> Callable[[Endpoint], None]:
+        return lambda ep: self.unqueued(ctx, ep)
 
     def unqueued(self, ctx: RequestContext, ep: Endpoint) -> None:
         """A slot the queue took for a waiter whose client left before using it."""

@@ -98,6 +98,8 @@ async def relay_legs(
                 ok = True
                 return
             note = f" (not continued elsewhere: {got})" if got else ""
+            if got:
+                log.warning("request %s: its stream was not continued: %s", ctx.log_id, got)
             raise Broken(f"Worker {now} failed mid-stream: {what}{note}")
     finally:
         if sink is not None:

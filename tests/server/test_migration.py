@@ -9,6 +9,7 @@ usage whose completion tokens equal ``max_tokens``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from infera_core.testing.server import (
     greedy_chat_stream,
     serving,
     settings_for,
+    until,
 )
 from infera_core.testing.upstream import fake_upstreams, record_for
 from infera_core.worker import Status
@@ -351,3 +353,31 @@ async def test_a_models_migration_limit_in_the_router_config_wins(
         assert (
             await c.post("/v1/chat/completions", json=plain)
         ).status_code == 200  # the profile is the default
+
+
+async def test_a_continuation_never_goes_back_to_the_worker_that_failed_it(sims: list[SimHandle]) -> None:
+    """The killed worker's record lingers (its lease has not run out) and, least loaded, it is the
+    policy's pick: the continuation must still go to the other worker, at the first try (no retries
+    here), also when it passes through the router queue (on by default)."""
+    long = {**CHAT, "max_tokens": 600}  # ~7 s: still running when the short stream is cut
+    async with (
+        router(sims, router_policy="least-load", router_mode="direct", request_max_retries=0) as srv,
+        httpx.AsyncClient(base_url=srv.url, timeout=60) as c,
+    ):
+        pinned = {"x-worker-instance-id": "w1"}
+        busy = [
+            asyncio.create_task(stream(c, "/v1/chat/completions", long, headers=pinned)) for _ in range(2)
+        ]
+        w1 = next(ep for ep in srv.core.table.candidates(MODEL) if ep.worker_id == "w1")
+        await until(lambda: w1.in_flight == 2, within=30)
+        got, raw, first = await stream(c, "/v1/chat/completions", CHAT, kill_after=5, sims=sims)
+        assert first == "w0", first  # the least loaded
+        assert raw[-1] == "[DONE]", raw[-1]
+        assert usage(got)["completion_tokens"] == MAX
+        metrics = (await c.get("/metrics")).text
+        assert (
+            'infera_migrations_total{model="sim-model",reason="upstream_closed",result="resumed"} 1.0'
+            in metrics
+        )
+        for events, _, worker in await asyncio.gather(*busy):
+            assert worker == "w1" and usage(events)["completion_tokens"] == 600
