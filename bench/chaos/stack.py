@@ -299,7 +299,12 @@ class ChaosStack:
                 + (f"; log: {lines[-1][-200:]}" if lines else "; no log")
                 + ")"
             )
-        return f"not active within {within:g} s: " + ", ".join(missing)
+        in_etcd = await self.etcd_workers()
+        return (
+            f"not active in the router within {within:g} s: "
+            + ", ".join(missing)
+            + f"; records in etcd: {', '.join(sorted(in_etcd)) or 'none'}"
+        )
 
     async def settled(self, within: float = 15) -> bool:
         """Until no worker has requests in flight (the router's own accounting)."""
@@ -314,6 +319,18 @@ class ChaosStack:
     async def etcd_put(self, key: str, value: str) -> None:
         body = {"key": _b64(key), "value": _b64(value)}
         (await self.client.post(f"{self.etcd.url}/v3/kv/put", json=body, timeout=5)).raise_for_status()
+
+    async def etcd_workers(self) -> set[str]:
+        """The worker ids with a record in etcd (``/infera/workers/``), whatever routers see."""
+        prefix = "/infera/workers/"
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        body = {"key": _b64(prefix), "range_end": _b64(end), "keys_only": True}
+        try:
+            r = await self.client.post(f"{self.etcd.url}/v3/kv/range", json=body, timeout=5)
+            kvs = r.json().get("kvs") or []
+        except (httpx.HTTPError, ValueError):
+            return set()
+        return {base64.b64decode(kv["key"]).decode()[len(prefix) :] for kv in kvs if "key" in kv}
 
     async def etcd_delete(self, key: str) -> None:
         body = {"key": _b64(key)}
