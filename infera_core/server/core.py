@@ -59,6 +59,9 @@ log = logging.getLogger("infera.server")
 
 _PROMPT_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _COMPLETION_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+REFUSED_SKIPS = 8
+"""Workers refusing a request's connection (nothing was sent) that it passes over without using
+one of its ``--max-retries``: records of workers just gone outlive them by up to a lease."""
 
 
 def usage_of(data: bytes) -> tuple[int, int]:
@@ -227,7 +230,10 @@ class RouterCore:
                 await self.prepare(ctx)
             else:
                 await traced_prepare(self.prepare, ctx, tr)
-        for attempt in range(attempts):
+        skipped = 0  # workers that refused the connection (nothing sent): passed over, no retry used
+        for attempt in itertools.count():
+            if attempt >= attempts:
+                break
             if attempt == 0 and queue is not None and queued:
                 pick = (  # its slot taken: in_flight counted
                     queue.acquire(ctx, ticket)
@@ -290,6 +296,9 @@ class RouterCore:
                     f"Worker {ep.worker_id} failed before responding: {exc.reason}",
                     code="upstream_timeout" if exc.timeout else "upstream_unreachable",
                 )
+                if exc.refused and skipped < REFUSED_SKIPS:  # a worker just gone, its record not yet
+                    skipped += 1
+                    attempts += 1
             except BaseException as exc:
                 self._abandoned(ctx, ep)  # cancelled (client gone) or a bug: release everything
                 if hangs is None or wait is None:

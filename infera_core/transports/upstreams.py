@@ -74,13 +74,17 @@ class UpstreamTarget(Protocol):
 
 
 class UpstreamError(Exception):
-    """The worker could not be reached or did not answer in time (retryable)."""
+    """The worker could not be reached or did not answer in time (retryable). ``refused``: the
+    connection itself was refused (nothing was sent: no listener, a worker just gone)."""
 
-    def __init__(self, endpoint: UpstreamTarget, reason: str, timeout: bool = False) -> None:
+    def __init__(
+        self, endpoint: UpstreamTarget, reason: str, timeout: bool = False, refused: bool = False
+    ) -> None:
         super().__init__(f"worker {endpoint.worker_id} ({redact_url(endpoint.url)}): {reason}")
         self.endpoint = endpoint
         self.reason = reason
         self.timeout = timeout
+        self.refused = refused
 
 
 class PoolTimeoutError(UpstreamError):

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
 from infera_core.testing.server import post_at_once, serving_upstreams, sse_data, until
-from infera_core.testing.upstream import FakeUpstream, record_for
+from infera_core.testing.upstream import FakeUpstream, fake_upstreams, record_for
 from infera_core.worker import Status
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
@@ -25,6 +26,29 @@ async def test_dead_worker_requests_are_retried_elsewhere(ups: list[FakeUpstream
         assert [r.status_code for r in results] == [200] * 6
         assert {r.json()["worker"] for r in results} == {"w1"}
         assert await _metric(c, "infera_retries_total") >= 1
+
+
+@pytest.mark.parametrize("client", ["native", "aiohttp"])
+async def test_workers_refusing_the_connection_are_passed_over_without_using_a_retry(client: str) -> None:
+    """Two workers just gone (their records outlive them until their leases end): with one retry,
+    every request still reaches the live worker, since nothing was sent to the dead ones; when
+    every worker refuses, the client gets the last refusal as a 502 (not a 500)."""
+    if client == "aiohttp":
+        pytest.importorskip("aiohttp")
+    async with (
+        fake_upstreams(3) as ups,
+        serving_upstreams(ups, request_max_retries=1, http_client=client) as srv,
+        httpx.AsyncClient(base_url=srv.url) as c,
+    ):
+        await ups[0].stop()
+        await ups[1].stop()
+        results = [await c.post("/v1/chat/completions", json=CHAT) for _ in range(6)]
+        assert [r.status_code for r in results] == [200] * 6, [r.text for r in results]
+        assert {r.json()["worker"] for r in results} == {"w2"}
+        await ups[2].stop()
+        r = await c.post("/v1/chat/completions", json=CHAT)
+        assert r.status_code == 502, r.text
+        assert r.json()["error"]["code"] == "upstream_unreachable"
 
 
 async def test_5xx_is_retried_and_opens_breaker_then_half_open_probe_closes_it(

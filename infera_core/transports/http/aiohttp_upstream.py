@@ -115,7 +115,10 @@ class AiohttpUpstream:
         except TimeoutError:
             raise UpstreamError(endpoint, "no response before the first-byte timeout", timeout=True) from None
         except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamError(endpoint, f"{type(exc).__name__}: {exc}") from None
+            refused = isinstance(exc, ConnectionRefusedError) or isinstance(
+                getattr(exc, "os_error", None), ConnectionRefusedError
+            )
+            raise UpstreamError(endpoint, f"{type(exc).__name__}: {exc}", refused=refused) from None
         if self.idle_timeout != self.first_byte_timeout and resp.connection is not None:
             proto = resp.connection.protocol
             if proto is not None:

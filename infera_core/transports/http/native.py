@@ -137,7 +137,8 @@ class NativeUpstream:
         except TimeoutError as exc:
             raise UpstreamError(endpoint, str(exc) or "timed out", timeout=True) from None
         except OSError as exc:
-            raise UpstreamError(endpoint, f"{type(exc).__name__}: {exc}") from None
+            refused = isinstance(exc, ConnectionRefusedError)
+            raise UpstreamError(endpoint, f"{type(exc).__name__}: {exc}", refused=refused) from None
 
     def _target(self, endpoint: UpstreamTarget, path: str) -> _Target:
         try:
