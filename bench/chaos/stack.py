@@ -185,6 +185,9 @@ class ChaosStack:
     ) -> None:
         args = ["worker", "sim", "--model", model, "--etcd-endpoint", self.etcd.endpoint]
         args += ["--worker-id", worker_id, "--drain-timeout", "10", "--lease-ttl", "5", *launcher_args]
+        # a loaded machine (the soak runs ~20 processes) can keep etcd from answering a new
+        # connection within the default 5 s: a launcher that gives up is a lost worker, not a fault
+        args += ["--discovery-timeout", "30"]
         if restart:
             args += ["--restart-engine", "on-failure", "--restart-backoff", "0.5"]
         speedup = [] if "--speedup" in engine_args else ["--speedup", str(self.speedup)]
