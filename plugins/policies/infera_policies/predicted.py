@@ -69,6 +69,7 @@ from infera_core.scheduling.types import (
 )
 from infera_policies.in_flight import InFlightPrefixes
 from infera_policies.kv import BASE_FILTERS, IN_FLIGHT_KEY, kv_profile
+from infera_policies.predicted_busy import LatestBusy
 from infera_policies.predicted_guard import PREDICTOR_KEY, PredictedGuard, PredictedGuardParams
 
 _COLUMNS = (
@@ -182,8 +183,10 @@ class PredictedLatencyScorer(Scorer):
         the queued-behind term then: -1 when it was routed to an idle queue)."""
         self._last: tuple[str, Rows, Floats] | None = None
         """(request id, candidate rows, uncached tokens) of the last request scored."""
-        self._wait: tuple[str, Rows, float, Floats] | None = None
-        """(request id, rows, clock, backlog) of the last :meth:`request_backlog`."""
+        self._wait: tuple[str, Rows, Floats | None] | None = None
+        """(request id, rows, backlog or None: none) of the last :meth:`request_backlog`."""
+        self._latest = LatestBusy()
+        """The latest ``busy`` of any row: no backlog pass while every queue is empty."""
         self._at_memo: tuple[Rows, Rows | slice] | None = None
 
     # -- the per-row model ----------------------------------------------------------------
@@ -217,14 +220,23 @@ class PredictedLatencyScorer(Scorer):
         self._grow(state().size)
         return np.maximum(self._cols["busy"][self._at(rows)] - self.clock(), 0.0)  # type: ignore[no-any-return]
 
-    def request_backlog(self, ctx: RequestContext, rows: Rows) -> Floats:
-        """:meth:`backlog` for ``ctx``'s decision, kept for :meth:`predict` of the same request over
-        the same rows (``predicted-guard`` computes it first: one clock reading, one pass)."""
+    def request_backlog(self, ctx: RequestContext, rows: Rows) -> Floats | None:
+        """:meth:`backlog` for ``ctx``'s decision (None: every queue is empty, all 0), kept for
+        :meth:`predict` of the same request over the same rows (``predicted-guard`` computes it
+        first: one clock reading, one pass)."""
+        wait = self._backlog_or_none(rows)
+        self._wait = (ctx.request_id, rows, wait)
+        return wait
+
+    def _backlog_or_none(self, rows: Rows) -> Floats | None:
+        """:meth:`backlog`, or None without a pass when no row's queue is busy past now."""
         self._grow(state().size)
         now = self.clock()
-        wait = self._cols["busy"][self._at(rows)] - now
+        busy = self._cols["busy"]
+        if not self._latest.busy_after(now, busy):
+            return None
+        wait = busy[self._at(rows)] - now
         np.maximum(wait, 0.0, out=wait)
-        self._wait = (ctx.request_id, rows, now, wait)
         return wait
 
     def _at(self, rows: Rows) -> Rows | slice:
@@ -288,17 +300,18 @@ class PredictedLatencyScorer(Scorer):
         rows = rows_of(candidates)
         kept, self._wait = self._wait, None  # used once: a retry of this request reads the clock again
         if kept is not None and kept[0] == ctx.request_id and kept[1] is rows:
-            wait = kept[3]  # the guard's, this decision: the same rows, the same clock reading
+            wait = kept[2]  # the guard's, this decision: the same rows, the same clock reading
         else:
-            wait = self.backlog(rows)
+            wait = self._backlog_or_none(rows)
         at = self._at(rows)
         uncached = self._overlap(ctx, candidates, rows)
         np.subtract(1.0, uncached, out=uncached)
         uncached *= _prompt_tokens(ctx)
         ttft = uncached / self._cols["rate"][at]
-        ttft += wait
-        if self._queued_term:  # some worker has learned one: added where the queue is not empty
-            np.add(ttft, self._cols["qerr"][at], out=ttft, where=wait > 0)
+        if wait is not None:  # (None: every backlog is 0, and so is the queued-behind term's share)
+            ttft += wait
+            if self._queued_term:  # some worker has learned one: added where the queue is not empty
+                np.add(ttft, self._cols["qerr"][at], out=ttft, where=wait > 0)
         return rows, uncached, ttft
 
     @staticmethod
@@ -405,6 +418,7 @@ class PredictedLatencyScorer(Scorer):
         extra = float(c["qerr"][row]) if queued else 0.0
         done = max(now, busy) + uncached / rate
         c["busy"][row] = done
+        self._latest.wrote(row, done)
         self.pending[ctx.request_id] = (
             row,
             now,
@@ -437,8 +451,10 @@ class PredictedLatencyScorer(Scorer):
             c["qerr"][row] = max(0.0, float(c["qe"][row]) / (float(c["qn"][row]) + QUEUE_PRIOR_N))
             self._queued_term = True
         c["shift"][row] += delta
-        c["busy"][row] = max(c["busy"][row] + delta, now)
-        self.stats.busy[endpoint.worker_id] = float(c["busy"][row])
+        c["busy"][row] = busy = max(c["busy"][row] + delta, now)
+        self._latest.wrote(row, float(busy))
+        self._latest.compact(c["busy"])
+        self.stats.busy[endpoint.worker_id] = float(busy)
         # the rate: its uncached tokens over the worker's busy time for it
         start = max(routed, float(c["last_first"][row]))
         c["last_first"][row] = max(now, float(c["last_first"][row]))
