@@ -155,6 +155,7 @@ class PredictedLatencyScorer(Scorer):
 
     name = "predicted-latency"
     needs_tokens = True
+    bounded = True  # exp(≤ 0), ratios of a smaller over a larger, 0.5 + ≤ 0.5, 0.99 × ≤ 1 and 1.0
 
     def __init__(
         self,

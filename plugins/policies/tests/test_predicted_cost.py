@@ -6,14 +6,17 @@ from __future__ import annotations
 import random
 
 import numpy as np
+from infera_policies.basic import register_basic
 from infera_policies.in_flight import InFlightPrefixes
-from infera_policies.predicted import PredictedLatencyScorer, PredictParams
+from infera_policies.kv import register_kv
+from infera_policies.predicted import PredictedLatencyScorer, PredictParams, register_predicted
 from infera_policies.predicted_guard import PREDICTOR_KEY, PredictedGuard
 
 from infera_core.request import RequestContext
 from infera_core.scheduling.candidates import Candidates
-from infera_core.scheduling.types import Endpoint
-from infera_core.testing.policies import kv_worker_record
+from infera_core.scheduling.profile import build_profile
+from infera_core.scheduling.types import TPOT_TARGET_HEADER, TTFT_TARGET_HEADER, Endpoint, SchedulerDeps
+from infera_core.testing.policies import kv_worker_record, policy_registry
 
 
 class Clock:
@@ -110,3 +113,33 @@ def test_scores_equal_the_straightforward_formula_bit_for_bit_on_random_traffic(
                 s.on_first_token(done, where)
                 s.on_finished(done, where, True)
         assert idle > 100 and busy > 100 and s._queued_term
+
+
+def test_its_scores_are_within_0_1_so_the_profile_weighs_them_unclipped() -> None:
+    """``bounded``: every score is in [0, 1] by construction (with and without targets, explored
+    or not), so the preset's weighted sum skips the clipping pass for this scorer (only)."""
+    reg = policy_registry(register_basic, register_kv, register_predicted)
+    clock = Clock()
+    deps = SchedulerDeps(clock=clock)
+    profile = build_profile("predicted-latency", reg.preset("predicted-latency").profile, reg, deps)
+    flags = dict(zip((sc.name for sc in profile.scorers), profile.bounded, strict=True))
+    assert flags.pop("predicted-latency") is True and not any(flags.values())
+    for scale_s in (0.3, None):
+        rng = random.Random(3)
+        s = PredictedLatencyScorer(None, PredictParams(exploration=0.3, scale_s=scale_s), None, clock)
+        eps = fleet(32)
+        for i in range(400):
+            headers = {}
+            if rng.random() < 0.5:
+                headers[TTFT_TARGET_HEADER] = str(rng.choice([1, 50, 300, 5000]))
+            if rng.random() < 0.3:
+                headers[TPOT_TARGET_HEADER] = str(rng.choice([1, 20, 200]))
+            c = RequestContext(f"r{i}", "m", "/v1/completions", {}, headers, token_ids=list(range(1000)))
+            scores = s.score_rows(c, eps)
+            assert float(scores.min()) >= 0.0 and float(scores.max()) <= 1.0, (i, headers)
+            ep = eps[int(scores.argmax())]
+            s.on_routed(c, ep)
+            clock.now += rng.choice([0.0, 0.01, 0.2])
+            s.on_first_token(c, ep)
+            s.on_timing(c, ep, 0.5, rng.choice([None, 0.01, 0.05]))
+            s.on_finished(c, ep, True)
