@@ -52,7 +52,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from infera_core.request import RequestContext
-from infera_core.scheduling.arrays import Floats, Rows, state
+from infera_core.scheduling.arrays import Floats, Rows, predicted_ttft, state
 from infera_core.scheduling.candidates import rows_of
 from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
 from infera_core.scheduling.registry import PolicyRegistry
@@ -298,6 +298,14 @@ class PredictedLatencyScorer(Scorer):
     # -- scoring ---------------------------------------------------------------------------
     def predict(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> tuple[Rows, Floats, Floats]:
         """(rows, uncached tokens, predicted TTFT) of ``candidates`` for this request."""
+        rows, uncached, ttft, _ = self._predict(ctx, candidates, None)
+        return rows, uncached, ttft
+
+    def _predict(
+        self, ctx: RequestContext, candidates: Sequence[Endpoint], factor: float | None
+    ) -> tuple[Rows, Floats, Floats, float]:
+        """:meth:`predict` and the lowest TTFT; with ``factor``, ``(TTFT − lowest) · factor``
+        instead of the TTFTs (one pass, :func:`~infera_core.scheduling.arrays.predicted_ttft`)."""
         rows = rows_of(candidates)
         kept, self._wait = self._wait, None  # used once: a retry of this request reads the clock again
         if kept is not None and kept[0] == ctx.request_id and kept[1] is rows:
@@ -305,15 +313,13 @@ class PredictedLatencyScorer(Scorer):
         else:
             wait = self._backlog_or_none(rows)
         at = self._at(rows)
-        uncached = self._overlap(ctx, candidates, rows)
-        np.subtract(1.0, uncached, out=uncached)
-        uncached *= _prompt_tokens(ctx)
-        ttft = uncached / self._cols["rate"][at]
-        if wait is not None:  # (None: every backlog is 0, and so is the queued-behind term's share)
-            ttft += wait
-            if self._queued_term:  # some worker has learned one: added where the queue is not empty
-                np.add(ttft, self._cols["qerr"][at], out=ttft, where=wait > 0)
-        return rows, uncached, ttft
+        c = self._cols
+        # the queued-behind term where the queue is not empty, once some worker has learned one
+        # (wait None: every backlog is 0, so is its share)
+        qerr = c["qerr"][at] if wait is not None and self._queued_term else None
+        overlap = self._overlap(ctx, candidates, rows)
+        uncached, ttft, low = predicted_ttft(overlap, c["rate"][at], wait, qerr, _prompt_tokens(ctx), factor)
+        return rows, uncached, ttft, low
 
     @staticmethod
     def _batch(rows: Rows) -> Floats:
@@ -321,10 +327,11 @@ class PredictedLatencyScorer(Scorer):
         return state().in_flight[rows].astype(np.float64) + 1.0  # type: ignore[no-any-return]
 
     def _overlap(self, ctx: RequestContext, candidates: Sequence[Endpoint], rows: Any) -> Floats:
+        """Each candidate's cached share of the prompt: ``kv-overlap``'s when it scored this
+        request just before (as it is: :func:`predicted_ttft` clips it, into a new array)."""
         last = self.in_flight.last if self.in_flight is not None else None
         if last is not None and last[0] == ctx.request_id and len(last[2]) == len(candidates):
-            out = np.maximum(np.asarray(last[2], np.float64), 0.0)  # clipped to [0, 1]: a new array,
-            return np.minimum(out, 1.0, out=out)  # theirs stays (two ufuncs: np.clip's wrapper costs more)
+            return last[2]  # type: ignore[return-value]
         index = self.index
         if index is None or not ctx.token_ids:
             return np.zeros(len(candidates), np.float64)
@@ -341,19 +348,20 @@ class PredictedLatencyScorer(Scorer):
     def score_rows(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> Floats:
         if not candidates:
             return np.zeros(0, np.float64)
-        rows, uncached, ttft = self.predict(ctx, candidates)
+        p = self.p
+        t_ttft = _target(ctx, TTFT_TARGET_HEADER, "ttft_target_ms", p.ttft_target_ms)
+        t_tpot = _target(ctx, TPOT_TARGET_HEADER, "tpot_target_ms", p.tpot_target_ms)
+        untargeted = t_ttft is None and t_tpot is None
+        # in seconds: Δ TTFT of scale_s costs the score 63 % (the shift and scale in the same pass)
+        factor = -1.0 / p.scale_s if untargeted and p.scale_s is not None else None
+        rows, uncached, ttft, low = self._predict(ctx, candidates, factor)
         self._last = (ctx.request_id, rows, uncached)
-        t_ttft = _target(ctx, TTFT_TARGET_HEADER, "ttft_target_ms", self.p.ttft_target_ms)
-        t_tpot = _target(ctx, TPOT_TARGET_HEADER, "tpot_target_ms", self.p.tpot_target_ms)
-        if t_ttft is None and t_tpot is None:
-            eps = self.p.slack_ms / 1000.0
-            if self.p.scale_s is not None:  # in seconds: Δ TTFT of scale_s costs the score 63 %
-                scores = ttft  # in place: ttft is this call's own array
-                scores -= ttft.min()
-                scores *= -1.0 / self.p.scale_s
-                np.exp(scores, out=scores)
+        if untargeted:
+            if factor is not None:
+                scores = np.exp(ttft, out=ttft)  # ttft holds (TTFT − lowest) · factor: this call's own
             else:
-                scores = (ttft.min() + eps) / (ttft + eps)
+                eps = p.slack_ms / 1000.0
+                scores = (low + eps) / (ttft + eps)
             eligible = None
         else:
             ratio = np.zeros(len(rows), np.float64)
@@ -413,7 +421,8 @@ class PredictedLatencyScorer(Scorer):
                 uncached = float(last[2][int(hit[0])])
         if uncached < 0:
             n_tokens = _prompt_tokens(ctx)
-            uncached = n_tokens * (1.0 - float(self._overlap(ctx, [endpoint], None)[0]))
+            share = float(np.minimum(np.maximum(self._overlap(ctx, [endpoint], None)[0], 0.0), 1.0))
+            uncached = n_tokens * (1.0 - share)
         busy = float(c["busy"][row])
         queued = busy > now
         extra = float(c["qerr"][row]) if queued else 0.0
