@@ -163,10 +163,10 @@ _NativeTtft = Callable[..., float]
 
 def _native_ttft() -> _NativeTtft | None:
     try:
-        from infera_kv_native import available, predicted_ttft  # optional: built with a C compiler
+        from infera_kv_native import predicted_ttft  # optional: built with a C compiler
     except ImportError:
         return None
-    return predicted_ttft if available else None
+    return predicted_ttft
 
 
 _native: _NativeTtft | None = None
