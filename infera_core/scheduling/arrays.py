@@ -190,11 +190,16 @@ def predicted_ttft(
     the same IEEE operations in the same order, so the same bits (tests check it), without some
     ten numpy passes and their temporaries."""
     native = _native
-    if native is None or len(rate) == 0:
-        return py_predicted_ttft(overlap, rate, wait, qerr, tokens, factor)
-    if type(overlap) is not np.ndarray or overlap.dtype != np.float64 or not overlap.flags.c_contiguous:
-        overlap = np.ascontiguousarray(overlap, np.float64)
     n = len(rate)
+    if native is None or n == 0:
+        return py_predicted_ttft(overlap, rate, wait, qerr, tokens, factor)
     uncached, ttft = np.empty(n, np.float64), np.empty(n, np.float64)
-    low = native(overlap, rate, wait, qerr, tokens, uncached, ttft, factor)
+    try:  # the C side takes contiguous float64 buffers only
+        low = native(overlap, rate, wait, qerr, tokens, uncached, ttft, factor)
+    except (TypeError, ValueError, BufferError):  # e.g. a list of overlaps (a scorer's list form)
+        f64 = np.ascontiguousarray
+        wait = None if wait is None else f64(wait, np.float64)
+        qerr = None if qerr is None else f64(qerr, np.float64)
+        rate, overlap = f64(rate, np.float64), f64(overlap, np.float64)
+        low = native(overlap, rate, wait, qerr, tokens, uncached, ttft, factor)
     return uncached, ttft, low

@@ -67,14 +67,16 @@ def test_the_c_loop_equals_the_numpy_specification_bit_for_bit(seed: int) -> Non
 
 
 @native
-def test_a_list_or_a_view_of_overlaps_and_rates_is_read_as_the_spec_reads_it() -> None:
+def test_a_list_float32_or_strided_input_is_converted_first() -> None:
     overlap = [0.5, 1.5, -0.5, 0.25]
-    rate = np.arange(10, dtype=np.float64)[2:6] * 1000.0  # a view
+    rate = np.array([2000.0, 3000.0, 4000.0, 5000.0])
     wait = np.array([0.0, 0.1, 0.0, 2.0])
-    assert _same(
-        predicted_ttft(overlap, rate, wait, None, 100.0, None),
-        py_predicted_ttft(overlap, rate, wait, None, 100.0, None),
-    )
+    strided = np.repeat(rate, 2)[::2]
+    for o, r in ((overlap, rate), (np.array(overlap, np.float32), rate), (np.array(overlap), strided)):
+        for w in (None, wait):
+            assert _same(
+                predicted_ttft(o, r, w, None, 100.0, -2.0), py_predicted_ttft(o, r, w, None, 100.0, -2.0)
+            )
 
 
 def test_without_the_extension_the_numpy_specification_runs() -> None:
