@@ -8,6 +8,7 @@ is −0.0: between a −0.0 and a 0.0, which one ``np.min`` returns is its SIMD 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -15,9 +16,19 @@ import pytest
 from infera_core.scheduling import arrays
 from infera_core.scheduling.arrays import predicted_ttft, py_predicted_ttft
 
-native = pytest.mark.skipif(
-    not arrays.use_native_kernels(), reason="infera-kv-native built without a compiler"
-)
+BUILT = arrays._native_ttft() is not None
+
+
+@pytest.fixture
+def native() -> Iterator[None]:
+    """The C loop in use for the test (whatever ``INFERA_KV_NATIVE`` says), then as it was."""
+    if not BUILT:
+        pytest.skip("infera-kv-native built without a compiler")
+    was = arrays._native
+    arrays.use_native_kernels(True)
+    yield
+    arrays._native = was
+
 
 ANY = [0.0, -0.0, 1.0, -1e-300, 1.0 + 1e-16, 2.0, -3.0, float("nan"), float("inf"), -float("inf"), 5e-324]
 """Overlaps: anything (they are clipped)."""
@@ -43,9 +54,8 @@ def _same(a: tuple[np.ndarray, np.ndarray, float], b: tuple[np.ndarray, np.ndarr
     return all(_bits(x) == _bits(y) for x, y in zip(a, b, strict=True))
 
 
-@native
 @pytest.mark.parametrize("seed", range(6))
-def test_the_c_loop_equals_the_numpy_specification_bit_for_bit(seed: int) -> None:
+def test_the_c_loop_equals_the_numpy_specification_bit_for_bit(seed: int, native: None) -> None:
     rng = random.Random(seed)
     with np.errstate(all="ignore"):
         for _ in range(300):
@@ -66,8 +76,7 @@ def test_the_c_loop_equals_the_numpy_specification_bit_for_bit(seed: int) -> Non
             assert overlap.tobytes() == kept.tobytes()  # the caller's overlap stays as it was
 
 
-@native
-def test_a_list_float32_or_strided_input_is_converted_first() -> None:
+def test_a_list_float32_or_strided_input_is_converted_first(native: None) -> None:
     overlap = [0.5, 1.5, -0.5, 0.25]
     rate = np.array([2000.0, 3000.0, 4000.0, 5000.0])
     wait = np.array([0.0, 0.1, 0.0, 2.0])
@@ -80,10 +89,10 @@ def test_a_list_float32_or_strided_input_is_converted_first() -> None:
 
 
 def test_without_the_extension_the_numpy_specification_runs() -> None:
-    was = arrays._native is not None
+    was = arrays._native
     try:
         assert arrays.use_native_kernels(False) is False
         u, t, low = predicted_ttft(np.array([0.5, 0.0]), np.array([1000.0, 500.0]), None, None, 1000.0, None)
         assert u.tolist() == [500.0, 1000.0] and t.tolist() == [0.5, 2.0] and low == 0.5
     finally:
-        arrays.use_native_kernels(was)
+        arrays._native = was
