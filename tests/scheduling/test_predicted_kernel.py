@@ -44,7 +44,7 @@ def _column(
     )
 
 
-def _bits(x: np.ndarray | float) -> list[bytes | str]:
+def _bits(x: object) -> list[bytes | str]:
     """Each value's bytes, a NaN as "nan" (which NaN an operation on two NaNs carries is the
     hardware's choice; a NaN is never picked and stays NaN either way)."""
     return ["nan" if v != v else np.float64(v).tobytes() for v in np.atleast_1d(np.asarray(x, np.float64))]
