@@ -49,7 +49,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from infera_core.request import RequestContext
 from infera_core.scheduling.arrays import Floats, Rows, predicted_ttft, state
@@ -71,83 +70,16 @@ from infera_policies.in_flight import InFlightPrefixes
 from infera_policies.kv import BASE_FILTERS, IN_FLIGHT_KEY, kv_profile
 from infera_policies.predicted_busy import LatestBusy
 from infera_policies.predicted_guard import PREDICTOR_KEY, PredictedGuard, PredictedGuardParams
-
-_COLUMNS = (
-    "busy",
-    "shift",
-    "sx",
-    "sy",
-    "n",
-    "t_fit",
-    "last_first",
-    "iw",
-    "ib",
-    "ii",
-    "ibb",
-    "ibi",
-    "t_itl",
-    "rate",
-    "qe",
-    "qn",
-    "qerr",
-    "t_q",
+from infera_policies.predicted_params import (
+    COLUMNS,
+    PRIOR_EVERY,
+    QUEUE_PRIOR_N,
+    PredictParams,
+    prompt_tokens_of,
+    target_of,
 )
-PRIOR_EVERY = 32
-"""Observations between two refreshes of the fleet's median rate (the cold-start prior)."""
-QUEUE_PRIOR_N = 4.0
-"""Pseudo-observations of a zero queued-behind term (a worker's own term takes over after a few)."""
 
-
-class PredictParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    half_life: float = Field(5.0, gt=0, description="Seconds after which an observation weighs half.")
-    min_observations: float = Field(
-        4.0, ge=0, description="Observations (decayed) before a worker's own rate outweighs the prior."
-    )
-    prior_tokens_per_s: float = Field(
-        10000.0, gt=0, description="Prefill rate assumed before any worker's is learned."
-    )
-    prior_itl_ms: float = Field(20.0, gt=0, description="Inter-token latency assumed before it is learned.")
-    exploration: float = Field(
-        0.02, ge=0, le=1, description="Share of requests sent to a random eligible worker."
-    )
-    ttft_target_ms: float | None = Field(None, gt=0, description="TTFT target of requests that name none.")
-    tpot_target_ms: float | None = Field(None, gt=0, description="TPOT target of requests that name none.")
-    slack_ms: float = Field(
-        30.0, gt=0, description="Added to both sides of a TTFT ratio: differences well below it hardly count."
-    )
-    scale_s: float | None = Field(
-        None,
-        gt=0,
-        description="Score exp(−(TTFT − best TTFT) / scale_s): differences weigh in seconds, whatever "
-        "the queue's length (None: the ratio (best + slack) / (TTFT + slack)).",
-    )
-    seed: int | None = Field(
-        0, ge=0, lt=2**32, description="Seed of the exploration draws (made from request ids; None: random)."
-    )
-
-
-def _target(ctx: RequestContext, header: str, key_attr: str, default: float | None) -> float | None:
-    """A request's target in seconds: its header, else its API key's, else the scorer's default."""
-    raw = ctx.headers.get(header)
-    if raw:
-        try:
-            ms = float(raw)
-        except ValueError:
-            ms = math.nan
-        if ms > 0 and math.isfinite(ms):
-            return ms / 1000.0
-    key = getattr(ctx.principal, "key", None) if ctx.principal is not None else None  # its API key
-    key_ms = getattr(key, key_attr, None) if key is not None else None
-    if isinstance(key_ms, int | float) and key_ms > 0:
-        return float(key_ms) / 1000.0
-    return default / 1000.0 if default is not None else None
-
-
-def _prompt_tokens(ctx: RequestContext) -> float:
-    """The prompt's length in tokens: its token ids, else estimated from its text (no tokenizer)."""
-    return float(ctx.prompt_tokens())
+__all__ = ["PRIOR_EVERY", "QUEUE_PRIOR_N", "PredictParams", "PredictedLatencyScorer", "register_predicted"]
 
 
 class PredictedLatencyScorer(Scorer):
@@ -174,7 +106,7 @@ class PredictedLatencyScorer(Scorer):
         self.decay = math.log(2.0) / p.half_life
         self.salt = p.seed if p.seed is not None else random.getrandbits(32)
         self.prior = p.prior_tokens_per_s
-        self._cols: dict[str, Floats] = {c: np.zeros(64, np.float64) for c in _COLUMNS}
+        self._cols: dict[str, Floats] = {c: np.zeros(64, np.float64) for c in COLUMNS}
         self._cols["rate"][:] = self.prior
         self._observed = 0
         self._queued_term = False
@@ -318,7 +250,9 @@ class PredictedLatencyScorer(Scorer):
         # (wait None: every backlog is 0, so is its share)
         qerr = c["qerr"][at] if wait is not None and self._queued_term else None
         overlap = self._overlap(ctx, candidates, rows)
-        uncached, ttft, low = predicted_ttft(overlap, c["rate"][at], wait, qerr, _prompt_tokens(ctx), factor)
+        uncached, ttft, low = predicted_ttft(
+            overlap, c["rate"][at], wait, qerr, prompt_tokens_of(ctx), factor
+        )
         return rows, uncached, ttft, low
 
     @staticmethod
@@ -349,8 +283,8 @@ class PredictedLatencyScorer(Scorer):
         if not candidates:
             return np.zeros(0, np.float64)
         p = self.p
-        t_ttft = _target(ctx, TTFT_TARGET_HEADER, "ttft_target_ms", p.ttft_target_ms)
-        t_tpot = _target(ctx, TPOT_TARGET_HEADER, "tpot_target_ms", p.tpot_target_ms)
+        t_ttft = target_of(ctx, TTFT_TARGET_HEADER, "ttft_target_ms", p.ttft_target_ms)
+        t_tpot = target_of(ctx, TPOT_TARGET_HEADER, "tpot_target_ms", p.tpot_target_ms)
         untargeted = t_ttft is None and t_tpot is None
         # in seconds: Δ TTFT of scale_s costs the score 63 % (the shift and scale in the same pass)
         factor = -1.0 / p.scale_s if untargeted and p.scale_s is not None else None
@@ -420,7 +354,7 @@ class PredictedLatencyScorer(Scorer):
             elif (hit := np.flatnonzero(last[1] == row)).size:
                 uncached = float(last[2][int(hit[0])])
         if uncached < 0:
-            n_tokens = _prompt_tokens(ctx)
+            n_tokens = prompt_tokens_of(ctx)
             share = float(np.minimum(np.maximum(self._overlap(ctx, [endpoint], None)[0], 0.0), 1.0))
             uncached = n_tokens * (1.0 - share)
         busy = float(c["busy"][row])
