@@ -8,10 +8,12 @@ list per model, as the server's endpoint table hands them to the scheduler. Repo
 mean and p99 µs per decision for ``round-robin``, ``least-load`` and ``kv-aware`` (and any
 ``--presets``, e.g. ``predicted-latency``, whose first tokens are fed back as they come), side by
 side in one run, and the KV index's size (blocks, bytes per block, blocks evicted).
+``--interleave`` builds one fleet and routes through the presets in turn, 50 decisions each,
+so a neighbour's load on a shared machine hits them alike (mean / median / p99 wall µs).
 
     .venv/bin/python -m bench.kv.decision [--workers 8,64,256] [--tokens 1024,8192] [--requests 2000]
         [--prefixes 32] [--max-blocks 4000000] [--shared-prefix]
-        [--presets round-robin,least-load,kv-aware,predicted-latency]
+        [--presets round-robin,least-load,kv-aware,predicted-latency] [--interleave]
 """
 
 from __future__ import annotations
@@ -120,6 +122,44 @@ def measure(
     return out, cpu, index.stats()
 
 
+def interleaved(
+    presets: list[str],
+    n: int,
+    tokens: int,
+    requests: int,
+    prefixes: int,
+    max_blocks: int,
+    reg: PolicyRegistry,
+) -> dict[str, list[float]]:
+    """Per preset, wall seconds per decision: one fleet, the presets in turn, 50 decisions each
+    (each preset keeps its own state: built with its own deps, over the same endpoints)."""
+    rng = random.Random(1)
+    TAIL[:] = random.Random(2).choices(VOCAB, k=tokens)
+    SYSTEM[:] = []
+    index, endpoints, prompts = fleet(n, tokens, prefixes, max_blocks, rng)
+    profiles = []
+    for preset in presets:
+        deps = SchedulerDeps(kv_index=index, clock=time.monotonic)
+        profiles.append(build_profile(preset, reg.preset(preset).profile, reg, deps))
+    gc.collect()
+    gc.freeze()
+    out: dict[str, list[float]] = {p: [] for p in presets}
+    r = 0
+    for block in range(len(presets) * requests // 50):
+        preset, profile = presets[block % len(presets)], profiles[block % len(presets)]
+        for _ in range(50):
+            toks = array("i", prompts[r % len(prompts)]).tolist()
+            ctx = RequestContext(f"r{r}", "m", "/v1/completions", {"prompt": "x"}, token_ids=toks)
+            r += 1
+            t0 = time.perf_counter()
+            ep = profile.pick(ctx, profile.filter(ctx, endpoints))
+            out[preset].append(time.perf_counter() - t0)
+            profile.first_token(ctx, ep)  # outside the timed decision, as in the server
+            profile.finished(ctx, ep, True)
+    gc.unfreeze()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", default="8,64,256")
@@ -133,9 +173,26 @@ def main() -> None:
         help="every worker also caches one system prompt (half the tokens) that every request starts with",
     )
     ap.add_argument("--presets", default=",".join(PRESETS), help="the presets to measure, side by side")
+    ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="one fleet, the presets in turn (50 decisions each): mean / median / p99 wall µs",
+    )
     a = ap.parse_args()
     presets = a.presets.split(",")
     reg = registry()
+    if a.interleave:
+        print(f"{'workers':>7} {'tokens':>6} " + " ".join(f"{p + ' µs':>26}" for p in presets))
+        for tokens in map(int, a.tokens.split(",")):
+            for n in map(int, a.workers.split(",")):
+                got = interleaved(presets, n, tokens, a.requests, a.prefixes, a.max_blocks, reg)
+                cells = [
+                    f"{statistics.fmean(t) * 1e6:.0f} / {statistics.median(t) * 1e6:.0f} / "
+                    f"{statistics.quantiles(t, n=100)[98] * 1e6:.0f}"
+                    for t in got.values()
+                ]
+                print(f"{n:7d} {tokens:6d} " + " ".join(f"{c:>26}" for c in cells), flush=True)
+        return
     print(
         f"{'workers':>7} {'tokens':>6} "
         + " ".join(f"{p + ' µs':>26}" for p in presets)

@@ -14,7 +14,10 @@ the same input until then (see :class:`FilterMemo`).
 
 from __future__ import annotations
 
-from typing import Protocol
+import math
+import os
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -130,3 +133,73 @@ def relative_inverse(values: Floats) -> Floats:
     if top <= 0:
         return np.ones(len(values), np.float64)
     return 1.0 - values / top
+
+
+def py_predicted_ttft(
+    overlap: Any, rate: Floats, wait: Floats | None, qerr: Floats | None, tokens: float, factor: float | None
+) -> tuple[Floats, Floats, float]:
+    """``predicted-latency``'s pass over its candidates, in numpy (the specification of
+    :func:`predicted_ttft`): ``uncached = (1 − clip(overlap, 0, 1)) · tokens`` and ``ttft = uncached
+    / rate`` (``+ wait``, ``+ qerr`` where ``wait > 0``; None: none), and ``min(ttft)``; with
+    ``factor``, the second array is ``(ttft − min) · factor`` instead (in place)."""
+    uncached = np.maximum(np.asarray(overlap, np.float64), 0.0)  # a new array: the caller's stays
+    np.minimum(uncached, 1.0, out=uncached)
+    np.subtract(1.0, uncached, out=uncached)
+    uncached *= tokens
+    ttft = uncached / rate
+    if wait is not None:
+        ttft += wait
+        if qerr is not None:
+            np.add(ttft, qerr, out=ttft, where=wait > 0)
+    low = float(ttft.min()) if len(ttft) else math.inf
+    if factor is not None:
+        ttft -= low
+        ttft *= factor
+    return uncached, ttft, low
+
+
+_NativeTtft = Callable[..., float]
+
+
+def _native_ttft() -> _NativeTtft | None:
+    try:
+        from infera_kv_native import predicted_ttft  # optional: built with a C compiler
+    except ImportError:
+        return None
+    return predicted_ttft
+
+
+_native: _NativeTtft | None = None
+
+
+def use_native_kernels(enabled: bool = True) -> bool:
+    """Run :func:`predicted_ttft` in the ``infera-kv-native`` C extension when ``enabled`` and
+    built (``INFERA_KV_NATIVE=0``: numpy); returns whether it does."""
+    global _native
+    _native = _native_ttft() if enabled else None
+    return _native is not None
+
+
+use_native_kernels(os.environ.get("INFERA_KV_NATIVE", "1") != "0")
+
+
+def predicted_ttft(
+    overlap: Any, rate: Floats, wait: Floats | None, qerr: Floats | None, tokens: float, factor: float | None
+) -> tuple[Floats, Floats, float]:
+    """:func:`py_predicted_ttft` in one C loop (two with ``factor``) when the extension is built:
+    the same IEEE operations in the same order, so the same bits (tests check it), without some
+    ten numpy passes and their temporaries."""
+    native = _native
+    n = len(rate)
+    if native is None or n == 0:
+        return py_predicted_ttft(overlap, rate, wait, qerr, tokens, factor)
+    uncached, ttft = np.empty(n, np.float64), np.empty(n, np.float64)
+    try:  # the C side takes contiguous float64 buffers only
+        low = native(overlap, rate, wait, qerr, tokens, uncached, ttft, factor)
+    except (TypeError, ValueError, BufferError):  # e.g. a list of overlaps (a scorer's list form)
+        f64 = np.ascontiguousarray
+        wait = None if wait is None else f64(wait, np.float64)
+        qerr = None if qerr is None else f64(qerr, np.float64)
+        rate, overlap = f64(rate, np.float64), f64(overlap, np.float64)
+        low = native(overlap, rate, wait, qerr, tokens, uncached, ttft, factor)
+    return uncached, ttft, low

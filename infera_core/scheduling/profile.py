@@ -29,6 +29,7 @@ class Profile:
 
     __slots__ = (
         "array_min",
+        "bounded",
         "filters",
         "name",
         "needs_tokens",
@@ -50,6 +51,7 @@ class Profile:
         self.filters = tuple(filters)
         self.scorers = tuple(s for s, _ in scorers)
         self.weights = tuple(w for _, w in scorers)
+        self.bounded = tuple(getattr(s, "bounded", False) is True for s in self.scorers)
         self.picker = picker
         self.needs_tokens = any(s.needs_tokens for s in self.scorers)
         self.text_fallback = any(s.text_fallback for s in self.scorers)
@@ -102,8 +104,9 @@ class Profile:
 
     def _pick_rows(self, ctx: RequestContext, candidates: list[Endpoint]) -> Endpoint:
         total = None
-        for scorer, w in zip(self.scorers, self.weights, strict=True):
-            part = np.clip(scorer.score_rows(ctx, candidates), 0.0, 1.0) * w  # type: ignore[attr-defined]
+        for scorer, w, bounded in zip(self.scorers, self.weights, self.bounded, strict=True):
+            part = scorer.score_rows(ctx, candidates)  # type: ignore[attr-defined]
+            part = (part if bounded else np.clip(part, 0.0, 1.0)) * w  # clipping [0, 1] changes nothing
             total = part if total is None else total + part
         return self.picker.pick_rows(ctx, candidates, total)  # type: ignore[attr-defined,no-any-return]
 

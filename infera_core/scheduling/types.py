@@ -193,6 +193,9 @@ class Scorer:
     text_fallback = False
     """Scores requests that carry no token ids from their text (a model without a routing
     tokenizer is then routed by text prefix, routing mode ``text``, not by load only)."""
+    bounded = False
+    """Its ``score_rows`` arrays are within ``[0, 1]`` (or NaN) by construction: the profile
+    weighs them without clipping them first (the same sums, one pass fewer per decision)."""
 
     def score(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
         raise NotImplementedError

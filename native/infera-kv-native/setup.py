@@ -12,9 +12,16 @@ setup(
     ext_modules=[
         Extension(
             "infera_kv_native._chain",
-            sources=["src/chain.c", "src/index.c", "src/batch.c"],
-            depends=["src/kvcommon.h", "src/index.h", "src/msgpack.h", "src/store.h", "src/tables.h"],
-            extra_compile_args=["-O3", "-std=c11"],
+            sources=["src/chain.c", "src/index.c", "src/batch.c", "src/score.c"],
+            depends=[
+                "src/kvcommon.h",
+                "src/index.h",
+                "src/msgpack.h",
+                "src/score.h",
+                "src/store.h",
+                "src/tables.h",
+            ],
+            extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off"],  # score.c: bit-identical to numpy
             define_macros=[("Py_LIMITED_API", hex(LIMITED_API))],
             py_limited_api=True,
             optional=True,

@@ -12,6 +12,7 @@ per-request list comprehensions.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from infera_core.request import RequestContext
 from infera_core.scheduling.profile import Profile, build_profile
 from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.scheduler import under_cap
-from infera_core.scheduling.types import Endpoint, SchedulerDeps
+from infera_core.scheduling.types import Endpoint, Picker, SchedulerDeps, Scorer
 from infera_core.testing.policies import kv_worker_record, policy_registry
 from infera_core.worker import Role, Status, WorkerRecord
 
@@ -219,3 +220,37 @@ def test_match_over_slot_arrays_equals_the_list_match(native: bool) -> None:
         picked = [rng.choice(views) if rng.random() < 0.9 else None for _ in range(rng.randrange(1, 200))]
         slots = np.array([-1 if v is None else v.slot for v in picked], np.int64)
         assert index.match_slots(hashes, slots, (1.0, 0.5, 0.25)).tolist() == index.match(hashes, picked)
+
+
+class _Fixed(Scorer):
+    def __init__(self, values: list[float], bounded: bool) -> None:
+        self.values = values
+        self.bounded = bounded
+
+    def score(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> list[float]:
+        return list(self.values)
+
+    def score_rows(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> np.ndarray:
+        return np.array(self.values)
+
+
+class _Totals(Picker):
+    def __init__(self) -> None:
+        self.totals: list[float] = []
+
+    def pick_rows(self, ctx: RequestContext, candidates: Sequence[Endpoint], scores: np.ndarray) -> Endpoint:
+        self.totals = scores.tolist()
+        return candidates[0]
+
+
+def test_the_weighted_sum_clips_scores_except_a_bounded_scorers() -> None:
+    """``Scorer.bounded`` (its arrays are within [0, 1] by construction): weighed as they are,
+    the clipping pass skipped; every other scorer's are clipped to [0, 1] first."""
+    eps = [Endpoint(kv_worker_record(f"w{i}", BS)) for i in range(3)]
+    picker = _Totals()
+    scorers = [(_Fixed([1.5, -1.0, 0.5], False), 2.0), (_Fixed([0.25, 1.0, 0.0], True), 4.0)]
+    profile = Profile("p", [], scorers, picker)
+    assert profile.bounded == (False, True)
+    profile.array_min = 0
+    profile.pick(RequestContext("r", "m", "/v1/completions", {}), eps)
+    assert picker.totals == [2.0 + 1.0, 0.0 + 4.0, 1.0 + 0.0]

@@ -7,6 +7,17 @@ def chain_hashes(token_ids: Sequence[int], block_size: int, parent: int, /) -> l
 def chain_hashes_msgpack(packed: _Buffer, block_size: int, parent: int, /) -> list[int]: ...
 def fold_key(block_hash: _BlockHash, /) -> int: ...
 def batch_dp_rank(payload: _Buffer, /) -> int | None: ...
+def predicted_ttft(
+    overlap: _Buffer | object,
+    rate: object,
+    wait: object | None,
+    qerr: object | None,
+    tokens: float,
+    uncached: object,
+    ttft: object,
+    factor: float | None,
+    /,
+) -> float: ...
 
 class Index:
     def lookup(self, slot: int, block_hash: _BlockHash, /) -> int | None: ...

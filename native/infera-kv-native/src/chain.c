@@ -11,6 +11,7 @@
  */
 #include "kvcommon.h"
 #include "index.h"
+#include "score.h"
 
 /* -- the module ------------------------------------------------------------------- */
 
@@ -164,6 +165,7 @@ static PyMethodDef methods[] = {
      chain_hashes_msgpack_doc},
     {"fold_key", (PyCFunction)(void (*)(void))fold_key, METH_FASTCALL, fold_key_doc},
     {"batch_dp_rank", (PyCFunction)(void (*)(void))batch_dp_rank, METH_FASTCALL, batch_dp_rank_doc},
+    {"predicted_ttft", (PyCFunction)(void (*)(void))predicted_ttft, METH_FASTCALL, predicted_ttft_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -49,10 +49,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from infera_core.request import RequestContext
-from infera_core.scheduling.arrays import Floats, Rows, state
+from infera_core.scheduling.arrays import Floats, Rows, predicted_ttft, state
 from infera_core.scheduling.candidates import rows_of
 from infera_core.scheduling.config import PluginRef, ProfileConfig, ScorerRef
 from infera_core.scheduling.registry import PolicyRegistry
@@ -69,84 +68,18 @@ from infera_core.scheduling.types import (
 )
 from infera_policies.in_flight import InFlightPrefixes
 from infera_policies.kv import BASE_FILTERS, IN_FLIGHT_KEY, kv_profile
+from infera_policies.predicted_busy import LatestBusy
 from infera_policies.predicted_guard import PREDICTOR_KEY, PredictedGuard, PredictedGuardParams
-
-_COLUMNS = (
-    "busy",
-    "shift",
-    "sx",
-    "sy",
-    "n",
-    "t_fit",
-    "last_first",
-    "iw",
-    "ib",
-    "ii",
-    "ibb",
-    "ibi",
-    "t_itl",
-    "rate",
-    "qe",
-    "qn",
-    "qerr",
-    "t_q",
+from infera_policies.predicted_params import (
+    COLUMNS,
+    PRIOR_EVERY,
+    QUEUE_PRIOR_N,
+    PredictParams,
+    prompt_tokens_of,
+    target_of,
 )
-PRIOR_EVERY = 32
-"""Observations between two refreshes of the fleet's median rate (the cold-start prior)."""
-QUEUE_PRIOR_N = 4.0
-"""Pseudo-observations of a zero queued-behind term (a worker's own term takes over after a few)."""
 
-
-class PredictParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    half_life: float = Field(5.0, gt=0, description="Seconds after which an observation weighs half.")
-    min_observations: float = Field(
-        4.0, ge=0, description="Observations (decayed) before a worker's own rate outweighs the prior."
-    )
-    prior_tokens_per_s: float = Field(
-        10000.0, gt=0, description="Prefill rate assumed before any worker's is learned."
-    )
-    prior_itl_ms: float = Field(20.0, gt=0, description="Inter-token latency assumed before it is learned.")
-    exploration: float = Field(
-        0.02, ge=0, le=1, description="Share of requests sent to a random eligible worker."
-    )
-    ttft_target_ms: float | None = Field(None, gt=0, description="TTFT target of requests that name none.")
-    tpot_target_ms: float | None = Field(None, gt=0, description="TPOT target of requests that name none.")
-    slack_ms: float = Field(
-        30.0, gt=0, description="Added to both sides of a TTFT ratio: differences well below it hardly count."
-    )
-    scale_s: float | None = Field(
-        None,
-        gt=0,
-        description="Score exp(−(TTFT − best TTFT) / scale_s): differences weigh in seconds, whatever "
-        "the queue's length (None: the ratio (best + slack) / (TTFT + slack)).",
-    )
-    seed: int | None = Field(
-        0, ge=0, lt=2**32, description="Seed of the exploration draws (made from request ids; None: random)."
-    )
-
-
-def _target(ctx: RequestContext, header: str, key_attr: str, default: float | None) -> float | None:
-    """A request's target in seconds: its header, else its API key's, else the scorer's default."""
-    raw = ctx.headers.get(header)
-    if raw:
-        try:
-            ms = float(raw)
-        except ValueError:
-            ms = math.nan
-        if ms > 0 and math.isfinite(ms):
-            return ms / 1000.0
-    key = getattr(ctx.principal, "key", None) if ctx.principal is not None else None  # its API key
-    key_ms = getattr(key, key_attr, None) if key is not None else None
-    if isinstance(key_ms, int | float) and key_ms > 0:
-        return float(key_ms) / 1000.0
-    return default / 1000.0 if default is not None else None
-
-
-def _prompt_tokens(ctx: RequestContext) -> float:
-    """The prompt's length in tokens: its token ids, else estimated from its text (no tokenizer)."""
-    return float(ctx.prompt_tokens())
+__all__ = ["PRIOR_EVERY", "QUEUE_PRIOR_N", "PredictParams", "PredictedLatencyScorer", "register_predicted"]
 
 
 class PredictedLatencyScorer(Scorer):
@@ -154,6 +87,7 @@ class PredictedLatencyScorer(Scorer):
 
     name = "predicted-latency"
     needs_tokens = True
+    bounded = True  # exp(≤ 0), ratios of a smaller over a larger, 0.5 + ≤ 0.5, 0.99 × ≤ 1 and 1.0
 
     def __init__(
         self,
@@ -172,7 +106,7 @@ class PredictedLatencyScorer(Scorer):
         self.decay = math.log(2.0) / p.half_life
         self.salt = p.seed if p.seed is not None else random.getrandbits(32)
         self.prior = p.prior_tokens_per_s
-        self._cols: dict[str, Floats] = {c: np.zeros(64, np.float64) for c in _COLUMNS}
+        self._cols: dict[str, Floats] = {c: np.zeros(64, np.float64) for c in COLUMNS}
         self._cols["rate"][:] = self.prior
         self._observed = 0
         self._queued_term = False
@@ -182,8 +116,10 @@ class PredictedLatencyScorer(Scorer):
         the queued-behind term then: -1 when it was routed to an idle queue)."""
         self._last: tuple[str, Rows, Floats] | None = None
         """(request id, candidate rows, uncached tokens) of the last request scored."""
-        self._wait: tuple[str, Rows, float, Floats] | None = None
-        """(request id, rows, clock, backlog) of the last :meth:`request_backlog`."""
+        self._wait: tuple[str, Rows, Floats | None] | None = None
+        """(request id, rows, backlog or None: none) of the last :meth:`request_backlog`."""
+        self._latest = LatestBusy()
+        """The latest ``busy`` of any row: no backlog pass while every queue is empty."""
         self._at_memo: tuple[Rows, Rows | slice] | None = None
 
     # -- the per-row model ----------------------------------------------------------------
@@ -217,14 +153,23 @@ class PredictedLatencyScorer(Scorer):
         self._grow(state().size)
         return np.maximum(self._cols["busy"][self._at(rows)] - self.clock(), 0.0)  # type: ignore[no-any-return]
 
-    def request_backlog(self, ctx: RequestContext, rows: Rows) -> Floats:
-        """:meth:`backlog` for ``ctx``'s decision, kept for :meth:`predict` of the same request over
-        the same rows (``predicted-guard`` computes it first: one clock reading, one pass)."""
+    def request_backlog(self, ctx: RequestContext, rows: Rows) -> Floats | None:
+        """:meth:`backlog` for ``ctx``'s decision (None: every queue is empty, all 0), kept for
+        :meth:`predict` of the same request over the same rows (``predicted-guard`` computes it
+        first: one clock reading, one pass)."""
+        wait = self._backlog_or_none(rows)
+        self._wait = (ctx.request_id, rows, wait)
+        return wait
+
+    def _backlog_or_none(self, rows: Rows) -> Floats | None:
+        """:meth:`backlog`, or None without a pass when no row's queue is busy past now."""
         self._grow(state().size)
         now = self.clock()
-        wait = self._cols["busy"][self._at(rows)] - now
+        busy = self._cols["busy"]
+        if not self._latest.busy_after(now, busy):
+            return None
+        wait = busy[self._at(rows)] - now
         np.maximum(wait, 0.0, out=wait)
-        self._wait = (ctx.request_id, rows, now, wait)
         return wait
 
     def _at(self, rows: Rows) -> Rows | slice:
@@ -285,21 +230,30 @@ class PredictedLatencyScorer(Scorer):
     # -- scoring ---------------------------------------------------------------------------
     def predict(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> tuple[Rows, Floats, Floats]:
         """(rows, uncached tokens, predicted TTFT) of ``candidates`` for this request."""
+        rows, uncached, ttft, _ = self._predict(ctx, candidates, None)
+        return rows, uncached, ttft
+
+    def _predict(
+        self, ctx: RequestContext, candidates: Sequence[Endpoint], factor: float | None
+    ) -> tuple[Rows, Floats, Floats, float]:
+        """:meth:`predict` and the lowest TTFT; with ``factor``, ``(TTFT − lowest) · factor``
+        instead of the TTFTs (one pass, :func:`~infera_core.scheduling.arrays.predicted_ttft`)."""
         rows = rows_of(candidates)
         kept, self._wait = self._wait, None  # used once: a retry of this request reads the clock again
         if kept is not None and kept[0] == ctx.request_id and kept[1] is rows:
-            wait = kept[3]  # the guard's, this decision: the same rows, the same clock reading
+            wait = kept[2]  # the guard's, this decision: the same rows, the same clock reading
         else:
-            wait = self.backlog(rows)
+            wait = self._backlog_or_none(rows)
         at = self._at(rows)
-        uncached = self._overlap(ctx, candidates, rows)
-        np.subtract(1.0, uncached, out=uncached)
-        uncached *= _prompt_tokens(ctx)
-        ttft = uncached / self._cols["rate"][at]
-        ttft += wait
-        if self._queued_term:  # some worker has learned one: added where the queue is not empty
-            np.add(ttft, self._cols["qerr"][at], out=ttft, where=wait > 0)
-        return rows, uncached, ttft
+        c = self._cols
+        # the queued-behind term where the queue is not empty, once some worker has learned one
+        # (wait None: every backlog is 0, so is its share)
+        qerr = c["qerr"][at] if wait is not None and self._queued_term else None
+        overlap = self._overlap(ctx, candidates, rows)
+        uncached, ttft, low = predicted_ttft(
+            overlap, c["rate"][at], wait, qerr, prompt_tokens_of(ctx), factor
+        )
+        return rows, uncached, ttft, low
 
     @staticmethod
     def _batch(rows: Rows) -> Floats:
@@ -307,10 +261,11 @@ class PredictedLatencyScorer(Scorer):
         return state().in_flight[rows].astype(np.float64) + 1.0  # type: ignore[no-any-return]
 
     def _overlap(self, ctx: RequestContext, candidates: Sequence[Endpoint], rows: Any) -> Floats:
+        """Each candidate's cached share of the prompt: ``kv-overlap``'s when it scored this
+        request just before (as it is: :func:`predicted_ttft` clips it, into a new array)."""
         last = self.in_flight.last if self.in_flight is not None else None
         if last is not None and last[0] == ctx.request_id and len(last[2]) == len(candidates):
-            out = np.maximum(np.asarray(last[2], np.float64), 0.0)  # clipped to [0, 1]: a new array,
-            return np.minimum(out, 1.0, out=out)  # theirs stays (two ufuncs: np.clip's wrapper costs more)
+            return last[2]  # type: ignore[return-value]
         index = self.index
         if index is None or not ctx.token_ids:
             return np.zeros(len(candidates), np.float64)
@@ -327,19 +282,20 @@ class PredictedLatencyScorer(Scorer):
     def score_rows(self, ctx: RequestContext, candidates: Sequence[Endpoint]) -> Floats:
         if not candidates:
             return np.zeros(0, np.float64)
-        rows, uncached, ttft = self.predict(ctx, candidates)
+        p = self.p
+        t_ttft = target_of(ctx, TTFT_TARGET_HEADER, "ttft_target_ms", p.ttft_target_ms)
+        t_tpot = target_of(ctx, TPOT_TARGET_HEADER, "tpot_target_ms", p.tpot_target_ms)
+        untargeted = t_ttft is None and t_tpot is None
+        # in seconds: Δ TTFT of scale_s costs the score 63 % (the shift and scale in the same pass)
+        factor = -1.0 / p.scale_s if untargeted and p.scale_s is not None else None
+        rows, uncached, ttft, low = self._predict(ctx, candidates, factor)
         self._last = (ctx.request_id, rows, uncached)
-        t_ttft = _target(ctx, TTFT_TARGET_HEADER, "ttft_target_ms", self.p.ttft_target_ms)
-        t_tpot = _target(ctx, TPOT_TARGET_HEADER, "tpot_target_ms", self.p.tpot_target_ms)
-        if t_ttft is None and t_tpot is None:
-            eps = self.p.slack_ms / 1000.0
-            if self.p.scale_s is not None:  # in seconds: Δ TTFT of scale_s costs the score 63 %
-                scores = ttft  # in place: ttft is this call's own array
-                scores -= ttft.min()
-                scores *= -1.0 / self.p.scale_s
-                np.exp(scores, out=scores)
+        if untargeted:
+            if factor is not None:
+                scores = np.exp(ttft, out=ttft)  # ttft holds (TTFT − lowest) · factor: this call's own
             else:
-                scores = (ttft.min() + eps) / (ttft + eps)
+                eps = p.slack_ms / 1000.0
+                scores = (low + eps) / (ttft + eps)
             eligible = None
         else:
             ratio = np.zeros(len(rows), np.float64)
@@ -398,13 +354,15 @@ class PredictedLatencyScorer(Scorer):
             elif (hit := np.flatnonzero(last[1] == row)).size:
                 uncached = float(last[2][int(hit[0])])
         if uncached < 0:
-            n_tokens = _prompt_tokens(ctx)
-            uncached = n_tokens * (1.0 - float(self._overlap(ctx, [endpoint], None)[0]))
+            n_tokens = prompt_tokens_of(ctx)
+            share = float(np.minimum(np.maximum(self._overlap(ctx, [endpoint], None)[0], 0.0), 1.0))
+            uncached = n_tokens * (1.0 - share)
         busy = float(c["busy"][row])
         queued = busy > now
         extra = float(c["qerr"][row]) if queued else 0.0
         done = max(now, busy) + uncached / rate
         c["busy"][row] = done
+        self._latest.wrote(row, done)
         self.pending[ctx.request_id] = (
             row,
             now,
@@ -437,8 +395,10 @@ class PredictedLatencyScorer(Scorer):
             c["qerr"][row] = max(0.0, float(c["qe"][row]) / (float(c["qn"][row]) + QUEUE_PRIOR_N))
             self._queued_term = True
         c["shift"][row] += delta
-        c["busy"][row] = max(c["busy"][row] + delta, now)
-        self.stats.busy[endpoint.worker_id] = float(c["busy"][row])
+        c["busy"][row] = busy = max(c["busy"][row] + delta, now)
+        self._latest.wrote(row, float(busy))
+        self._latest.compact(c["busy"])
+        self.stats.busy[endpoint.worker_id] = float(busy)
         # the rate: its uncached tokens over the worker's busy time for it
         start = max(routed, float(c["last_first"][row]))
         c["last_first"][row] = max(now, float(c["last_first"][row]))

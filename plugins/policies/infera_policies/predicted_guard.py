@@ -49,6 +49,8 @@ class PredictedGuard(Filter):
             return candidates
         cands = candidates if type(candidates) is Candidates else Candidates(candidates)
         wait = model.request_backlog(ctx, cands.rows)  # the scorer reuses it for this request
+        if wait is None:  # no queue is busy: every backlog is 0
+            return candidates
         bar = float(wait.min()) + self.gap
         if float(wait.max()) <= bar:  # the common case: nobody that far behind
             return candidates
