@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 from pydantic import ValidationError
 
 from infera_core.errors import ConfigError, UnknownNameError
 from infera_core.request import RequestContext
-from infera_core.scheduling.arrays import ARRAY_MIN
+from infera_core.scheduling.arrays import ARRAY_MIN, weighted_sum
 from infera_core.scheduling.config import PluginRef, ProfileConfig
 from infera_core.scheduling.registry import PolicyRegistry
 from infera_core.scheduling.types import Endpoint, Filter, Picker, PolicyKind, SchedulerDeps, Scorer
@@ -103,11 +102,10 @@ class Profile:
         return scores
 
     def _pick_rows(self, ctx: RequestContext, candidates: list[Endpoint]) -> Endpoint:
-        total = None
-        for scorer, w, bounded in zip(self.scorers, self.weights, self.bounded, strict=True):
-            part = scorer.score_rows(ctx, candidates)  # type: ignore[attr-defined]
-            part = (part if bounded else np.clip(part, 0.0, 1.0)) * w  # clipping [0, 1] changes nothing
-            total = part if total is None else total + part
+        # each scorer's array, then Σ clip(part, 0, 1) · weight in one pass per part (a bounded
+        # scorer's part unclipped: clipping [0, 1] changes nothing)
+        parts = [scorer.score_rows(ctx, candidates) for scorer in self.scorers]  # type: ignore[attr-defined]
+        total = weighted_sum(parts, self.weights, self.bounded) if parts else None
         return self.picker.pick_rows(ctx, candidates, total)  # type: ignore[attr-defined,no-any-return]
 
     def finished(self, ctx: RequestContext, endpoint: Endpoint, ok: bool) -> None:

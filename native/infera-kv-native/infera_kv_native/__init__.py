@@ -3,7 +3,8 @@
 
 ``available`` is False when the C extension was not built (no compiler at install time);
 infera-core then runs its pure-Python implementation, with identical results.
-``predicted_ttft`` is None when it was not built or was built before it had that loop.
+``predicted_ttft`` and ``weighted_sum`` (the scheduler's weighted sum of scores) are None when
+they were not built or were built before they existed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ try:
 except ImportError:  # not built, or built from older sources: numpy runs it
     predicted_ttft = None
 
+weighted_sum: Callable[..., None] | None
+try:
+    from infera_kv_native._chain import weighted_sum
+except ImportError:  # not built, or built from older sources: numpy runs it
+    weighted_sum = None
+
 __all__ = [
     "Index",
     "available",
@@ -31,4 +38,5 @@ __all__ = [
     "chain_hashes_msgpack",
     "fold_key",
     "predicted_ttft",
+    "weighted_sum",
 ]

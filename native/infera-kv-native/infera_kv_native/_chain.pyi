@@ -18,6 +18,9 @@ def predicted_ttft(
     factor: float | None,
     /,
 ) -> float: ...
+def weighted_sum(
+    parts: tuple[object, ...], weights: tuple[float, ...], clipped: int, out: object, /
+) -> None: ...
 
 class Index:
     def lookup(self, slot: int, block_hash: _BlockHash, /) -> int | None: ...

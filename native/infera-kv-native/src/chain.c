@@ -166,6 +166,7 @@ static PyMethodDef methods[] = {
     {"fold_key", (PyCFunction)(void (*)(void))fold_key, METH_FASTCALL, fold_key_doc},
     {"batch_dp_rank", (PyCFunction)(void (*)(void))batch_dp_rank, METH_FASTCALL, batch_dp_rank_doc},
     {"predicted_ttft", (PyCFunction)(void (*)(void))predicted_ttft, METH_FASTCALL, predicted_ttft_doc},
+    {"weighted_sum", (PyCFunction)(void (*)(void))weighted_sum, METH_FASTCALL, weighted_sum_doc},
     {NULL, NULL, 0, NULL},
 };
 

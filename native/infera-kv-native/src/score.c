@@ -121,3 +121,91 @@ fail:
         return NULL;
     return PyFloat_FromDouble(m);
 }
+
+const char weighted_sum_doc[] =
+    "weighted_sum(parts, weights, clipped, out, /)\n--\n\n"
+    "out = clip(parts[0]) * weights[0] + clip(parts[1]) * weights[1] + ..., element by element in\n"
+    "that order (numpy's, to the bit), where clip(x) is np.clip(x, 0, 1) for the parts whose bit is\n"
+    "set in the int clipped and x itself for the others. parts: a tuple of float64 buffers of\n"
+    "out's length (at most 64); weights: a tuple of floats.";
+
+/* np.clip(x, 0.0, 1.0) of one float64: NaN stays NaN (and its payload). */
+static inline double clip01(double x)
+{
+    x = x < 0.0 ? 0.0 : x; /* NaN and -0.0 stay as they are, as in numpy */
+    return x > 1.0 ? 1.0 : x;
+}
+
+/* out[i] = (first ? 0 : out[i]) + clip01?(p[i]) * w: one part's pass (restrict: vectorized). */
+static void add_part(double *restrict out, const double *restrict p, double w, int clip, int first,
+                     Py_ssize_t n)
+{
+    if (first) {
+        if (clip)
+            for (Py_ssize_t i = 0; i < n; i++)
+                out[i] = clip01(p[i]) * w;
+        else
+            for (Py_ssize_t i = 0; i < n; i++)
+                out[i] = p[i] * w;
+    } else if (clip) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            out[i] = out[i] + clip01(p[i]) * w;
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++)
+            out[i] = out[i] + p[i] * w;
+    }
+}
+
+PyObject *weighted_sum(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "weighted_sum(parts, weights, clipped, out) takes 4 arguments");
+        return NULL;
+    }
+    PyObject *parts = args[0], *weights = args[1];
+    if (!PyTuple_Check(parts) || !PyTuple_Check(weights)) {
+        PyErr_SetString(PyExc_TypeError, "weighted_sum: parts and weights must be tuples");
+        return NULL;
+    }
+    Py_ssize_t k = PyTuple_Size(parts);
+    if (k < 1 || k > 64 || PyTuple_Size(weights) != k) {
+        PyErr_SetString(PyExc_ValueError, "weighted_sum: 1 to 64 parts, one weight each");
+        return NULL;
+    }
+    unsigned long long clipped = PyLong_AsUnsignedLongLong(args[2]);
+    if (clipped == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    double w[64];
+    for (Py_ssize_t j = 0; j < k; j++) {
+        w[j] = PyFloat_AsDouble(PyTuple_GetItem(weights, j));
+        if (w[j] == -1.0 && PyErr_Occurred())
+            return NULL;
+    }
+    Py_buffer ob;
+    Py_ssize_t n = -1;
+    if (get_f64(args[3], &ob, 1, &n, "out") < 0)
+        return NULL;
+    Py_buffer b[64];
+    Py_ssize_t got = 0;
+    double *out = (double *)ob.buf;
+    for (; got < k; got++)
+        if (get_f64(PyTuple_GetItem(parts, got), &b[got], 0, &n, "a part") < 0)
+            break;
+    if (got == k) {
+        int aliased = 0; /* out must not be one of the parts (restrict) */
+        for (Py_ssize_t j = 0; j < k; j++)
+            aliased |= b[j].buf == ob.buf;
+        if (aliased)
+            PyErr_SetString(PyExc_ValueError, "weighted_sum: out must not be one of the parts");
+        else
+            for (Py_ssize_t j = 0; j < k; j++)
+                add_part(out, (const double *)b[j].buf, w[j], (int)((clipped >> j) & 1ULL), j == 0, n);
+    }
+    for (Py_ssize_t j = 0; j < got; j++)
+        PyBuffer_Release(&b[j]);
+    PyBuffer_Release(&ob);
+    if (got < k || PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}

@@ -6,5 +6,7 @@
 
 PyObject *predicted_ttft(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 extern const char predicted_ttft_doc[];
+PyObject *weighted_sum(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+extern const char weighted_sum_doc[];
 
 #endif
