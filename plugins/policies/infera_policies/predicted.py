@@ -72,6 +72,7 @@ from infera_policies.predicted_busy import LatestBusy
 from infera_policies.predicted_guard import PREDICTOR_KEY, PredictedGuard, PredictedGuardParams
 from infera_policies.predicted_params import (
     COLUMNS,
+    MIN_RATE,
     PRIOR_EVERY,
     QUEUE_PRIOR_N,
     PredictParams,
@@ -193,7 +194,8 @@ class PredictedLatencyScorer(Scorer):
         own = np.where(sy > 1e-9, sx / np.maximum(sy, 1e-9), self.prior)
         k = self.p.min_observations
         w = n / (n + k) if k > 0 else np.ones_like(n)
-        return w * own + (1.0 - w) * self.prior  # type: ignore[no-any-return]
+        rate = w * own + (1.0 - w) * self.prior
+        return np.maximum(rate, MIN_RATE, out=rate)  # type: ignore[no-any-return]
 
     def _blend_one(self, row: int) -> float:
         """:meth:`_blend` of one row, in Python floats (no array round trip per first token)."""
@@ -202,7 +204,7 @@ class PredictedLatencyScorer(Scorer):
         own = sx / sy if sy > 1e-9 else self.prior
         k = self.p.min_observations
         w = n / (n + k) if k > 0 else 1.0
-        return w * own + (1.0 - w) * self.prior
+        return max(w * own + (1.0 - w) * self.prior, MIN_RATE)
 
     def tpot(self, rows: Sequence[int] | np.ndarray, batch: Floats) -> Floats:
         """Predicted inter-token latency (seconds) per row at ``batch`` requests in flight: a line
@@ -416,7 +418,9 @@ class PredictedLatencyScorer(Scorer):
         c = self._cols
         known = np.flatnonzero((c["n"] >= self.p.min_observations) & (c["sy"] > 1e-9))
         if len(known):
-            self.prior = float(np.median(c["sx"][known] / c["sy"][known]))
+            median = float(np.median(c["sx"][known] / c["sy"][known]))
+            if median > 0:  # 0: every prompt they saw was cached, which says nothing of a rate
+                self.prior = median
         c["rate"][:] = self._blend(slice(None))  # type: ignore[arg-type]
 
     def on_timing(

@@ -31,6 +31,8 @@ COLUMNS = (
 )
 PRIOR_EVERY = 32
 """Observations between two refreshes of the fleet's median rate (the cold-start prior)."""
+MIN_RATE = 1.0
+"""Tokens/s below which no learned prefill rate goes (a worker that only saw cached prompts)."""
 QUEUE_PRIOR_N = 4.0
 """Pseudo-observations of a zero queued-behind term (a worker's own term takes over after a few)."""
 

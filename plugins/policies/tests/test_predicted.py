@@ -281,3 +281,23 @@ def test_a_run_of_rows_and_the_same_rows_in_any_order_predict_the_same() -> None
     backward = scorer.predict(ctx(1000), shuffled)[2]
     assert forward.tolist() == backward[::-1].tolist()
     assert forward.max() > forward.min()
+
+
+def test_fully_cached_prompts_never_drive_a_rate_to_zero() -> None:
+    """Every prompt answered from cache (nothing to prefill: a load test repeating one prompt)
+    teaches no prefill rate: the next uncached prompt is still routed, with a finite prediction."""
+    clock = Clock()
+    s = PredictedLatencyScorer(None, PredictParams(exploration=0.0), clock=clock)
+    eps = fleet(2)
+    for i in range(40):  # each first token 20 ms after routing, with nothing to prefill
+        c, ep = ctx(i, tokens=0), eps[i % 2]
+        s.score(c, [ep])
+        s.on_routed(c, ep)
+        clock.now += 0.02
+        s.on_first_token(c, ep)
+        s.on_finished(c, ep, True)
+    c = ctx(99)
+    scores = s.score(c, eps)
+    s.on_routed(c, eps[0])
+    assert all(math.isfinite(x) for x in scores), scores
+    assert all(0 < r < math.inf for r in s.rates([ep.row for ep in eps]))
