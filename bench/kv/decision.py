@@ -84,6 +84,22 @@ TAIL: list[int] = []
 SYSTEM: list[int] = []
 
 
+def seeded_fleet(
+    n: int, tokens: int, prefixes: int, max_blocks: int, shared: bool = False
+) -> tuple[KvIndex, list[Endpoint], list[list[int]]]:
+    """:func:`fleet` from the bench's fixed seeds (the same fleet in every run)."""
+    TAIL[:] = random.Random(2).choices(VOCAB, k=tokens)
+    SYSTEM[:] = random.Random(3).choices(VOCAB, k=tokens // 2) if shared else []
+    return fleet(n, tokens, prefixes, max_blocks, random.Random(1))
+
+
+def request(prompts: list[list[int]], r: int) -> RequestContext:
+    """Request ``r``: one worker's prompt as fresh ints, as a tokenizer hands them over (not the
+    bench's long-lived, cold ones)."""
+    toks = array("i", prompts[r % len(prompts)]).tolist()
+    return RequestContext(f"r{r}", "m", "/v1/completions", {"prompt": "x"}, token_ids=toks)
+
+
 def measure(
     preset: str,
     n: int,
@@ -94,10 +110,7 @@ def measure(
     reg: PolicyRegistry,
     shared: bool = False,
 ) -> tuple[list[float], list[float], dict[str, object]]:
-    rng = random.Random(1)
-    TAIL[:] = random.Random(2).choices(VOCAB, k=tokens)
-    SYSTEM[:] = random.Random(3).choices(VOCAB, k=tokens // 2) if shared else []
-    index, endpoints, prompts = fleet(n, tokens, prefixes, max_blocks, rng)
+    index, endpoints, prompts = seeded_fleet(n, tokens, prefixes, max_blocks, shared)
     # the bench keeps a prompt per worker (n × tokens ints) that a server never holds: out of
     # the collector's way, so its full passes do not walk them inside the timed decisions
     gc.collect()
@@ -107,9 +120,7 @@ def measure(
     out: list[float] = []
     cpu: list[float] = []
     for r in range(requests):
-        # fresh ints, as a tokenizer hands them over (not the bench's long-lived, cold ones)
-        toks = array("i", prompts[r % len(prompts)]).tolist()
-        ctx = RequestContext(f"r{r}", "m", "/v1/completions", {"prompt": "x"}, token_ids=toks)
+        ctx = request(prompts, r)
         c0 = time.thread_time()
         t0 = time.perf_counter()
         cands = profile.filter(ctx, endpoints)
@@ -133,10 +144,7 @@ def interleaved(
 ) -> dict[str, list[float]]:
     """Per preset, wall seconds per decision: one fleet, the presets in turn, 50 decisions each
     (each preset keeps its own state: built with its own deps, over the same endpoints)."""
-    rng = random.Random(1)
-    TAIL[:] = random.Random(2).choices(VOCAB, k=tokens)
-    SYSTEM[:] = []
-    index, endpoints, prompts = fleet(n, tokens, prefixes, max_blocks, rng)
+    index, endpoints, prompts = seeded_fleet(n, tokens, prefixes, max_blocks)
     profiles = []
     for preset in presets:
         deps = SchedulerDeps(kv_index=index, clock=time.monotonic)
@@ -148,8 +156,7 @@ def interleaved(
     for block in range(len(presets) * requests // 50):
         preset, profile = presets[block % len(presets)], profiles[block % len(presets)]
         for _ in range(50):
-            toks = array("i", prompts[r % len(prompts)]).tolist()
-            ctx = RequestContext(f"r{r}", "m", "/v1/completions", {"prompt": "x"}, token_ids=toks)
+            ctx = request(prompts, r)
             r += 1
             t0 = time.perf_counter()
             ep = profile.pick(ctx, profile.filter(ctx, endpoints))

@@ -173,20 +173,23 @@ _NativeTtft = Callable[..., float]
 _NativeSum = Callable[..., None]
 
 
-def _native_ttft() -> _NativeTtft | None:
+def _native_kernel(name: str) -> Any:
+    """``infera_kv_native``'s ``name`` loop, None when the extension (or that loop) is not built."""
     try:
-        from infera_kv_native import predicted_ttft  # optional: built with a C compiler
+        import infera_kv_native  # optional: built with a C compiler
     except ImportError:
         return None
-    return predicted_ttft
+    return getattr(infera_kv_native, name, None)
+
+
+def _native_ttft() -> _NativeTtft | None:
+    kernel: _NativeTtft | None = _native_kernel("predicted_ttft")
+    return kernel
 
 
 def _native_sum() -> _NativeSum | None:
-    try:
-        from infera_kv_native import weighted_sum  # optional: built with a C compiler
-    except ImportError:
-        return None
-    return weighted_sum
+    kernel: _NativeSum | None = _native_kernel("weighted_sum")
+    return kernel
 
 
 _native: _NativeTtft | None = None

@@ -18,20 +18,20 @@ const char predicted_ttft_doc[] =
     "(ttft - min) * factor instead.";
 
 /* A contiguous float64 buffer of n items (n < 0: any length, set); None allowed when optional. */
-static int get_f64(PyObject *o, Py_buffer *b, int writable, Py_ssize_t *n, const char *what)
+static int get_f64(PyObject *o, Py_buffer *b, int writable, Py_ssize_t *n, const char *fn, const char *what)
 {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(o, b, flags) < 0)
         return -1;
     if (b->itemsize != 8 || b->format == NULL || strcmp(b->format, "d")) {
-        PyErr_Format(PyExc_TypeError, "predicted_ttft: %s must be a float64 buffer", what);
+        PyErr_Format(PyExc_TypeError, "%s: %s must be a float64 buffer", fn, what);
         PyBuffer_Release(b);
         return -1;
     }
     if (*n < 0) {
         *n = b->len / 8;
     } else if (b->len / 8 != *n) {
-        PyErr_Format(PyExc_ValueError, "predicted_ttft: %s differs in length", what);
+        PyErr_Format(PyExc_ValueError, "%s: %s differs in length", fn, what);
         PyBuffer_Release(b);
         return -1;
     }
@@ -103,7 +103,7 @@ PyObject *predicted_ttft(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyObject *o = args[index[got]];
         if (o == Py_None && (got == 2 || got == 3))
             continue;
-        if (get_f64(o, &b[got], got >= 4, &n, names[got]) < 0)
+        if (get_f64(o, &b[got], got >= 4, &n, "predicted_ttft", names[got]) < 0)
             goto fail;
         p[got] = (const double *)b[got].buf;
     }
@@ -184,13 +184,13 @@ PyObject *weighted_sum(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_buffer ob;
     Py_ssize_t n = -1;
-    if (get_f64(args[3], &ob, 1, &n, "out") < 0)
+    if (get_f64(args[3], &ob, 1, &n, "weighted_sum", "out") < 0)
         return NULL;
     Py_buffer b[64];
     Py_ssize_t got = 0;
     double *out = (double *)ob.buf;
     for (; got < k; got++)
-        if (get_f64(PyTuple_GetItem(parts, got), &b[got], 0, &n, "a part") < 0)
+        if (get_f64(PyTuple_GetItem(parts, got), &b[got], 0, &n, "weighted_sum", "a part") < 0)
             break;
     if (got == k) {
         int aliased = 0; /* out must not be one of the parts (restrict) */
